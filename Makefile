@@ -1,0 +1,33 @@
+# Two entry points: `make demo` and `make test`. Everything else builds on `install`.
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# python3.12 from PATH, else from pyenv's versions folder.
+PY312 := $(shell for p in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/bin/python3.12 /usr/local/bin/python3.12; do \
+	$$p -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1 && { echo $$p; break; }; done)
+
+.PHONY: install demo test bench experiments clean
+
+$(STAMP): pyproject.toml
+	@test -n "$(PY312)" || { echo "error: python3.12 not found; install Python 3.12 and retry" >&2; exit 1; }
+	@test -x $(PY) || $(PY312) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(PY) -m train.demo --workdir=workdirs/demo
+
+test: install
+	$(PY) -m pytest -n 2 -q tests
+
+bench: install
+	$(PY) -m benchmarks.run --out=benchmarks/results.json
+
+experiments: install
+	$(PY) -m experiments.arithmetic_mix.run
+
+clean:
+	rm -rf $(VENV) workdirs data .pytest_cache

@@ -1,0 +1,41 @@
+"""ntil_jax: numeric token losses for JAX.
+
+Numerical Token Integrity Loss (NTIL, ACL 2025) and its baselines as pure,
+jit-able functions that return unreduced per-token losses::
+
+  loss = ce + 0.3 * ntil_jax.ntil_loss(logits, labels, digit_mask)
+"""
+
+from ntil_jax.losses import cross_entropy
+from ntil_jax.losses import digit_logits
+from ntil_jax.losses import emd_loss
+from ntil_jax.losses import NTILComponents
+from ntil_jax.losses import ntil_components
+from ntil_jax.losses import ntil_loss
+from ntil_jax.losses import ntl_mse_loss
+from ntil_jax.losses import NUMERIC_LOSSES
+from ntil_jax.losses import numeric_token_loss
+from ntil_jax.losses import soft_digit_targets
+from ntil_jax.losses import soft_label_cross_entropy
+from ntil_jax.numbers import number_layout
+from ntil_jax.numbers import NumberLayout
+from ntil_jax.vocab import digit_token_ids
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "cross_entropy",
+    "digit_logits",
+    "digit_token_ids",
+    "emd_loss",
+    "NTILComponents",
+    "ntil_components",
+    "ntil_loss",
+    "ntl_mse_loss",
+    "NUMERIC_LOSSES",
+    "number_layout",
+    "NumberLayout",
+    "numeric_token_loss",
+    "soft_digit_targets",
+    "soft_label_cross_entropy",
+]

@@ -1,0 +1,431 @@
+"""ntil_jax losses against the float64 oracle in tests/oracle.py."""
+
+import functools
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import chex
+import jax
+import jax.numpy as jnp
+from jax import test_util as jtu
+import numpy as np
+import optax
+
+import ntil_jax
+from tests import oracle
+
+jax.config.update("jax_default_matmul_precision", "highest")
+
+PERMUTED_IDS = (17, 3, 25, 9, 30, 11, 4, 28, 20, 7)
+
+
+def random_case(seed, batch=3, length=24, vocab=32, digit_ids=range(10),
+                ignore_frac=0.1, scale=2.0):
+  """Logits, labels, digit mask with runs touching both sequence ends."""
+  rng = np.random.default_rng(seed)
+  ids = np.asarray(list(digit_ids))
+  others = np.setdiff1d(np.arange(vocab), ids)
+  is_digit = rng.random((batch, length)) < 0.7
+  is_digit[:, 0] = is_digit[:, -1] = True
+  labels = np.where(is_digit, rng.choice(ids, (batch, length)),
+                    rng.choice(others, (batch, length)))
+  labels = np.where(rng.random((batch, length)) < ignore_frac, -100, labels)
+  digit_mask = rng.random((batch, length)) < 0.9
+  logits = (scale * rng.standard_normal((batch, length, vocab))).astype(np.float32)
+  return logits, labels.astype(np.int32), digit_mask
+
+
+class HandComputedTest(absltest.TestCase):
+  """The worked example: target "30", digit logits given, prediction "31"."""
+
+  def test_target_thirty(self):
+    logits = np.zeros((1, 3, 12), np.float32)
+    logits[0, 0, :10] = [0, 0, 1, 3, 1, 0, 0, 0, 0, 0]
+    logits[0, 1, :10] = [1, 3, 0, 0, 0, 0, 0, 0, 0, 0]
+    labels = np.array([[3, 0, 11]])
+    mask = np.array([[True, True, True]])
+    parts = ntil_jax.ntil_components(logits, labels, mask)
+    np.testing.assert_allclose(parts.emd[0], [0.935873, 2.080441, 0], atol=1e-6)
+    np.testing.assert_allclose(parts.weights[0, :2], [1.2, 1.0], rtol=1e-6)
+    np.testing.assert_array_equal(parts.predicted_digits[0, :2], [3, 1])
+    np.testing.assert_allclose(parts.relative[0], [0, 1 / 32, 0], rtol=1e-6)
+    np.testing.assert_allclose(parts.magnitude[0], [0, np.log(32 / 31), 0],
+                               rtol=1e-6)
+    loss = ntil_jax.ntil_loss(logits, labels, mask)
+    expected_first = 1.2 * 0.935873
+    expected_last = 2.080441 + 0.2 / 32 + 0.2 * np.log(32 / 31)
+    np.testing.assert_allclose(loss[0], [expected_first, expected_last, 0],
+                               rtol=1e-5)
+
+
+class NTILOracleTest(chex.TestCase, parameterized.TestCase):
+
+  @chex.variants(with_jit=True, without_jit=True)
+  @parameterized.named_parameters(
+      ("default_ids", 0, tuple(range(10)), 32, 1, 24),
+      ("permuted_ids", 1, PERMUTED_IDS, 32, 3, 24),
+      ("long_rows", 2, tuple(range(10)), 16, 2, 97),
+      ("single_token", 3, PERMUTED_IDS, 40, 4, 1),
+  )
+  def test_value_and_gradient(self, seed, ids, vocab, batch, length):
+    logits, labels, mask = random_case(seed, batch, length, vocab, ids)
+    ids_arg = None if ids == tuple(range(10)) else jnp.asarray(ids)
+    fn = self.variant(functools.partial(ntil_jax.ntil_loss,
+                                        digit_token_ids=ids_arg))
+    want, want_grad, _ = oracle.ntil(logits, labels, mask, ids)
+    np.testing.assert_allclose(fn(logits, labels, mask), want, rtol=2e-5,
+                               atol=2e-6)
+    grad = jax.grad(lambda z: fn(z, labels, mask).sum())(logits)
+    np.testing.assert_allclose(grad, want_grad, rtol=1e-4, atol=2e-5)
+
+  @parameterized.parameters((0.0, 0.2, 0.2), (0.2, 0.0, 0.5), (0.5, 0.3, 0.0))
+  def test_hyperparameters_and_ablations(self, sigma, alpha, beta):
+    logits, labels, mask = random_case(7)
+    want, want_grad, _ = oracle.ntil(logits, labels, mask, sigma=sigma,
+                                     alpha=alpha, beta=beta, tau=0.5)
+    fn = lambda z: ntil_jax.ntil_loss(z, labels, mask, sigma=sigma,
+                                      alpha=alpha, beta=beta, tau=0.5)
+    np.testing.assert_allclose(fn(logits), want, rtol=2e-5, atol=2e-6)
+    grad = jax.grad(lambda z: fn(z).sum())(logits)
+    np.testing.assert_allclose(grad, want_grad, rtol=1e-4, atol=2e-5)
+
+  def test_gumbel_noise_uses_key(self):
+    logits, labels, mask = random_case(8, scale=0.02)  # noise can flip argmax
+    key = jax.random.key(3)
+    noise = 0.05 * np.asarray(jax.random.gumbel(key, logits.shape[:-1] + (10,)))
+    want, want_grad, _ = oracle.ntil(logits, labels, mask, noise=noise)
+    fn = lambda z: ntil_jax.ntil_loss(z, labels, mask, key=key,
+                                      noise_scale=0.05)
+    np.testing.assert_allclose(fn(logits), want, rtol=2e-5, atol=2e-6)
+    grad = jax.grad(lambda z: fn(z).sum())(logits)
+    np.testing.assert_allclose(grad, want_grad, rtol=1e-4, atol=2e-5)
+    no_noise, _, _ = oracle.ntil(logits, labels, mask)
+    self.assertFalse(np.allclose(want, no_noise))  # the noise mattered
+
+  def test_components_sum_to_loss(self):
+    logits, labels, mask = random_case(9)
+    parts = ntil_jax.ntil_components(logits, labels, mask)
+    _, _, want = oracle.ntil(logits, labels, mask)
+    for name, got in (("emd", parts.emd), ("weights", parts.weights),
+                      ("rel", parts.relative), ("mag", parts.magnitude)):
+      np.testing.assert_allclose(got, want[name], rtol=2e-5, atol=2e-6,
+                                 err_msg=name)
+
+
+class NumberEdgeCaseTest(parameterized.TestCase):
+
+  def _check(self, logits, labels, mask, **kwargs):
+    """Compares values and gradients with the oracle.
+
+    The weighted EMD gradient ``W p_j (d_j - EMD)`` cancels when p is peaked,
+    so its float32 rounding is about ``eps * W * max|d|``; with W as large as
+    1.2**59 ~ 5e4 that term joins the tolerance (4 ulps of W * 9).
+    """
+    want, want_grad, parts = oracle.ntil(logits, labels, mask, **kwargs)
+    rounding = 4 * np.finfo(np.float32).eps * 9 * parts["weights"][..., None]
+    oracle_kwargs = dict(kwargs)
+    if "decimal_mask" in oracle_kwargs:
+      oracle_kwargs["decimal_point_mask"] = oracle_kwargs.pop("decimal_mask")
+    fn = jax.jit(lambda z: ntil_jax.ntil_loss(z, labels, mask, **oracle_kwargs))
+    got = fn(logits)
+    grad = jax.grad(lambda z: fn(z).sum())(logits)
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+    np.testing.assert_array_less(
+        np.abs(grad - want_grad), 2e-5 + 1e-4 * np.abs(want_grad) + rounding)
+    self.assertTrue(np.isfinite(grad).all())
+    return got
+
+  @parameterized.parameters(1, 2, 3)
+  def test_sixty_digit_number(self, seed):
+    rng = np.random.default_rng(seed)
+    length = 64
+    labels = np.full((1, length), 12)
+    labels[0, 2:62] = rng.integers(0, 10, 60)
+    labels[0, 2] = rng.integers(1, 10)
+    logits = rng.standard_normal((1, length, 16)).astype(np.float32)
+    logits[0, 2, :10] -= 5.0
+    logits[0, 2, 1 + seed] += 10.0  # a non-zero leading predicted digit
+    mask = np.ones_like(labels, bool)
+    got = self._check(logits, labels, mask)
+    self.assertGreater(got[0, 61], 0.0)
+
+  def test_long_numbers_with_leading_zeros(self):
+    # Exact zero predictions and targets with many leading zeros: values must
+    # stay exact where float32 powers of ten would underflow or overflow.
+    length = 70
+    labels = np.zeros((2, length), np.int64)
+    labels[0, -1] = 7  # "000...07"
+    labels[1, 0] = 9  # "9000...0"
+    logits = np.zeros((2, length, 10), np.float32)
+    logits[..., 0] = 4.0  # predicts all zeros
+    mask = np.ones((2, length), bool)
+    parts = ntil_jax.ntil_components(logits, labels, mask)
+    np.testing.assert_allclose(parts.relative[:, -1], [7 / 8, 1.0], rtol=1e-6)
+    np.testing.assert_allclose(parts.magnitude[:, -1],
+                               [np.log(8), np.log(9.0) + 69 * np.log(10)],
+                               rtol=1e-6)
+    grad = jax.grad(lambda z: ntil_jax.ntil_loss(z, labels, mask).sum())(logits)
+    self.assertTrue(np.isfinite(grad).all())
+
+  def test_ignore_ids_split_numbers(self):
+    labels = np.array([[1, 2, -100, 3, 4, 15, 5]])
+    logits = np.random.default_rng(0).standard_normal((1, 7, 16)).astype(
+        np.float32)
+    mask = np.ones_like(labels, bool)
+    got = self._check(logits, labels, mask)
+    self.assertEqual(got[0, 2], 0.0)
+    self.assertEqual(got[0, 5], 0.0)
+    layout = ntil_jax.number_layout(labels, mask)
+    np.testing.assert_array_equal(layout.digits_right[0], [1, 0, 0, 1, 0, 0, 0])
+    np.testing.assert_array_equal(layout.is_last[0], [0, 1, 0, 0, 1, 0, 1])
+
+  def test_digit_mask_splits_numbers(self):
+    labels = np.array([[1, 2, 3, 4]])
+    mask = np.array([[True, True, False, True]])
+    layout = ntil_jax.number_layout(labels, mask)
+    np.testing.assert_array_equal(layout.is_digit[0], [1, 1, 0, 1])
+    np.testing.assert_array_equal(layout.places[0], [1, 0, 0, 0])
+    logits = np.random.default_rng(1).standard_normal((1, 4, 10)).astype(
+        np.float32)
+    self._check(logits, labels, mask)
+
+  def test_decimal_points(self):
+    #            3  .  1  4  _  1  .  2  .  3  _  5  .  _  .  7
+    labels = np.array([[3, 10, 1, 4, 11, 1, 10, 2, 10, 3, 11, 5, 10, 11, 10,
+                        7]])
+    point = labels == 10
+    mask = np.ones_like(labels, bool)
+    layout = ntil_jax.number_layout(labels, mask, decimal_point_mask=point)
+    np.testing.assert_array_equal(
+        layout.places[0], [0, 0, -1, -2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0])
+    np.testing.assert_array_equal(
+        layout.digits_right[0], [2, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0])
+    np.testing.assert_array_equal(
+        np.flatnonzero(layout.is_last[0]), [3, 5, 7, 9, 11, 15])
+    logits = np.random.default_rng(2).standard_normal((1, 16, 12)).astype(
+        np.float32)
+    self._check(logits, labels, mask, decimal_mask=point)
+    # Without the mask, '.' splits: "3", "14".
+    default = ntil_jax.number_layout(labels, mask)
+    np.testing.assert_array_equal(default.places[0, :4], [0, 0, 1, 0])
+
+  def test_random_decimals(self):
+    rng = np.random.default_rng(5)
+    labels = rng.choice([0, 1, 2, 5, 9, 10, 10, 11], (3, 40))
+    point = labels == 10
+    mask = rng.random((3, 40)) < 0.95
+    logits = rng.standard_normal((3, 40, 12)).astype(np.float32)
+    self._check(logits, labels, mask, decimal_mask=point)
+
+  def test_bfloat16_logits(self):
+    logits, labels, mask = random_case(11)
+    logits_bf16 = jnp.asarray(logits, jnp.bfloat16)
+    want, _, _ = oracle.ntil(np.asarray(logits_bf16, np.float32), labels, mask)
+    got = jax.jit(ntil_jax.ntil_loss)(logits_bf16, labels, mask)
+    self.assertEqual(got.dtype, jnp.float32)
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+    grad = jax.grad(lambda z: ntil_jax.ntil_loss(z, labels, mask).sum())(
+        logits_bf16)
+    self.assertEqual(grad.dtype, jnp.bfloat16)
+    self.assertTrue(np.isfinite(np.asarray(grad, np.float32)).all())
+
+
+class NoNaNTest(chex.TestCase):
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_all_masked_is_zero(self):
+    logits, labels, _ = random_case(12)
+    mask = np.zeros_like(labels, bool)
+    for fn in (ntil_jax.ntil_loss, ntil_jax.emd_loss, ntil_jax.ntl_mse_loss,
+               ntil_jax.soft_label_cross_entropy):
+      f = self.variant(fn)
+      np.testing.assert_array_equal(f(logits, labels, mask), 0.0)
+      grad = jax.grad(lambda z, f=f: f(z, labels, mask).sum())(logits)
+      np.testing.assert_array_equal(grad, 0.0)
+
+  def test_extreme_logits_stay_finite(self):
+    logits, labels, mask = random_case(13, scale=1e4)
+    for fn in (ntil_jax.ntil_loss, ntil_jax.emd_loss, ntil_jax.ntl_mse_loss,
+               ntil_jax.soft_label_cross_entropy):
+      value, grad = jax.jit(jax.value_and_grad(
+          lambda z, fn=fn: fn(z, labels, mask).sum()))(logits)
+      self.assertTrue(np.isfinite(value), fn.__name__)
+      self.assertTrue(np.isfinite(grad).all(), fn.__name__)
+
+  def test_outside_numbers_zero_gradient(self):
+    logits, labels, mask = random_case(14)
+    layout = ntil_jax.number_layout(labels, mask)
+    grad = jax.grad(lambda z: ntil_jax.ntil_loss(z, labels, mask).sum())(logits)
+    outside = ~np.asarray(layout.is_digit)
+    np.testing.assert_array_equal(grad[outside], 0.0)
+    self.assertTrue((np.abs(grad[~outside]).sum(-1) > 0).all())
+
+
+class BaselinesTest(chex.TestCase, parameterized.TestCase):
+
+  @chex.variants(with_jit=True, without_jit=True)
+  @parameterized.named_parameters(
+      ("default_ids", tuple(range(10))), ("permuted", PERMUTED_IDS))
+  def test_against_oracle(self, ids):
+    logits, labels, mask = random_case(20, digit_ids=ids)
+    ids_arg = None if ids == tuple(range(10)) else np.asarray(ids)
+    cases = [
+        (ntil_jax.emd_loss, {}, oracle.emd(logits, labels, mask, ids)),
+        (ntil_jax.ntl_mse_loss, {}, oracle.ntl_mse(logits, labels, mask, ids)),
+        (ntil_jax.soft_label_cross_entropy, dict(eta=0.3, width=1.5),
+         oracle.soft_label_ce(logits, labels, mask, ids, eta=0.3, width=1.5)),
+    ]
+    for fn, kwargs, want in cases:
+      got = self.variant(functools.partial(fn, digit_token_ids=ids_arg,
+                                           **kwargs))(logits, labels, mask)
+      np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6,
+                                 err_msg=fn.__name__)
+
+  @parameterized.parameters("emd_loss", "ntl_mse_loss",
+                            "soft_label_cross_entropy")
+  def test_gradients(self, name):
+    logits, labels, mask = random_case(21, batch=1, length=6, vocab=12)
+    fn = getattr(ntil_jax, name)
+    jtu.check_grads(lambda z: fn(z, labels, mask).sum(),
+                    (logits.astype(np.float64),), order=1, modes=("rev",),
+                    atol=5e-2, rtol=5e-2, eps=1e-2)
+
+  def test_emd_is_ntil_without_weights_and_deviations(self):
+    logits, labels, mask = random_case(22)
+    np.testing.assert_allclose(
+        ntil_jax.emd_loss(logits, labels, mask),
+        ntil_jax.ntil_loss(logits, labels, mask, sigma=0.0, alpha=0.0,
+                           beta=0.0), rtol=1e-6)
+
+  def test_soft_targets(self):
+    q = ntil_jax.soft_digit_targets(jnp.arange(10), eta=0.4, width=1.0)
+    np.testing.assert_allclose(q.sum(-1), 1.0, rtol=1e-6)
+    self.assertTrue((jnp.argmax(q, -1) == jnp.arange(10)).all())
+    # Closer digits get more mass.
+    self.assertGreater(q[3, 4], q[3, 6])
+    np.testing.assert_allclose(q[3, 2], q[3, 4], rtol=1e-6)
+    # eta = 0 is the one-hot target: plain cross-entropy on digits.
+    logits, labels, mask = random_case(23)
+    digits = mask & (labels >= 0) & (labels < 10)
+    np.testing.assert_allclose(
+        ntil_jax.soft_label_cross_entropy(logits, labels, mask, eta=0.0),
+        ntil_jax.cross_entropy(logits, labels, digits), rtol=1e-5, atol=1e-6)
+
+
+class CombinedLossTest(parameterized.TestCase):
+
+  def test_sum_weighting(self):
+    logits, labels, mask = random_case(30)
+    loss_mask = labels >= 0
+    got = ntil_jax.numeric_token_loss(logits, labels, loss_mask=loss_mask,
+                                      digit_mask=mask, method="ntil", lam=0.3)
+    ce = optax.softmax_cross_entropy_with_integer_labels(
+        logits, np.where(loss_mask, labels, 0))
+    aux, _, _ = oracle.ntil(logits, labels, mask & loss_mask)
+    np.testing.assert_allclose(got, np.where(loss_mask, ce, 0) + 0.3 * aux,
+                               rtol=2e-5, atol=2e-6)
+
+  @parameterized.parameters("ce", "emd", "ntl_mse", "soft_label", "ntil")
+  def test_methods_run_under_jit(self, method):
+    logits, labels, mask = random_case(31)
+    fn = jax.jit(functools.partial(ntil_jax.numeric_token_loss, method=method))
+    value = fn(logits, labels, loss_mask=labels >= 0, digit_mask=mask)
+    self.assertEqual(value.shape, labels.shape)
+    self.assertTrue(np.isfinite(value).all())
+    ce = ntil_jax.cross_entropy(logits, labels, labels >= 0)
+    if method == "ce":
+      np.testing.assert_allclose(value, ce, rtol=1e-6)
+    else:
+      self.assertGreater(float(value.sum()), float(ce.sum()))
+
+  def test_reference_weighting(self):
+    logits, labels, mask = random_case(32)
+    kwargs = dict(loss_mask=labels >= 0, digit_mask=mask, lam=0.3)
+    ref = lambda z: ntil_jax.numeric_token_loss(
+        z, labels, weighting="reference", **kwargs).sum()
+    ce = lambda z: ntil_jax.cross_entropy(z, labels, labels >= 0).sum()
+    aux = lambda z: ntil_jax.ntil_loss(z, labels, mask & (labels >= 0)).sum()
+    # Value: the aux term equals lam * CE.
+    np.testing.assert_allclose(ref(logits), 1.3 * ce(logits), rtol=1e-5)
+    # Gradient: CE's plus aux's scaled by the stopped ratio.
+    ratio = ce(logits) / aux(logits)
+    want = jax.grad(ce)(logits) + 0.3 * ratio * jax.grad(aux)(logits)
+    np.testing.assert_allclose(jax.grad(ref)(logits), want, rtol=1e-4,
+                               atol=1e-6)
+
+  def test_soft_label_identity(self):
+    # CE + lam * CE_soft(eta) == (1 + lam) * CE_soft(lam * eta / (1 + lam)).
+    logits, labels, mask = random_case(33, ignore_frac=0.0)
+    digits = mask & (labels < 10)
+    combined = ntil_jax.numeric_token_loss(
+        logits, labels, loss_mask=digits, method="soft_label", lam=0.5,
+        eta=0.6)
+    single = ntil_jax.soft_label_cross_entropy(logits, labels, digits,
+                                               eta=0.5 * 0.6 / 1.5)
+    np.testing.assert_allclose(combined, 1.5 * single, rtol=1e-5, atol=1e-6)
+
+
+class BadInputTest(parameterized.TestCase):
+
+  def test_shapes(self):
+    logits = np.zeros((2, 5, 12), np.float32)
+    labels = np.zeros((2, 5), np.int32)
+    mask = np.ones((2, 5), bool)
+    with self.assertRaisesRegex(ValueError, r"labels shape \(2, 4\)"):
+      ntil_jax.ntil_loss(logits, labels[:, :4], mask[:, :4])
+    with self.assertRaisesRegex(ValueError, r"digit_mask shape \(2, 4\)"):
+      ntil_jax.emd_loss(logits, labels, mask[:, :4])
+    with self.assertRaisesRegex(ValueError, r"rank >= 2"):
+      ntil_jax.ntil_loss(np.zeros(12), labels[0, 0], mask[0, 0])
+    with self.assertRaisesRegex(ValueError, r"integer"):
+      ntil_jax.ntil_loss(logits, labels.astype(np.float32), mask)
+    with self.assertRaisesRegex(ValueError, r"out of range.*V=12"):
+      ntil_jax.ntil_loss(logits, labels, mask, digit_token_ids=np.arange(5, 15))
+    with self.assertRaisesRegex(ValueError, r"10 ids"):
+      ntil_jax.ntil_loss(logits, labels, mask, digit_token_ids=np.arange(9))
+    with self.assertRaisesRegex(ValueError, r"V=8"):
+      ntil_jax.ntil_loss(np.zeros((2, 5, 8)), labels, mask)
+    with self.assertRaisesRegex(ValueError, r"unknown method 'mse'"):
+      ntil_jax.numeric_token_loss(logits, labels, method="mse")
+    with self.assertRaisesRegex(ValueError, r"loss_mask shape"):
+      ntil_jax.numeric_token_loss(logits, labels, loss_mask=mask[:1])
+
+  def test_traced_digit_ids_are_accepted(self):
+    logits, labels, mask = random_case(40, digit_ids=PERMUTED_IDS)
+    fn = jax.jit(lambda ids: ntil_jax.ntil_loss(logits, labels, mask,
+                                                digit_token_ids=ids))
+    want, _, _ = oracle.ntil(logits, labels, mask, PERMUTED_IDS)
+    np.testing.assert_allclose(fn(np.asarray(PERMUTED_IDS)), want, rtol=2e-5,
+                               atol=2e-6)
+
+
+class DigitTokenIdsTest(parameterized.TestCase):
+
+  def test_spellings(self):
+    hf = {"hello": 0, **{str(d): 100 + d for d in range(10)}, "\u01201": 5}
+    np.testing.assert_array_equal(ntil_jax.digit_token_ids(hf),
+                                  np.arange(100, 110))
+    sentencepiece = ["<unk>", "<s>"] + [f"\u2581{d}" for d in range(10)]
+    np.testing.assert_array_equal(ntil_jax.digit_token_ids(sentencepiece),
+                                  np.arange(2, 12))
+    byte_fallback = {f"<0x3{d}>": 3 + d for d in range(10)}
+    np.testing.assert_array_equal(ntil_jax.digit_token_ids(byte_fallback),
+                                  np.arange(3, 13))
+
+  def test_missing_digits(self):
+    vocab = {str(d): d for d in range(10) if d not in (4, 7)}
+    with self.assertRaisesRegex(ValueError, r"digit\(s\) 4, 7"):
+      ntil_jax.digit_token_ids(vocab)
+
+  def test_model_vocab_larger_than_tokenizer(self):
+    vocab = {"a": 0, **{str(d): 10 - d for d in range(10)}}  # ids 1..10
+    ids = ntil_jax.digit_token_ids(vocab)
+    logits, labels, mask = random_case(41, vocab=64, digit_ids=ids)
+    want, _, _ = oracle.ntil(logits, labels, mask, ids)
+    np.testing.assert_allclose(
+        ntil_jax.ntil_loss(logits, labels, mask, digit_token_ids=ids), want,
+        rtol=2e-5, atol=2e-6)
+
+
+if __name__ == "__main__":
+  absltest.main()
