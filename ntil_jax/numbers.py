@@ -66,14 +66,14 @@ def match_digits(labels: chex.Array, digit_token_ids=None):
 
 def _shift_right(x: chex.Array, fill) -> chex.Array:
   """x[..., t-1] at position t; ``fill`` at t = 0."""
-  pad = jnp.full(x.shape[:-1] + (1,), fill, x.dtype)
-  return jnp.concatenate([pad, x[..., :-1]], axis=-1)
+  widths = [(0, 0)] * (x.ndim - 1) + [(1, 0)]
+  return jnp.pad(x[..., :-1], widths, constant_values=fill)
 
 
 def _shift_left(x: chex.Array, fill) -> chex.Array:
   """x[..., t+1] at position t; ``fill`` at the last position."""
-  pad = jnp.full(x.shape[:-1] + (1,), fill, x.dtype)
-  return jnp.concatenate([x[..., 1:], pad], axis=-1)
+  widths = [(0, 0)] * (x.ndim - 1) + [(0, 1)]
+  return jnp.pad(x[..., 1:], widths, constant_values=fill)
 
 
 def segmented_scan(op, values: chex.Array, starts: chex.Array) -> chex.Array:

@@ -1,0 +1,28 @@
+"""The README's usage example runs as written and its loss falls."""
+
+import pathlib
+import re
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def usage_example() -> str:
+  text = (ROOT / "README.md").read_text()
+  usage = text.split("## Usage", 1)[1]
+  return re.search(r"```python\n(.*?)```", usage, re.S).group(1)
+
+
+def test_readme_example_runs_and_learns():
+  example = usage_example()
+  # Record the loss of the first step, then check that training lowered it.
+  probe = example.replace(
+      "for step in range(20):",
+      "initial = float(train_step(model, optimizer, tokens, labels, digit_mask))"
+      "\nfor step in range(20):")
+  probe += "\nassert float(loss) < 0.5 * initial, (initial, float(loss))\n"
+  result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr
+  assert "loss after 20 steps:" in result.stdout
