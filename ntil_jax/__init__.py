@@ -19,6 +19,11 @@ from ntil_jax.losses import soft_digit_targets
 from ntil_jax.losses import soft_label_cross_entropy
 from ntil_jax.numbers import number_layout
 from ntil_jax.numbers import NumberLayout
+from ntil_jax.fused import fused_numeric_loss
+from ntil_jax.fused import fused_token_statistics
+from ntil_jax.losses import loss_from_statistics
+from ntil_jax.losses import token_statistics
+from ntil_jax.losses import TokenStatistics
 from ntil_jax.vocab import digit_token_ids
 
 __version__ = "0.1.0"
@@ -28,6 +33,9 @@ __all__ = [
     "digit_logits",
     "digit_token_ids",
     "emd_loss",
+    "fused_numeric_loss",
+    "fused_token_statistics",
+    "loss_from_statistics",
     "NTILComponents",
     "ntil_components",
     "ntil_loss",
@@ -38,4 +46,6 @@ __all__ = [
     "numeric_token_loss",
     "soft_digit_targets",
     "soft_label_cross_entropy",
+    "token_statistics",
+    "TokenStatistics",
 ]

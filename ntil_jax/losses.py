@@ -77,18 +77,49 @@ def digit_logits(logits, digit_token_ids=None) -> chex.Array:
   return picked.astype(jnp.float32)
 
 
+class TokenStatistics(NamedTuple):
+  """What every loss here needs from the logits, ``[..., T]`` each.
+
+  Attributes:
+    log_norm: ``logsumexp`` of the logits over the vocabulary.
+    label_logits: the logit of each label (0 where the label is not in
+      ``[0, V)``).
+    digit_logits: ``[..., T, 10]`` logits of the digit tokens.
+  """
+
+  log_norm: chex.Array
+  label_logits: chex.Array
+  digit_logits: chex.Array
+
+
+def token_statistics(logits, labels, digit_token_ids=None) -> TokenStatistics:
+  """Reduces ``[..., T, V]`` logits to :class:`TokenStatistics` in float32."""
+  logits = jnp.asarray(logits)
+  vocab_size = logits.shape[-1]
+  index = jnp.clip(jnp.asarray(labels), 0, vocab_size - 1)[..., None]
+  label_logits = jnp.take_along_axis(logits, index, axis=-1)[..., 0]
+  return TokenStatistics(
+      log_norm=jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1),
+      label_logits=label_logits.astype(jnp.float32),
+      digit_logits=digit_logits(logits, digit_token_ids))
+
+
+def _layout(labels, digit_mask, digit_token_ids, decimal_point_mask=None):
+  return numbers.number_layout(
+      labels, digit_mask, digit_token_ids=digit_token_ids,
+      decimal_point_mask=decimal_point_mask)
+
+
 def _prepare(logits, labels, digit_mask, digit_token_ids,
              decimal_point_mask=None):
-  """Validates inputs; returns (digit probabilities, layout)."""
+  """Validates inputs; returns (digit logits, layout)."""
   labels = jnp.asarray(labels)
   digit_mask = None if digit_mask is None else jnp.asarray(digit_mask)
   decimal_point_mask = (None if decimal_point_mask is None
                         else jnp.asarray(decimal_point_mask))
   _check_inputs(logits, labels, digit_mask, digit_token_ids,
                 (("decimal_point_mask", decimal_point_mask),))
-  layout = numbers.number_layout(
-      labels, digit_mask, digit_token_ids=digit_token_ids,
-      decimal_point_mask=decimal_point_mask)
+  layout = _layout(labels, digit_mask, digit_token_ids, decimal_point_mask)
   return digit_logits(logits, digit_token_ids), layout
 
 
@@ -168,16 +199,9 @@ def _number_deviations(predicted, layout):
   return (_masked(relative, layout.is_last), _masked(magnitude, layout.is_last))
 
 
-def ntil_components(logits, labels, digit_mask=None, *, digit_token_ids=None,
-                    decimal_point_mask=None, sigma: float = 0.2,
-                    tau: float = 0.1, key: Optional[chex.PRNGKey] = None,
-                    noise_scale: float = 0.01) -> NTILComponents:
-  """The pieces of :func:`ntil_loss`, for logging and ablations.
-
-  Arguments are those of :func:`ntil_loss`. Returns :class:`NTILComponents`.
-  """
-  digit_logits_, layout = _prepare(logits, labels, digit_mask, digit_token_ids,
-                                   decimal_point_mask)
+def _ntil_parts(digit_logits_, layout, *, sigma: float = 0.2,
+                tau: float = 0.1, key: Optional[chex.PRNGKey] = None,
+                noise_scale: float = 0.01) -> NTILComponents:
   probs = jax.nn.softmax(digit_logits_, axis=-1)
   emd = jnp.sum(probs * _digit_distance(layout), axis=-1)
   exponent = layout.digits_right.astype(jnp.float32)
@@ -194,6 +218,54 @@ def ntil_components(logits, labels, digit_mask=None, *, digit_token_ids=None,
       magnitude=magnitude,
       predicted_digits=predicted,
   )
+
+
+def _ntil(stats: TokenStatistics, layout, *, alpha: float = 0.2,
+          beta: float = 0.2, **kwargs):
+  parts = _ntil_parts(stats.digit_logits, layout, **kwargs)
+  return (parts.weights * parts.emd + alpha * parts.relative
+          + beta * parts.magnitude)
+
+
+def _emd(stats: TokenStatistics, layout):
+  probs = jax.nn.softmax(stats.digit_logits, axis=-1)
+  return _masked(jnp.sum(probs * _digit_distance(layout), -1), layout.is_digit)
+
+
+def _ntl_mse(stats: TokenStatistics, layout):
+  expected = jax.nn.softmax(stats.digit_logits, axis=-1) @ _DIGITS
+  error = expected - layout.digit_values.astype(jnp.float32)
+  return _masked(error**2, layout.is_digit)
+
+
+def _soft_label(stats: TokenStatistics, layout, *, eta: float = 0.5,
+                width: float = 1.0):
+  log_probs = stats.digit_logits - stats.log_norm[..., None]
+  targets = soft_digit_targets(layout.digit_values, eta=eta, width=width)
+  return _masked(-jnp.sum(targets * log_probs, -1), layout.is_digit)
+
+
+def _digit_statistics(logits, digit_logits_, needs_log_norm=False):
+  """Token statistics for losses that read only the digit logits."""
+  log_norm = None
+  if needs_log_norm:
+    log_norm = jax.nn.logsumexp(jnp.asarray(logits).astype(jnp.float32), -1)
+  return TokenStatistics(log_norm=log_norm, label_logits=None,
+                         digit_logits=digit_logits_)
+
+
+def ntil_components(logits, labels, digit_mask=None, *, digit_token_ids=None,
+                    decimal_point_mask=None, sigma: float = 0.2,
+                    tau: float = 0.1, key: Optional[chex.PRNGKey] = None,
+                    noise_scale: float = 0.01) -> NTILComponents:
+  """The pieces of :func:`ntil_loss`, for logging and ablations.
+
+  Arguments are those of :func:`ntil_loss`. Returns :class:`NTILComponents`.
+  """
+  digit_logits_, layout = _prepare(logits, labels, digit_mask, digit_token_ids,
+                                   decimal_point_mask)
+  return _ntil_parts(digit_logits_, layout, sigma=sigma, tau=tau, key=key,
+                     noise_scale=noise_scale)
 
 
 def ntil_loss(logits, labels, digit_mask=None, *, digit_token_ids=None,
@@ -248,12 +320,11 @@ def ntil_loss(logits, labels, digit_mask=None, *, digit_token_ids=None,
   Example:
     >>> loss = ce + 0.3 * ntil_loss(logits, labels, digit_mask)
   """
-  parts = ntil_components(
-      logits, labels, digit_mask, digit_token_ids=digit_token_ids,
-      decimal_point_mask=decimal_point_mask, sigma=sigma, tau=tau, key=key,
-      noise_scale=noise_scale)
-  return (parts.weights * parts.emd + alpha * parts.relative
-          + beta * parts.magnitude)
+  digit_logits_, layout = _prepare(logits, labels, digit_mask, digit_token_ids,
+                                   decimal_point_mask)
+  return _ntil(_digit_statistics(logits, digit_logits_), layout, sigma=sigma,
+               alpha=alpha, beta=beta, tau=tau, key=key,
+               noise_scale=noise_scale)
 
 
 # ----------------------------------------------------------------------------
@@ -272,8 +343,7 @@ def emd_loss(logits, labels, digit_mask=None, *,
   result as in :func:`ntil_loss`.
   """
   digit_logits_, layout = _prepare(logits, labels, digit_mask, digit_token_ids)
-  probs = jax.nn.softmax(digit_logits_, axis=-1)
-  return _masked(jnp.sum(probs * _digit_distance(layout), -1), layout.is_digit)
+  return _emd(_digit_statistics(logits, digit_logits_), layout)
 
 
 def ntl_mse_loss(logits, labels, digit_mask=None, *,
@@ -286,9 +356,7 @@ def ntl_mse_loss(logits, labels, digit_mask=None, *,
   2025). Arguments and result as in :func:`ntil_loss`.
   """
   digit_logits_, layout = _prepare(logits, labels, digit_mask, digit_token_ids)
-  expected = jax.nn.softmax(digit_logits_, axis=-1) @ _DIGITS
-  error = expected - layout.digit_values.astype(jnp.float32)
-  return _masked(error**2, layout.is_digit)
+  return _ntl_mse(_digit_statistics(logits, digit_logits_), layout)
 
 
 def soft_digit_targets(digit_values, *, eta: float, width: float):
@@ -321,10 +389,8 @@ def soft_label_cross_entropy(logits, labels, digit_mask=None, *,
   in :func:`ntil_loss`.
   """
   digit_logits_, layout = _prepare(logits, labels, digit_mask, digit_token_ids)
-  log_norm = jax.nn.logsumexp(jnp.asarray(logits).astype(jnp.float32), -1)
-  log_probs = digit_logits_ - log_norm[..., None]
-  targets = soft_digit_targets(layout.digit_values, eta=eta, width=width)
-  return _masked(-jnp.sum(targets * log_probs, -1), layout.is_digit)
+  stats = _digit_statistics(logits, digit_logits_, needs_log_norm=True)
+  return _soft_label(stats, layout, eta=eta, width=width)
 
 
 def cross_entropy(logits, labels, loss_mask=None) -> chex.Array:
@@ -334,12 +400,18 @@ def cross_entropy(logits, labels, loss_mask=None) -> chex.Array:
   """
   labels = jnp.asarray(labels)
   _check_inputs(logits, labels, None, None, (("loss_mask", loss_mask),))
-  valid = (labels >= 0) & (labels < logits.shape[-1])
-  if loss_mask is not None:
-    valid = valid & jnp.asarray(loss_mask, bool)
+  valid = _scored(labels, logits.shape[-1], loss_mask)
   ce = optax.softmax_cross_entropy_with_integer_labels(
       jnp.asarray(logits).astype(jnp.float32), jnp.where(valid, labels, 0))
   return _masked(ce, valid)
+
+
+def _scored(labels, vocab_size, loss_mask):
+  """Positions whose label is a real token and that the loss mask keeps."""
+  valid = (labels >= 0) & (labels < vocab_size)
+  if loss_mask is not None:
+    valid = valid & jnp.asarray(loss_mask, bool)
+  return valid
 
 
 # ----------------------------------------------------------------------------
@@ -351,6 +423,13 @@ NUMERIC_LOSSES = {
     "ntl_mse": ntl_mse_loss,
     "soft_label": soft_label_cross_entropy,
     "ntil": ntil_loss,
+}
+_FROM_STATISTICS = {
+    "ce": None,
+    "emd": _emd,
+    "ntl_mse": _ntl_mse,
+    "soft_label": _soft_label,
+    "ntil": _ntil,
 }
 WEIGHTINGS = ("sum", "reference")
 
@@ -391,25 +470,48 @@ def numeric_token_loss(logits, labels, *, loss_mask=None, digit_mask=None,
   Returns:
     ``[..., T]`` float32 per-token loss.
   """
+  labels = jnp.asarray(labels)
+  _check_inputs(logits, labels, digit_mask, digit_token_ids,
+                (("loss_mask", loss_mask),))
+  check_method(method, weighting, loss_kwargs)
+  stats = token_statistics(logits, labels, digit_token_ids)
+  return loss_from_statistics(
+      stats, labels, vocab_size=logits.shape[-1], loss_mask=loss_mask,
+      digit_mask=digit_mask, method=method, lam=lam, weighting=weighting,
+      digit_token_ids=digit_token_ids, **loss_kwargs)
+
+
+def check_method(method: str, weighting: str, loss_kwargs) -> None:
+  """Raises ValueError for an unknown method or weighting."""
   if method not in NUMERIC_LOSSES:
     raise ValueError(f"unknown method {method!r}; choose one of "
                      f"{sorted(NUMERIC_LOSSES)}.")
   if weighting not in WEIGHTINGS:
     raise ValueError(f"unknown weighting {weighting!r}; choose one of "
                      f"{WEIGHTINGS}.")
-  ce = cross_entropy(logits, labels, loss_mask)
-  numeric_fn = NUMERIC_LOSSES[method]
+  if method == "ce" and loss_kwargs:
+    raise ValueError(f"method 'ce' takes no loss arguments, got "
+                     f"{sorted(loss_kwargs)}.")
+
+
+def loss_from_statistics(stats: TokenStatistics, labels, *, vocab_size: int,
+                         loss_mask=None, digit_mask=None, method: str = "ntil",
+                         lam: float = 0.3, weighting: str = "sum",
+                         digit_token_ids=None, **loss_kwargs) -> chex.Array:
+  """:func:`numeric_token_loss` from precomputed :class:`TokenStatistics`.
+
+  The logits path and the fused path (:mod:`ntil_jax.fused`) both end here,
+  so they compute the same loss by construction.
+  """
+  labels = jnp.asarray(labels)
+  scored = _scored(labels, vocab_size, loss_mask)
+  ce = _masked(stats.log_norm - stats.label_logits, scored)
+  numeric_fn = _FROM_STATISTICS[method]
   if numeric_fn is None:
-    if loss_kwargs:
-      raise ValueError(f"method 'ce' takes no loss arguments, got "
-                       f"{sorted(loss_kwargs)}.")
     return ce
-  mask = digit_mask
-  if loss_mask is not None:
-    mask = jnp.asarray(loss_mask, bool)
-    if digit_mask is not None:
-      mask = mask & jnp.asarray(digit_mask, bool)
-  aux = numeric_fn(logits, labels, mask, digit_token_ids=digit_token_ids,
+  mask = scored if digit_mask is None else scored & jnp.asarray(digit_mask,
+                                                                 bool)
+  aux = numeric_fn(stats, _layout(labels, mask, digit_token_ids),
                    **loss_kwargs)
   if weighting == "reference":
     aux_total = jnp.sum(aux)

@@ -1,0 +1,133 @@
+"""CE + numeric loss straight from hidden states, never holding ``[N, V]`` logits.
+
+Every loss in :mod:`ntil_jax.losses` reads the logits only through three small
+per-token statistics: the log-normalizer over the vocabulary, the label's
+logit and the ten digit logits (:class:`~ntil_jax.losses.TokenStatistics`).
+Here those are computed chunk by chunk along the sequence from
+``hidden @ unembedding``; each chunk is rematerialized in the backward pass
+(``jax.checkpoint`` inside ``lax.scan``), so the peak holds one
+``[B, chunk_size, V]`` block instead of the whole ``[B, T, V]``. The number
+logic then runs on the full ``[B, T, 10]`` digit logits, so numbers that cross
+chunk boundaries are handled exactly.
+"""
+
+import functools
+
+import chex
+import jax
+import jax.numpy as jnp
+
+from ntil_jax import losses
+
+
+def _chunk_statistics(hidden, labels, unembedding, digit_token_ids):
+  """TokenStatistics of one ``[B, C, D]`` chunk."""
+  logits = jnp.einsum("bcd,dv->bcv", hidden, unembedding,
+                      preferred_element_type=jnp.float32)
+  return losses.token_statistics(logits, labels, digit_token_ids)
+
+
+def fused_token_statistics(hidden, unembedding, labels, *,
+                           digit_token_ids=None,
+                           chunk_size: int = 128) -> losses.TokenStatistics:
+  """:class:`~ntil_jax.losses.TokenStatistics` of ``hidden @ unembedding``.
+
+  Args:
+    hidden: ``[B, T, D]`` final hidden states.
+    unembedding: ``[D, V]`` output projection.
+    labels: ``[B, T]`` integer labels.
+    digit_token_ids: ``[10]`` digit ids (``None``: 0..9).
+    chunk_size: sequence positions per chunk; each step holds a
+      ``[B, chunk_size, V]`` float32 block.
+
+  Returns:
+    TokenStatistics with ``[B, T]`` / ``[B, T, 10]`` fields.
+  """
+  batch, length, _ = hidden.shape
+  chunk_size = max(1, min(chunk_size, length))
+  num_chunks = -(-length // chunk_size)
+  padded = num_chunks * chunk_size
+  if padded != length:
+    hidden = jnp.pad(hidden, ((0, 0), (0, padded - length), (0, 0)))
+    labels = jnp.pad(labels, ((0, 0), (0, padded - length)))
+
+  def to_chunks(x):  # [B, T, ...] -> [num_chunks, B, chunk, ...]
+    x = x.reshape((batch, num_chunks, chunk_size) + x.shape[2:])
+    return jnp.moveaxis(x, 1, 0)
+
+  body = jax.checkpoint(functools.partial(
+      _chunk_statistics, unembedding=unembedding,
+      digit_token_ids=digit_token_ids))
+  stats = jax.lax.map(lambda xs: body(*xs),
+                      (to_chunks(hidden), to_chunks(labels)))
+
+  def from_chunks(x):  # [num_chunks, B, chunk, ...] -> [B, T, ...]
+    x = jnp.moveaxis(x, 0, 1)
+    return x.reshape((batch, padded) + x.shape[3:])[:, :length]
+
+  return jax.tree.map(from_chunks, stats)
+
+
+def fused_numeric_loss(hidden, unembedding, labels, digit_mask=None, *,
+                       loss_mask=None, lam: float = 0.3, method: str = "ntil",
+                       weighting: str = "sum", digit_token_ids=None,
+                       chunk_size: int = 128, **loss_kwargs) -> chex.Array:
+  r"""Per-token ``CE + lam * numeric loss`` from hidden states.
+
+  Equal to :func:`ntil_jax.numeric_token_loss` on
+  ``logits = hidden @ unembedding`` (up to float rounding), without ever
+  holding the ``[..., T, V]`` logits or their gradient: peak memory is that of
+  one ``[B, chunk_size, V]`` block.
+
+  Args:
+    hidden: ``[..., T, D]`` final hidden states (any float dtype; the logits
+      are accumulated in float32).
+    unembedding: ``[D, V]`` output projection (``logits = hidden @ W``).
+    labels: ``[..., T]`` integer ids; ids outside ``[0, V)`` score 0.
+    digit_mask: ``[..., T]`` bool, where numbers may be (``None``: all).
+    loss_mask: ``[..., T]`` bool, positions to score (``None``: all valid).
+    lam: weight of the numeric loss.
+    method: ``"ntil"``, ``"emd"``, ``"ntl_mse"``, ``"soft_label"`` or ``"ce"``.
+    weighting: ``"sum"`` or ``"reference"`` (see ``numeric_token_loss``).
+    digit_token_ids: ``[10]`` digit ids (``None``: 0..9).
+    chunk_size: sequence positions per chunk.
+    **loss_kwargs: keyword arguments of the numeric loss.
+
+  Returns:
+    ``[..., T]`` float32 per-token loss.
+  """
+  hidden = jnp.asarray(hidden)
+  unembedding = jnp.asarray(unembedding)
+  labels = jnp.asarray(labels)
+  if hidden.ndim < 2 or unembedding.ndim != 2:
+    raise ValueError(f"hidden must be [..., T, D] and unembedding [D, V], got "
+                     f"{hidden.shape} and {unembedding.shape}.")
+  if hidden.shape[-1] != unembedding.shape[0]:
+    raise ValueError(f"hidden {hidden.shape} and unembedding "
+                     f"{unembedding.shape} disagree on D.")
+  # Shape checks of labels and masks, against a logits shape never built.
+  logits_shape = jax.ShapeDtypeStruct(
+      hidden.shape[:-1] + unembedding.shape[1:], jnp.float32)
+  masks = tuple((n, None if m is None else jnp.asarray(m)) for n, m in
+                (("digit_mask", digit_mask), ("loss_mask", loss_mask)))
+  losses._check_inputs(logits_shape, labels, None, digit_token_ids, masks)
+  losses.check_method(method, weighting, loss_kwargs)
+  if chunk_size < 1:
+    raise ValueError(f"chunk_size must be >= 1, got {chunk_size}.")
+
+  leading = labels.ndim - 1
+
+  def flatten_batch(x):  # [..., T, ...] -> [B, T, ...]
+    return None if x is None else jnp.reshape(
+        jnp.asarray(x), (-1,) + jnp.shape(x)[leading:])
+
+  flat_labels = flatten_batch(labels)
+  stats = fused_token_statistics(
+      flatten_batch(hidden), unembedding, flat_labels,
+      digit_token_ids=digit_token_ids, chunk_size=chunk_size)
+  per_token = losses.loss_from_statistics(
+      stats, flat_labels, vocab_size=unembedding.shape[1],
+      loss_mask=flatten_batch(loss_mask), digit_mask=flatten_batch(digit_mask),
+      method=method, lam=lam, weighting=weighting,
+      digit_token_ids=digit_token_ids, **loss_kwargs)
+  return per_token.reshape(labels.shape)
