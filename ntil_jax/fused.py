@@ -5,13 +5,14 @@ per-token statistics: the log-normalizer over the vocabulary, the label's
 logit and the ten digit logits (:class:`~ntil_jax.losses.TokenStatistics`).
 Here those are computed chunk by chunk along the sequence from
 ``hidden @ unembedding``; each chunk is rematerialized in the backward pass
-(``jax.checkpoint`` inside ``lax.scan``), so the peak holds one
-``[B, chunk_size, V]`` block instead of the whole ``[B, T, V]``. The number
-logic then runs on the full ``[B, T, 10]`` digit logits, so numbers that cross
+(``jax.checkpoint`` inside ``lax.scan``), so the peak holds one block of
+about ``chunk_size`` tokens by ``V`` instead of the whole ``[B, T, V]``.
+The number logic then runs on the full ``[B, T, 10]`` digit logits, so numbers that cross
 chunk boundaries are handled exactly.
 """
 
 import functools
+from typing import Optional
 
 import chex
 import jax
@@ -27,9 +28,19 @@ def _chunk_statistics(hidden, labels, unembedding, digit_token_ids):
   return losses.token_statistics(logits, labels, digit_token_ids)
 
 
+# Default block: about 4M float32 logits (16 MiB) whatever the vocabulary.
+DEFAULT_BLOCK_ELEMENTS = 2**22
+
+
+def default_chunk_size(vocab_size: int) -> int:
+  """Tokens per chunk so that one block holds ~4M logits."""
+  return max(1, DEFAULT_BLOCK_ELEMENTS // vocab_size)
+
+
 def fused_token_statistics(hidden, unembedding, labels, *,
                            digit_token_ids=None,
-                           chunk_size: int = 128) -> losses.TokenStatistics:
+                           chunk_size: Optional[int] = None
+                           ) -> losses.TokenStatistics:
   """:class:`~ntil_jax.losses.TokenStatistics` of ``hidden @ unembedding``.
 
   Args:
@@ -37,22 +48,25 @@ def fused_token_statistics(hidden, unembedding, labels, *,
     unembedding: ``[D, V]`` output projection.
     labels: ``[B, T]`` integer labels.
     digit_token_ids: ``[10]`` digit ids (``None``: 0..9).
-    chunk_size: sequence positions per chunk; each step holds a
-      ``[B, chunk_size, V]`` float32 block.
+    chunk_size: tokens per chunk (``None``: :func:`default_chunk_size`); a
+      chunk covers ``max(1, chunk_size // B)`` positions of every row, so
+      the batch axis stays whole (and sharded, if it is).
 
   Returns:
     TokenStatistics with ``[B, T]`` / ``[B, T, 10]`` fields.
   """
   batch, length, _ = hidden.shape
-  chunk_size = max(1, min(chunk_size, length))
-  num_chunks = -(-length // chunk_size)
-  padded = num_chunks * chunk_size
+  if chunk_size is None:
+    chunk_size = default_chunk_size(unembedding.shape[-1])
+  positions = max(1, min(chunk_size // batch, length))
+  num_chunks = -(-length // positions)
+  padded = num_chunks * positions
   if padded != length:
     hidden = jnp.pad(hidden, ((0, 0), (0, padded - length), (0, 0)))
     labels = jnp.pad(labels, ((0, 0), (0, padded - length)))
 
   def to_chunks(x):  # [B, T, ...] -> [num_chunks, B, chunk, ...]
-    x = x.reshape((batch, num_chunks, chunk_size) + x.shape[2:])
+    x = x.reshape((batch, num_chunks, positions) + x.shape[2:])
     return jnp.moveaxis(x, 1, 0)
 
   body = jax.checkpoint(functools.partial(
@@ -71,13 +85,15 @@ def fused_token_statistics(hidden, unembedding, labels, *,
 def fused_numeric_loss(hidden, unembedding, labels, digit_mask=None, *,
                        loss_mask=None, lam: float = 0.3, method: str = "ntil",
                        weighting: str = "sum", digit_token_ids=None,
-                       chunk_size: int = 128, **loss_kwargs) -> chex.Array:
+                       chunk_size: Optional[int] = None,
+                       **loss_kwargs) -> chex.Array:
   r"""Per-token ``CE + lam * numeric loss`` from hidden states.
 
   Equal to :func:`ntil_jax.numeric_token_loss` on
   ``logits = hidden @ unembedding`` (up to float rounding), without ever
-  holding the ``[..., T, V]`` logits or their gradient: peak memory is that of
-  one ``[B, chunk_size, V]`` block.
+  holding the ``[..., T, V]`` logits or their gradient: the peak holds one
+  block of about ``chunk_size`` tokens by ``V`` (a few copies of it in the
+  backward pass) besides the ``[D, V]`` gradient.
 
   Args:
     hidden: ``[..., T, D]`` final hidden states (any float dtype; the logits
@@ -90,7 +106,7 @@ def fused_numeric_loss(hidden, unembedding, labels, digit_mask=None, *,
     method: ``"ntil"``, ``"emd"``, ``"ntl_mse"``, ``"soft_label"`` or ``"ce"``.
     weighting: ``"sum"`` or ``"reference"`` (see ``numeric_token_loss``).
     digit_token_ids: ``[10]`` digit ids (``None``: 0..9).
-    chunk_size: sequence positions per chunk.
+    chunk_size: tokens per chunk; ``None`` picks ~4M logits per block.
     **loss_kwargs: keyword arguments of the numeric loss.
 
   Returns:
@@ -112,7 +128,7 @@ def fused_numeric_loss(hidden, unembedding, labels, digit_mask=None, *,
                 (("digit_mask", digit_mask), ("loss_mask", loss_mask)))
   losses._check_inputs(logits_shape, labels, None, digit_token_ids, masks)
   losses.check_method(method, weighting, loss_kwargs)
-  if chunk_size < 1:
+  if chunk_size is not None and chunk_size < 1:
     raise ValueError(f"chunk_size must be >= 1, got {chunk_size}.")
 
   leading = labels.ndim - 1

@@ -49,7 +49,7 @@ class FusedTest(parameterized.TestCase):
 
   @parameterized.product(
       method=("ce", "emd", "ntl_mse", "soft_label", "ntil"),
-      chunk_size=(3, 16, 64))
+      chunk_size=(3, 16, 64, None))
   def test_equals_logits_path(self, method, chunk_size):
     # Length 37 is no multiple of 3 or 16: numbers straddle chunk edges and
     # the last chunk is padded.
