@@ -399,7 +399,7 @@ def test_worker_processes_need_parsed_flags(data_dir):
         input_pipeline.train_iterator(data_dir, global_batch_size=8, worker_count=2)
 
 
-def test_two_processes_get_disjoint_slices_covering_the_data(data_dir):
+def test_two_processes_split_each_global_batch(data_dir):
     dataset = read_pairs(input_pipeline.find_dataset_dir(data_dir), "train")
     per_host_epoch = TRAIN_SIZE // 2
     seen = []
@@ -410,7 +410,12 @@ def test_two_processes_get_disjoint_slices_covering_the_data(data_dir):
         seen.append(sum((batch_pairs(next(iterator)) for _ in range(per_host_epoch // 10)), []))
     assert len(seen[0]) == len(seen[1]) == per_host_epoch
     assert collections.Counter(seen[0]) + collections.Counter(seen[1]) == collections.Counter(dataset)
-    assert collections.Counter(seen[0]) == collections.Counter(dataset[0::2])
+    # Host batches stacked in process order are the 1-process global batch.
+    single = input_pipeline.train_iterator(data_dir, global_batch_size=20, seed=0, process_index=0, process_count=1)
+    stacked = []
+    for batch_index in range(per_host_epoch // 10):
+        stacked += seen[0][batch_index * 10 : (batch_index + 1) * 10] + seen[1][batch_index * 10 : (batch_index + 1) * 10]
+    assert stacked == sum((batch_pairs(next(single)) for _ in range(per_host_epoch // 10)), [])
 
 
 def test_batch_size_must_split_across_processes(data_dir):

@@ -296,23 +296,30 @@ def train_dataset(
 ) -> grain.MapDataset:
     """Returns the infinite dataset of this host's training batches.
 
-    This host reads examples ``process_index::process_count`` of the train
-    split, shuffles them with ``seed`` (a new order every epoch), repeats them
-    forever, groups them into batches of ``global_batch_size // process_count``
-    rows (which run across epoch boundaries, so nothing is dropped) and encodes
-    each batch with `encode_examples`.
+    The train split is shuffled with ``seed`` (a new order every epoch),
+    repeated forever and cut into global batches of ``global_batch_size``
+    examples (which run across epoch boundaries, so nothing is dropped). Host
+    ``i`` of ``n`` reads only rows ``[i*B, (i+1)*B)`` of each global batch,
+    ``B = global_batch_size // n``, and encodes them with `encode_examples`.
+    So the global batch, assembled across hosts in process order, holds the
+    same examples whatever the number of hosts: a 2-process run sees exactly
+    the data of a 1-process run.
     """
     process_index, process_count = resolve_process(process_index, process_count)
     batch_size = per_host_batch_size(global_batch_size, process_count)
     source = load_split(data_dir, "train", config_name=config_name)
-    if len(source) < process_count:
-        raise ValueError(f"The train split has {len(source)} examples, fewer than process_count={process_count}.")
+    if len(source) < global_batch_size:
+        raise ValueError(
+            f"The train split has {len(source)} examples, fewer than global_batch_size={global_batch_size}."
+        )
+    first_row = process_index * batch_size
     encode = functools.partial(_encode_records, max_question_len=max_question_len, max_answer_len=max_answer_len)
     return (
-        grain.MapDataset.source(source)[process_index::process_count]
+        grain.MapDataset.range(len(source))
         .shuffle(seed=seed)
         .repeat()  # Reseeds the shuffle each epoch.
-        .batch(batch_size, drop_remainder=True, batch_fn=list)
+        .batch(global_batch_size, drop_remainder=True, batch_fn=list)
+        .map(lambda indices: source.__getitems__(indices[first_row : first_row + batch_size]))
         .map(encode)  # A whole batch at once: no Python loop over tokens.
     )
 
