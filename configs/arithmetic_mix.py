@@ -25,8 +25,8 @@ def get_config(method: str = "ntil") -> ml_collections.ConfigDict:
   # Data (written by `python -m train.prepare_data`).
   config.data_dir = ""
   config.dataset_config = ""  # which prepared dataset, if data_dir holds several
-  config.max_question_len = 64
-  config.max_answer_len = 16
+  config.max_question_len = 80  # longer ones (~0.5%) are skipped
+  config.max_answer_len = 12
   config.worker_count = 0  # grain reading processes (0: threads)
 
   # Model: a size from train/models.py MODEL_SIZES.
