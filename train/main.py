@@ -1,0 +1,66 @@
+r"""Train on arithmetic_mix.
+
+  python -m train.prepare_data --data_dir=data --train_size=20000 --test_size=1000
+  python -m train.main --config=configs/arithmetic_mix.py:ntil --workdir=W \
+      --config.data_dir=data --config.model=tiny --config.train_steps=500
+
+Running the same command again resumes from the newest checkpoint in W.
+Several hosts: start one process per host with --coordinator_address,
+--num_processes and --process_id (jax.distributed).
+"""
+
+import sys
+
+from absl import app
+from absl import flags
+from absl import logging
+import jax
+from ml_collections import config_flags
+
+from train import train
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("workdir", None, "Where checkpoints and metrics go.")
+config_flags.DEFINE_config_file(
+    "config", None, "Training configuration, e.g. configs/arithmetic_mix.py:ntil",
+    lock_config=True)
+flags.DEFINE_string("coordinator_address", None,
+                    "host:port of process 0, for multi-host training.")
+flags.DEFINE_integer("num_processes", None, "Number of processes (hosts).")
+flags.DEFINE_integer("process_id", None, "This process's index.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+class _QuietLibraries:
+  """Keeps INFO lines of orbax and grain (dozens per checkpoint) out of logs."""
+
+  def filter(self, record):
+    noisy = ("/orbax/" in record.pathname or "/grain/" in record.pathname
+             or "/tensorflow_datasets/" in record.pathname)
+    return record.levelno >= logging.WARNING or not noisy
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  logging.get_absl_handler().addFilter(_QuietLibraries())
+  if FLAGS.coordinator_address:
+    jax.distributed.initialize(coordinator_address=FLAGS.coordinator_address,
+                               num_processes=FLAGS.num_processes,
+                               process_id=FLAGS.process_id)
+  logging.info("JAX process %d/%d, %d local devices: %s", jax.process_index(),
+               jax.process_count(), jax.local_device_count(),
+               jax.devices()[0].device_kind)
+  try:
+    result = train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+  except train.ConfigError as error:
+    print(f"error: {error}", file=sys.stderr)
+    sys.exit(2)
+  if result["eval"]:
+    print(f"step {result['step']}: exact match "
+          f"{result['eval']['exact_match']:.4f} on "
+          f"{result['eval']['num_examples']} test examples")
+
+
+if __name__ == "__main__":
+  app.run(main)
