@@ -28,6 +28,7 @@ bench: install
 
 experiments: install
 	$(PY) -m experiments.arithmetic_mix.run
+	$(PY) -m experiments.arithmetic_mix.report
 
 clean:
 	rm -rf $(VENV) workdirs data .pytest_cache

@@ -31,19 +31,10 @@ flags.DEFINE_integer("process_id", None, "This process's index.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
-class _QuietLibraries:
-  """Keeps INFO lines of orbax and grain (dozens per checkpoint) out of logs."""
-
-  def filter(self, record):
-    noisy = ("/orbax/" in record.pathname or "/grain/" in record.pathname
-             or "/tensorflow_datasets/" in record.pathname)
-    return record.levelno >= logging.WARNING or not noisy
-
-
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  logging.get_absl_handler().addFilter(_QuietLibraries())
+  train.quiet_library_logs()
   if FLAGS.coordinator_address:
     jax.distributed.initialize(coordinator_address=FLAGS.coordinator_address,
                                num_processes=FLAGS.num_processes,

@@ -199,6 +199,19 @@ def restore_latest(manager, model, optimizer, train_iter, workdir) -> int:
 # Logging.
 
 
+class _QuietLibraries:
+  """Keeps INFO lines of orbax, grain and tfds (dozens per checkpoint) out."""
+
+  def filter(self, record):
+    noisy = any(f"/{name}/" in record.pathname
+                for name in ("orbax", "grain", "tensorflow_datasets"))
+    return record.levelno >= logging.WARNING or not noisy
+
+
+def quiet_library_logs():
+  logging.get_absl_logger().addFilter(_QuietLibraries())
+
+
 class MetricsWriter:
   """metrics.jsonl (one JSON object per line) and TensorBoard, on host 0."""
 

@@ -1,0 +1,221 @@
+r"""results.json -> results.md and plots. Every number comes from results.json.
+
+  python -m experiments.arithmetic_mix.report
+"""
+
+import collections
+import json
+import os
+
+from absl import app
+from absl import flags
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+import numpy as np
+
+from configs import arithmetic_mix
+from train import plots
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FLAGS = flags.FLAGS
+flags.DEFINE_string("results", os.path.join(HERE, "results.json"), "Input.")
+flags.DEFINE_string("out_dir", HERE, "Where results.md and plots/ go.")
+
+METHODS = arithmetic_mix.METHODS
+LABELS = dict(ce="CE", emd="CE + EMD", ntl_mse="CE + NTL-MSE",
+              soft_label="CE + soft labels", ntil="CE + NTIL")
+# The NTIL paper's Table 3 (exact match %, fine-tuned LLMs, single runs), as
+# quoted in the project's experiment issue; context only, not comparable.
+PAPER_TABLE3 = (("Qwen2.5-1.5B", 40.3, 40.7, 42.4),
+                ("MiniCPM3-4B", 66.8, 68.2, 68.6))
+
+
+def mean_std(values):
+  values = np.asarray(values, float)
+  std = values.std(ddof=1) if len(values) > 1 else float("nan")
+  return values.mean(), std
+
+
+def fmt(values, scale=100.0, digits=2):
+  mean, std = mean_std(np.asarray(values) * scale)
+  return f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def by_method(runs, group="main"):
+  grouped = collections.defaultdict(list)
+  for run in runs:
+    if run["group"] == group:
+      grouped[run["method"]].append(run)
+  return {m: sorted(grouped[m], key=lambda r: r["seed"]) for m in METHODS
+          if grouped[m]}
+
+
+def plot_exact_match(main, path):
+  fig, ax = plt.subplots(figsize=(7, 3.6))
+  for i, (method, runs) in enumerate(main.items()):
+    values = [100 * r["exact_match"] for r in runs]
+    mean, std = mean_std(values)
+    ax.bar(i, mean, yerr=0 if np.isnan(std) else std, capsize=5, alpha=0.6)
+    ax.scatter([i] * len(values), values, color="k", s=14, zorder=3)
+  ax.set_xticks(range(len(main)), [LABELS[m] for m in main], rotation=15)
+  ax.set_ylabel("exact match (%)")
+  ax.set_title("arithmetic_mix test: mean ± std over seeds (dots: seeds)")
+  ax.grid(axis="y", alpha=0.3)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+def plot_curves(main, path):
+  fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
+  for method, runs in main.items():
+    steps = runs[0]["curves"]["steps"]
+    ce = np.mean([r["curves"]["ce"] for r in runs], axis=0)
+    left.plot(steps, plots.smooth(ce, 8), label=LABELS[method])
+    eval_steps = runs[0]["curves"]["eval_steps"]
+    em = np.mean([r["curves"]["exact_match"] for r in runs], axis=0)
+    right.plot(eval_steps, 100 * em, marker="o", label=LABELS[method])
+  left.set_xlabel("step")
+  left.set_ylabel("train CE per answer token (mean over seeds)")
+  left.set_yscale("log")
+  right.set_xlabel("step")
+  right.set_ylabel("test exact match (%, mean over seeds)")
+  for ax in (left, right):
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+def plot_by_length(main, path):
+  fig, ax = plt.subplots(figsize=(7, 3.6))
+  for method, runs in main.items():
+    lengths = sorted({int(k) for r in runs
+                      for k in r["exact_match_by_answer_length"]})
+    values = [100 * np.mean([r["exact_match_by_answer_length"].get(str(k), 0.0)
+                             for r in runs]) for k in lengths]
+    ax.plot(lengths, values, marker="o", label=LABELS[method])
+  ax.set_xlabel("answer length (characters, e.g. '-8/3' is 4)")
+  ax.set_ylabel("exact match (%, mean over seeds)")
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+def reading(main):
+  """A plain reading of the main table, computed from the numbers."""
+  means = {m: mean_std([100 * r["exact_match"] for r in runs])
+           for m, runs in main.items()}
+  order = sorted(means, key=lambda m: -means[m][0])
+  lines = [f"- Ranking by mean exact match: " + ", ".join(
+      f"{LABELS[m]} {means[m][0]:.2f}%" for m in order) + "."]
+  spread = np.nanmean([s for _, s in means.values()])
+  lines.append(f"- The typical seed-to-seed standard deviation is "
+               f"{spread:.2f} points.")
+  if "ntil" in means and "ce" in means:
+    gap = means["ntil"][0] - means["ce"][0]
+    verdict = ("larger than" if abs(gap) > spread else "within")
+    lines.append(
+        f"- NTIL minus CE: {gap:+.2f} points, {verdict} one seed standard "
+        f"deviation; " + ("NTIL does better here." if gap > spread else
+                          "NTIL does worse here." if gap < -spread else
+                          "this grid cannot tell them apart."))
+  if "ntil" in means:
+    better = [m for m in means if m != "ntil" and means[m][0] > means["ntil"][0]]
+    if better:
+      lines.append("- Methods with a higher mean than NTIL: " +
+                   ", ".join(LABELS[m] for m in better) + ".")
+  return lines
+
+
+def ablation_rows(runs, main):
+  reference = [r for r in main.get("ntil", []) if r["seed"] == 0]
+  rows = [("NTIL (all on, seed 0)", reference)]
+  names = dict(ablation=(("ntil-no-exp", "Exp off (sigma=0)"),
+                         ("ntil-no-rel", "Rel off (alpha=0)"),
+                         ("ntil-no-mag", "Mag off (beta=0)")),
+               sweep=(("ntil-sigma0.1", "sigma=0.1"),
+                      ("ntil-sigma0.5", "sigma=0.5"),
+                      ("ntil-lam0.1", "lambda=0.1"),
+                      ("ntil-lam1.0", "lambda=1.0")))
+  for group, pairs in names.items():
+    for prefix, label in pairs:
+      rows.append((label, [r for r in runs if r["group"] == group
+                           and r["name"].startswith(prefix + "-")]))
+  return [(label, cells) for label, cells in rows if cells]
+
+
+def write_report(runs, out_dir):
+  plot_dir = os.path.join(out_dir, "plots")
+  os.makedirs(plot_dir, exist_ok=True)
+  main = by_method(runs)
+  plot_exact_match(main, os.path.join(plot_dir, "exact_match.png"))
+  plot_curves(main, os.path.join(plot_dir, "curves.png"))
+  plot_by_length(main, os.path.join(plot_dir, "by_answer_length.png"))
+  first = runs[0]
+  lines = [
+      "# arithmetic_mix: CE vs EMD vs NTL-MSE vs soft labels vs NTIL", "",
+      "Generated by `python -m experiments.arithmetic_mix.report` from "
+      "`results.json` (written by `python -m experiments.arithmetic_mix.run "
+      f"--profile={first['profile']}`). Nothing here is typed by hand.", "",
+      f"Set-up: the `{first['model']}` decoder trained from scratch for "
+      f"{first['steps']} steps of {first['batch_size']} examples on locally "
+      "generated arithmetic__mixed problems (mathematics_dataset), "
+      f"exact match on {first['num_test_examples']} interpolate test "
+      f"problems by greedy decoding. Hardware: {first['device']} "
+      f"({first['host']}).", "",
+      "## Main table", "",
+      "| method | seeds | exact match (%) | parsed (%) | mean log10(1+abs err) "
+      "| minutes / run |", "|---|---|---|---|---|---|"]
+  for method, method_runs in main.items():
+    lines.append(
+        f"| {LABELS[method]} | {len(method_runs)} | "
+        f"{fmt([r['exact_match'] for r in method_runs])} | "
+        f"{fmt([r['parsed_rate'] for r in method_runs], digits=1)} | "
+        f"{fmt([r['mean_log10_abs_error'] for r in method_runs], 1, 3)} | "
+        f"{np.mean([r['wall_seconds'] for r in method_runs]) / 60:.1f} |")
+  lines += ["", "mean ± sample standard deviation over seeds.", "",
+            "![exact match](plots/exact_match.png)", "",
+            "## What the data shows", ""] + reading(main) + [
+      "", "## Training curves and accuracy by answer length", "",
+      "![curves](plots/curves.png)", "",
+      "![by answer length](plots/by_answer_length.png)", "",
+      "## Ablations and sweeps (NTIL, seed 0)", ""]
+  rows = ablation_rows(runs, main)
+  if rows:
+    lines += ["| variant | runs | exact match (%) |", "|---|---|---|"]
+    lines += [f"| {label} | {len(cells)} | "
+              f"{fmt([r['exact_match'] for r in cells])} |"
+              for label, cells in rows]
+    lines += ["", "Single seeds: compare with the seed spread of the main "
+              "table before reading anything into a difference."]
+  else:
+    lines.append("Not run yet.")
+  lines += ["", "## The paper's numbers, for context", "",
+            "Table 3 of the NTIL paper (fine-tuned pretrained LLMs, one run "
+            "each, no error bars); a different regime from ours (a small "
+            "model trained from scratch), so only the direction compares.",
+            "", "| model | CE | EMD | NTIL |", "|---|---|---|---|"]
+  lines += [f"| {name} | {ce} | {emd} | {ntil} |"
+            for name, ce, emd, ntil in PAPER_TABLE3]
+  with open(os.path.join(out_dir, "results.md"), "w") as f:
+    f.write("\n".join(lines) + "\n")
+
+
+def main(argv):
+  del argv
+  with open(FLAGS.results) as f:
+    runs = json.load(f)["runs"]
+  if not runs:
+    raise SystemExit(f"no runs in {FLAGS.results}")
+  write_report(runs, FLAGS.out_dir)
+  print(f"wrote {os.path.join(FLAGS.out_dir, 'results.md')} and plots/")
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,190 @@
+r"""The arithmetic_mix comparison: every method, several seeds, ablations.
+
+  python -m experiments.arithmetic_mix.run                # CPU profile
+  python -m experiments.arithmetic_mix.run --profile=accelerator
+  python -m experiments.arithmetic_mix.run --groups=main  # main table only
+
+Trains the same model from scratch on the same generated data with each loss
+method and seed, then the NTIL ablations (the paper's Table 6: place-value
+weighting, relative and magnitude deviation each off) and sweeps of sigma and
+lambda (Table 8). Each finished cell is appended to ``results.json`` at once,
+so an interrupted grid resumes where it stopped (a half-trained cell resumes
+from its checkpoint); cells whose config hash is already there are skipped.
+Then ``python -m experiments.arithmetic_mix.report`` writes results.md and
+the plots from results.json.
+"""
+
+import hashlib
+import json
+import os
+import platform
+import time
+
+from absl import app
+from absl import flags
+from absl import logging
+import jax
+
+from configs import arithmetic_mix
+from train import plots
+from train import prepare_data
+from train import train
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FLAGS = flags.FLAGS
+flags.DEFINE_enum("profile", "cpu", ["cpu", "accelerator", "smoke"],
+                  "Grid size (smoke: seconds, for tests).")
+flags.DEFINE_list("groups", ["main", "ablation", "sweep"],
+                  "Which parts of the grid to run, in this order.")
+flags.DEFINE_string("results", os.path.join(HERE, "results.json"),
+                    "Results file (one record per finished run).")
+flags.DEFINE_string("runs_dir", os.path.join(HERE, "runs"),
+                    "Work directories of the runs (not in git).")
+flags.DEFINE_string("data_dir", "data", "Generated data.")
+flags.DEFINE_integer("max_cells", 0, "Stop after this many new cells (0: all).")
+
+# Everything that differs between the CPU grid and the accelerator grid.
+PROFILES = {
+    "cpu": dict(model="tiny", train_steps=1500, batch_size=64,
+                learning_rate=3e-3, train_size=20000, test_size=1000,
+                seeds=(0, 1, 2)),
+    "accelerator": dict(model="base", train_steps=20000, batch_size=256,
+                        learning_rate=1e-3, train_size=400000, test_size=5000,
+                        seeds=(0, 1, 2, 3, 4)),
+    "smoke": dict(model="tiny", train_steps=3, batch_size=8,
+                  learning_rate=3e-3, train_size=200, test_size=20,
+                  seeds=(0, 1)),
+}
+METHODS = arithmetic_mix.METHODS
+
+
+def grid(profile):
+  """(group, name, method, seed, overrides) of every cell, in run order."""
+  seeds = PROFILES[profile]["seeds"]
+  cells = {"main": [], "ablation": [], "sweep": []}
+  for seed in seeds:  # seed-major: a partial grid still covers every method
+    for method in METHODS:
+      cells["main"].append(("main", f"{method}-s{seed}", method, seed, {}))
+  for name, overrides in (("ntil-no-exp", dict(sigma=0.0)),
+                          ("ntil-no-rel", dict(alpha=0.0)),
+                          ("ntil-no-mag", dict(beta=0.0))):
+    cells["ablation"].append(("ablation", f"{name}-s0", "ntil", 0, overrides))
+  for sigma in (0.1, 0.5):
+    cells["sweep"].append(("sweep", f"ntil-sigma{sigma}-s0", "ntil", 0,
+                           dict(sigma=sigma)))
+  for lam in (0.1, 1.0):
+    cells["sweep"].append(("sweep", f"ntil-lam{lam}-s0", "ntil", 0,
+                           dict(lam=lam)))
+  return cells
+
+
+def cell_config(profile, method, seed, overrides, data_dir):
+  settings = PROFILES[profile]
+  config = arithmetic_mix.get_config(method)
+  config.data_dir = data_dir
+  config.model = settings["model"]
+  config.train_steps = settings["train_steps"]
+  config.batch_size = settings["batch_size"]
+  config.learning_rate = settings["learning_rate"]
+  config.seed = seed
+  config.log_every_steps = min(25, settings["train_steps"])
+  config.eval_every_steps = max(1, settings["train_steps"] // 3)
+  config.checkpoint_every_steps = max(1, settings["train_steps"] // 3)
+  config.eval_examples = 0  # the whole test split
+  config.eval_batch_size = min(250, settings["test_size"])
+  for name, value in overrides.items():
+    config[name] = value
+  return config
+
+
+def config_hash(config, profile) -> str:
+  text = json.dumps(dict(config=config.to_dict(), profile=profile,
+                         data=PROFILES[profile]), sort_keys=True)
+  return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def load_results(path):
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return json.load(f)["runs"]
+
+
+def save_results(path, runs):
+  temporary = path + ".tmp"
+  with open(temporary, "w") as f:
+    json.dump(dict(runs=runs), f, indent=1)
+  os.replace(temporary, path)  # never a half-written file
+
+
+def curves(metrics_path):
+  """Loss/CE per log and exact match per eval, for report plots."""
+  train_records, eval_records = plots.read_metrics(metrics_path)
+  return dict(
+      steps=[r["step"] for r in train_records],
+      loss=[round(r["loss"], 5) for r in train_records],
+      ce=[round(r["ce"], 5) for r in train_records],
+      eval_steps=[r["step"] for r in eval_records],
+      exact_match=[r["exact_match"] for r in eval_records])
+
+
+def run_cell(profile, group, name, method, seed, overrides, digest):
+  config = cell_config(profile, method, seed, overrides, FLAGS.data_dir)
+  workdir = os.path.join(FLAGS.runs_dir, profile, name)
+  start = time.time()
+  result = train.train_and_evaluate(config, workdir)
+  if result["stopped_early"]:
+    raise KeyboardInterrupt(f"{name} stopped by a signal; rerun to resume")
+  evaluation = result["eval"]
+  device = jax.devices()[0]
+  return dict(
+      name=name, group=group, method=method, seed=seed, overrides=overrides,
+      profile=profile, model=config.model, steps=result["step"],
+      batch_size=config.batch_size, exact_match=evaluation["exact_match"],
+      parsed_rate=evaluation["parsed_rate"],
+      mean_abs_error=evaluation["mean_abs_error"],
+      mean_log10_abs_error=evaluation["mean_log10_abs_error"],
+      num_test_examples=evaluation["num_examples"],
+      exact_match_by_answer_length=evaluation["exact_match_by_answer_length"],
+      examples_by_answer_length=evaluation["examples_by_answer_length"],
+      final_train_loss=result["train"]["loss"],
+      final_train_ce=result["train"]["ce"],
+      wall_seconds=round(time.time() - start, 1),
+      device=f"{device.platform}:{device.device_kind} x{jax.device_count()}",
+      host=platform.node(), config_hash=digest,
+      curves=curves(os.path.join(workdir, "metrics.jsonl")))
+
+
+def main(argv):
+  del argv
+  train.quiet_library_logs()
+  settings = PROFILES[FLAGS.profile]
+  prepare_data.prepare(FLAGS.data_dir, settings["train_size"],
+                       settings["test_size"])
+  runs = load_results(FLAGS.results)
+  done = {r["config_hash"] for r in runs}
+  cells = grid(FLAGS.profile)
+  todo = [cell for group in FLAGS.groups for cell in cells[group]]
+  new = 0
+  for index, (group, name, method, seed, overrides) in enumerate(todo):
+    config = cell_config(FLAGS.profile, method, seed, overrides, FLAGS.data_dir)
+    digest = config_hash(config, FLAGS.profile)
+    if digest in done:
+      continue
+    if FLAGS.max_cells and new >= FLAGS.max_cells:
+      break
+    logging.info("cell %d/%d: %s", index + 1, len(todo), name)
+    record = run_cell(FLAGS.profile, group, name, method, seed, overrides,
+                      digest)
+    runs.append(record)
+    save_results(FLAGS.results, runs)
+    new += 1
+    print(f"[{index + 1}/{len(todo)}] {name}: exact match "
+          f"{100 * record['exact_match']:.2f}% ({record['wall_seconds']:.0f}s)",
+          flush=True)
+  print(f"{len(runs)} runs in {FLAGS.results}; "
+        "now: python -m experiments.arithmetic_mix.report")
+
+
+if __name__ == "__main__":
+  app.run(main)
