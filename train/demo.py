@@ -31,6 +31,8 @@ flags.DEFINE_string("method", "ntil", "Loss method.")
 def demo_config():
   config = arithmetic_mix.get_config(FLAGS.method)
   config.data_dir = FLAGS.data_dir
+  config.dataset_config = prepare_data.config_name(FLAGS.train_size,
+                                                   FLAGS.test_size, 0)
   config.model = "tiny"
   config.batch_size = 64
   config.learning_rate = 3e-3

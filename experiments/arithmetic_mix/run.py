@@ -82,6 +82,8 @@ def cell_config(profile, method, seed, overrides, data_dir):
   settings = PROFILES[profile]
   config = arithmetic_mix.get_config(method)
   config.data_dir = data_dir
+  config.dataset_config = prepare_data.config_name(
+      settings["train_size"], settings["test_size"], 0)
   config.model = settings["model"]
   config.train_steps = settings["train_steps"]
   config.batch_size = settings["batch_size"]
