@@ -40,6 +40,8 @@ flags.DEFINE_integer("seq_len", 512, "T; N tokens are laid out as [N/T, T].")
 flags.DEFINE_integer("hidden_dim", 256, "D for the from-hidden family.")
 flags.DEFINE_integer("chunk_size", None, "Fused path: tokens per chunk "
                      "(default: ntil_jax.fused.default_chunk_size(V)).")
+flags.DEFINE_float("digit_fraction", 0.3,
+                   "Fraction of label positions that are digits of numbers.")
 flags.DEFINE_float("memory_budget_gib", 0.0,
                    "Budget for the largest-batch estimate (default: the "
                    "device's memory, or 16 GiB on CPU).")
@@ -51,17 +53,21 @@ CPU_GRID = ((2048, 32768), (8192, 32768), (2048, 151936))
 LAM = 0.3
 
 
-def text_with_numbers(seed, batch, length, vocab):
-  """Labels where ~30% of positions are digits, in runs of 1-8 digits."""
+def text_with_numbers(seed, batch, length, vocab, digit_fraction):
+  """Labels where about ``digit_fraction`` of positions are digits.
+
+  Numbers are runs of 1-8 digits separated by Poisson-length text gaps.
+  """
   rng = np.random.default_rng(seed)
   labels = rng.integers(10, vocab, (batch, length))
-  for b in range(batch):
-    t = 0
-    while t < length:
-      t += rng.integers(1, 8)  # some text
-      run = rng.integers(1, 9)
-      labels[b, t:t + run] = rng.integers(0, 10, min(run, max(length - t, 0)))
-      t += run
+  if digit_fraction > 0:
+    mean_gap = 4.5 * (1.0 - digit_fraction) / digit_fraction
+    for b in range(batch):
+      t = int(rng.poisson(mean_gap))
+      while t < length:
+        run = int(rng.integers(1, 9))
+        labels[b, t:t + run] = rng.integers(0, 10, len(labels[b, t:t + run]))
+        t += run + int(rng.poisson(mean_gap))
   labels = labels.astype(np.int32)
   return labels, labels < 10
 
@@ -143,15 +149,18 @@ def main(argv):
                  host=platform.node(), jax=jax.__version__,
                  repeats=FLAGS.repeats, seq_len=FLAGS.seq_len,
                  hidden_dim=FLAGS.hidden_dim, chunk_size=FLAGS.chunk_size,
+                 digit_fraction=FLAGS.digit_fraction,
                  skipped=([f"{n}:{v}" for n, v in FULL_GRID if (n, v) not in grid]),
                  runs=[])
   budget = memory_budget_bytes()
   print(f"device: {results['device']}; median of {FLAGS.repeats} interleaved "
-        "runs; memory = XLA plan (temp + output)")
+        f"runs; memory = XLA plan (temp + output); "
+        f"{100 * FLAGS.digit_fraction:.0f}% digit labels")
   for tokens, vocab in grid:
     batch = max(1, tokens // FLAGS.seq_len)
     length = tokens // batch
-    labels, digit_mask = text_with_numbers(0, batch, length, vocab)
+    labels, digit_mask = text_with_numbers(0, batch, length, vocab,
+                                           FLAGS.digit_fraction)
     rng = np.random.default_rng(1)
     logits = jnp.asarray(rng.standard_normal((batch, length, vocab)),
                          jnp.float32)
