@@ -216,6 +216,21 @@ def test_bad_input_one_clear_line(data_dir, tmp_path, case, overrides, env,
   assert len(error_lines) == 1 and message in error_lines[0], result.stderr
 
 
+@pytest.mark.parametrize("flag, message", [
+    ("--config=configs/arithmetic_mix.py:mse", "unknown method 'mse'"),
+    ("--config.nosuch=3", "unknown config field"),
+])
+def test_bad_flags_one_clear_line(tmp_path, flag, message):
+  command = [sys.executable, "-m", "train.main", f"--workdir={tmp_path}",
+             "--config=configs/arithmetic_mix.py:ntil", flag]
+  result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+  assert result.returncode == 2
+  assert "Traceback" not in result.stderr
+  assert result.stderr.strip().splitlines()[-1].startswith("error: ")
+  assert message in result.stderr
+
+
 def test_empty_data_dir(tmp_path):
   (tmp_path / "data").mkdir()
   config = make_config(str(tmp_path / "data"))

@@ -31,6 +31,23 @@ flags.DEFINE_integer("process_id", None, "This process's index.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
+def parse_flags(argv):
+  """absl's parsing, with a bad flag or config reported in one line."""
+  try:
+    return FLAGS(argv)
+  except flags.Error as error:
+    # config_flags embeds the config file's traceback; its last line is
+    # the message that says what is wrong.
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    message = lines[-1] if lines else type(error).__name__
+    print(f"error: {message.removeprefix('ValueError: ')}", file=sys.stderr)
+    sys.exit(2)
+  except AttributeError as error:  # --config.FIELD for a field that is not
+    print(f"error: unknown config field {error}; see configs/arithmetic_mix.py",
+          file=sys.stderr)
+    sys.exit(2)
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -54,4 +71,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)
