@@ -25,6 +25,7 @@ test: install
 
 bench: install
 	$(PY) -m benchmarks.run --out=benchmarks/results.json
+	$(PY) -m benchmarks.report
 
 experiments: install
 	$(PY) -m experiments.arithmetic_mix.run
