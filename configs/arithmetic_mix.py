@@ -6,78 +6,22 @@ Variants by the argument after the colon, one per loss method::
       --config.data_dir=DIR --config.model=tiny --config.train_steps=N
 
 ``:ce``, ``:emd``, ``:ntl_mse``, ``:soft_label`` and ``:ntil`` set ``method``;
-every other field is overridden with ``--config.FIELD=VALUE``.
+every other field is overridden with ``--config.FIELD=VALUE`` (see
+configs/common.py for the shared ones).
 """
 
 import ml_collections
 
-METHODS = ("ce", "emd", "ntl_mse", "soft_label", "ntil")
+from configs import common
+
+METHODS = common.METHODS
+loss_kwargs = common.loss_kwargs
 
 
 def get_config(method: str = "ntil") -> ml_collections.ConfigDict:
   """Returns the config for one loss ``method``."""
-  method = method or "ntil"
-  if method not in METHODS:
-    raise ValueError(f"unknown method {method!r} in --config=...:{method}; "
-                     f"choose one of {', '.join(METHODS)}.")
-  config = ml_collections.ConfigDict()
-
-  # Data (written by `python -m train.prepare_data`).
-  config.data_dir = ""
-  config.dataset_config = ""  # which prepared dataset, if data_dir holds several
+  config = common.base_config(common.check_method(method))
+  config.task = "arithmetic_mix"
   config.max_question_len = 80  # longer ones (~0.5%) are skipped
   config.max_answer_len = 12
-  config.worker_count = 0  # grain reading processes (0: threads)
-
-  # Model: a size from train/models.py MODEL_SIZES.
-  config.model = "small"
-  config.dtype = "float32"
-
-  # Optimization.
-  config.seed = 0
-  config.batch_size = 64  # global, over all hosts and devices
-  config.train_steps = 2000
-  config.learning_rate = 1e-3
-  config.warmup_steps = 100
-  # Cosine decay horizon; 0 means train_steps. Fix it to resume a run with a
-  # larger train_steps on the same schedule.
-  config.lr_decay_steps = 0
-  config.weight_decay = 0.01
-  config.grad_clip_norm = 1.0
-
-  # Loss: CE on answer tokens + lam * numeric loss on their digits.
-  config.method = method
-  config.lam = 0.3
-  config.weighting = "sum"  # or "reference" (the NTIL authors' scaling)
-  config.sigma = 0.2  # NTIL place-value weighting
-  config.alpha = 0.2  # NTIL relative deviation
-  config.beta = 0.2  # NTIL magnitude deviation
-  config.tau = 0.1  # NTIL Gumbel-softmax temperature
-  config.gumbel_noise = 0.0  # NTIL Gumbel noise scale; 0 means none
-  config.soft_label_eta = 0.5
-  config.soft_label_width = 1.0
-  config.fused_loss = False  # CE+loss from hidden states, no [N, V] logits
-  config.fused_chunk_size = 0  # tokens per chunk; 0 means automatic
-
-  # Parallelism: mesh ('data', 'fsdp'); fsdp=1 is pure data parallelism.
-  config.fsdp = 1
-
-  # Logging, evaluation, checkpoints.
-  config.log_every_steps = 50
-  config.eval_every_steps = 500
-  config.eval_examples = 1000  # 0 means the whole test split
-  config.eval_batch_size = 250
-  config.checkpoint_every_steps = 500
-  config.keep_checkpoints = 3
-  config.num_samples = 5  # sample predictions printed after the final eval
   return config
-
-
-def loss_kwargs(config) -> dict:
-  """The keyword arguments of ``ntil_jax.numeric_token_loss`` for ``config``."""
-  if config.method == "ntil":
-    return dict(sigma=config.sigma, alpha=config.alpha, beta=config.beta,
-                tau=config.tau, noise_scale=config.gumbel_noise)
-  if config.method == "soft_label":
-    return dict(eta=config.soft_label_eta, width=config.soft_label_width)
-  return {}

@@ -1,68 +1,14 @@
-"""Exact-match evaluation by greedy decoding (the NTIL paper's metric)."""
+"""Evaluation by greedy decoding, scored by the task (exact match and more)."""
 
 import functools
-from fractions import Fraction
-import math
 
 from flax import nnx
 import jax
 from jax.experimental import multihost_utils
 import numpy as np
 
-from train import input_pipeline
 from train import models
 from train import tokenizer
-
-
-def parse_number(text: str):
-  """The value of an answer such as ``-8/3``, ``12`` or ``0.5``; else None."""
-  try:
-    return Fraction(text.strip())
-  except (ValueError, ZeroDivisionError):
-    return None
-
-
-def score_answers(predictions, answers, max_answer_len: int) -> dict:
-  """Sums over one host's examples, as float64 arrays that hosts can add.
-
-  ``by_length[k]`` and ``correct_by_length[k]`` count answers of k characters.
-  """
-  sums = dict(count=0.0, correct=0.0, parsed=0.0, abs_error=0.0,
-              log_abs_error=0.0,
-              by_length=np.zeros(max_answer_len + 1),
-              correct_by_length=np.zeros(max_answer_len + 1))
-  for predicted, answer in zip(predictions, answers):
-    correct = predicted.strip() == answer.strip()
-    sums["count"] += 1
-    sums["correct"] += correct
-    length = min(len(answer), max_answer_len)
-    sums["by_length"][length] += 1
-    sums["correct_by_length"][length] += correct
-    predicted_value, true_value = parse_number(predicted), parse_number(answer)
-    if predicted_value is not None and true_value is not None:
-      error = abs(float(predicted_value - true_value))
-      sums["parsed"] += 1
-      sums["abs_error"] += error
-      sums["log_abs_error"] += math.log10(1.0 + error)
-  return sums
-
-
-def summarize(sums: dict) -> dict:
-  """Rates and means from (all hosts') summed scores."""
-  count, parsed = max(sums["count"], 1.0), max(sums["parsed"], 1.0)
-  by_length = {
-      int(k): float(sums["correct_by_length"][k] / sums["by_length"][k])
-      for k in np.flatnonzero(sums["by_length"])}
-  return dict(
-      exact_match=float(sums["correct"] / count),
-      parsed_rate=float(sums["parsed"] / count),
-      mean_abs_error=float(sums["abs_error"] / parsed),
-      mean_log10_abs_error=float(sums["log_abs_error"] / parsed),
-      num_examples=int(sums["count"]),
-      exact_match_by_answer_length=by_length,
-      examples_by_answer_length={int(k): int(sums["by_length"][k])
-                                 for k in np.flatnonzero(sums["by_length"])},
-  )
 
 
 def _sum_over_hosts(sums: dict) -> dict:
@@ -88,42 +34,49 @@ def host_rows(array: jax.Array) -> np.ndarray:
 
 
 @functools.partial(nnx.jit, static_argnums=(3, 4, 5))
-def _decode(model, prompts, prompt_lengths, max_new_tokens, eos_id, pad_id):
+def _decode(model, prompts, prompt_lengths, max_new_tokens, eos_id, pad_id,
+            images):
   return models.greedy_decode(model, prompts, prompt_lengths, max_new_tokens,
-                              eos_id, pad_id)
+                              eos_id, pad_id, images)
 
 
-def evaluate(model, config, to_global, *, num_samples: int = 0):
-  """Greedy-decodes the test split; returns (metrics, sample predictions).
+def evaluate(model, config, to_global, task, *, num_samples: int = 0):
+  """Greedy-decodes the task's test split.
 
   Args:
     model: the Transformer (switched to eval mode and back).
     config: the experiment config (data and lengths).
     to_global: places a host-local batch array on the mesh.
+    task: the task module (`train.tasks`), which builds and scores batches.
     num_samples: how many (question, answer, prediction) triples to return.
+
+  Returns:
+    (metrics, samples, predictions): the task's summary over all hosts, up
+    to ``num_samples`` triples, and this host's ``(index, answer,
+    prediction)`` for every example it scored (index -1 if the task gives
+    none).
   """
   model.eval()
-  sums, samples = None, []
-  batches = input_pipeline.eval_batches(
-      config.data_dir, global_batch_size=config.eval_batch_size,
-      config_name=config.dataset_config or None,
-      max_question_len=config.max_question_len,
-      max_answer_len=config.max_answer_len,
-      max_examples=config.eval_examples)
-  for batch in batches:
+  sums, samples, predictions_out = None, [], []
+  for batch in task.eval_batches(config):
+    images = batch.get("images")
     outputs = _decode(model, to_global(batch["prompts"]),
                       to_global(batch["prompt_lengths"]),
                       config.max_answer_len + 1, tokenizer.EOS_ID,
-                      tokenizer.PAD_ID)
+                      tokenizer.PAD_ID,
+                      None if images is None else to_global(images))
     rows = host_rows(outputs)
     valid = batch["valid"]
+    indices = batch.get("indices", [-1] * len(valid))
     predictions = [tokenizer.decode(row) for row, ok in zip(rows, valid) if ok]
     answers = [a for a, ok in zip(batch["answers"], valid) if ok]
     questions = [q for q, ok in zip(batch["questions"], valid) if ok]
-    batch_sums = score_answers(predictions, answers, config.max_answer_len)
+    batch_sums = task.score_answers(predictions, answers, config)
     sums = batch_sums if sums is None else jax.tree.map(np.add, sums,
                                                         batch_sums)
     samples += list(zip(questions, answers, predictions))[
         :max(0, num_samples - len(samples))]
+    predictions_out += list(zip([i for i, ok in zip(indices, valid) if ok],
+                                answers, predictions))
   model.train()
-  return summarize(_sum_over_hosts(sums)), samples
+  return task.summarize(_sum_over_hosts(sums)), samples, predictions_out

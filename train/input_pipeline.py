@@ -58,9 +58,10 @@ MAX_ANSWER_LEN = 30
 SPLITS = ("train", "test")
 
 
-def prepare_command(data_dir: str | None) -> str:
+def prepare_command(data_dir: str | None, dataset_name: str = DATASET_NAME) -> str:
     """Returns the command that writes the dataset, for error messages."""
-    return f"python -m train.prepare_data --data_dir={data_dir or 'DATA_DIR'} --train_size=N --test_size=M"
+    task = "" if dataset_name == DATASET_NAME else f" --task={dataset_name}"
+    return f"python -m train.prepare_data{task} --data_dir={data_dir or 'DATA_DIR'} --train_size=N --test_size=M"
 
 
 def sequence_length(max_question_len: int = MAX_QUESTION_LEN, max_answer_len: int = MAX_ANSWER_LEN) -> int:
@@ -212,8 +213,10 @@ def _encode_records(
     return encode_examples(questions, answers, max_question_len=max_question_len, max_answer_len=max_answer_len)
 
 
-def find_dataset_dir(data_dir: str | None, *, config_name: str | None = None) -> epath.Path:
-    """Returns ``data_dir/arithmetic_mix/<config>/1.0.0``, the prepared dataset's directory.
+def find_dataset_dir(
+    data_dir: str | None, *, config_name: str | None = None, dataset_name: str = DATASET_NAME
+) -> epath.Path:
+    """Returns ``data_dir/<dataset_name>/<config>/1.0.0``, the prepared dataset's directory.
 
     ``config_name`` (e.g. 'train100000_test1000_seed0') may be left out when
     ``data_dir`` holds a single prepared config.
@@ -222,43 +225,48 @@ def find_dataset_dir(data_dir: str | None, *, config_name: str | None = None) ->
       ValueError: ``data_dir`` is empty, or holds several configs and none was chosen.
       FileNotFoundError: ``data_dir`` or the dataset in it does not exist.
     """
+    command = prepare_command(data_dir, dataset_name)
     if not data_dir:
-        raise ValueError(f"data_dir is empty; create the dataset with `{prepare_command(None)}`.")
+        raise ValueError(f"data_dir is empty; create the dataset with `{prepare_command(None, dataset_name)}`.")
     root = epath.Path(data_dir)
+    if root.exists() and not root.is_dir():
+        raise FileNotFoundError(f"data_dir {data_dir} is a file, not a directory; create the dataset with `{command}`.")
     if not root.is_dir():
-        raise FileNotFoundError(
-            f"data_dir {data_dir} does not exist; create the dataset with `{prepare_command(data_dir)}`."
-        )
+        raise FileNotFoundError(f"data_dir {data_dir} does not exist; create the dataset with `{command}`.")
     prepared = {
         info_file.parent.parent.name: info_file.parent
-        for info_file in sorted(root.glob(f"{DATASET_NAME}/*/{DATASET_VERSION}/dataset_info.json"))
+        for info_file in sorted(root.glob(f"{dataset_name}/*/{DATASET_VERSION}/dataset_info.json"))
     }
     if config_name is not None:
         if config_name not in prepared:
             raise FileNotFoundError(
-                f"No {DATASET_NAME} config {config_name!r} in {data_dir} (found {sorted(prepared)});"
-                f" create it with `{prepare_command(data_dir)}`."
+                f"No {dataset_name} config {config_name!r} in {data_dir} (found {sorted(prepared)});"
+                f" create it with `{command}`."
             )
         return prepared[config_name]
     if not prepared:
         raise FileNotFoundError(
-            f"No {DATASET_NAME} dataset in {data_dir}; create it with `{prepare_command(data_dir)}`."
+            f"No {dataset_name} dataset in {data_dir}; create it with `{command}`."
         )
     if len(prepared) > 1:
         raise ValueError(
-            f"{data_dir} holds several {DATASET_NAME} configs {sorted(prepared)}; pass config_name."
+            f"{data_dir} holds several {dataset_name} configs {sorted(prepared)}; pass config_name."
         )
     return next(iter(prepared.values()))
 
 
-def load_split(data_dir: str, split: str, *, config_name: str | None = None) -> Sequence[Mapping[str, bytes]]:
+def load_split(
+    data_dir: str, split: str, *, config_name: str | None = None, dataset_name: str = DATASET_NAME
+) -> Sequence[Mapping[str, bytes]]:
     """Returns a random-access data source over ``split`` of the prepared dataset.
 
-    Records are dicts with ``question`` and ``answer`` as UTF-8 bytes.
+    arithmetic_mix records are dicts with ``question`` and ``answer`` as UTF-8 bytes.
     """
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}.")
-    builder = tfds.builder_from_directory(find_dataset_dir(data_dir, config_name=config_name))
+    builder = tfds.builder_from_directory(
+        find_dataset_dir(data_dir, config_name=config_name, dataset_name=dataset_name)
+    )
     return builder.as_data_source(split=split)
 
 
@@ -323,19 +331,37 @@ def train_dataset(
     the data of a 1-process run.
     """
     process_index, process_count = resolve_process(process_index, process_count)
-    batch_size = per_host_batch_size(global_batch_size, process_count)
+    per_host_batch_size(global_batch_size, process_count)  # Checks it before reading.
     source = load_split(data_dir, "train", config_name=config_name)
     usable = fitting_indices(source, max_question_len=max_question_len, max_answer_len=max_answer_len)
     if len(usable) < len(source):
         logging.info(
             "Skipping %d of %d train examples longer than max_question_len=%d / max_answer_len=%d.",
             len(source) - len(usable), len(source), max_question_len, max_answer_len)
+    encode = functools.partial(_encode_records, max_question_len=max_question_len, max_answer_len=max_answer_len)
+    return host_batches(
+        source, usable, encode, global_batch_size=global_batch_size, seed=seed,
+        process_index=process_index, process_count=process_count,
+    )
+
+
+def host_batches(
+    source, usable: np.ndarray, encode, *, global_batch_size: int, seed: int, process_index: int, process_count: int
+) -> grain.MapDataset:
+    """This host's rows of shuffled global batches of ``source[usable]``, each encoded by ``encode``.
+
+    The records are shuffled with ``seed`` (a new order every epoch), repeated
+    forever and cut into global batches of ``global_batch_size`` (which run
+    across epoch boundaries). Host ``i`` of ``n`` reads only rows ``[i*B,
+    (i+1)*B)`` of each, ``B = global_batch_size // n``, and ``encode`` turns
+    that list of records into a dict of arrays.
+    """
+    batch_size = per_host_batch_size(global_batch_size, process_count)
     if len(usable) < global_batch_size:
         raise ValueError(
             f"The train split has {len(usable)} usable examples, fewer than global_batch_size={global_batch_size}."
         )
     first_row = process_index * batch_size
-    encode = functools.partial(_encode_records, max_question_len=max_question_len, max_answer_len=max_answer_len)
     return (
         grain.MapDataset.source(usable)
         .shuffle(seed=seed)
@@ -344,6 +370,19 @@ def train_dataset(
         .map(lambda indices: source.__getitems__([int(i) for i in indices[first_row : first_row + batch_size]]))
         .map(encode)  # A whole batch at once: no Python loop over tokens.
     )
+
+
+def iterate(dataset: grain.MapDataset, *, read_options: grain.ReadOptions | None = None, worker_count: int = 0):
+    """A checkpointable iterator over ``dataset``, read ahead by threads or ``worker_count`` processes."""
+    if worker_count < 0:
+        raise ValueError(f"worker_count must be >= 0, got {worker_count}.")
+    if worker_count and not flags.FLAGS.is_parsed():
+        raise ValueError("worker_count > 0 needs absl flags parsed: run under app.run or call flags.FLAGS(argv).")
+    read_options = read_options or grain.ReadOptions(num_threads=4, prefetch_buffer_size=8)
+    batches = dataset.to_iter_dataset(read_options)
+    if worker_count:
+        batches = batches.mp_prefetch(grain.MultiprocessingOptions(num_workers=worker_count))
+    return iter(batches)
 
 
 def train_iterator(
@@ -371,10 +410,7 @@ def train_iterator(
     ``get_state()`` / ``set_state()`` restore the position exactly; save it with
     ``grain.checkpoint.CheckpointSave(iterator)`` in orbax.
     """
-    if worker_count < 0:
-        raise ValueError(f"worker_count must be >= 0, got {worker_count}.")
-    if worker_count and not flags.FLAGS.is_parsed():
-        raise ValueError("worker_count > 0 needs absl flags parsed: run under app.run or call flags.FLAGS(argv).")
+    iterate(grain.MapDataset.range(0), worker_count=worker_count)  # Checks worker_count before reading.
     dataset = train_dataset(
         data_dir,
         global_batch_size=global_batch_size,
@@ -385,11 +421,7 @@ def train_iterator(
         process_index=process_index,
         process_count=process_count,
     )
-    read_options = read_options or grain.ReadOptions(num_threads=4, prefetch_buffer_size=8)
-    batches = dataset.to_iter_dataset(read_options)
-    if worker_count:
-        batches = batches.mp_prefetch(grain.MultiprocessingOptions(num_workers=worker_count))
-    return iter(batches)
+    return iterate(dataset, read_options=read_options, worker_count=worker_count)
 
 
 def num_eval_batches(num_examples: int, global_batch_size: int, process_count: int) -> int:
@@ -435,10 +467,9 @@ def eval_batches(
     if len(usable) < len(source) and not max_examples:
         logging.warning("Evaluating %d of %d %s examples: the rest exceed max_question_len=%d / max_answer_len=%d.",
                         len(usable), len(source), split, max_question_len, max_answer_len)
-    indices = [int(i) for i in usable[process_index::process_count]]
-    for batch_index in range(num_eval_batches(len(usable), global_batch_size, process_count)):
-        batch_indices = indices[batch_index * batch_size : (batch_index + 1) * batch_size]
-        records = source.__getitems__(batch_indices) if batch_indices else []
+    for records, _ in host_eval_records(
+        source, usable, global_batch_size=global_batch_size, process_index=process_index, process_count=process_count
+    ):
         pairs = [decode_record(record) for record in records]
         num_padding = batch_size - len(pairs)
         questions = [question for question, _ in pairs] + [""] * num_padding
@@ -451,3 +482,20 @@ def eval_batches(
             "answers": answers,
             "valid": np.arange(batch_size) < len(pairs),
         }
+
+
+def host_eval_records(
+    source, usable: np.ndarray, *, global_batch_size: int, process_index: int, process_count: int
+) -> Iterator[tuple[list, list[int]]]:
+    """Yields (records, their indices) of this host's evaluation batches, in order, once.
+
+    This host takes ``usable[process_index::process_count]``, in batches of at
+    most ``B = global_batch_size // process_count`` records; every host yields
+    `num_eval_batches` batches (the last ones short or empty), so that hosts
+    stay in step. The caller pads each batch to ``B`` rows.
+    """
+    batch_size = per_host_batch_size(global_batch_size, process_count)
+    indices = [int(i) for i in usable[process_index::process_count]]
+    for batch_index in range(num_eval_batches(len(usable), global_batch_size, process_count)):
+        batch_indices = indices[batch_index * batch_size : (batch_index + 1) * batch_size]
+        yield (source.__getitems__(batch_indices) if batch_indices else []), batch_indices

@@ -1,8 +1,13 @@
-r"""Train on arithmetic_mix.
+r"""Train on a task: arithmetic_mix or clock_time.
 
   python -m train.prepare_data --data_dir=data --train_size=20000 --test_size=1000
   python -m train.main --config=configs/arithmetic_mix.py:ntil --workdir=W \
       --config.data_dir=data --config.model=tiny --config.train_steps=500
+
+  python -m train.prepare_data --task=clock_time --data_dir=data \
+      --train_size=20000 --test_size=1000
+  python -m train.main --config=configs/clock_time.py:ntil --workdir=W2 \
+      --config.data_dir=data
 
 Running the same command again resumes from the newest checkpoint in W.
 Several hosts: start one process per host with --coordinator_address,
@@ -43,7 +48,7 @@ def parse_flags(argv):
     print(f"error: {message.removeprefix('ValueError: ')}", file=sys.stderr)
     sys.exit(2)
   except AttributeError as error:  # --config.FIELD for a field that is not
-    print(f"error: unknown config field {error}; see configs/arithmetic_mix.py",
+    print(f"error: unknown config field {error}; see configs/common.py and the task's config",
           file=sys.stderr)
     sys.exit(2)
 
@@ -65,9 +70,8 @@ def main(argv):
     print(f"error: {error}", file=sys.stderr)
     sys.exit(2)
   if result["eval"]:
-    print(f"step {result['step']}: exact match "
-          f"{result['eval']['exact_match']:.4f} on "
-          f"{result['eval']['num_examples']} test examples")
+    print(f"step {result['step']}: "
+          f"{train.get_task(FLAGS.config).headline(result['eval'])}")
 
 
 if __name__ == "__main__":

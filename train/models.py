@@ -59,6 +59,11 @@ class ModelConfig:
     dtype: compute dtype of the matmuls (softmax, norms and logits are float32).
     param_dtype: storage dtype of the parameters.
     dropout_rate: dropout on each residual branch while `model.train()`.
+    image_size: side S of square grayscale images given as a prefix (0: a
+      text-only model). A `ImageEncoder` turns each image into
+      ``num_image_tokens`` tokens that precede the text tokens.
+    image_channels: channels of the encoder's hidden conv layers; each conv
+      (and the last, to ``embed_dim``) halves the image side.
   """
 
   vocab_size: int
@@ -71,6 +76,13 @@ class ModelConfig:
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
   dropout_rate: float = 0.0
+  image_size: int = 0
+  image_channels: tuple[int, ...] = (16, 32, 64)
+
+  @property
+  def num_image_tokens(self) -> int:
+    """K, the image tokens before the text (0 for a text-only model)."""
+    return num_image_tokens(self.image_size, self.image_channels)
 
   def __post_init__(self):
     for name in ("vocab_size", "num_layers", "num_heads", "head_dim",
@@ -81,9 +93,20 @@ class ModelConfig:
     if self.head_dim % 2:
       raise ValueError(
           f"head_dim must be even for rotary embeddings, got {self.head_dim}.")
+    if self.image_size < 0 or any(c < 1 for c in self.image_channels):
+      raise ValueError(
+          f"image_size must be >= 0 and image_channels positive, got "
+          f"{self.image_size} and {self.image_channels}.")
     if not 0.0 <= self.dropout_rate < 1.0:
       raise ValueError(
           f"dropout_rate must be in [0, 1), got {self.dropout_rate}.")
+
+
+def num_image_tokens(image_size: int, image_channels) -> int:
+  """K for `ImageEncoder`: the side S halved by each of its convs, squared."""
+  if not image_size:
+    return 0
+  return (-(-image_size // 2 ** (len(image_channels) + 1))) ** 2
 
 
 # Parameter counts are for vocab_size=99 (train/tokenizer.py); see README.
@@ -362,8 +385,55 @@ class Block(nnx.Module):
     return x + self.dropout(self.mlp(self.mlp_norm(x))), cache
 
 
+class ImageEncoder(nnx.Module):
+  """Grayscale images [B, S, S] -> K = (S / 2^n)^2 tokens [B, K, D].
+
+  A stack of 3x3 stride-2 convolutions with GELU (channels
+  ``image_channels``, then ``embed_dim``), read out row by row, plus a learned
+  embedding per grid cell so each token knows where it sits in the image.
+  Pixels are scaled from [0, 255] to [-1, 1].
+  """
+
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    channels = (1, *config.image_channels, config.embed_dim)
+    self.kernels = nnx.List([
+        _param(_kernel_init(in_axis=(0, 1, 2), out_axis=3), rngs.params(),
+               (3, 3, c_in, c_out), config.param_dtype,
+               (None, None, None, FSDP_AXIS))
+        for c_in, c_out in zip(channels[:-1], channels[1:])])
+    self.biases = nnx.List([
+        _param(nnx.initializers.zeros, rngs.params(), (c,),
+               config.param_dtype, (None,)) for c in channels[1:]])
+    self.grid_embedding = _param(
+        nnx.initializers.normal(0.02), rngs.params(),
+        (config.num_image_tokens, config.embed_dim), config.param_dtype,
+        (None, FSDP_AXIS))
+    self.dtype = config.dtype
+
+  def __call__(self, images: jax.Array) -> jax.Array:
+    """uint8 or float [B, S, S] pixels in [0, 255] -> float32 [B, K, D]."""
+    x = (images.astype(jnp.float32) / 127.5 - 1.0)[..., None]
+    for index, (kernel, bias) in enumerate(zip(self.kernels, self.biases)):
+      x = jax.lax.conv_general_dilated(
+          x.astype(self.dtype), _gathered(kernel[...]).astype(self.dtype),
+          window_strides=(2, 2), padding="SAME",
+          dimension_numbers=("NHWC", "HWIO", "NHWC"),
+          preferred_element_type=jnp.float32)
+      x = x + _gathered(bias[...]).astype(jnp.float32)
+      if index < len(self.kernels) - 1:
+        x = jax.nn.gelu(x)
+    tokens = x.reshape(x.shape[0], -1, x.shape[-1])
+    return tokens + _gathered(self.grid_embedding[...]).astype(jnp.float32)
+
+
 class Transformer(nnx.Module):
   """Decoder-only transformer: tokens [B, L] -> logits [B, L, V].
+
+  With ``config.image_size`` set, every call also takes ``images`` [B, S, S]:
+  their `ImageEncoder` tokens occupy positions 0..K-1 and the text positions
+  K.., so the text attends to the image. Outputs (hidden states, logits)
+  cover the text positions only, and ``positions`` given to `extend` count
+  text tokens, as without an image.
 
   Right padding needs no mask: the causal mask keeps padding from reaching
   the positions before it.
@@ -374,6 +444,8 @@ class Transformer(nnx.Module):
     v, d = config.vocab_size, config.embed_dim
     self.embedding = _param(nnx.initializers.normal(1.0), rngs.params(),
                             (v, d), config.param_dtype, (None, FSDP_AXIS))
+    self.image_encoder = (ImageEncoder(config, rngs=rngs)
+                          if config.image_size else None)
     self.blocks = nnx.List([Block(config, rngs=rngs)
                             for _ in range(config.num_layers)])
     self.final_norm = RMSNorm(d, param_dtype=config.param_dtype, rngs=rngs)
@@ -385,25 +457,42 @@ class Transformer(nnx.Module):
     """The [D, V] unembedding matrix (gathered if sharded explicitly)."""
     return _gathered(self.unembed[...])
 
-  def hidden_states(self, tokens: jax.Array) -> jax.Array:
+  def hidden_states(self, tokens: jax.Array,
+                    images: jax.Array | None = None) -> jax.Array:
     """Final-normed hidden states, float32 [B, L, D], for int [B, L] tokens.
 
-    ``hidden_states(tokens) @ unembedding`` equals ``self(tokens)``.
+    ``hidden_states(tokens, images) @ unembedding`` equals
+    ``self(tokens, images)``.
     """
-    return self.prefill(tokens)[0]
+    return self.prefill(tokens, images)[0]
 
-  def prefill(self, tokens: jax.Array
+  def prefill(self, tokens: jax.Array, images: jax.Array | None = None
               ) -> tuple[jax.Array, tuple[LayerCache, ...]]:
     """Hidden states of a [B, T] token buffer, and every layer's cache.
 
     Returns:
       float32 [B, T, D] hidden states (as `hidden_states`) and one
-      `LayerCache` per layer, for `extend` to continue from.
+      `LayerCache` per layer (over the K image and T text slots), for
+      `extend` to continue from.
     """
     self._check_tokens(tokens)
+    num_prefix = self.config.num_image_tokens
+    if (images is None) != (self.image_encoder is None):
+      raise ValueError(
+          "images are required by a model with image_size="
+          f"{self.config.image_size} and refused by a text-only one; got "
+          f"{'none' if images is None else 'images'}.")
+    prefix = None
+    if images is not None:
+      size = self.config.image_size
+      if images.shape != (tokens.shape[0], size, size):
+        raise ValueError(f"images must be [B, {size}, {size}] with B = "
+                         f"{tokens.shape[0]}, got {images.shape}.")
+      prefix = self.image_encoder(images)
     positions = jnp.broadcast_to(
-        jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
-    return self._run(tokens, positions, [None] * len(self.blocks))
+        jnp.arange(num_prefix, num_prefix + tokens.shape[1],
+                   dtype=jnp.int32), tokens.shape)
+    return self._run(tokens, positions, [None] * len(self.blocks), prefix)
 
   def extend(self, tokens: jax.Array, positions: jax.Array,
              cache: tuple[LayerCache, ...]
@@ -415,7 +504,7 @@ class Transformer(nnx.Module):
 
     Args:
       tokens: int [B, S] new tokens.
-      positions: int [B, S] their slots in the [B, T] buffer, each < T.
+      positions: int [B, S] their text positions in the [B, T] buffer, < T.
       cache: the caches returned by `prefill` or `extend`.
 
     Returns:
@@ -428,20 +517,27 @@ class Transformer(nnx.Module):
     if len(cache) != len(self.blocks):
       raise ValueError(f"cache has {len(cache)} layers, the model "
                        f"{len(self.blocks)}.")
-    return self._run(tokens, positions.astype(jnp.int32), cache)
+    return self._run(tokens,
+                     positions.astype(jnp.int32) + self.config.num_image_tokens,
+                     cache)
 
   def _check_tokens(self, tokens: jax.Array) -> None:
     if tokens.ndim != 2:
       raise ValueError(f"tokens must be [B, L], got shape {tokens.shape}.")
-    if tokens.shape[1] > self.config.max_len:
+    length = tokens.shape[1] + self.config.num_image_tokens
+    if length > self.config.max_len:
       raise ValueError(
-          f"sequence length {tokens.shape[1]} exceeds max_len "
-          f"{self.config.max_len}.")
+          f"sequence length {length} (with {self.config.num_image_tokens} "
+          f"image tokens) exceeds max_len {self.config.max_len}.")
     if not jnp.issubdtype(tokens.dtype, jnp.integer):
       raise ValueError(f"tokens must be integer ids, got {tokens.dtype}.")
 
-  def _run(self, tokens, positions, caches):
-    """Embeds, runs the blocks (each with its cache or None), final norm."""
+  def _run(self, tokens, positions, caches, prefix=None):
+    """Embeds, runs the blocks (each with its cache or None), final norm.
+
+    ``prefix`` (float32 [B, K, D], or None) is placed at positions 0..K-1
+    before the tokens; the returned hidden states exclude it.
+    """
     # A one-hot matmul rather than a gather: its sharding is unambiguous
     # under an Explicit mesh, and the vocabulary is small (characters).
     one_hot = jax.nn.one_hot(tokens, self.config.vocab_size,
@@ -449,15 +545,25 @@ class Transformer(nnx.Module):
     x = jnp.einsum("blv,vd->bld", one_hot,
                    _gathered(self.embedding[...]).astype(self.config.dtype))
     x = x.astype(jnp.float32)
+    num_prefix = 0
+    if prefix is not None:
+      num_prefix = prefix.shape[1]
+      prefix_positions = jnp.broadcast_to(
+          jnp.arange(num_prefix, dtype=jnp.int32),
+          (positions.shape[0], num_prefix))
+      x = jnp.concatenate([prefix, x], axis=1)
+      positions = jnp.concatenate([prefix_positions, positions], axis=1)
     new_caches = []
     for block, cache in zip(self.blocks, caches):
       x, cache = block(x, positions, cache)
       new_caches.append(cache)
-    return self.final_norm(x), tuple(new_caches)
+    return self.final_norm(x[:, num_prefix:]), tuple(new_caches)
 
-  def __call__(self, tokens: jax.Array) -> jax.Array:
-    """float32 logits [B, L, V] for integer tokens [B, L]."""
-    return self.hidden_states(tokens) @ self.unembedding.astype(jnp.float32)
+  def __call__(self, tokens: jax.Array,
+               images: jax.Array | None = None) -> jax.Array:
+    """float32 logits [B, L, V] for integer tokens [B, L] (and images)."""
+    return self.hidden_states(tokens, images) @ self.unembedding.astype(
+        jnp.float32)
 
 
 # ----------------------------------------------------------------------------
@@ -495,7 +601,8 @@ def count_params(model: nnx.Module) -> int:
 
 def greedy_decode(model: Transformer, prompts: jax.Array,
                   prompt_lengths: jax.Array, max_new_tokens: int,
-                  eos_id: int, pad_id: int) -> jax.Array:
+                  eos_id: int, pad_id: int,
+                  images: jax.Array | None = None) -> jax.Array:
   """Greedy continuation of right-padded prompts, with fixed shapes.
 
   Each row ``b`` continues from its own ``prompt_lengths[b]`` (>= 1) in a
@@ -514,6 +621,7 @@ def greedy_decode(model: Transformer, prompts: jax.Array,
     max_new_tokens: N, the number of tokens generated per row.
     eos_id: the token that ends a row.
     pad_id: the token emitted after EOS.
+    images: [B, S, S] image prefixes, for a model with ``image_size``.
 
   Returns:
     int32 [B, N] generated tokens (EOS included, pad after it).
@@ -526,10 +634,12 @@ def greedy_decode(model: Transformer, prompts: jax.Array,
   if max_new_tokens < 1:
     raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
   prompt_len = prompts.shape[1]
-  if prompt_len + max_new_tokens > model.config.max_len:
+  num_prefix = model.config.num_image_tokens
+  if num_prefix + prompt_len + max_new_tokens > model.config.max_len:
     raise ValueError(
-        f"prompt length {prompt_len} + max_new_tokens {max_new_tokens} "
-        f"exceeds the model's max_len {model.config.max_len}.")
+        f"{num_prefix} image tokens + prompt length {prompt_len} + "
+        f"max_new_tokens {max_new_tokens} exceeds the model's max_len "
+        f"{model.config.max_len}.")
   buffer = jnp.pad(prompts.astype(jnp.int32), ((0, 0), (0, max_new_tokens)),
                    constant_values=pad_id)
   unembedding = model.unembedding.astype(jnp.float32)
@@ -540,7 +650,7 @@ def greedy_decode(model: Transformer, prompts: jax.Array,
     token = jnp.where(finished, pad_id, token)
     return token, finished | (token == eos_id)
 
-  hidden, cache = model.prefill(buffer)
+  hidden, cache = model.prefill(buffer, images)
   # Cursor: where the next token goes. Derived from prompt_lengths so that
   # the loop state shares its (batch) sharding.
   cursor = prompt_lengths.astype(jnp.int32)

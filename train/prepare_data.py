@@ -27,6 +27,8 @@ Usage::
 
   python -m train.prepare_data --data_dir=data --train_size=100000 \
       --test_size=1000 --seed=0
+
+``--task=clock_time`` renders analog clocks instead (train/tasks/clock_time.py).
 """
 
 import contextlib
@@ -292,18 +294,25 @@ def prepare(data_dir: str, train_size: int, test_size: int, seed: int = 0) -> st
 
 def define_flags() -> None:
     """Defines the command-line flags; only when run as a script, so importers keep theirs."""
+    flags.DEFINE_enum("task", "arithmetic_mix", ["arithmetic_mix", "clock_time"], "Which data set to generate.")
     flags.DEFINE_string("data_dir", None, "Directory to write the TFDS dataset under.")
     flags.DEFINE_integer("train_size", None, "Number of train problems.")
     flags.DEFINE_integer("test_size", None, "Number of test problems.")
-    flags.DEFINE_integer("seed", 0, "Seed for mathematics_dataset's generators.")
+    flags.DEFINE_integer("seed", 0, "Seed of the generators (mathematics_dataset's, or the clock renderer's).")
     flags.mark_flags_as_required(["data_dir", "train_size", "test_size"])
 
 
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    from train import tasks  # pylint: disable=g-import-not-at-top  (tasks import this module)
+
     config = flags.FLAGS
-    print(prepare(config.data_dir, config.train_size, config.test_size, config.seed))
+    try:
+        path = tasks.get(config.task).prepare(config.data_dir, config.train_size, config.test_size, config.seed)
+    except ValueError as error:
+        raise app.UsageError(str(error)) from error
+    print(path)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
-"""Train a decoder on arithmetic_mix with CE + a numeric token loss.
+"""Train a decoder on any task with CE + a numeric token loss.
 
 One jit-compiled train step (logits or fused hidden-state loss -> optax
 adamw), parameters and batches sharded over a ('data', 'fsdp') mesh, orbax
 checkpoints holding the model, optimizer and data iterator together, and
-exact-match evaluation. See configs/arithmetic_mix.py for every knob.
+evaluation by greedy decoding. The task (``config.task``, see train/tasks)
+supplies the data, the model's input fields and the metrics; nothing here
+names one. See configs/common.py for every shared knob.
 """
 
 import json
@@ -22,14 +24,14 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 import numpy as np
 import optax
 import orbax.checkpoint as ocp
+import tensorflow_datasets as tfds
 import tqdm
 
-from configs import arithmetic_mix
+from configs import common
 import ntil_jax
 from train import evaluate
-from train import input_pipeline
 from train import models
-from train import tokenizer
+from train import tasks
 
 BATCH_AXES = ("data", "fsdp")
 
@@ -42,11 +44,20 @@ class ConfigError(ValueError):
   """A bad config or data directory; the message says what to do."""
 
 
+def get_task(config):
+  """The task module of ``config.task``; ConfigError if there is none."""
+  try:
+    return tasks.get(config.task)
+  except ValueError as error:
+    raise ConfigError(str(error)) from error
+
+
 def check_config(config) -> None:
   """Raises ConfigError with one line saying what to do for a bad config."""
-  if config.method not in arithmetic_mix.METHODS:
+  task = get_task(config)
+  if config.method not in common.METHODS:
     raise ConfigError(f"unknown method {config.method!r}; use one of "
-                     f"{', '.join(arithmetic_mix.METHODS)}.")
+                     f"{', '.join(common.METHODS)}.")
   if config.model not in models.MODEL_SIZES:
     raise ConfigError(f"unknown model size {config.model!r}; use one of "
                      f"{', '.join(sorted(models.MODEL_SIZES))}.")
@@ -62,12 +73,17 @@ def check_config(config) -> None:
       raise ConfigError(
           f"{name}={config[name]} is not divisible by the {devices} devices; "
           f"use a multiple of {devices}.")
+  if config.digit_ce_weight < 0:
+    raise ConfigError(f"digit_ce_weight must be >= 0, got "
+                      f"{config.digit_ce_weight}.")
   if not config.data_dir:
-    raise ConfigError("no data: pass --config.data_dir=DIR after running "
-                     f"`{input_pipeline.prepare_command(None)}`.")
+    raise ConfigError(
+        "no data: pass --config.data_dir=DIR after running `python -m "
+        f"train.prepare_data --task={config.task} --data_dir=DIR "
+        "--train_size=N --test_size=M`.")
   try:
-    input_pipeline.find_dataset_dir(config.data_dir,
-                                    config_name=config.dataset_config or None)
+    task.check_config(config)
+    task.check_data(config)
   except (ValueError, FileNotFoundError) as error:
     raise ConfigError(str(error)) from error
 
@@ -91,11 +107,8 @@ def make_optimizer(config) -> optax.GradientTransformation:
 
 
 def model_config(config) -> models.ModelConfig:
-  return models.model_config(
-      config.model, vocab_size=tokenizer.VOCAB_SIZE,
-      max_len=input_pipeline.sequence_length(config.max_question_len,
-                                             config.max_answer_len) + 1,
-      dtype=config.dtype)
+  return models.model_config(config.model, dtype=config.dtype,
+                             **get_task(config).model_fields(config))
 
 
 # ----------------------------------------------------------------------------
@@ -105,24 +118,30 @@ def model_config(config) -> models.ModelConfig:
 def batch_loss(model, batch, config, key):
   """Mean loss over scored tokens and per-component metrics."""
   inputs, targets = batch["inputs"], batch["targets"]
+  images = batch.get("images")
   if config.fused_loss:
     stats = ntil_jax.fused_token_statistics(
-        model.hidden_states(inputs), model.unembedding, targets,
+        model.hidden_states(inputs, images), model.unembedding, targets,
         chunk_size=config.fused_chunk_size or None)
   else:
-    stats = ntil_jax.token_statistics(model(inputs), targets)
-  common = dict(vocab_size=tokenizer.VOCAB_SIZE, loss_mask=batch["loss_mask"])
-  kwargs = arithmetic_mix.loss_kwargs(config)
+    stats = ntil_jax.token_statistics(model(inputs, images), targets)
+  shared = dict(vocab_size=model.config.vocab_size,
+                loss_mask=batch["loss_mask"])
+  kwargs = common.loss_kwargs(config)
   if config.method == "ntil" and config.gumbel_noise > 0:
     kwargs["key"] = key
   per_token = ntil_jax.loss_from_statistics(
       stats, targets, digit_mask=batch["digit_mask"], method=config.method,
-      lam=config.lam, weighting=config.weighting, **common, **kwargs)
-  ce = ntil_jax.loss_from_statistics(stats, targets, method="ce", **common)
+      lam=config.lam, weighting=config.weighting, **shared, **kwargs)
+  ce = ntil_jax.loss_from_statistics(stats, targets, method="ce", **shared)
   scored = batch["loss_mask"].sum()
-  digits = (batch["loss_mask"] & batch["digit_mask"]).sum()
-  loss = per_token.sum() / jnp.maximum(scored, 1)
+  digit_tokens = batch["loss_mask"] & batch["digit_mask"]
+  digits = digit_tokens.sum()
   numeric = (per_token - ce).sum() / (config.lam * jnp.maximum(digits, 1))
+  if config.digit_ce_weight:  # the control: extra CE weight on digits
+    per_token = per_token + config.digit_ce_weight * jnp.where(
+        digit_tokens, ce, 0.0)
+  loss = per_token.sum() / jnp.maximum(scored, 1)
   return loss, dict(loss=loss, ce=ce.sum() / jnp.maximum(scored, 1),
                     numeric=numeric if config.method != "ce" else 0.0 * loss)
 
@@ -209,7 +228,14 @@ class _QuietLibraries:
 
 
 def quiet_library_logs():
+  """Drops library INFO records from the terminal (absl's handler).
+
+  The filter sits on the handler: orbax and tfds log through Python loggers
+  of their own, whose records reach it without passing the absl logger.
+  """
+  logging.get_absl_handler().addFilter(_QuietLibraries())
   logging.get_absl_logger().addFilter(_QuietLibraries())
+  tfds.disable_progress_bar()
 
 
 class MetricsWriter:
@@ -297,15 +323,12 @@ def _train(config, workdir, mesh):
     return jax.make_array_from_process_local_data(batch_sharding,
                                                   np.asarray(local))
 
+  task = get_task(config)
   model = models.create_model(model_config(config),
                               nnx.Rngs(params=config.seed), mesh)
   tx = make_optimizer(config)
   optimizer = nnx.jit(lambda m: nnx.Optimizer(m, tx, wrt=nnx.Param))(model)
-  train_iter = input_pipeline.train_iterator(
-      config.data_dir, global_batch_size=config.batch_size, seed=config.seed,
-      config_name=config.dataset_config or None,
-      max_question_len=config.max_question_len,
-      max_answer_len=config.max_answer_len, worker_count=config.worker_count)
+  train_iter = task.train_iterator(config)
   manager = checkpoint_manager(workdir, config)
   start_step = restore_latest(manager, model, optimizer, train_iter, workdir)
   if start_step:
@@ -323,6 +346,20 @@ def _train(config, workdir, mesh):
   last_train, last_eval = {}, {}
   step = start_step
   window_start, window_step = time.perf_counter(), start_step
+
+  def run_eval(is_last, record=True):
+    metrics, samples, predictions = evaluate.evaluate(
+        model, config, to_global, task,
+        num_samples=config.num_samples if is_last else 0)
+    if record:
+      writer.write(step, **metrics)
+    logging.info("step %d: %s", step, task.headline(metrics))
+    if is_last and jax.process_index() == 0:
+      write_predictions(workdir, step, predictions)
+      if samples:
+        print_samples(samples)
+    return metrics
+
   try:
     while step < config.train_steps and not stop.requested:
       batch = jax.tree.map(to_global, next(train_iter))
@@ -344,17 +381,13 @@ def _train(config, workdir, mesh):
                        last_train["ce"], steps_per_second, eta)
       if config.eval_every_steps and (step % config.eval_every_steps == 0
                                       or is_last):
-        last_eval, samples = evaluate.evaluate(
-            model, config, to_global,
-            num_samples=config.num_samples if is_last else 0)
-        writer.write(step, **last_eval)
-        logging.info("step %d: exact match %.4f on %d examples", step,
-                     last_eval["exact_match"], last_eval["num_examples"])
-        if samples and jax.process_index() == 0:
-          print_samples(samples)
+        last_eval = run_eval(is_last)
       if (step % config.checkpoint_every_steps == 0 or is_last
           or stop.requested):
         save_checkpoint(manager, step, model, optimizer, train_iter)
+    if start_step >= config.train_steps > 0 and config.eval_every_steps:
+      # Already finished: evaluate the final model again (it was logged).
+      last_eval = run_eval(True, record=False)
   finally:
     manager.wait_until_finished()
     manager.close()
@@ -365,6 +398,27 @@ def _train(config, workdir, mesh):
       train_iter.close()
   return dict(step=step, train=last_train, eval=last_eval,
               stopped_early=stop.requested)
+
+
+def write_predictions(workdir, step, predictions):
+  """predictions.jsonl: (test index, answer, prediction) of the final eval.
+
+  With several hosts it holds process 0's share of the test split.
+  """
+  path = os.path.join(workdir, "predictions.jsonl")
+  with open(path + ".tmp", "w") as f:
+    for index, answer, prediction in predictions:
+      f.write(json.dumps(dict(step=step, index=int(index), answer=answer,
+                              prediction=prediction)) + "\n")
+  os.replace(path + ".tmp", path)
+
+
+def read_predictions(workdir) -> list[str]:
+  """The final eval's predictions (predictions.jsonl), in test order."""
+  with open(os.path.join(workdir, "predictions.jsonl")) as f:
+    records = sorted((json.loads(line) for line in f),
+                     key=lambda r: r["index"])
+  return [r["prediction"] for r in records]
 
 
 def print_samples(samples):

@@ -14,8 +14,6 @@ Then ``python -m experiments.arithmetic_mix.report`` writes results.md and
 the plots from results.json.
 """
 
-import hashlib
-import json
 import os
 import platform
 import time
@@ -26,7 +24,7 @@ from absl import logging
 import jax
 
 from configs import arithmetic_mix
-from train import plots
+from experiments import common
 from train import prepare_data
 from train import train
 
@@ -100,34 +98,7 @@ def cell_config(profile, method, seed, overrides, data_dir):
 
 
 def config_hash(config, profile) -> str:
-  text = json.dumps(dict(config=config.to_dict(), profile=profile,
-                         data=PROFILES[profile]), sort_keys=True)
-  return hashlib.sha256(text.encode()).hexdigest()[:12]
-
-
-def load_results(path):
-  if not os.path.exists(path):
-    return []
-  with open(path) as f:
-    return json.load(f)["runs"]
-
-
-def save_results(path, runs):
-  temporary = path + ".tmp"
-  with open(temporary, "w") as f:
-    json.dump(dict(runs=runs), f, indent=1)
-  os.replace(temporary, path)  # never a half-written file
-
-
-def curves(metrics_path):
-  """Loss/CE per log and exact match per eval, for report plots."""
-  train_records, eval_records = plots.read_metrics(metrics_path)
-  return dict(
-      steps=[r["step"] for r in train_records],
-      loss=[round(r["loss"], 5) for r in train_records],
-      ce=[round(r["ce"], 5) for r in train_records],
-      eval_steps=[r["step"] for r in eval_records],
-      exact_match=[r["exact_match"] for r in eval_records])
+  return common.config_hash(config, profile, PROFILES[profile])
 
 
 def run_cell(profile, group, name, method, seed, overrides, digest):
@@ -154,7 +125,7 @@ def run_cell(profile, group, name, method, seed, overrides, digest):
       wall_seconds=round(time.time() - start, 1),
       device=f"{device.platform}:{device.device_kind} x{jax.device_count()}",
       host=platform.node(), config_hash=digest,
-      curves=curves(os.path.join(workdir, "metrics.jsonl")))
+      curves=common.curves(os.path.join(workdir, "metrics.jsonl")))
 
 
 def main(argv):
@@ -163,7 +134,7 @@ def main(argv):
   settings = PROFILES[FLAGS.profile]
   prepare_data.prepare(FLAGS.data_dir, settings["train_size"],
                        settings["test_size"])
-  runs = load_results(FLAGS.results)
+  runs = common.load_results(FLAGS.results)
   done = {r["config_hash"] for r in runs}
   cells = grid(FLAGS.profile)
   todo = [cell for group in FLAGS.groups for cell in cells[group]]
@@ -179,7 +150,7 @@ def main(argv):
     record = run_cell(FLAGS.profile, group, name, method, seed, overrides,
                       digest)
     runs.append(record)
-    save_results(FLAGS.results, runs)
+    common.save_results(FLAGS.results, runs)
     new += 1
     print(f"[{index + 1}/{len(todo)}] {name}: exact match "
           f"{100 * record['exact_match']:.2f}% ({record['wall_seconds']:.0f}s)",

@@ -1,0 +1,89 @@
+"""What every task's config shares: optimization, loss, parallelism, logging.
+
+A task config (configs/arithmetic_mix.py, configs/clock_time.py) starts from
+`base_config(method)` and sets ``task``, the data fields and its defaults.
+"""
+
+import ml_collections
+
+METHODS = ("ce", "emd", "ntl_mse", "soft_label", "ntil")
+
+
+def check_method(method: str) -> str:
+  """The method named after the colon in --config=FILE:METHOD ('ntil' if '')."""
+  method = method or "ntil"
+  if method not in METHODS:
+    raise ValueError(f"unknown method {method!r} in --config=...:{method}; "
+                     f"choose one of {', '.join(METHODS)}.")
+  return method
+
+
+def base_config(method: str) -> ml_collections.ConfigDict:
+  """Fields common to every task, for one loss ``method``."""
+  config = ml_collections.ConfigDict()
+  config.task = ""  # a key of train/tasks.TASKS
+
+  # Data (written by `python -m train.prepare_data --task=...`).
+  config.data_dir = ""
+  config.dataset_config = ""  # which prepared dataset, if data_dir holds several
+  config.max_question_len = 80
+  config.max_answer_len = 12
+  config.worker_count = 0  # grain reading processes (0: threads)
+
+  # Model: a size from train/models.py MODEL_SIZES.
+  config.model = "small"
+  config.dtype = "float32"
+  config.image_size = 0  # image tasks: side of the image prefix
+  config.image_channels = (16, 32, 64)  # image encoder's hidden convs
+
+  # Optimization.
+  config.seed = 0  # fixes the init, the data order and the Gumbel noise
+  config.batch_size = 64  # global, over all hosts and devices
+  config.train_steps = 2000
+  config.learning_rate = 1e-3
+  config.warmup_steps = 100
+  # Cosine decay horizon; 0 means train_steps. Fix it to resume a run with a
+  # larger train_steps on the same schedule.
+  config.lr_decay_steps = 0
+  config.weight_decay = 0.01
+  config.grad_clip_norm = 1.0
+
+  # Loss: CE on answer tokens + lam * numeric loss on their digits.
+  config.method = method
+  config.lam = 0.3
+  config.weighting = "sum"  # or "reference" (the NTIL authors' scaling)
+  config.sigma = 0.2  # NTIL place-value weighting
+  config.alpha = 0.2  # NTIL relative deviation
+  config.beta = 0.2  # NTIL magnitude deviation
+  config.tau = 0.1  # NTIL Gumbel-softmax temperature
+  config.gumbel_noise = 0.0  # NTIL Gumbel noise scale; 0 means none
+  config.soft_label_eta = 0.5
+  config.soft_label_width = 1.0
+  # Control: CE with weight (1 + digit_ce_weight) on digit tokens, for
+  # method 'ce' only ("more gradient on digits" without ordinal structure).
+  config.digit_ce_weight = 0.0
+  config.fused_loss = False  # CE+loss from hidden states, no [N, V] logits
+  config.fused_chunk_size = 0  # tokens per chunk; 0 means automatic
+
+  # Parallelism: mesh ('data', 'fsdp'); fsdp=1 is pure data parallelism.
+  config.fsdp = 1
+
+  # Logging, evaluation, checkpoints.
+  config.log_every_steps = 50
+  config.eval_every_steps = 500
+  config.eval_examples = 1000  # 0 means the whole test split
+  config.eval_batch_size = 250
+  config.checkpoint_every_steps = 500
+  config.keep_checkpoints = 3
+  config.num_samples = 5  # sample predictions printed after the final eval
+  return config
+
+
+def loss_kwargs(config) -> dict:
+  """The keyword arguments of ``ntil_jax.numeric_token_loss`` for ``config``."""
+  if config.method == "ntil":
+    return dict(sigma=config.sigma, alpha=config.alpha, beta=config.beta,
+                tau=config.tau, noise_scale=config.gumbel_noise)
+  if config.method == "soft_label":
+    return dict(eta=config.soft_label_eta, width=config.soft_label_width)
+  return {}

@@ -1,0 +1,40 @@
+"""Tasks: everything the trainer needs to know about a data set.
+
+The trainer (train/train.py) never names a task; it looks one up by
+``config.task`` and calls only these module-level names:
+
+* ``NAME``: the TFDS dataset name, e.g. 'clock_time'.
+* ``prepare(data_dir, train_size, test_size, seed=0) -> str``: generates the
+  data locally into a TFDS array_record dataset (nothing is downloaded).
+* ``dataset_config_name(train_size, test_size, seed) -> str``.
+* ``check_config(config)`` and ``check_data(config)``: raise ValueError or
+  FileNotFoundError, with a message that says what to do.
+* ``model_fields(config) -> dict``: `models.model_config` fields the task
+  fixes (vocab_size, max_len, and image_size for an image prefix).
+* ``train_iterator(config, *, process_index=None, process_count=None)``: a
+  checkpointable grain iterator over this host's rows of each global batch,
+  dicts with ``inputs``, ``targets``, ``loss_mask``, ``digit_mask`` [B, L]
+  (see `train.input_pipeline`) and, for image tasks, ``images`` [B, S, S].
+* ``eval_batches(config, ...)``: this host's test batches, dicts with
+  ``prompts`` [B, P], ``prompt_lengths`` [B], ``answers``, ``questions``,
+  ``valid`` [B] and optionally ``images`` and ``indices``.
+* ``score_answers(predictions, answers, config) -> dict`` of sums that hosts
+  add, ``summarize(sums) -> dict`` of metrics, ``headline(metrics) -> str``.
+
+A new task is a module here, an entry in `TASKS` and a config.
+"""
+
+import importlib
+
+TASKS = {
+    "arithmetic_mix": "train.tasks.arithmetic_mix",
+    "clock_time": "train.tasks.clock_time",
+}
+
+
+def get(name: str):
+  """The task module called ``name``; ValueError naming the known ones."""
+  if name not in TASKS:
+    raise ValueError(f"unknown task {name!r}; use one of "
+                     f"{', '.join(sorted(TASKS))}.")
+  return importlib.import_module(TASKS[name])
