@@ -49,3 +49,64 @@ def plot_training(metrics_path, out_path, title=""):
   fig.savefig(out_path, dpi=110)
   plt.close(fig)
   return out_path
+
+
+def _show_clock(axis, image):
+  axis.imshow(np.asarray(image), cmap="gray", vmin=0, vmax=255)
+  axis.set_xticks([])
+  axis.set_yticks([])
+
+
+def plot_clock_grid(images, labels, out_path, columns=8):
+  """A grid of clock images, each titled with its label; saved as a PNG."""
+  rows = -(-len(images) // columns)
+  fig, axes = plt.subplots(rows, columns, figsize=(1.3 * columns, 1.5 * rows),
+                           squeeze=False)
+  for axis in axes.flat:
+    axis.axis("off")
+  for axis, image, label in zip(axes.flat, images, labels):
+    axis.axis("on")
+    _show_clock(axis, image)
+    axis.set_title(label, fontsize=9)
+  fig.tight_layout()
+  fig.savefig(out_path, dpi=90)
+  plt.close(fig)
+  return out_path
+
+
+def plot_clock_predictions(images, answers, predictions, out_path, *,
+                           columns=6, title=""):
+  """Test clocks with several methods' predictions under each.
+
+  Args:
+    images: [N] clock images.
+    answers: [N] true labels.
+    predictions: {method label: [N] predicted labels}; a wrong one is shown
+      in red with an ``x``, a right one in green.
+    out_path: the PNG to write.
+    columns: clocks per row.
+    title: the figure's title.
+  """
+  rows = -(-len(images) // columns)
+  height = 1.45 + 0.22 * len(predictions)
+  fig, axes = plt.subplots(rows, columns,
+                           figsize=(1.75 * columns, height * rows),
+                           squeeze=False)
+  for axis in axes.flat:
+    axis.axis("off")
+  for n, (axis, image, answer) in enumerate(zip(axes.flat, images, answers)):
+    axis.axis("on")
+    _show_clock(axis, image)
+    axis.set_title(f"true {answer}", fontsize=9)
+    for k, (label, guesses) in enumerate(predictions.items()):
+      right = guesses[n] == answer
+      axis.text(0.5, -0.1 - 0.17 * k,
+                f"{label}: {guesses[n] or '?'} {'' if right else 'x'}",
+                transform=axis.transAxes, ha="center", va="top", fontsize=8,
+                color="tab:green" if right else "tab:red")
+  if title:
+    fig.suptitle(title)
+  fig.tight_layout()
+  fig.savefig(out_path, dpi=90)
+  plt.close(fig)
+  return out_path
