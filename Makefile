@@ -28,6 +28,8 @@ bench: install
 	$(PY) -m benchmarks.report
 
 experiments: install
+	$(PY) -m experiments.clock_time.run
+	$(PY) -m experiments.clock_time.report
 	$(PY) -m experiments.arithmetic_mix.run
 	$(PY) -m experiments.arithmetic_mix.report
 

@@ -42,3 +42,42 @@ def test_grid_resumes_and_report_renders(tmp_path):
   # The table's numbers are those of results.json.
   ntil = [100 * r["exact_match"] for r in runs if r["method"] == "ntil"]
   assert f"{sum(ntil) / 2:.2f} ±" in report
+
+
+def test_clock_grid_pairs_seeds_and_report_renders(tmp_path):
+  common = [f"--results={tmp_path / 'results.json'}",
+            f"--runs_dir={tmp_path / 'runs'}", f"--data_dir={tmp_path / 'data'}",
+            "--profile=smoke"]
+  run("experiments.clock_time.run", *common, "--groups=main,control",
+      "--max_runs=2")
+  first = json.loads((tmp_path / "results.json").read_text())["runs"]
+  assert [(r["method"], r["seed"]) for r in first] == [("ce", 0), ("emd", 0)]
+  run("experiments.clock_time.run", *common)
+  runs = json.loads((tmp_path / "results.json").read_text())["runs"]
+  # smoke: 5 methods x 2 seeds, 2 controls x 2 seeds, 3 ablations + 4
+  # sweeps + 2 long x 1 seed; finished runs are not run again.
+  assert len(runs) == 10 + 4 + 9 and runs[:2] == first
+  assert {r["steps"] for r in runs if r["group"] == "long"} == {4}
+  assert len({r["config_hash"] for r in runs}) == len(runs)
+  variants = {(r["variant"], r["method"]) for r in runs}
+  assert {("ce_digit_weighted", "ce"), ("ntil_reference", "ntil"),
+          ("exp_off", "ntil"), ("sigma=0.5", "ntil"),
+          ("lam=1.0", "ntil")} <= variants
+  for record in runs:
+    assert record["num_test_examples"] == 16
+    assert len(record["predictions"]) == 16
+    assert 0 <= record["mean_time_gap_minutes"] <= 360
+    assert record["curves"]["eval_steps"] == [2]
+  run("experiments.clock_time.report",
+      f"--results={tmp_path / 'results.json'}", f"--out_dir={tmp_path}")
+  report = (tmp_path / "results.md").read_text()
+  for label in ("| CE |", "| CE + EMD |", "| CE + NTIL |",
+                "CE, digit tokens weighted 1 + 0.3", "NTIL, Exp off",
+                "NTIL, lambda = 1.0", "Qwen2-VL (2b)"):
+    assert label in report, label
+  for name in ("main.png", "curves.png", "paired.png", "predictions.png"):
+    assert (tmp_path / "plots" / name).stat().st_size > 1000
+  # The table's numbers are those of results.json.
+  ntil = [r for r in runs if r["variant"] == "main" and r["method"] == "ntil"]
+  gap = sum(r["mean_time_gap_minutes"] for r in ntil) / len(ntil)
+  assert f"| CE + NTIL | 2 | " in report and f"{gap:.2f} ±" in report
