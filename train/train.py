@@ -233,7 +233,9 @@ def quiet_library_logs():
   The filter sits on the handler: orbax and tfds log through Python loggers
   of their own, whose records reach it without passing the absl logger.
   """
-  logging.get_absl_handler().addFilter(_QuietLibraries())
+  # ABSLHandler.handle delegates to its python_handler, skipping its own
+  # filters, so the filter goes on the inner handler.
+  logging.get_absl_handler().python_handler.addFilter(_QuietLibraries())
   logging.get_absl_logger().addFilter(_QuietLibraries())
   tfds.disable_progress_bar()
 
