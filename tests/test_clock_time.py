@@ -19,6 +19,8 @@ from train import tokenizer
 from train import train
 from train.tasks import clock_time
 
+from tests.test_train import logged  # {step: value} from metrics.jsonl
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -189,12 +191,6 @@ def make_config(data_dir, method="ntil", **overrides):
   for name, value in overrides.items():
     config[name] = value
   return config
-
-
-def logged(workdir, key="loss"):
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    records = [json.loads(line) for line in f]
-  return {r["step"]: r[key] for r in records if key in r}
 
 
 def test_prepare_writes_the_dataset_and_a_sample_grid(data_dir):

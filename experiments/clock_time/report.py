@@ -496,8 +496,9 @@ def write_report(runs, out_dir, discussion=None):
       "## Twice the budget",
       "",
       "CE and NTIL again with twice the steps (the cosine schedule "
-      "stretched to match), on the seeds of the ablations; paired with each "
-      "other.",
+      "stretched to match), paired with each other. The grid defines seeds "
+      "0-2; the table shows the seeds recorded (the first CPU grid stopped "
+      "this group after two to fit its session).",
       "",
       *variant_table(grouped, ["ce", "ntil", *LONG]),
       "",
