@@ -372,12 +372,17 @@ def host_batches(
     )
 
 
-def iterate(dataset: grain.MapDataset, *, read_options: grain.ReadOptions | None = None, worker_count: int = 0):
-    """A checkpointable iterator over ``dataset``, read ahead by threads or ``worker_count`` processes."""
+def check_worker_count(worker_count: int) -> None:
+    """Raises ValueError for a worker count grain cannot use here."""
     if worker_count < 0:
         raise ValueError(f"worker_count must be >= 0, got {worker_count}.")
     if worker_count and not flags.FLAGS.is_parsed():
         raise ValueError("worker_count > 0 needs absl flags parsed: run under app.run or call flags.FLAGS(argv).")
+
+
+def iterate(dataset: grain.MapDataset, *, read_options: grain.ReadOptions | None = None, worker_count: int = 0):
+    """A checkpointable iterator over ``dataset``, read ahead by threads or ``worker_count`` processes."""
+    check_worker_count(worker_count)
     read_options = read_options or grain.ReadOptions(num_threads=4, prefetch_buffer_size=8)
     batches = dataset.to_iter_dataset(read_options)
     if worker_count:
@@ -410,7 +415,7 @@ def train_iterator(
     ``get_state()`` / ``set_state()`` restore the position exactly; save it with
     ``grain.checkpoint.CheckpointSave(iterator)`` in orbax.
     """
-    iterate(grain.MapDataset.range(0), worker_count=worker_count)  # Checks worker_count before reading.
+    check_worker_count(worker_count)  # Before reading any data.
     dataset = train_dataset(
         data_dir,
         global_batch_size=global_batch_size,
