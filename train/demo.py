@@ -25,6 +25,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
 from configs import clock_time
+from train import logs
 from train import plots
 from train import train
 from train.tasks import clock_time as task
@@ -78,7 +79,7 @@ def plot_curves(workdirs, path):
 
 def main(argv):
   del argv
-  train.quiet_library_logs()
+  logs.quiet_terminal()
   print(f"rendering {FLAGS.train_size} + {FLAGS.test_size} clocks into "
         f"{FLAGS.data_dir} (skipped if there)", flush=True)
   task.prepare(FLAGS.data_dir, FLAGS.train_size, FLAGS.test_size)
@@ -87,9 +88,10 @@ def main(argv):
     workdir = os.path.join(FLAGS.workdir, method)
     print(f"training {label} for {FLAGS.steps} steps -> {workdir}",
           flush=True)
-    results[method] = train.train_and_evaluate(demo_config(method), workdir)
-    if results[method]["stopped_early"]:
-      raise SystemExit(f"stopped by a signal; rerun to resume {workdir}")
+    with train.exit_on_error():
+      results[method] = train.train_and_evaluate(demo_config(method),
+                                                 workdir)
+    train.exit_if_stopped(results[method])
     workdirs.append(workdir)
   clocks = list(task.generate_clocks("test", FLAGS.test_size, 0))
   predictions = {label: train.read_predictions(workdir)

@@ -22,6 +22,7 @@ from absl import logging
 import jax
 from ml_collections import config_flags
 
+from train import logs
 from train import train
 
 FLAGS = flags.FLAGS
@@ -56,7 +57,7 @@ def parse_flags(argv):
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  train.quiet_library_logs()
+  logs.quiet_terminal()
   if FLAGS.coordinator_address:
     jax.distributed.initialize(coordinator_address=FLAGS.coordinator_address,
                                num_processes=FLAGS.num_processes,
@@ -64,11 +65,9 @@ def main(argv):
   logging.info("JAX process %d/%d, %d local devices: %s", jax.process_index(),
                jax.process_count(), jax.local_device_count(),
                jax.devices()[0].device_kind)
-  try:
+  with train.exit_on_error():
     result = train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
-  except train.ConfigError as error:
-    print(f"error: {error}", file=sys.stderr)
-    sys.exit(2)
+  train.exit_if_stopped(result)
   if result["eval"]:
     print(f"step {result['step']}: "
           f"{train.get_task(FLAGS.config).headline(result['eval'])}")

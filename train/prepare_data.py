@@ -47,6 +47,8 @@ from mathematics_dataset import generate_settings
 from mathematics_dataset.modules import modules
 from tensorflow_datasets.core import utils as tfds_utils
 
+from train import logs
+
 DATASET_NAME = "arithmetic_mix"
 MODULE_NAME = "arithmetic__mixed"
 VERSION = "1.0.0"
@@ -218,7 +220,7 @@ def make_config(train_size: int, test_size: int, seed: int = 0) -> ArithmeticMix
     )
 
 
-class ArithmeticMix(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+class ArithmeticMix(logs.GeneratedDataMixin, tfds.core.GeneratorBasedBuilder, skip_registration=True):
     """mathematics_dataset arithmetic__mixed as (question, answer) text pairs.
 
     Not registered by name (several modules may import this one); read it with
@@ -305,6 +307,7 @@ def define_flags() -> None:
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    logs.quiet_terminal()
     from train import tasks  # pylint: disable=g-import-not-at-top  (tasks import this module)
 
     config = flags.FLAGS

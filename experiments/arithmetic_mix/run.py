@@ -26,6 +26,7 @@ import jax
 from configs import arithmetic_mix
 from experiments import common
 from train import prepare_data
+from train import logs
 from train import train
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -130,7 +131,7 @@ def run_cell(profile, group, name, method, seed, overrides, digest):
 
 def main(argv):
   del argv
-  train.quiet_library_logs()
+  logs.quiet_terminal()
   settings = PROFILES[FLAGS.profile]
   prepare_data.prepare(FLAGS.data_dir, settings["train_size"],
                        settings["test_size"])

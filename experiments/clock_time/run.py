@@ -35,6 +35,7 @@ import jax
 from configs import clock_time
 from experiments import common
 from experiments.clock_time import grid as grid_lib
+from train import logs
 from train import train
 from train.tasks import clock_time as task
 
@@ -97,7 +98,7 @@ def run_one(profile, group, variant, method, seed, overrides, digest):
 
 def main(argv):
   del argv
-  train.quiet_library_logs()
+  logs.quiet_terminal()
   settings = grid_lib.PROFILES[FLAGS.profile]
   task.prepare(FLAGS.data_dir, settings["train_size"], settings["test_size"])
   cells = grid_lib.grid(FLAGS.profile)

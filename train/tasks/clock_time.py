@@ -38,6 +38,7 @@ import tensorflow_datasets as tfds
 from tensorflow_datasets.core import utils as tfds_utils
 
 from train import input_pipeline
+from train import logs
 from train import models
 from train import tokenizer
 
@@ -232,7 +233,8 @@ def config_name(train_size: int, test_size: int, seed: int = 0) -> str:
   return f"train{train_size}_test{test_size}_seed{seed}"
 
 
-class ClockTime(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+class ClockTime(logs.GeneratedDataMixin, tfds.core.GeneratorBasedBuilder,
+                skip_registration=True):
   """Rendered analog clocks and their ``H_MM`` labels.
 
   Not registered by name; read it with ``tfds.builder_from_directory``.

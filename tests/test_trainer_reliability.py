@@ -1,0 +1,387 @@
+"""The trainer's failure paths: bad config, failed saves, NaN, locks, noise.
+
+Each test reproduces a fault a user can cause (or a machine can), and checks
+that the run ends the way the README promises: one ``error:`` line and a
+non-zero exit, good checkpoints kept, no hang, no library noise.
+"""
+
+import contextlib
+import fcntl
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import orbax.checkpoint as ocp
+import pytest
+
+from tests.test_train import config_flags
+from tests.test_train import logged
+from tests.test_train import make_config
+from tests.test_train import ROOT
+from tests.test_train import run_cli
+from train import logs
+from train import prepare_data
+from train import train
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+  directory = tmp_path_factory.mktemp("data")
+  prepare_data.prepare(str(directory), train_size=400, test_size=40, seed=0)
+  return str(directory)
+
+
+@contextlib.contextmanager
+def running(command):
+  """A training process that is killed if the test fails first."""
+  process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+  try:
+    yield process
+  finally:
+    if process.poll() is None:
+      process.kill()
+      process.communicate()
+
+
+def error_lines(stderr):
+  return [line for line in stderr.splitlines() if line.startswith("error:")]
+
+
+def assert_one_error(result, message, returncode=2):
+  assert result.returncode == returncode, result.stderr[-3000:]
+  assert "Traceback" not in result.stderr, result.stderr[-3000:]
+  errors = error_lines(result.stderr)
+  assert len(errors) == 1 and message in errors[0], result.stderr[-3000:]
+
+
+# ----------------------------------------------------------------------------
+# Bad configs and paths: refused before anything compiles.
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("batch_size", 0, "batch_size must be >= 1"),
+    ("eval_batch_size", 0, "eval_batch_size must be >= 1"),
+    ("checkpoint_every_steps", 0, "checkpoint_every_steps must be >= 1"),
+    ("log_every_steps", -1, "log_every_steps must be >= 1"),
+    ("fsdp", 0, "fsdp must be >= 1"),
+    ("keep_checkpoints", 0, "keep_checkpoints must be >= 1"),
+    ("max_question_len", 0, "max_question_len must be >= 1"),
+    ("max_answer_len", 0, "max_answer_len must be >= 1"),
+    ("train_steps", -5, "train_steps must be >= 0"),
+    ("lam", -0.3, "lam must be >= 0"),
+    ("learning_rate", 0.0, "learning_rate must be > 0"),
+    ("learning_rate", -1e-3, "learning_rate must be > 0"),
+    ("dtype", "float8", "unknown dtype 'float8'"),
+])
+def test_bad_number_refused_before_compiling(data_dir, tmp_path, field, value,
+                                             message):
+  config = make_config(data_dir, **{field: value})
+  started = time.perf_counter()
+  with pytest.raises(train.ConfigError, match=re.escape(message)):
+    train.train_and_evaluate(config, str(tmp_path / "w"))
+  assert time.perf_counter() - started < 10  # nothing was compiled
+  assert not (tmp_path / "w" / "checkpoints").exists()
+
+
+def test_workdir_checks(data_dir, tmp_path):
+  config = make_config(data_dir)
+  with pytest.raises(train.ConfigError, match="--workdir is empty"):
+    train.train_and_evaluate(config, "")
+  (tmp_path / "file").write_text("x")
+  with pytest.raises(train.ConfigError, match="is a file"):
+    train.train_and_evaluate(config, str(tmp_path / "file"))
+  (tmp_path / "w").mkdir()
+  (tmp_path / "w" / "checkpoints").write_text("x")
+  with pytest.raises(train.ConfigError, match="checkpoints is a file"):
+    train.train_and_evaluate(config, str(tmp_path / "w"))
+  with pytest.raises(train.ConfigError, match="data_dir .* is a file"):
+    train.train_and_evaluate(make_config(str(tmp_path / "file")),
+                             str(tmp_path / "w2"))
+
+
+def test_read_only_workdir(data_dir, tmp_path, monkeypatch):
+  # As root, chmod does not stop writes; make the probe's open fail instead.
+  real_open = os.open
+
+  def refuse(path, *args, **kwargs):
+    if ".write-probe" in str(path):
+      raise PermissionError(13, "Permission denied", path)
+    return real_open(path, *args, **kwargs)
+
+  monkeypatch.setattr(os, "open", refuse)
+  with pytest.raises(train.ConfigError, match="is not writable"):
+    train.train_and_evaluate(make_config(data_dir), str(tmp_path / "w"))
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--workdir="], "--workdir is empty"),
+    (["--config.eval_batch_size=0"], "eval_batch_size must be >= 1"),
+    (["--config.dtype=float8"], "unknown dtype"),
+])
+def test_bad_config_cli_one_line(data_dir, tmp_path, flags, message):
+  result = run_cli(make_config(data_dir), tmp_path, *flags, check=False)
+  assert_one_error(result, message)
+
+
+def test_checkpoints_path_is_a_file_cli(data_dir, tmp_path):
+  (tmp_path / "checkpoints").write_text("not a directory")
+  started = time.perf_counter()
+  result = run_cli(make_config(data_dir), tmp_path, check=False)
+  assert time.perf_counter() - started < 120  # was: a 300 s orbax timeout
+  assert_one_error(result, "is a file")
+
+
+# ----------------------------------------------------------------------------
+# Failed saves, signals, exit codes.
+
+
+def test_save_failing_mid_run_stops_at_once(data_dir, tmp_path):
+  config = make_config(data_dir, train_steps=100000,
+                       checkpoint_every_steps=4)
+  command = [sys.executable, "-m", "train.main",
+             f"--config={ROOT}/configs/arithmetic_mix.py:ntil",
+             f"--workdir={tmp_path}", *config_flags(config)]
+  with running(command) as process:
+    checkpoints = tmp_path / "checkpoints"
+    deadline = time.time() + 300
+    while time.time() < deadline and process.poll() is None:
+      if (checkpoints / "4" / "commit_success.txt").exists():
+        break
+      time.sleep(0.1)
+    # The disk "goes away": the checkpoint directory becomes a file.
+    checkpoints.rename(tmp_path / "moved")
+    checkpoints.write_text("gone")
+    started = time.time()
+    _, stderr = process.communicate(timeout=240)
+  assert time.time() - started < 60, "the failed save hung"
+  assert process.returncode == 1, stderr[-3000:]
+  errors = error_lines(stderr)
+  assert len(errors) == 1, stderr[-3000:]
+  assert re.search(r"(saving|writing a) checkpoint.* failed", errors[0])
+  assert "Traceback" not in stderr
+
+
+def test_sigterm_during_a_hung_save_ends_at_once(data_dir, tmp_path,
+                                                 monkeypatch):
+  if threading.current_thread() is not threading.main_thread():
+    pytest.skip("signal handlers need the main thread")
+  def hang(*args, **kwargs):
+    del args, kwargs
+    while True:
+      time.sleep(0.05)
+
+  monkeypatch.setattr(ocp.CheckpointManager, "save", hang)
+  config = make_config(data_dir, train_steps=6, checkpoint_every_steps=2)
+  timer = threading.Timer(
+      0.5, lambda: os.kill(os.getpid(), signal.SIGTERM))
+  original = train.save_checkpoint
+
+  def save_then_signal(*args, **kwargs):
+    timer.start()  # signal arrives while the save hangs
+    return original(*args, **kwargs)
+
+  monkeypatch.setattr(train, "save_checkpoint", save_then_signal)
+  started = time.perf_counter()
+  with pytest.raises(train.Interrupted) as raised:
+    train.train_and_evaluate(config, str(tmp_path))
+  assert raised.value.signum == signal.SIGTERM
+  assert time.perf_counter() - started < 120
+
+
+def test_sigterm_exit_code_is_143(data_dir, tmp_path):
+  config = make_config(data_dir, train_steps=100000,
+                       checkpoint_every_steps=100000)
+  command = [sys.executable, "-m", "train.main",
+             f"--config={ROOT}/configs/arithmetic_mix.py:ntil",
+             f"--workdir={tmp_path}", *config_flags(config)]
+  with running(command) as process:
+    metrics = tmp_path / "metrics.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and process.poll() is None:
+      if metrics.exists() and metrics.read_text().count("\n") >= 2:
+        break
+      time.sleep(0.2)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+  assert process.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+  assert "rerun the same command to resume" in stderr
+  assert len(os.listdir(tmp_path / "checkpoints")) == 1
+
+
+# ----------------------------------------------------------------------------
+# Non-finite values.
+
+
+def test_diverging_run_stops_and_keeps_good_checkpoints(data_dir, tmp_path):
+  config = make_config(data_dir, train_steps=3, warmup_steps=0,
+                       lr_decay_steps=12, log_every_steps=100)
+  train.train_and_evaluate(config, str(tmp_path))
+  diverging = make_config(data_dir, train_steps=12, warmup_steps=0,
+                          lr_decay_steps=12, log_every_steps=100,
+                          learning_rate=1e30)
+  with pytest.raises(train.TrainingError,
+                     match=r"non-finite loss=nan.* at step 6.*step 3"):
+    train.train_and_evaluate(diverging, str(tmp_path))
+  assert os.listdir(tmp_path / "checkpoints") == ["3"]
+  # The good checkpoint still resumes.
+  resumed = train.train_and_evaluate(
+      make_config(data_dir, train_steps=6, warmup_steps=0,
+                  lr_decay_steps=12), str(tmp_path))
+  assert resumed["step"] == 6
+
+
+def test_non_finite_checkpoint_is_moved_aside(data_dir, tmp_path,
+                                              monkeypatch, caplog):
+  overrides = dict(warmup_steps=0, lr_decay_steps=12, log_every_steps=100)
+  train.train_and_evaluate(make_config(data_dir, train_steps=3, **overrides),
+                           str(tmp_path))
+  # A trainer without the check saves a NaN state at step 6 (as silent
+  # corruption of the files would).
+  with monkeypatch.context() as patch:
+    patch.setattr(train, "_check_finite", lambda *args: None)
+    train.train_and_evaluate(make_config(data_dir, train_steps=6,
+                                         learning_rate=1e30, **overrides),
+                             str(tmp_path))
+  assert sorted(os.listdir(tmp_path / "checkpoints")) == ["3", "6"]
+  resumed = train.train_and_evaluate(
+      make_config(data_dir, train_steps=9, **overrides), str(tmp_path))
+  assert "checkpoint 6 is unreadable" in caplog.text
+  assert "NaN or inf" in caplog.text
+  assert (tmp_path / "checkpoints" / "corrupt-6").is_dir()
+  assert resumed["step"] == 9 and resumed["train"]["loss"] < 100
+
+
+# ----------------------------------------------------------------------------
+# Two runs, one workdir; torn metrics.
+
+
+def test_second_run_on_a_workdir_is_refused(data_dir, tmp_path):
+  with train.WorkdirLock(str(tmp_path)):
+    with pytest.raises(train.ConfigError,
+                       match=f"in use by another run \\(pid {os.getpid()}\\)"):
+      train.train_and_evaluate(make_config(data_dir), str(tmp_path))
+  assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_lock_of_a_live_process_and_of_a_dead_one(data_dir, tmp_path):
+  holder = subprocess.Popen(
+      [sys.executable, "-c",
+       "import sys, time; from train import train; "
+       "lock = train.WorkdirLock(sys.argv[1]).__enter__(); "
+       "print('locked', flush=True); time.sleep(600)", str(tmp_path)],
+      cwd=ROOT, stdout=subprocess.PIPE, text=True)
+  try:
+    assert holder.stdout.readline().strip() == "locked"
+    result = run_cli(make_config(data_dir, train_steps=2), tmp_path,
+                     check=False)
+  finally:
+    holder.kill()
+    holder.wait()
+  assert_one_error(result, f"in use by another run (pid {holder.pid})")
+  # The dead holder's pid is still in the file; its lock is gone.
+  assert (tmp_path / ".lock").read_text().strip() == str(holder.pid)
+  train.train_and_evaluate(make_config(data_dir, train_steps=2),
+                           str(tmp_path))
+  assert sorted(logged(str(tmp_path))) == [1, 2]
+
+
+def test_lock_is_released_after_a_run(data_dir, tmp_path):
+  train.train_and_evaluate(make_config(data_dir, train_steps=1),
+                           str(tmp_path))
+  with open(tmp_path / ".lock") as f:
+    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # would raise if held
+
+
+def test_torn_metrics_line_is_dropped_on_resume(data_dir, tmp_path, caplog):
+  overrides = dict(lr_decay_steps=6)
+  train.train_and_evaluate(make_config(data_dir, train_steps=3, **overrides),
+                           str(tmp_path))
+  with open(tmp_path / "metrics.jsonl", "a") as f:
+    f.write('{"step": 21, "ce": 2.1')  # a crash in the middle of a write
+  train.train_and_evaluate(make_config(data_dir, train_steps=6, **overrides),
+                           str(tmp_path))
+  assert "dropping torn line" in caplog.text
+  assert sorted(logged(str(tmp_path))) == list(range(1, 7))
+  straight = tmp_path / "straight"
+  train.train_and_evaluate(make_config(data_dir, train_steps=6, **overrides),
+                           str(straight))
+  assert logged(str(tmp_path)) == logged(str(straight))
+
+
+# ----------------------------------------------------------------------------
+# Corrupt checkpoints, quietly.
+
+
+def _destroy(checkpoint: pathlib.Path):
+  for path in (checkpoint / "state").rglob("*"):
+    if path.is_file() and path.parent.name == "d":
+      path.write_bytes(b"trunc")
+  (checkpoint / "state" / "manifest.ocdbt").unlink()
+
+
+def test_corrupt_checkpoints_one_warning_each_then_step_0(data_dir, tmp_path):
+  config = make_config(data_dir, train_steps=6, lr_decay_steps=6)
+  train.train_and_evaluate(config, str(tmp_path))
+  for step in ("3", "6"):
+    _destroy(tmp_path / "checkpoints" / step)
+  result = run_cli(config, tmp_path)
+  assert "Traceback" not in result.stderr, result.stderr[-3000:]
+  assert "Event loop is closed" not in result.stderr
+  warnings = [line for line in result.stderr.splitlines()
+              if "is unreadable" in line]
+  assert len(warnings) == 2, result.stderr[-3000:]
+  assert "training restarts from step 0" in result.stderr
+  assert sorted(logged(str(tmp_path))) == list(range(1, 7))
+
+
+# ----------------------------------------------------------------------------
+# What the terminal shows.
+
+_OWN_FILES = {path.name for package in ("train", "configs", "experiments",
+                                        "ntil_jax")
+              for path in (ROOT / package).rglob("*.py")}
+_LOG_LINE = re.compile(r"^([IWEF])\d{4} [\d:.]+ +\d+ ([\w.]+):\d+\]")
+
+
+def library_info_lines(text):
+  """absl-format INFO lines logged from files that are not this project's."""
+  found = []
+  for line in text.splitlines():
+    match = _LOG_LINE.match(line)
+    if match and match.group(1) == "I" and match.group(2) not in _OWN_FILES:
+      found.append(line)
+  return found
+
+
+def test_trainer_terminal_has_no_library_info(data_dir, tmp_path):
+  result = run_cli(make_config(data_dir, train_steps=3,
+                               checkpoint_every_steps=1, eval_every_steps=3),
+                   tmp_path)
+  assert not library_info_lines(result.stderr + result.stdout), (
+      library_info_lines(result.stderr + result.stdout)[:5])
+  assert "exact match" in result.stdout
+  log = (tmp_path / logs.LOG_FILE).read_text()
+  assert "checkpoint_manager.py" in log  # the library lines are kept there
+
+
+def test_demo_terminal_is_quiet(tmp_path):
+  command = [sys.executable, "-m", "train.demo",
+             f"--workdir={tmp_path / 'demo'}",
+             f"--data_dir={tmp_path / 'data'}", "--train_size=256",
+             "--test_size=16", "--steps=2"]
+  result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
+                          timeout=900)
+  assert result.returncode == 0, result.stderr[-3000:]
+  output = result.stdout + result.stderr
+  assert not library_info_lines(output), library_info_lines(output)[:5]
+  assert "downloaded and prepared" not in output
+  assert "Downloading and preparing" not in output
+  assert "examples/s" not in output  # TFDS's progress bars
+  assert "exact match" in result.stdout
+  assert "predictions.png" in result.stdout
