@@ -148,7 +148,9 @@ def test_sigterm_checkpoints_and_stops(data_dir, tmp_path):
     time.sleep(0.2)
   process.send_signal(signal.SIGTERM)
   _, stderr = process.communicate(timeout=300)
+  # Exit 143 (128 + SIGTERM): a scheduler can tell it from a finished run.
   assert process.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+  assert "rerun the same command to resume" in stderr
   steps = [int(s) for s in os.listdir(tmp_path / "checkpoints")]
   assert len(steps) == 1 and 3 <= steps[0] < 100000
   assert max(logged(str(tmp_path))) <= steps[0]

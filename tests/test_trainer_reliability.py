@@ -194,26 +194,6 @@ def test_sigterm_during_a_hung_save_ends_at_once(data_dir, tmp_path,
   assert time.perf_counter() - started < 120
 
 
-def test_sigterm_exit_code_is_143(data_dir, tmp_path):
-  config = make_config(data_dir, train_steps=100000,
-                       checkpoint_every_steps=100000)
-  command = [sys.executable, "-m", "train.main",
-             f"--config={ROOT}/configs/arithmetic_mix.py:ntil",
-             f"--workdir={tmp_path}", *config_flags(config)]
-  with running(command) as process:
-    metrics = tmp_path / "metrics.jsonl"
-    deadline = time.time() + 300
-    while time.time() < deadline and process.poll() is None:
-      if metrics.exists() and metrics.read_text().count("\n") >= 2:
-        break
-      time.sleep(0.2)
-    process.send_signal(signal.SIGTERM)
-    _, stderr = process.communicate(timeout=120)
-  assert process.returncode == 128 + signal.SIGTERM, stderr[-3000:]
-  assert "rerun the same command to resume" in stderr
-  assert len(os.listdir(tmp_path / "checkpoints")) == 1
-
-
 # ----------------------------------------------------------------------------
 # Non-finite values.
 
