@@ -17,6 +17,7 @@ from typing import Optional
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ntil_jax import losses
 
@@ -37,10 +38,22 @@ def default_chunk_size(vocab_size: int) -> int:
   return max(1, DEFAULT_BLOCK_ELEMENTS // vocab_size)
 
 
+def _check_chunk_size(chunk_size) -> None:
+  """Raises ValueError unless ``chunk_size`` is None or a positive int."""
+  if chunk_size is None:
+    return
+  if (isinstance(chunk_size, (bool, np.bool_))
+      or not isinstance(chunk_size, (int, np.integer))):
+    raise ValueError(f"chunk_size must be a positive int or None, got "
+                     f"{chunk_size!r} ({type(chunk_size).__name__}).")
+  if chunk_size < 1:
+    raise ValueError(f"chunk_size must be >= 1, got {chunk_size}.")
+
+
 def fused_token_statistics(hidden, unembedding, labels, *,
                            digit_token_ids=None,
-                           chunk_size: Optional[int] = None
-                           ) -> losses.TokenStatistics:
+                           chunk_size: Optional[int] = None,
+                           mask=None) -> losses.TokenStatistics:
   """:class:`~ntil_jax.losses.TokenStatistics` of ``hidden @ unembedding``.
 
   Args:
@@ -51,11 +64,23 @@ def fused_token_statistics(hidden, unembedding, labels, *,
     chunk_size: tokens per chunk (``None``: :func:`default_chunk_size`); a
       chunk covers ``max(1, chunk_size // B)`` positions of every row, so
       the batch axis stays whole (and sharded, if it is).
+    mask: optional ``[B, T]`` bool, the positions whose statistics will be
+      used; hidden states elsewhere are replaced by zeros (a ``where`` on the
+      ``[B, T, D]`` hidden states), so NaN or inf there gives finite
+      statistics and a zero gradient.
 
   Returns:
     TokenStatistics with ``[B, T]`` / ``[B, T, 10]`` fields.
   """
+  _check_chunk_size(chunk_size)
+  hidden = jnp.asarray(hidden)
+  unembedding = jnp.asarray(unembedding)
+  labels = jnp.asarray(labels)
+  if mask is not None:
+    hidden = jnp.where(jnp.asarray(mask, bool)[..., None], hidden, 0)
   batch, length, _ = hidden.shape
+  if batch == 0 or length == 0:  # nothing to chunk: empty statistics
+    return _chunk_statistics(hidden, labels, unembedding, digit_token_ids)
   if chunk_size is None:
     chunk_size = default_chunk_size(unembedding.shape[-1])
   positions = max(1, min(chunk_size // batch, length))
@@ -106,11 +131,14 @@ def fused_numeric_loss(hidden, unembedding, labels, digit_mask=None, *,
     method: ``"ntil"``, ``"emd"``, ``"ntl_mse"``, ``"soft_label"`` or ``"ce"``.
     weighting: ``"sum"`` or ``"reference"`` (see ``numeric_token_loss``).
     digit_token_ids: ``[10]`` digit ids (``None``: 0..9).
-    chunk_size: tokens per chunk; ``None`` picks ~4M logits per block.
+    chunk_size: tokens per chunk (a positive int); ``None`` picks ~4M logits
+      per block.
     **loss_kwargs: keyword arguments of the numeric loss.
 
   Returns:
-    ``[..., T]`` float32 per-token loss.
+    ``[..., T]`` float32 per-token loss; empty if the batch or T is 0.
+    Positions not scored score 0 with zero gradient, even where their
+    hidden states are NaN or inf.
   """
   hidden = jnp.asarray(hidden)
   unembedding = jnp.asarray(unembedding)
@@ -127,23 +155,25 @@ def fused_numeric_loss(hidden, unembedding, labels, digit_mask=None, *,
   masks = tuple((n, None if m is None else jnp.asarray(m)) for n, m in
                 (("digit_mask", digit_mask), ("loss_mask", loss_mask)))
   losses._check_inputs(logits_shape, labels, None, digit_token_ids, masks)
-  losses.check_method(method, weighting, loss_kwargs)
-  if chunk_size is not None and chunk_size < 1:
-    raise ValueError(f"chunk_size must be >= 1, got {chunk_size}.")
+  losses.check_method(method, weighting, loss_kwargs, lam=lam)
+  _check_chunk_size(chunk_size)
 
   leading = labels.ndim - 1
+  batch = int(np.prod(labels.shape[:leading], dtype=np.int64))
 
   def flatten_batch(x):  # [..., T, ...] -> [B, T, ...]
     return None if x is None else jnp.reshape(
-        jnp.asarray(x), (-1,) + jnp.shape(x)[leading:])
+        jnp.asarray(x), (batch,) + jnp.shape(x)[leading:])
 
   flat_labels = flatten_batch(labels)
+  flat_loss_mask = flatten_batch(loss_mask)
+  vocab_size = unembedding.shape[1]
   stats = fused_token_statistics(
       flatten_batch(hidden), unembedding, flat_labels,
-      digit_token_ids=digit_token_ids, chunk_size=chunk_size)
+      digit_token_ids=digit_token_ids, chunk_size=chunk_size,
+      mask=losses._scored(flat_labels, vocab_size, flat_loss_mask))
   per_token = losses.loss_from_statistics(
-      stats, flat_labels, vocab_size=unembedding.shape[1],
-      loss_mask=flatten_batch(loss_mask), digit_mask=flatten_batch(digit_mask),
-      method=method, lam=lam, weighting=weighting,
-      digit_token_ids=digit_token_ids, **loss_kwargs)
+      stats, flat_labels, vocab_size=vocab_size, loss_mask=flat_loss_mask,
+      digit_mask=flatten_batch(digit_mask), method=method, lam=lam,
+      weighting=weighting, digit_token_ids=digit_token_ids, **loss_kwargs)
   return per_token.reshape(labels.shape)

@@ -26,6 +26,7 @@ from ntil_jax import numbers
 
 NUM_DIGITS = numbers.NUM_DIGITS
 _DIGITS = np.arange(NUM_DIGITS, dtype=np.float32)
+_LN10 = float(np.log(10.0))
 
 
 # ----------------------------------------------------------------------------
@@ -55,26 +56,73 @@ def _check_inputs(logits, labels, digit_mask, digit_token_ids, extra_masks=()):
           f"default digit ids 0..9 need a vocabulary of >= 10, got V="
           f"{vocab_size}; pass digit_token_ids.")
     return
-  if tuple(np.shape(digit_token_ids)) != (NUM_DIGITS,):
-    raise ValueError("digit_token_ids must hold the 10 ids of the digits 0..9, "
-                     f"got shape {np.shape(digit_token_ids)}.")
-  try:
-    ids = np.asarray(digit_token_ids)
-  except (jax.errors.TracerArrayConversionError, TypeError):
-    return  # traced ids: cannot be checked before run time
-  if ids.min() < 0 or ids.max() >= vocab_size:
-    raise ValueError(
-        f"digit_token_ids {ids.tolist()} out of range for a vocabulary of "
-        f"V={vocab_size} (the logits' last axis).")
+  numbers.check_digit_token_ids(digit_token_ids, vocab_size)
+
+
+# Allowed values of the loss parameters: (test, description).
+_PARAMETER_RULES = {
+    "sigma": (lambda v: v > -1, "> -1 (place weights are (1 + sigma)**k)"),
+    "alpha": (lambda v: v >= 0, ">= 0"),
+    "beta": (lambda v: v >= 0, ">= 0"),
+    "lam": (lambda v: v >= 0, ">= 0"),
+    "noise_scale": (lambda v: v >= 0, ">= 0"),
+    "tau": (lambda v: v > 0, "> 0 (a softmax temperature)"),
+    "width": (lambda v: v > 0, "> 0 (a Gaussian's width)"),
+    "eta": (lambda v: (v >= 0) & (v <= 1), "in [0, 1] (a mixing weight)"),
+}
+
+
+def check_parameters(**parameters) -> None:
+  """Raises ValueError, naming the argument, for a loss parameter out of range.
+
+  Checks the names in ``sigma, alpha, beta, lam, noise_scale, tau, width,
+  eta``; others are ignored. Traced values (inside ``jit``) cannot be checked
+  and are skipped.
+  """
+  for name, value in parameters.items():
+    if name not in _PARAMETER_RULES or value is None:
+      continue
+    try:
+      array = np.asarray(value)
+    except (jax.errors.TracerArrayConversionError, TypeError):
+      continue  # traced: cannot be checked before run time
+    if not (np.issubdtype(array.dtype, np.number) and np.isrealobj(array)):
+      raise ValueError(f"{name} must be a real number, got {value!r}.")
+    test, rule = _PARAMETER_RULES[name]
+    with np.errstate(invalid="ignore"):
+      ok = np.all(test(array.astype(np.float64)))  # NaN fails every test
+    if not ok:
+      raise ValueError(f"{name} must be {rule}, got {value!r}.")
+
+
+class LossArgumentError(ValueError, TypeError):
+  """An unknown keyword argument of a numeric loss.
+
+  A ValueError like the other argument checks, and a TypeError like Python's
+  own unexpected-keyword error, so either ``except`` clause catches it.
+  """
 
 
 def digit_logits(logits, digit_token_ids=None) -> chex.Array:
-  """The logits of the ten digit tokens, ``[..., T, 10]``, in float32."""
+  """The logits of the ten digit tokens, ``[..., T, 10]``, in float32.
+
+  Concrete ``digit_token_ids`` are checked (ValueError if repeated or out of
+  ``[0, V)``). Traced ids cannot be checked before run time: if any is
+  repeated or out of ``[0, V)``, every digit logit is NaN, so the loss is NaN
+  at every digit instead of silently wrong.
+  """
+  logits = jnp.asarray(logits)
   if digit_token_ids is None:
-    picked = logits[..., :NUM_DIGITS]
-  else:
-    picked = jnp.take(logits, jnp.asarray(digit_token_ids), axis=-1)
-  return picked.astype(jnp.float32)
+    return logits[..., :NUM_DIGITS].astype(jnp.float32)
+  vocab_size = logits.shape[-1]
+  concrete = numbers.check_digit_token_ids(digit_token_ids, vocab_size)
+  ids = jnp.asarray(digit_token_ids if concrete is None else concrete)
+  picked = jnp.take(logits, ids, axis=-1, mode="clip").astype(jnp.float32)
+  if concrete is None:
+    in_range = jnp.all((ids >= 0) & (ids < vocab_size))
+    distinct = jnp.sum(ids[:, None] == ids[None, :]) == NUM_DIGITS
+    picked = jnp.where(in_range & distinct, picked, jnp.nan)
+  return picked
 
 
 class TokenStatistics(NamedTuple):
@@ -92,9 +140,18 @@ class TokenStatistics(NamedTuple):
   digit_logits: chex.Array
 
 
-def token_statistics(logits, labels, digit_token_ids=None) -> TokenStatistics:
-  """Reduces ``[..., T, V]`` logits to :class:`TokenStatistics` in float32."""
+def token_statistics(logits, labels, digit_token_ids=None, *,
+                     mask=None) -> TokenStatistics:
+  """Reduces ``[..., T, V]`` logits to :class:`TokenStatistics` in float32.
+
+  ``mask`` (bool ``[..., T]``, optional) marks the positions whose
+  statistics will be used; the logits elsewhere are replaced by zeros (a
+  ``where``), so that NaN or inf logits there give finite statistics and a
+  zero gradient.
+  """
   logits = jnp.asarray(logits)
+  if mask is not None:
+    logits = jnp.where(jnp.asarray(mask, bool)[..., None], logits, 0)
   vocab_size = logits.shape[-1]
   index = jnp.clip(jnp.asarray(labels), 0, vocab_size - 1)[..., None]
   label_logits = jnp.take_along_axis(logits, index, axis=-1)[..., 0]
@@ -113,6 +170,7 @@ def _layout(labels, digit_mask, digit_token_ids, decimal_point_mask=None):
 def _prepare(logits, labels, digit_mask, digit_token_ids,
              decimal_point_mask=None):
   """Validates inputs; returns (digit logits, layout)."""
+  logits = jnp.asarray(logits)
   labels = jnp.asarray(labels)
   digit_mask = None if digit_mask is None else jnp.asarray(digit_mask)
   decimal_point_mask = (None if decimal_point_mask is None
@@ -131,6 +189,16 @@ def _digit_distance(layout) -> chex.Array:
 
 def _masked(values, mask):
   return jnp.where(mask, values, 0.0)
+
+
+def _digits_in_numbers(digit_logits_, layout) -> chex.Array:
+  """The ``[..., T, 10]`` digit logits, zero outside numbers.
+
+  Outside numbers the loss is 0 by a ``where``, whose gradient would still be
+  NaN there for NaN or inf logits (``0 * nan`` in the softmax's backward);
+  this ``where`` on the digit block makes it exactly zero.
+  """
+  return jnp.where(layout.is_digit[..., None], digit_logits_, 0.0)
 
 
 # ----------------------------------------------------------------------------
@@ -169,39 +237,61 @@ def _straight_through_digits(digit_logits_, *, tau, key, noise_scale):
   return hard + (soft - jax.lax.stop_gradient(soft))
 
 
-def _abs_flat_at_zero(x):
-  """|x| with gradient 0 at x = 0: a right number is not pushed either way."""
-  return jnp.where(x == 0, 0.0, jnp.abs(x))
-
-
 def _number_deviations(predicted, layout):
-  """Relative and magnitude deviations of each number, on its last digit."""
+  """Relative and magnitude deviations of each number, on its last digit.
+
+  X and Y are never formed (they overflow float32 past 38 digits, and their
+  difference cancels): every quantity is a sum of digits times powers of ten
+  relative to a number's leading place, O(1) in size. With ``L`` the larger
+  leading place, ``|X - Y| / 10**L`` is summed from the digits of ``|X - Y|``
+  (:func:`numbers.compare_numbers`), so close numbers keep their precision
+  (``10**19`` vs ``10**19 - 1`` gives 1e-19), and the gradient of a number
+  predicted exactly right is zero (``|x|`` flat at 0). The magnitude
+  deviation is ``log1p(|X-Y| / (min+1))`` while that ratio is at most 1, else
+  ``log(max+1) - log(min+1)`` with each log taken at its number's own scale,
+  exact for any length. Denominators and logs outside the branch used or away
+  from last digits get 1 (a ``where`` before the operation), so their
+  gradient is never ``0 * inf``.
+  """
   target = layout.digit_values.astype(jnp.float32)
-  predicted_values = jnp.rint(jax.lax.stop_gradient(predicted)).astype(jnp.int32)
-  log_x, x_scaled, x_place = numbers.log1p_number(predicted, predicted_values,
-                                                  layout)
-  log_y, y_scaled, y_place = numbers.log1p_number(target, layout.digit_values,
-                                                  layout)
-  # |X - Y| from digit differences, so long numbers keep their precision.
-  joint_place = jnp.maximum(x_place, y_place)
-  difference = _abs_flat_at_zero(
-      numbers.scaled_number_sum(predicted - target, joint_place, layout))
-  x_joint = x_scaled * numbers.pow10(x_place - joint_place)
-  y_joint = y_scaled * numbers.pow10(y_place - joint_place)
-  offset = numbers.pow10(-joint_place)  # the "+1", in units of 10**joint_place
-  relative = difference / (jnp.maximum(x_joint, y_joint) + offset)
-  # log1p(|X-Y| / (min+1)) is precise for close numbers; past 1e30 the offset
-  # underflows and the difference of logs (exact at that scale) takes over.
-  representable = joint_place <= numbers.MAX_DECIMAL_EXPONENT
-  smaller = jnp.where(representable, jnp.minimum(x_joint, y_joint) + offset, 1.0)
-  magnitude = jnp.where(representable, jnp.log1p(difference / smaller),
-                        _abs_flat_at_zero(log_x - log_y))
-  return (_masked(relative, layout.is_last), _masked(magnitude, layout.is_last))
+  x_digits = jnp.rint(jax.lax.stop_gradient(predicted)).astype(jnp.int32)
+  x_place, y_place, sign, correction = numbers.compare_numbers(
+      x_digits, layout.digit_values, layout)
+  x_larger = sign > 0
+  big_place = jnp.where(x_larger, x_place, y_place)  # the larger leading one
+  small_place = jnp.where(x_larger, y_place, x_place)
+  # Digits of |X - Y| (exact integers 0..9); the gradient is sign * dX.
+  difference_digits = (sign.astype(jnp.float32) * (predicted - target)
+                       + correction.astype(jnp.float32))
+  # X / 10**x_place and Y / 10**y_place: in [1, 10), or below 1 when the
+  # number is (leading places are clamped at 0); |X - Y| / 10**big_place,
+  # zero when X = Y.
+  x_own, y_own, difference = numbers.scaled_number_sums(
+      ((predicted, x_place), (target, y_place),
+       (difference_digits, big_place)), layout)
+  big = jnp.where(x_larger, x_own, y_own)
+  small = jnp.where(x_larger, y_own, x_own)
+  offset = numbers.pow10(-big_place)  # the "+1"
+  last = layout.is_last
+  relative = difference / jnp.where(last, big + offset, 1.0)
+  small_plus_one = small * numbers.pow10(small_place - big_place) + offset
+  close = last & (jax.lax.stop_gradient(difference)
+                  <= jax.lax.stop_gradient(small_plus_one))
+  far = last & ~close
+  ratio = difference / jnp.where(close, small_plus_one, 1.0)
+  log_big = jnp.log(jnp.where(far, big + offset, 1.0))
+  log_small = jnp.log(jnp.where(
+      far, small + numbers.pow10(-small_place), 1.0))
+  log_ratio = ((big_place - small_place).astype(jnp.float32) * _LN10
+               + log_big - log_small)
+  magnitude = jnp.where(close, jnp.log1p(ratio), log_ratio)
+  return _masked(relative, last), _masked(magnitude, last)
 
 
 def _ntil_parts(digit_logits_, layout, *, sigma: float = 0.2,
                 tau: float = 0.1, key: Optional[chex.PRNGKey] = None,
                 noise_scale: float = 0.01) -> NTILComponents:
+  digit_logits_ = _digits_in_numbers(digit_logits_, layout)
   probs = jax.nn.softmax(digit_logits_, axis=-1)
   emd = jnp.sum(probs * _digit_distance(layout), axis=-1)
   exponent = layout.digits_right.astype(jnp.float32)
@@ -228,12 +318,13 @@ def _ntil(stats: TokenStatistics, layout, *, alpha: float = 0.2,
 
 
 def _emd(stats: TokenStatistics, layout):
-  probs = jax.nn.softmax(stats.digit_logits, axis=-1)
+  probs = jax.nn.softmax(_digits_in_numbers(stats.digit_logits, layout), -1)
   return _masked(jnp.sum(probs * _digit_distance(layout), -1), layout.is_digit)
 
 
 def _ntl_mse(stats: TokenStatistics, layout):
-  expected = jax.nn.softmax(stats.digit_logits, axis=-1) @ _DIGITS
+  probs = jax.nn.softmax(_digits_in_numbers(stats.digit_logits, layout), -1)
+  expected = probs @ _DIGITS
   error = expected - layout.digit_values.astype(jnp.float32)
   return _masked(error**2, layout.is_digit)
 
@@ -262,6 +353,7 @@ def ntil_components(logits, labels, digit_mask=None, *, digit_token_ids=None,
 
   Arguments are those of :func:`ntil_loss`. Returns :class:`NTILComponents`.
   """
+  check_parameters(sigma=sigma, tau=tau, noise_scale=noise_scale)
   digit_logits_, layout = _prepare(logits, labels, digit_mask, digit_token_ids,
                                    decimal_point_mask)
   return _ntil_parts(digit_logits_, layout, sigma=sigma, tau=tau, key=key,
@@ -307,19 +399,27 @@ def ntil_loss(logits, labels, digit_mask=None, *, digit_token_ids=None,
       0..9. See :func:`ntil_jax.digit_token_ids` to get them from a vocabulary.
     decimal_point_mask: optional ``[..., T]`` bool, true at decimal-point
       labels that join integer and fractional digits into one number.
-    sigma: place-value weighting base, weights are ``(1+sigma)**digits_right``.
-    alpha: weight of the relative deviation.
-    beta: weight of the magnitude deviation.
-    tau: Gumbel-softmax temperature (only shapes the gradient).
+    sigma: place-value weighting base, weights are ``(1+sigma)**digits_right``
+      (``> -1``).
+    alpha: weight of the relative deviation (``>= 0``).
+    beta: weight of the magnitude deviation (``>= 0``).
+    tau: Gumbel-softmax temperature, ``> 0`` (only shapes the gradient).
     key: optional PRNG key for Gumbel noise; ``None`` means no noise.
-    noise_scale: scale of the Gumbel noise when ``key`` is given.
+    noise_scale: scale of the Gumbel noise when ``key`` is given (``>= 0``).
 
   Returns:
     ``[..., T]`` float32 per-token loss.
 
+  Raises:
+    ValueError: for a parameter out of range (checked where it is a concrete
+      number, not a traced value), mismatched shapes, or digit ids that are
+      repeated or out of the vocabulary.
+
   Example:
     >>> loss = ce + 0.3 * ntil_loss(logits, labels, digit_mask)
   """
+  check_parameters(sigma=sigma, alpha=alpha, beta=beta, tau=tau,
+                   noise_scale=noise_scale)
   digit_logits_, layout = _prepare(logits, labels, digit_mask, digit_token_ids,
                                    decimal_point_mask)
   return _ntil(_digit_statistics(logits, digit_logits_), layout, sigma=sigma,
@@ -364,8 +464,10 @@ def soft_digit_targets(digit_values, *, eta: float, width: float):
 
   .. math:: \psi_k(y) = \frac{e^{-(k-y)^2 / 2w^2}}{\sum_j e^{-(j-y)^2/2w^2}}
 
-  Returns ``[..., 10]`` float32 rows that sum to 1.
+  Returns ``[..., 10]`` float32 rows that sum to 1. ``eta`` must be in
+  ``[0, 1]`` and ``width > 0`` (ValueError otherwise, for concrete values).
   """
+  check_parameters(eta=eta, width=width)
   target = jnp.asarray(digit_values, jnp.float32)[..., None]
   gaussian = jnp.exp(-((_DIGITS - target)**2) / (2.0 * width**2))
   psi = gaussian / gaussian.sum(-1, keepdims=True)
@@ -386,23 +488,32 @@ def soft_label_cross_entropy(logits, labels, digit_mask=None, *,
   :func:`soft_digit_targets`), after the soft-labeling poster (Wang et al.,
   Amazon AGI). The poster does not give :math:`\eta` or the width; the
   defaults here are a reasonable middle (not tuned). Arguments and result as
-  in :func:`ntil_loss`.
+  in :func:`ntil_loss`; ``eta`` in ``[0, 1]``, ``width > 0``.
   """
+  check_parameters(eta=eta, width=width)
+  logits = jnp.asarray(logits)
   digit_logits_, layout = _prepare(logits, labels, digit_mask, digit_token_ids)
-  stats = _digit_statistics(logits, digit_logits_, needs_log_norm=True)
+  # Logits outside numbers are zeroed so that NaN/inf there gives no NaN
+  # gradient through the log-normalizer.
+  in_numbers = jnp.where(layout.is_digit[..., None], logits, 0)
+  stats = _digit_statistics(in_numbers, digit_logits_, needs_log_norm=True)
   return _soft_label(stats, layout, eta=eta, width=width)
 
 
 def cross_entropy(logits, labels, loss_mask=None) -> chex.Array:
   """Token cross-entropy (optax), zero where ``loss_mask`` is false.
 
-  Labels outside ``[0, V)`` (ignore ids such as -100) also score 0.
+  Labels outside ``[0, V)`` (ignore ids such as -100) also score 0, with zero
+  gradient even where the logits are NaN or inf.
   """
+  logits = jnp.asarray(logits)
   labels = jnp.asarray(labels)
+  loss_mask = None if loss_mask is None else jnp.asarray(loss_mask)
   _check_inputs(logits, labels, None, None, (("loss_mask", loss_mask),))
   valid = _scored(labels, logits.shape[-1], loss_mask)
+  logits = jnp.where(valid[..., None], logits, 0)
   ce = optax.softmax_cross_entropy_with_integer_labels(
-      jnp.asarray(logits).astype(jnp.float32), jnp.where(valid, labels, 0))
+      logits.astype(jnp.float32), jnp.where(valid, labels, 0))
   return _masked(ce, valid)
 
 
@@ -432,6 +543,14 @@ _FROM_STATISTICS = {
     "ntil": _ntil,
 }
 WEIGHTINGS = ("sum", "reference")
+# The keyword arguments each method's loss takes through numeric_token_loss.
+LOSS_KEYWORDS = {
+    "ce": (),
+    "emd": (),
+    "ntl_mse": (),
+    "soft_label": ("eta", "width"),
+    "ntil": ("sigma", "alpha", "beta", "tau", "key", "noise_scale"),
+}
 
 
 def numeric_token_loss(logits, labels, *, loss_mask=None, digit_mask=None,
@@ -461,37 +580,70 @@ def numeric_token_loss(logits, labels, *, loss_mask=None, digit_mask=None,
     loss_mask: ``[..., T]`` bool, positions to score (``None``: all valid).
     digit_mask: ``[..., T]`` bool, where numbers may be (``None``: all).
     method: which numeric loss.
-    lam: its weight.
+    lam: its weight (``>= 0``).
     weighting: ``"sum"`` or ``"reference"``.
     digit_token_ids: ``[10]`` digit token ids (``None``: 0..9).
     **loss_kwargs: keyword arguments of the numeric loss (``sigma``,
-      ``alpha``, ``key``, ``eta``, ...).
+      ``alpha``, ``key``, ``eta``, ...; see ``LOSS_KEYWORDS``).
 
   Returns:
-    ``[..., T]`` float32 per-token loss.
+    ``[..., T]`` float32 per-token loss. Positions not scored (``loss_mask``
+    false, labels outside ``[0, V)``) score 0 with zero gradient, even where
+    their logits are NaN or inf.
+
+  Raises:
+    ValueError: as :func:`check_method`, and for bad shapes or digit ids.
   """
+  logits = jnp.asarray(logits)
   labels = jnp.asarray(labels)
+  loss_mask = None if loss_mask is None else jnp.asarray(loss_mask)
   _check_inputs(logits, labels, digit_mask, digit_token_ids,
                 (("loss_mask", loss_mask),))
-  check_method(method, weighting, loss_kwargs)
-  stats = token_statistics(logits, labels, digit_token_ids)
+  check_method(method, weighting, loss_kwargs, lam=lam)
+  stats = token_statistics(logits, labels, digit_token_ids,
+                           mask=_scored(labels, logits.shape[-1], loss_mask))
   return loss_from_statistics(
       stats, labels, vocab_size=logits.shape[-1], loss_mask=loss_mask,
       digit_mask=digit_mask, method=method, lam=lam, weighting=weighting,
       digit_token_ids=digit_token_ids, **loss_kwargs)
 
 
-def check_method(method: str, weighting: str, loss_kwargs) -> None:
-  """Raises ValueError for an unknown method or weighting."""
+def check_method(method: str, weighting: str, loss_kwargs,
+                 lam=None) -> None:
+  """Checks the arguments of :func:`numeric_token_loss` besides the arrays.
+
+  Args:
+    method: a key of ``NUMERIC_LOSSES``.
+    weighting: one of ``WEIGHTINGS``.
+    loss_kwargs: the keyword arguments for the method's loss.
+    lam: the numeric loss's weight, if it is to be checked.
+
+  Raises:
+    ValueError: for an unknown method or weighting, or a parameter value out
+      of range (:func:`check_parameters`).
+    LossArgumentError: (a ValueError and a TypeError) for a keyword the
+      method's loss does not take; the message names that loss and its
+      keywords.
+  """
   if method not in NUMERIC_LOSSES:
     raise ValueError(f"unknown method {method!r}; choose one of "
                      f"{sorted(NUMERIC_LOSSES)}.")
   if weighting not in WEIGHTINGS:
     raise ValueError(f"unknown weighting {weighting!r}; choose one of "
                      f"{WEIGHTINGS}.")
-  if method == "ce" and loss_kwargs:
-    raise ValueError(f"method 'ce' takes no loss arguments, got "
-                     f"{sorted(loss_kwargs)}.")
+  valid = LOSS_KEYWORDS[method]
+  unknown = sorted(set(loss_kwargs) - set(valid))
+  if method == "ce" and unknown:
+    raise LossArgumentError(f"method 'ce' takes no loss arguments, got "
+                            f"{unknown}.")
+  if unknown:
+    loss_name = NUMERIC_LOSSES[method].__name__
+    takes = (f"takes {', '.join(valid)}" if valid
+             else "takes no keyword arguments here")
+    raise LossArgumentError(
+        f"unknown loss argument(s) {unknown} for method {method!r}: "
+        f"{loss_name} {takes}.")
+  check_parameters(lam=lam, **loss_kwargs)
 
 
 def loss_from_statistics(stats: TokenStatistics, labels, *, vocab_size: int,
@@ -501,8 +653,11 @@ def loss_from_statistics(stats: TokenStatistics, labels, *, vocab_size: int,
   """:func:`numeric_token_loss` from precomputed :class:`TokenStatistics`.
 
   The logits path and the fused path (:mod:`ntil_jax.fused`) both end here,
-  so they compute the same loss by construction.
+  so they compute the same loss by construction. For a zero gradient where
+  the logits of unscored positions are NaN or inf, compute ``stats`` with
+  ``token_statistics(..., mask=...)`` of the scored positions.
   """
+  check_method(method, weighting, loss_kwargs, lam=lam)
   labels = jnp.asarray(labels)
   scored = _scored(labels, vocab_size, loss_mask)
   ce = _masked(stats.log_norm - stats.label_logits, scored)

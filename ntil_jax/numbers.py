@@ -48,19 +48,63 @@ class NumberLayout(NamedTuple):
   places: chex.Array
 
 
+def check_digit_token_ids(digit_token_ids, vocab_size=None):
+  """Validates digit token ids; returns them as a NumPy array, None if traced.
+
+  Args:
+    digit_token_ids: ``[10]`` integer ids of the digits 0..9.
+    vocab_size: if given, every id must be below it.
+
+  Returns:
+    The ids as a NumPy array, or ``None`` when they are traced (inside
+    ``jit``) and cannot be checked before run time; see :func:`match_digits`
+    and :func:`ntil_jax.digit_logits` for what invalid traced ids do.
+
+  Raises:
+    ValueError: for a shape other than ``[10]``, non-integer ids, negative or
+      (with ``vocab_size``) too large ids, or an id given to two digits.
+  """
+  if tuple(np.shape(digit_token_ids)) != (NUM_DIGITS,):
+    raise ValueError("digit_token_ids must hold the 10 ids of the digits 0..9, "
+                     f"got shape {np.shape(digit_token_ids)}.")
+  try:
+    ids = np.asarray(digit_token_ids)
+  except (jax.errors.TracerArrayConversionError, TypeError):
+    return None
+  if not np.issubdtype(ids.dtype, np.integer):
+    raise ValueError(
+        f"digit_token_ids must be integer token ids, got dtype {ids.dtype}.")
+  if ids.min() < 0 or (vocab_size is not None and ids.max() >= vocab_size):
+    limit = "" if vocab_size is None else f" for a vocabulary of V={vocab_size}"
+    raise ValueError(f"digit_token_ids {ids.tolist()} out of range{limit} "
+                     "(the logits' last axis).")
+  values, counts = np.unique(ids, return_counts=True)
+  if (counts > 1).any():
+    shared = "; ".join(
+        f"token {v} for digits {np.flatnonzero(ids == v).tolist()}"
+        for v in values[counts > 1])
+    raise ValueError(f"digit_token_ids {ids.tolist()} hold duplicates "
+                     f"({shared}); each digit needs its own token id.")
+  return ids
+
+
 def match_digits(labels: chex.Array, digit_token_ids=None):
   """Returns ``(is_digit_label, digit_values)`` for integer ``labels``.
 
   ``digit_token_ids[k]`` is the token id of digit ``k``; ``None`` means ids
   0..9. Labels that are no digit token (including negative ignore ids) give
-  ``False`` and value 0.
+  ``False`` and value 0. Labels and ids are compared as at least 32-bit
+  integers, so a narrow label dtype never wraps onto an id (uint8 label 44 is
+  not token 300). Traced ids are not checked: with a repeated id, the label
+  matches the first digit that has it.
   """
   labels = jnp.asarray(labels)
   if digit_token_ids is None:
     is_digit = (labels >= 0) & (labels < NUM_DIGITS)
     return is_digit, jnp.where(is_digit, labels, 0).astype(jnp.int32)
-  ids = jnp.asarray(digit_token_ids, dtype=labels.dtype)
-  matches = labels[..., None] == ids
+  wide = jnp.int64 if labels.dtype.itemsize > 4 else jnp.int32
+  ids = jnp.asarray(digit_token_ids).astype(wide)
+  matches = labels.astype(wide)[..., None] == ids
   return matches.any(-1), jnp.argmax(matches, axis=-1).astype(jnp.int32)
 
 
@@ -76,26 +120,51 @@ def _shift_left(x: chex.Array, fill) -> chex.Array:
   return jnp.pad(x[..., 1:], widths, constant_values=fill)
 
 
+def segmented_scans(scans, starts: chex.Array) -> tuple:
+  """Several inclusive segmented scans along the last axis, in one pass.
+
+  Args:
+    scans: ``(op, values)`` pairs; each ``op`` must be associative
+      (``jnp.add``, ``jnp.maximum``, ...) and each ``values`` shaped like
+      ``starts``.
+    starts: bool, where every scan restarts.
+
+  Returns:
+    A tuple with the scan of each pair.
+  """
+  ops = tuple(op for op, _ in scans)
+
+  def combine(left, right):
+    left_values, left_start = left
+    right_values, right_start = right
+    values = tuple(jnp.where(right_start, r, op(l, r))
+                   for op, l, r in zip(ops, left_values, right_values))
+    return values, left_start | right_start
+
+  values = tuple(v for _, v in scans)
+  scanned, _ = jax.lax.associative_scan(combine, (values, starts), axis=-1)
+  return scanned
+
+
+def reverse_segmented_scans(scans, ends: chex.Array) -> tuple:
+  """Like :func:`segmented_scans` but from the right; restarts at ``ends``."""
+  flip = lambda x: jnp.flip(x, axis=-1)
+  scanned = segmented_scans(tuple((op, flip(v)) for op, v in scans),
+                            flip(ends))
+  return tuple(flip(x) for x in scanned)
+
+
 def segmented_scan(op, values: chex.Array, starts: chex.Array) -> chex.Array:
   """Inclusive scan of ``op`` along the last axis, restarting where ``starts``.
 
   ``op`` must be associative (``jnp.add``, ``jnp.maximum``, ...).
   """
-
-  def combine(left, right):
-    left_value, left_start = left
-    right_value, right_start = right
-    value = jnp.where(right_start, right_value, op(left_value, right_value))
-    return value, left_start | right_start
-
-  scanned, _ = jax.lax.associative_scan(combine, (values, starts), axis=-1)
-  return scanned
+  return segmented_scans(((op, values),), starts)[0]
 
 
 def reverse_segmented_scan(op, values, ends):
   """Like :func:`segmented_scan` but from the right; restarts where ``ends``."""
-  flip = lambda x: jnp.flip(x, axis=-1)
-  return flip(segmented_scan(op, flip(values), flip(ends)))
+  return reverse_segmented_scans(((op, values),), ends)[0]
 
 
 def segment_broadcast_max(values, starts, ends):
@@ -132,7 +201,12 @@ def number_layout(labels, digit_mask=None, *, digit_token_ids=None,
 
   Returns:
     A :class:`NumberLayout`.
+
+  Raises:
+    ValueError: for digit ids that :func:`check_digit_token_ids` refuses.
   """
+  if digit_token_ids is not None:
+    check_digit_token_ids(digit_token_ids)
   label_is_digit, digit_values = match_digits(labels, digit_token_ids)
   is_digit = label_is_digit
   if digit_mask is not None:
@@ -169,12 +243,21 @@ def number_layout(labels, digit_mask=None, *, digit_token_ids=None,
 # Exponents of ten kept within float32 range; 1e30 leaves headroom for sums.
 MAX_DECIMAL_EXPONENT = 30
 _LN10 = float(np.log(10.0))
+# ln 10 split so that exponent * _LN10_HIGH is exact in float32 for
+# |exponent| < 2**11 (a 13-bit mantissa), and the rest is small.
+_LN10_HIGH = 4716.0 / 2048.0
+_LN10_LOW = _LN10 - _LN10_HIGH
 
 
 def pow10(exponent):
-  """10 ** exponent for integer exponents, capped at 1e30."""
-  capped = jnp.minimum(exponent, MAX_DECIMAL_EXPONENT).astype(jnp.float32)
-  return jnp.exp(capped * _LN10)
+  """10 ** exponent for integer exponents, capped at 1e30.
+
+  Accurate to a few float32 ulps (``exp`` of an exactly rounded argument
+  times a correction close to 1), and 0 below float32's range.
+  """
+  capped = jnp.clip(exponent, -2 * MAX_DECIMAL_EXPONENT,
+                    MAX_DECIMAL_EXPONENT).astype(jnp.float32)
+  return jnp.exp(capped * _LN10_HIGH) * jnp.exp(capped * _LN10_LOW)
 
 
 def leading_place(digit_values, layout: NumberLayout):
@@ -195,23 +278,91 @@ def scaled_number_sum(digit_terms, scale_place, layout: NumberLayout):
 
   The result is valid at each number's last digit (``layout.is_last``).
   """
-  factors = pow10(layout.places - scale_place)
-  terms = jnp.where(layout.is_digit, digit_terms * factors, 0.0)
-  return segmented_scan(jnp.add, terms, layout.starts)
+  return scaled_number_sums(((digit_terms, scale_place),), layout)[0]
 
 
-def log1p_number(digit_terms, digit_values, layout: NumberLayout):
-  """``log(Z + 1)`` of each number Z, exact in float32 for any length.
+def scaled_number_sums(terms_and_places, layout: NumberLayout) -> tuple:
+  """:func:`scaled_number_sum` of several ``(digit_terms, scale_place)``.
 
-  ``digit_terms`` carries the gradient; ``digit_values`` (same values, no
-  gradient needed) selects the leading place used to normalize. Valid at each
-  number's last digit.
+  One segmented scan computes them all.
+  """
+  scans = []
+  for digit_terms, scale_place in terms_and_places:
+    factors = pow10(layout.places - scale_place)
+    terms = jnp.where(layout.is_digit, digit_terms * factors, 0.0)
+    scans.append((jnp.add, terms))
+  return segmented_scans(tuple(scans), layout.starts)
+
+
+def _first_nonzero(left, right):
+  return jnp.where(left != 0, left, right)
+
+
+def _last_nonzero(left, right):
+  return jnp.where(right != 0, right, left)
+
+
+class NumberComparison(NamedTuple):
+  """Two numbers X, Y per layout number, compared digit by digit.
+
+  All fields are int32 shaped like the layout and constant over each number
+  except ``correction``.
+
+  Attributes:
+    x_place: place of X's leading non-zero digit, clamped at >= 0.
+    y_place: the same for Y.
+    sign: the sign of ``X - Y``, -1, 0 or 1.
+    correction: the borrows of ``|X - Y|``: ``sign * (x - y) + correction``
+      is the digit 0..9 of ``|X - Y|`` in each place (0 outside numbers).
+  """
+
+  x_place: chex.Array
+  y_place: chex.Array
+  sign: chex.Array
+  correction: chex.Array
+
+
+def compare_numbers(x_digits, y_digits, layout: NumberLayout):
+  """Leading places, sign and exact difference digits of two numbers.
+
+  ``|X - Y|`` of two long numbers is not the float sum of ``(x - y) *
+  10**place`` (``1000 - 999`` cancels to rounding noise); written with
+  borrows, its digits are integers 0..9 whose float sum has no cancellation.
+  Two segmented scans (one each way) find everything.
+
+  Args:
+    x_digits: integer digit values of X, shaped like the layout.
+    y_digits: integer digit values of Y (X's and Y's are 0 outside numbers).
+    layout: the :class:`NumberLayout` both are written in.
 
   Returns:
-    ``(log1p_value, scaled_value, scale_place)`` where
-    ``Z = scaled_value * 10**scale_place``.
+    A :class:`NumberComparison`.
   """
-  scale_place = leading_place(digit_values, layout)
-  scaled = scaled_number_sum(digit_terms, scale_place, layout)
-  offset = pow10(-scale_place)
-  return scale_place * _LN10 + jnp.log(scaled + offset), scaled, scale_place
+  int_min = jnp.iinfo(jnp.int32).min
+  x_nonzero = jnp.where(layout.is_digit & (x_digits != 0), layout.places,
+                        int_min)
+  y_nonzero = jnp.where(layout.is_digit & (y_digits != 0), layout.places,
+                        int_min)
+  step = jnp.where(layout.is_digit, jnp.sign(x_digits - y_digits),
+                   0).astype(jnp.int32)
+  # Forward: leading places so far and the most significant difference at or
+  # left of each position; backward: the same from the right, where the
+  # nearest difference at or right of a position is the nearest less
+  # significant one.
+  x_left, y_left, from_left = segmented_scans(
+      ((jnp.maximum, x_nonzero), (jnp.maximum, y_nonzero),
+       (_first_nonzero, step)), layout.starts)
+  x_right, y_right, from_right = reverse_segmented_scans(
+      ((jnp.maximum, x_nonzero), (jnp.maximum, y_nonzero),
+       (_last_nonzero, step)), layout.ends)
+  sign = jnp.where(from_left != 0, from_left, from_right)
+  strictly_right = jnp.where(layout.ends, 0, _shift_left(from_right, 0))
+  # A place borrows from the next one when the nearest difference at or below
+  # it goes the wrong way (the larger number's digit is the smaller there).
+  borrow_out = (sign * from_right < 0).astype(jnp.int32)
+  borrow_in = (sign * strictly_right < 0).astype(jnp.int32)
+  return NumberComparison(
+      x_place=jnp.maximum(jnp.maximum(x_left, x_right), 0),
+      y_place=jnp.maximum(jnp.maximum(y_left, y_right), 0),
+      sign=sign,
+      correction=jnp.where(layout.is_digit, 10 * borrow_out - borrow_in, 0))
