@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 PY312 := $(shell for p in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/bin/python3.12 /usr/local/bin/python3.12; do \
 	$$p -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1 && { echo $$p; break; }; done)
 
-.PHONY: install demo test bench experiments clean
+.PHONY: install demo test lint format bench experiments clean
 
 $(STAMP): pyproject.toml
 	@test -n "$(PY312)" || { echo "error: python3.12 not found; install Python 3.12 and retry" >&2; exit 1; }
@@ -22,6 +22,16 @@ demo: install
 
 test: install
 	$(PY) -m pytest -n 2 -q tests
+
+# Style: pyink (2-space Google style, line length 80) and ruff's small rule set
+# (pyproject.toml), both in check mode; `make format` rewrites.
+lint: install
+	$(PY) -m pyink --check --quiet .
+	$(PY) -m ruff check --quiet .
+
+format: install
+	$(PY) -m pyink --quiet .
+	$(PY) -m ruff check --quiet --fix .
 
 bench: install
 	$(PY) -m benchmarks.run --out=benchmarks/results.json

@@ -82,4 +82,4 @@ def test_clock_grid_pairs_seeds_and_report_renders(tmp_path):
   # The table's numbers are those of results.json.
   ntil = [r for r in runs if r["variant"] == "main" and r["method"] == "ntil"]
   gap = sum(r["mean_time_gap_minutes"] for r in ntil) / len(ntil)
-  assert f"| CE + NTIL | 2 | " in report and f"{gap:.2f} ±" in report
+  assert "| CE + NTIL | 2 | " in report and f"{gap:.2f} ±" in report

@@ -111,7 +111,7 @@ def reading(main):
   means = {m: mean_std([100 * r["exact_match"] for r in runs])
            for m, runs in main.items()}
   order = sorted(means, key=lambda m: -means[m][0])
-  lines = [f"- Ranking by mean exact match: " + ", ".join(
+  lines = ["- Ranking by mean exact match: " + ", ".join(
       f"{LABELS[m]} {means[m][0]:.2f}%" for m in order) + "."]
   spread = np.nanmean([s for _, s in means.values()])
   lines.append(f"- The typical seed-to-seed standard deviation is "
