@@ -13,8 +13,10 @@ def check_method(method: str) -> str:
   """The method named after the colon in --config=FILE:METHOD ('ntil' if '')."""
   method = method or "ntil"
   if method not in METHODS:
-    raise ValueError(f"unknown method {method!r} in --config=...:{method}; "
-                     f"choose one of {', '.join(METHODS)}.")
+    raise ValueError(
+        f"unknown method {method!r} in --config=...:{method}; "
+        f"choose one of {', '.join(METHODS)}."
+    )
   return method
 
 
@@ -25,7 +27,9 @@ def base_config(method: str) -> ml_collections.ConfigDict:
 
   # Data (written by `python -m train.prepare_data --task=...`).
   config.data_dir = ""
-  config.dataset_config = ""  # which prepared dataset, if data_dir holds several
+  config.dataset_config = (
+      ""  # which prepared dataset, if data_dir holds several
+  )
   config.max_question_len = 80
   config.max_answer_len = 12
   config.worker_count = 0  # grain reading processes (0: threads)
@@ -82,8 +86,13 @@ def base_config(method: str) -> ml_collections.ConfigDict:
 def loss_kwargs(config) -> dict:
   """The keyword arguments of ``ntil_jax.numeric_token_loss`` for ``config``."""
   if config.method == "ntil":
-    return dict(sigma=config.sigma, alpha=config.alpha, beta=config.beta,
-                tau=config.tau, noise_scale=config.gumbel_noise)
+    return dict(
+        sigma=config.sigma,
+        alpha=config.alpha,
+        beta=config.beta,
+        tau=config.tau,
+        noise_scale=config.gumbel_noise,
+    )
   if config.method == "soft_label":
     return dict(eta=config.soft_label_eta, width=config.soft_label_width)
   return {}

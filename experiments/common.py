@@ -14,8 +14,11 @@ from train import train
 
 def config_hash(config, profile, settings) -> str:
   """A short digest of everything that determines a run's result."""
-  text = json.dumps(dict(config=config.to_dict(), profile=profile,
-                         data=settings), sort_keys=True, default=str)
+  text = json.dumps(
+      dict(config=config.to_dict(), profile=profile, data=settings),
+      sort_keys=True,
+      default=str,
+  )
   return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
@@ -40,7 +43,8 @@ def curves(metrics_path, eval_keys=("exact_match",)):
       steps=[r["step"] for r in train_records],
       loss=[round(r["loss"], 5) for r in train_records],
       ce=[round(r["ce"], 5) for r in train_records],
-      eval_steps=[r["step"] for r in eval_records])
+      eval_steps=[r["step"] for r in eval_records],
+  )
   for key in eval_keys:
     result[key] = [r[key] for r in eval_records]
   return result
@@ -55,8 +59,7 @@ def train_once(config, workdir):
   return result, round(time.time() - start, 1)
 
 
-def run_grid(todo, configure, execute, describe, results_path, *,
-             max_runs=0):
+def run_grid(todo, configure, execute, describe, results_path, *, max_runs=0):
   """Runs each cell of ``todo`` whose config hash is not yet recorded.
 
   Args:
@@ -68,8 +71,10 @@ def run_grid(todo, configure, execute, describe, results_path, *,
     max_runs: stop after this many new runs (0: no limit).
   """
   # Runs of one shape share compiled steps across seeds and restarts.
-  jax.config.update("jax_compilation_cache_dir",
-                    os.path.join(os.path.dirname(results_path), ".jax_cache"))
+  jax.config.update(
+      "jax_compilation_cache_dir",
+      os.path.join(os.path.dirname(results_path), ".jax_cache"),
+  )
   runs = load_results(results_path)
   done = {r["config_hash"] for r in runs}
   new, start = 0, time.time()
@@ -83,7 +88,10 @@ def run_grid(todo, configure, execute, describe, results_path, *,
     save_results(results_path, runs)
     new += 1
     per_run = (time.time() - start) / new
-    print(f"[{index + 1}/{len(pending)}] {describe(record)} "
-          f"({record['wall_seconds']:.0f}s; ETA "
-          f"{per_run * (len(pending) - index - 1) / 60:.0f} min)", flush=True)
+    print(
+        f"[{index + 1}/{len(pending)}] {describe(record)} "
+        f"({record['wall_seconds']:.0f}s; ETA "
+        f"{per_run * (len(pending) - index - 1) / 60:.0f} min)",
+        flush=True,
+    )
   print(f"{len(runs)} runs in {results_path}", flush=True)

@@ -24,8 +24,9 @@ from ntil_jax import losses
 
 def _chunk_statistics(hidden, labels, unembedding, digit_token_ids):
   """TokenStatistics of one ``[B, C, D]`` chunk."""
-  logits = jnp.einsum("bcd,dv->bcv", hidden, unembedding,
-                      preferred_element_type=jnp.float32)
+  logits = jnp.einsum(
+      "bcd,dv->bcv", hidden, unembedding, preferred_element_type=jnp.float32
+  )
   return losses.token_statistics(logits, labels, digit_token_ids)
 
 
@@ -42,18 +43,26 @@ def _check_chunk_size(chunk_size) -> None:
   """Raises ValueError unless ``chunk_size`` is None or a positive int."""
   if chunk_size is None:
     return
-  if (isinstance(chunk_size, (bool, np.bool_))
-      or not isinstance(chunk_size, (int, np.integer))):
-    raise ValueError(f"chunk_size must be a positive int or None, got "
-                     f"{chunk_size!r} ({type(chunk_size).__name__}).")
+  if isinstance(chunk_size, (bool, np.bool_)) or not isinstance(
+      chunk_size, (int, np.integer)
+  ):
+    raise ValueError(
+        f"chunk_size must be a positive int or None, got "
+        f"{chunk_size!r} ({type(chunk_size).__name__})."
+    )
   if chunk_size < 1:
     raise ValueError(f"chunk_size must be >= 1, got {chunk_size}.")
 
 
-def fused_token_statistics(hidden, unembedding, labels, *,
-                           digit_token_ids=None,
-                           chunk_size: Optional[int] = None,
-                           mask=None) -> losses.TokenStatistics:
+def fused_token_statistics(
+    hidden,
+    unembedding,
+    labels,
+    *,
+    digit_token_ids=None,
+    chunk_size: Optional[int] = None,
+    mask=None,
+) -> losses.TokenStatistics:
   """:class:`~ntil_jax.losses.TokenStatistics` of ``hidden @ unembedding``.
 
   Args:
@@ -94,11 +103,16 @@ def fused_token_statistics(hidden, unembedding, labels, *,
     x = x.reshape((batch, num_chunks, positions) + x.shape[2:])
     return jnp.moveaxis(x, 1, 0)
 
-  body = jax.checkpoint(functools.partial(
-      _chunk_statistics, unembedding=unembedding,
-      digit_token_ids=digit_token_ids))
-  stats = jax.lax.map(lambda xs: body(*xs),
-                      (to_chunks(hidden), to_chunks(labels)))
+  body = jax.checkpoint(
+      functools.partial(
+          _chunk_statistics,
+          unembedding=unembedding,
+          digit_token_ids=digit_token_ids,
+      )
+  )
+  stats = jax.lax.map(
+      lambda xs: body(*xs), (to_chunks(hidden), to_chunks(labels))
+  )
 
   def from_chunks(x):  # [num_chunks, B, chunk, ...] -> [B, T, ...]
     x = jnp.moveaxis(x, 0, 1)
@@ -107,11 +121,20 @@ def fused_token_statistics(hidden, unembedding, labels, *,
   return jax.tree.map(from_chunks, stats)
 
 
-def fused_numeric_loss(hidden, unembedding, labels, digit_mask=None, *,
-                       loss_mask=None, lam: float = 0.3, method: str = "ntil",
-                       weighting: str = "sum", digit_token_ids=None,
-                       chunk_size: Optional[int] = None,
-                       **loss_kwargs) -> chex.Array:
+def fused_numeric_loss(
+    hidden,
+    unembedding,
+    labels,
+    digit_mask=None,
+    *,
+    loss_mask=None,
+    lam: float = 0.3,
+    method: str = "ntil",
+    weighting: str = "sum",
+    digit_token_ids=None,
+    chunk_size: Optional[int] = None,
+    **loss_kwargs,
+) -> chex.Array:
   r"""Per-token ``CE + lam * numeric loss`` from hidden states.
 
   Equal to :func:`ntil_jax.numeric_token_loss` on
@@ -144,16 +167,23 @@ def fused_numeric_loss(hidden, unembedding, labels, digit_mask=None, *,
   unembedding = jnp.asarray(unembedding)
   labels = jnp.asarray(labels)
   if hidden.ndim < 2 or unembedding.ndim != 2:
-    raise ValueError(f"hidden must be [..., T, D] and unembedding [D, V], got "
-                     f"{hidden.shape} and {unembedding.shape}.")
+    raise ValueError(
+        f"hidden must be [..., T, D] and unembedding [D, V], got "
+        f"{hidden.shape} and {unembedding.shape}."
+    )
   if hidden.shape[-1] != unembedding.shape[0]:
-    raise ValueError(f"hidden {hidden.shape} and unembedding "
-                     f"{unembedding.shape} disagree on D.")
+    raise ValueError(
+        f"hidden {hidden.shape} and unembedding "
+        f"{unembedding.shape} disagree on D."
+    )
   # Shape checks of labels and masks, against a logits shape never built.
   logits_shape = jax.ShapeDtypeStruct(
-      hidden.shape[:-1] + unembedding.shape[1:], jnp.float32)
-  masks = tuple((n, None if m is None else jnp.asarray(m)) for n, m in
-                (("digit_mask", digit_mask), ("loss_mask", loss_mask)))
+      hidden.shape[:-1] + unembedding.shape[1:], jnp.float32
+  )
+  masks = tuple(
+      (n, None if m is None else jnp.asarray(m))
+      for n, m in (("digit_mask", digit_mask), ("loss_mask", loss_mask))
+  )
   losses._check_inputs(logits_shape, labels, None, digit_token_ids, masks)
   losses.check_method(method, weighting, loss_kwargs, lam=lam)
   _check_chunk_size(chunk_size)
@@ -162,18 +192,33 @@ def fused_numeric_loss(hidden, unembedding, labels, digit_mask=None, *,
   batch = int(np.prod(labels.shape[:leading], dtype=np.int64))
 
   def flatten_batch(x):  # [..., T, ...] -> [B, T, ...]
-    return None if x is None else jnp.reshape(
-        jnp.asarray(x), (batch,) + jnp.shape(x)[leading:])
+    return (
+        None
+        if x is None
+        else jnp.reshape(jnp.asarray(x), (batch,) + jnp.shape(x)[leading:])
+    )
 
   flat_labels = flatten_batch(labels)
   flat_loss_mask = flatten_batch(loss_mask)
   vocab_size = unembedding.shape[1]
   stats = fused_token_statistics(
-      flatten_batch(hidden), unembedding, flat_labels,
-      digit_token_ids=digit_token_ids, chunk_size=chunk_size,
-      mask=losses._scored(flat_labels, vocab_size, flat_loss_mask))
+      flatten_batch(hidden),
+      unembedding,
+      flat_labels,
+      digit_token_ids=digit_token_ids,
+      chunk_size=chunk_size,
+      mask=losses._scored(flat_labels, vocab_size, flat_loss_mask),
+  )
   per_token = losses.loss_from_statistics(
-      stats, flat_labels, vocab_size=vocab_size, loss_mask=flat_loss_mask,
-      digit_mask=flatten_batch(digit_mask), method=method, lam=lam,
-      weighting=weighting, digit_token_ids=digit_token_ids, **loss_kwargs)
+      stats,
+      flat_labels,
+      vocab_size=vocab_size,
+      loss_mask=flat_loss_mask,
+      digit_mask=flatten_batch(digit_mask),
+      method=method,
+      lam=lam,
+      weighting=weighting,
+      digit_token_ids=digit_token_ids,
+      **loss_kwargs,
+  )
   return per_token.reshape(labels.shape)

@@ -38,23 +38,27 @@ def _check_inputs(logits, labels, digit_mask, digit_token_ids, extra_masks=()):
   logits = jnp.asarray(logits) if not hasattr(logits, "shape") else logits
   if logits.ndim < 2:
     raise ValueError(
-        f"logits must be [..., T, V] (rank >= 2), got shape {logits.shape}.")
+        f"logits must be [..., T, V] (rank >= 2), got shape {logits.shape}."
+    )
   if tuple(labels.shape) != tuple(logits.shape[:-1]):
     raise ValueError(
         f"labels shape {labels.shape} must equal logits shape without the "
-        f"vocabulary axis, {logits.shape[:-1]} (logits {logits.shape}).")
+        f"vocabulary axis, {logits.shape[:-1]} (logits {logits.shape})."
+    )
   if not jnp.issubdtype(labels.dtype, jnp.integer):
     raise ValueError(f"labels must be integer token ids, got {labels.dtype}.")
   for name, mask in (("digit_mask", digit_mask),) + tuple(extra_masks):
     if mask is not None and tuple(mask.shape) != tuple(labels.shape):
       raise ValueError(
-          f"{name} shape {mask.shape} must equal labels shape {labels.shape}.")
+          f"{name} shape {mask.shape} must equal labels shape {labels.shape}."
+      )
   vocab_size = logits.shape[-1]
   if digit_token_ids is None:
     if vocab_size < NUM_DIGITS:
       raise ValueError(
           f"default digit ids 0..9 need a vocabulary of >= 10, got V="
-          f"{vocab_size}; pass digit_token_ids.")
+          f"{vocab_size}; pass digit_token_ids."
+      )
     return
   numbers.check_digit_token_ids(digit_token_ids, vocab_size)
 
@@ -140,8 +144,9 @@ class TokenStatistics(NamedTuple):
   digit_logits: chex.Array
 
 
-def token_statistics(logits, labels, digit_token_ids=None, *,
-                     mask=None) -> TokenStatistics:
+def token_statistics(
+    logits, labels, digit_token_ids=None, *, mask=None
+) -> TokenStatistics:
   """Reduces ``[..., T, V]`` logits to :class:`TokenStatistics` in float32.
 
   ``mask`` (bool ``[..., T]``, optional) marks the positions whose
@@ -158,25 +163,36 @@ def token_statistics(logits, labels, digit_token_ids=None, *,
   return TokenStatistics(
       log_norm=jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1),
       label_logits=label_logits.astype(jnp.float32),
-      digit_logits=digit_logits(logits, digit_token_ids))
+      digit_logits=digit_logits(logits, digit_token_ids),
+  )
 
 
 def _layout(labels, digit_mask, digit_token_ids, decimal_point_mask=None):
   return numbers.number_layout(
-      labels, digit_mask, digit_token_ids=digit_token_ids,
-      decimal_point_mask=decimal_point_mask)
+      labels,
+      digit_mask,
+      digit_token_ids=digit_token_ids,
+      decimal_point_mask=decimal_point_mask,
+  )
 
 
-def _prepare(logits, labels, digit_mask, digit_token_ids,
-             decimal_point_mask=None):
+def _prepare(
+    logits, labels, digit_mask, digit_token_ids, decimal_point_mask=None
+):
   """Validates inputs; returns (digit logits, layout)."""
   logits = jnp.asarray(logits)
   labels = jnp.asarray(labels)
   digit_mask = None if digit_mask is None else jnp.asarray(digit_mask)
-  decimal_point_mask = (None if decimal_point_mask is None
-                        else jnp.asarray(decimal_point_mask))
-  _check_inputs(logits, labels, digit_mask, digit_token_ids,
-                (("decimal_point_mask", decimal_point_mask),))
+  decimal_point_mask = (
+      None if decimal_point_mask is None else jnp.asarray(decimal_point_mask)
+  )
+  _check_inputs(
+      logits,
+      labels,
+      digit_mask,
+      digit_token_ids,
+      (("decimal_point_mask", decimal_point_mask),),
+  )
   layout = _layout(labels, digit_mask, digit_token_ids, decimal_point_mask)
   return digit_logits(logits, digit_token_ids), layout
 
@@ -256,49 +272,62 @@ def _number_deviations(predicted, layout):
   target = layout.digit_values.astype(jnp.float32)
   x_digits = jnp.rint(jax.lax.stop_gradient(predicted)).astype(jnp.int32)
   x_place, y_place, sign, correction = numbers.compare_numbers(
-      x_digits, layout.digit_values, layout)
+      x_digits, layout.digit_values, layout
+  )
   x_larger = sign > 0
   big_place = jnp.where(x_larger, x_place, y_place)  # the larger leading one
   small_place = jnp.where(x_larger, y_place, x_place)
   # Digits of |X - Y| (exact integers 0..9); the gradient is sign * dX.
-  difference_digits = (sign.astype(jnp.float32) * (predicted - target)
-                       + correction.astype(jnp.float32))
+  difference_digits = sign.astype(jnp.float32) * (
+      predicted - target
+  ) + correction.astype(jnp.float32)
   # X / 10**x_place and Y / 10**y_place: in [1, 10), or below 1 when the
   # number is (leading places are clamped at 0); |X - Y| / 10**big_place,
   # zero when X = Y.
   x_own, y_own, difference = numbers.scaled_number_sums(
-      ((predicted, x_place), (target, y_place),
-       (difference_digits, big_place)), layout)
+      ((predicted, x_place), (target, y_place), (difference_digits, big_place)),
+      layout,
+  )
   big = jnp.where(x_larger, x_own, y_own)
   small = jnp.where(x_larger, y_own, x_own)
   offset = numbers.pow10(-big_place)  # the "+1"
   last = layout.is_last
   relative = difference / jnp.where(last, big + offset, 1.0)
   small_plus_one = small * numbers.pow10(small_place - big_place) + offset
-  close = last & (jax.lax.stop_gradient(difference)
-                  <= jax.lax.stop_gradient(small_plus_one))
+  close = last & (
+      jax.lax.stop_gradient(difference) <= jax.lax.stop_gradient(small_plus_one)
+  )
   far = last & ~close
   ratio = difference / jnp.where(close, small_plus_one, 1.0)
   log_big = jnp.log(jnp.where(far, big + offset, 1.0))
-  log_small = jnp.log(jnp.where(
-      far, small + numbers.pow10(-small_place), 1.0))
-  log_ratio = ((big_place - small_place).astype(jnp.float32) * _LN10
-               + log_big - log_small)
+  log_small = jnp.log(jnp.where(far, small + numbers.pow10(-small_place), 1.0))
+  log_ratio = (
+      (big_place - small_place).astype(jnp.float32) * _LN10
+      + log_big
+      - log_small
+  )
   magnitude = jnp.where(close, jnp.log1p(ratio), log_ratio)
   return _masked(relative, last), _masked(magnitude, last)
 
 
-def _ntil_parts(digit_logits_, layout, *, sigma: float = 0.2,
-                tau: float = 0.1, key: Optional[chex.PRNGKey] = None,
-                noise_scale: float = 0.01) -> NTILComponents:
+def _ntil_parts(
+    digit_logits_,
+    layout,
+    *,
+    sigma: float = 0.2,
+    tau: float = 0.1,
+    key: Optional[chex.PRNGKey] = None,
+    noise_scale: float = 0.01,
+) -> NTILComponents:
   digit_logits_ = _digits_in_numbers(digit_logits_, layout)
   probs = jax.nn.softmax(digit_logits_, axis=-1)
   emd = jnp.sum(probs * _digit_distance(layout), axis=-1)
   exponent = layout.digits_right.astype(jnp.float32)
   # Capped so that absurdly long numbers give large, finite weights.
   weights = jnp.minimum(jnp.power(1.0 + sigma, exponent), 1e30)
-  predicted = _straight_through_digits(digit_logits_, tau=tau, key=key,
-                                       noise_scale=noise_scale)
+  predicted = _straight_through_digits(
+      digit_logits_, tau=tau, key=key, noise_scale=noise_scale
+  )
   predicted = _masked(predicted, layout.is_digit)
   relative, magnitude = _number_deviations(predicted, layout)
   return NTILComponents(
@@ -310,11 +339,20 @@ def _ntil_parts(digit_logits_, layout, *, sigma: float = 0.2,
   )
 
 
-def _ntil(stats: TokenStatistics, layout, *, alpha: float = 0.2,
-          beta: float = 0.2, **kwargs):
+def _ntil(
+    stats: TokenStatistics,
+    layout,
+    *,
+    alpha: float = 0.2,
+    beta: float = 0.2,
+    **kwargs,
+):
   parts = _ntil_parts(stats.digit_logits, layout, **kwargs)
-  return (parts.weights * parts.emd + alpha * parts.relative
-          + beta * parts.magnitude)
+  return (
+      parts.weights * parts.emd
+      + alpha * parts.relative
+      + beta * parts.magnitude
+  )
 
 
 def _emd(stats: TokenStatistics, layout):
@@ -329,8 +367,9 @@ def _ntl_mse(stats: TokenStatistics, layout):
   return _masked(error**2, layout.is_digit)
 
 
-def _soft_label(stats: TokenStatistics, layout, *, eta: float = 0.5,
-                width: float = 1.0):
+def _soft_label(
+    stats: TokenStatistics, layout, *, eta: float = 0.5, width: float = 1.0
+):
   log_probs = stats.digit_logits - stats.log_norm[..., None]
   targets = soft_digit_targets(layout.digit_values, eta=eta, width=width)
   return _masked(-jnp.sum(targets * log_probs, -1), layout.is_digit)
@@ -341,30 +380,55 @@ def _digit_statistics(logits, digit_logits_, needs_log_norm=False):
   log_norm = None
   if needs_log_norm:
     log_norm = jax.nn.logsumexp(jnp.asarray(logits).astype(jnp.float32), -1)
-  return TokenStatistics(log_norm=log_norm, label_logits=None,
-                         digit_logits=digit_logits_)
+  return TokenStatistics(
+      log_norm=log_norm, label_logits=None, digit_logits=digit_logits_
+  )
 
 
-def ntil_components(logits, labels, digit_mask=None, *, digit_token_ids=None,
-                    decimal_point_mask=None, sigma: float = 0.2,
-                    tau: float = 0.1, key: Optional[chex.PRNGKey] = None,
-                    noise_scale: float = 0.01) -> NTILComponents:
+def ntil_components(
+    logits,
+    labels,
+    digit_mask=None,
+    *,
+    digit_token_ids=None,
+    decimal_point_mask=None,
+    sigma: float = 0.2,
+    tau: float = 0.1,
+    key: Optional[chex.PRNGKey] = None,
+    noise_scale: float = 0.01,
+) -> NTILComponents:
   """The pieces of :func:`ntil_loss`, for logging and ablations.
 
   Arguments are those of :func:`ntil_loss`. Returns :class:`NTILComponents`.
   """
   check_parameters(sigma=sigma, tau=tau, noise_scale=noise_scale)
-  digit_logits_, layout = _prepare(logits, labels, digit_mask, digit_token_ids,
-                                   decimal_point_mask)
-  return _ntil_parts(digit_logits_, layout, sigma=sigma, tau=tau, key=key,
-                     noise_scale=noise_scale)
+  digit_logits_, layout = _prepare(
+      logits, labels, digit_mask, digit_token_ids, decimal_point_mask
+  )
+  return _ntil_parts(
+      digit_logits_,
+      layout,
+      sigma=sigma,
+      tau=tau,
+      key=key,
+      noise_scale=noise_scale,
+  )
 
 
-def ntil_loss(logits, labels, digit_mask=None, *, digit_token_ids=None,
-              decimal_point_mask=None, sigma: float = 0.2, alpha: float = 0.2,
-              beta: float = 0.2, tau: float = 0.1,
-              key: Optional[chex.PRNGKey] = None,
-              noise_scale: float = 0.01) -> chex.Array:
+def ntil_loss(
+    logits,
+    labels,
+    digit_mask=None,
+    *,
+    digit_token_ids=None,
+    decimal_point_mask=None,
+    sigma: float = 0.2,
+    alpha: float = 0.2,
+    beta: float = 0.2,
+    tau: float = 0.1,
+    key: Optional[chex.PRNGKey] = None,
+    noise_scale: float = 0.01,
+) -> chex.Array:
   r"""Numerical Token Integrity Loss (Fei et al., ACL 2025), per token.
 
   For a target number :math:`Y` written with digits :math:`y_0 \dots y_{n-1}`
@@ -418,21 +482,31 @@ def ntil_loss(logits, labels, digit_mask=None, *, digit_token_ids=None,
   Example:
     >>> loss = ce + 0.3 * ntil_loss(logits, labels, digit_mask)
   """
-  check_parameters(sigma=sigma, alpha=alpha, beta=beta, tau=tau,
-                   noise_scale=noise_scale)
-  digit_logits_, layout = _prepare(logits, labels, digit_mask, digit_token_ids,
-                                   decimal_point_mask)
-  return _ntil(_digit_statistics(logits, digit_logits_), layout, sigma=sigma,
-               alpha=alpha, beta=beta, tau=tau, key=key,
-               noise_scale=noise_scale)
+  check_parameters(
+      sigma=sigma, alpha=alpha, beta=beta, tau=tau, noise_scale=noise_scale
+  )
+  digit_logits_, layout = _prepare(
+      logits, labels, digit_mask, digit_token_ids, decimal_point_mask
+  )
+  return _ntil(
+      _digit_statistics(logits, digit_logits_),
+      layout,
+      sigma=sigma,
+      alpha=alpha,
+      beta=beta,
+      tau=tau,
+      key=key,
+      noise_scale=noise_scale,
+  )
 
 
 # ----------------------------------------------------------------------------
 # Baselines.
 
 
-def emd_loss(logits, labels, digit_mask=None, *,
-             digit_token_ids=None) -> chex.Array:
+def emd_loss(
+    logits, labels, digit_mask=None, *, digit_token_ids=None
+) -> chex.Array:
   r"""Earth Mover's Distance between the digit distribution and the target.
 
   .. math:: \ell_t = \sum_{k=0}^{9} p_{tk} |k - y_t|, \quad
@@ -446,8 +520,9 @@ def emd_loss(logits, labels, digit_mask=None, *,
   return _emd(_digit_statistics(logits, digit_logits_), layout)
 
 
-def ntl_mse_loss(logits, labels, digit_mask=None, *,
-                 digit_token_ids=None) -> chex.Array:
+def ntl_mse_loss(
+    logits, labels, digit_mask=None, *, digit_token_ids=None
+) -> chex.Array:
   r"""Number Token Loss, MSE variant: squared error of the expected digit.
 
   .. math:: \ell_t = \Big(\sum_{k=0}^{9} k\, p_{tk} - y_t\Big)^2
@@ -469,15 +544,21 @@ def soft_digit_targets(digit_values, *, eta: float, width: float):
   """
   check_parameters(eta=eta, width=width)
   target = jnp.asarray(digit_values, jnp.float32)[..., None]
-  gaussian = jnp.exp(-((_DIGITS - target)**2) / (2.0 * width**2))
+  gaussian = jnp.exp(-((_DIGITS - target) ** 2) / (2.0 * width**2))
   psi = gaussian / gaussian.sum(-1, keepdims=True)
   one_hot = jax.nn.one_hot(digit_values, NUM_DIGITS, dtype=jnp.float32)
   return (1.0 - eta) * one_hot + eta * psi
 
 
-def soft_label_cross_entropy(logits, labels, digit_mask=None, *,
-                             digit_token_ids=None, eta: float = 0.5,
-                             width: float = 1.0) -> chex.Array:
+def soft_label_cross_entropy(
+    logits,
+    labels,
+    digit_mask=None,
+    *,
+    digit_token_ids=None,
+    eta: float = 0.5,
+    width: float = 1.0,
+) -> chex.Array:
   r"""Cross-entropy of digit tokens against soft digit labels.
 
   .. math:: \ell_t = -\sum_{k=0}^{9} q_k(y_t) \log p_t(\text{digit } k),
@@ -513,7 +594,8 @@ def cross_entropy(logits, labels, loss_mask=None) -> chex.Array:
   valid = _scored(labels, logits.shape[-1], loss_mask)
   logits = jnp.where(valid[..., None], logits, 0)
   ce = optax.softmax_cross_entropy_with_integer_labels(
-      logits.astype(jnp.float32), jnp.where(valid, labels, 0))
+      logits.astype(jnp.float32), jnp.where(valid, labels, 0)
+  )
   return _masked(ce, valid)
 
 
@@ -553,10 +635,18 @@ LOSS_KEYWORDS = {
 }
 
 
-def numeric_token_loss(logits, labels, *, loss_mask=None, digit_mask=None,
-                       method: str = "ntil", lam: float = 0.3,
-                       weighting: str = "sum", digit_token_ids=None,
-                       **loss_kwargs) -> chex.Array:
+def numeric_token_loss(
+    logits,
+    labels,
+    *,
+    loss_mask=None,
+    digit_mask=None,
+    method: str = "ntil",
+    lam: float = 0.3,
+    weighting: str = "sum",
+    digit_token_ids=None,
+    **loss_kwargs,
+) -> chex.Array:
   r"""Cross-entropy on every scored token plus ``lam`` times a numeric loss.
 
   .. math:: \ell_t = \mathrm{CE}_t + \lambda\, w\, \mathrm{aux}_t
@@ -597,19 +687,31 @@ def numeric_token_loss(logits, labels, *, loss_mask=None, digit_mask=None,
   logits = jnp.asarray(logits)
   labels = jnp.asarray(labels)
   loss_mask = None if loss_mask is None else jnp.asarray(loss_mask)
-  _check_inputs(logits, labels, digit_mask, digit_token_ids,
-                (("loss_mask", loss_mask),))
+  _check_inputs(
+      logits, labels, digit_mask, digit_token_ids, (("loss_mask", loss_mask),)
+  )
   check_method(method, weighting, loss_kwargs, lam=lam)
-  stats = token_statistics(logits, labels, digit_token_ids,
-                           mask=_scored(labels, logits.shape[-1], loss_mask))
+  stats = token_statistics(
+      logits,
+      labels,
+      digit_token_ids,
+      mask=_scored(labels, logits.shape[-1], loss_mask),
+  )
   return loss_from_statistics(
-      stats, labels, vocab_size=logits.shape[-1], loss_mask=loss_mask,
-      digit_mask=digit_mask, method=method, lam=lam, weighting=weighting,
-      digit_token_ids=digit_token_ids, **loss_kwargs)
+      stats,
+      labels,
+      vocab_size=logits.shape[-1],
+      loss_mask=loss_mask,
+      digit_mask=digit_mask,
+      method=method,
+      lam=lam,
+      weighting=weighting,
+      digit_token_ids=digit_token_ids,
+      **loss_kwargs,
+  )
 
 
-def check_method(method: str, weighting: str, loss_kwargs,
-                 lam=None) -> None:
+def check_method(method: str, weighting: str, loss_kwargs, lam=None) -> None:
   """Checks the arguments of :func:`numeric_token_loss` besides the arrays.
 
   Args:
@@ -626,30 +728,47 @@ def check_method(method: str, weighting: str, loss_kwargs,
       keywords.
   """
   if method not in NUMERIC_LOSSES:
-    raise ValueError(f"unknown method {method!r}; choose one of "
-                     f"{sorted(NUMERIC_LOSSES)}.")
+    raise ValueError(
+        f"unknown method {method!r}; choose one of "
+        f"{sorted(NUMERIC_LOSSES)}."
+    )
   if weighting not in WEIGHTINGS:
-    raise ValueError(f"unknown weighting {weighting!r}; choose one of "
-                     f"{WEIGHTINGS}.")
+    raise ValueError(
+        f"unknown weighting {weighting!r}; choose one of " f"{WEIGHTINGS}."
+    )
   valid = LOSS_KEYWORDS[method]
   unknown = sorted(set(loss_kwargs) - set(valid))
   if method == "ce" and unknown:
-    raise LossArgumentError(f"method 'ce' takes no loss arguments, got "
-                            f"{unknown}.")
+    raise LossArgumentError(
+        f"method 'ce' takes no loss arguments, got " f"{unknown}."
+    )
   if unknown:
     loss_name = NUMERIC_LOSSES[method].__name__
-    takes = (f"takes {', '.join(valid)}" if valid
-             else "takes no keyword arguments here")
+    takes = (
+        f"takes {', '.join(valid)}"
+        if valid
+        else "takes no keyword arguments here"
+    )
     raise LossArgumentError(
         f"unknown loss argument(s) {unknown} for method {method!r}: "
-        f"{loss_name} {takes}.")
+        f"{loss_name} {takes}."
+    )
   check_parameters(lam=lam, **loss_kwargs)
 
 
-def loss_from_statistics(stats: TokenStatistics, labels, *, vocab_size: int,
-                         loss_mask=None, digit_mask=None, method: str = "ntil",
-                         lam: float = 0.3, weighting: str = "sum",
-                         digit_token_ids=None, **loss_kwargs) -> chex.Array:
+def loss_from_statistics(
+    stats: TokenStatistics,
+    labels,
+    *,
+    vocab_size: int,
+    loss_mask=None,
+    digit_mask=None,
+    method: str = "ntil",
+    lam: float = 0.3,
+    weighting: str = "sum",
+    digit_token_ids=None,
+    **loss_kwargs,
+) -> chex.Array:
   """:func:`numeric_token_loss` from precomputed :class:`TokenStatistics`.
 
   The logits path and the fused path (:mod:`ntil_jax.fused`) both end here,
@@ -664,13 +783,16 @@ def loss_from_statistics(stats: TokenStatistics, labels, *, vocab_size: int,
   numeric_fn = _FROM_STATISTICS[method]
   if numeric_fn is None:
     return ce
-  mask = scored if digit_mask is None else scored & jnp.asarray(digit_mask,
-                                                                 bool)
-  aux = numeric_fn(stats, _layout(labels, mask, digit_token_ids),
-                   **loss_kwargs)
+  mask = (
+      scored if digit_mask is None else scored & jnp.asarray(digit_mask, bool)
+  )
+  aux = numeric_fn(stats, _layout(labels, mask, digit_token_ids), **loss_kwargs)
   if weighting == "reference":
     aux_total = jnp.sum(aux)
-    ratio = jnp.where(aux_total > 0, jnp.sum(ce) / jnp.where(
-        aux_total > 0, aux_total, 1.0), 0.0)
+    ratio = jnp.where(
+        aux_total > 0,
+        jnp.sum(ce) / jnp.where(aux_total > 0, aux_total, 1.0),
+        0.0,
+    )
     aux = jax.lax.stop_gradient(ratio) * aux
   return ce + lam * aux

@@ -65,26 +65,34 @@ def check_digit_token_ids(digit_token_ids, vocab_size=None):
       (with ``vocab_size``) too large ids, or an id given to two digits.
   """
   if tuple(np.shape(digit_token_ids)) != (NUM_DIGITS,):
-    raise ValueError("digit_token_ids must hold the 10 ids of the digits 0..9, "
-                     f"got shape {np.shape(digit_token_ids)}.")
+    raise ValueError(
+        "digit_token_ids must hold the 10 ids of the digits 0..9, "
+        f"got shape {np.shape(digit_token_ids)}."
+    )
   try:
     ids = np.asarray(digit_token_ids)
   except (jax.errors.TracerArrayConversionError, TypeError):
     return None
   if not np.issubdtype(ids.dtype, np.integer):
     raise ValueError(
-        f"digit_token_ids must be integer token ids, got dtype {ids.dtype}.")
+        f"digit_token_ids must be integer token ids, got dtype {ids.dtype}."
+    )
   if ids.min() < 0 or (vocab_size is not None and ids.max() >= vocab_size):
     limit = "" if vocab_size is None else f" for a vocabulary of V={vocab_size}"
-    raise ValueError(f"digit_token_ids {ids.tolist()} out of range{limit} "
-                     "(the logits' last axis).")
+    raise ValueError(
+        f"digit_token_ids {ids.tolist()} out of range{limit} "
+        "(the logits' last axis)."
+    )
   values, counts = np.unique(ids, return_counts=True)
   if (counts > 1).any():
     shared = "; ".join(
         f"token {v} for digits {np.flatnonzero(ids == v).tolist()}"
-        for v in values[counts > 1])
-    raise ValueError(f"digit_token_ids {ids.tolist()} hold duplicates "
-                     f"({shared}); each digit needs its own token id.")
+        for v in values[counts > 1]
+    )
+    raise ValueError(
+        f"digit_token_ids {ids.tolist()} hold duplicates "
+        f"({shared}); each digit needs its own token id."
+    )
   return ids
 
 
@@ -137,8 +145,10 @@ def segmented_scans(scans, starts: chex.Array) -> tuple:
   def combine(left, right):
     left_values, left_start = left
     right_values, right_start = right
-    values = tuple(jnp.where(right_start, r, op(l, r))
-                   for op, l, r in zip(ops, left_values, right_values))
+    values = tuple(
+        jnp.where(right_start, r, op(l, r))
+        for op, l, r in zip(ops, left_values, right_values)
+    )
     return values, left_start | right_start
 
   values = tuple(v for _, v in scans)
@@ -149,8 +159,7 @@ def segmented_scans(scans, starts: chex.Array) -> tuple:
 def reverse_segmented_scans(scans, ends: chex.Array) -> tuple:
   """Like :func:`segmented_scans` but from the right; restarts at ``ends``."""
   flip = lambda x: jnp.flip(x, axis=-1)
-  scanned = segmented_scans(tuple((op, flip(v)) for op, v in scans),
-                            flip(ends))
+  scanned = segmented_scans(tuple((op, flip(v)) for op, v in scans), flip(ends))
   return tuple(flip(x) for x in scanned)
 
 
@@ -176,8 +185,11 @@ def segment_broadcast_max(values, starts, ends):
 
 def _decimal_points(is_digit, decimal_point_mask):
   """Points that join two digits, in runs that hold exactly one of them."""
-  between_digits = (decimal_point_mask & _shift_right(is_digit, False)
-                    & _shift_left(is_digit, False))
+  between_digits = (
+      decimal_point_mask
+      & _shift_right(is_digit, False)
+      & _shift_left(is_digit, False)
+  )
   in_run = is_digit | between_digits
   starts = ~(in_run & _shift_right(in_run, False))
   ends = ~(in_run & _shift_left(in_run, False))
@@ -187,8 +199,9 @@ def _decimal_points(is_digit, decimal_point_mask):
   return between_digits & (before == 1) & (after == 1)
 
 
-def number_layout(labels, digit_mask=None, *, digit_token_ids=None,
-                  decimal_point_mask=None) -> NumberLayout:
+def number_layout(
+    labels, digit_mask=None, *, digit_token_ids=None, decimal_point_mask=None
+) -> NumberLayout:
   """Finds the numbers in ``labels`` and the place value of every digit.
 
   Args:
@@ -220,14 +233,17 @@ def number_layout(labels, digit_mask=None, *, digit_token_ids=None,
   ends = ~(in_run & _shift_left(in_run, False))
 
   digit_count = is_digit.astype(jnp.int32)
-  digits_right = reverse_segmented_scan(jnp.add, digit_count, ends) - digit_count
+  digits_right = (
+      reverse_segmented_scan(jnp.add, digit_count, ends) - digit_count
+  )
   point_on_left = segmented_scan(jnp.logical_or, points, starts) & ~points
   fractional = is_digit & point_on_left
   frac_count = fractional.astype(jnp.int32)
   places = jnp.where(
       fractional,
       -segmented_scan(jnp.add, frac_count, starts),
-      digits_right - reverse_segmented_scan(jnp.add, frac_count, ends))
+      digits_right - reverse_segmented_scan(jnp.add, frac_count, ends),
+  )
   zero = jnp.zeros_like(digits_right)
   return NumberLayout(
       digit_values=jnp.where(is_digit, digit_values, 0),
@@ -255,8 +271,9 @@ def pow10(exponent):
   Accurate to a few float32 ulps (``exp`` of an exactly rounded argument
   times a correction close to 1), and 0 below float32's range.
   """
-  capped = jnp.clip(exponent, -2 * MAX_DECIMAL_EXPONENT,
-                    MAX_DECIMAL_EXPONENT).astype(jnp.float32)
+  capped = jnp.clip(
+      exponent, -2 * MAX_DECIMAL_EXPONENT, MAX_DECIMAL_EXPONENT
+  ).astype(jnp.float32)
   return jnp.exp(capped * _LN10_HIGH) * jnp.exp(capped * _LN10_LOW)
 
 
@@ -267,8 +284,10 @@ def leading_place(digit_values, layout: NumberLayout):
   be a prediction); the result is constant over each number.
   """
   nonzero_place = jnp.where(
-      layout.is_digit & (digit_values != 0), layout.places,
-      jnp.iinfo(jnp.int32).min)
+      layout.is_digit & (digit_values != 0),
+      layout.places,
+      jnp.iinfo(jnp.int32).min,
+  )
   top = segment_broadcast_max(nonzero_place, layout.starts, layout.ends)
   return jnp.maximum(top, 0)
 
@@ -339,22 +358,35 @@ def compare_numbers(x_digits, y_digits, layout: NumberLayout):
     A :class:`NumberComparison`.
   """
   int_min = jnp.iinfo(jnp.int32).min
-  x_nonzero = jnp.where(layout.is_digit & (x_digits != 0), layout.places,
-                        int_min)
-  y_nonzero = jnp.where(layout.is_digit & (y_digits != 0), layout.places,
-                        int_min)
-  step = jnp.where(layout.is_digit, jnp.sign(x_digits - y_digits),
-                   0).astype(jnp.int32)
+  x_nonzero = jnp.where(
+      layout.is_digit & (x_digits != 0), layout.places, int_min
+  )
+  y_nonzero = jnp.where(
+      layout.is_digit & (y_digits != 0), layout.places, int_min
+  )
+  step = jnp.where(layout.is_digit, jnp.sign(x_digits - y_digits), 0).astype(
+      jnp.int32
+  )
   # Forward: leading places so far and the most significant difference at or
   # left of each position; backward: the same from the right, where the
   # nearest difference at or right of a position is the nearest less
   # significant one.
   x_left, y_left, from_left = segmented_scans(
-      ((jnp.maximum, x_nonzero), (jnp.maximum, y_nonzero),
-       (_first_nonzero, step)), layout.starts)
+      (
+          (jnp.maximum, x_nonzero),
+          (jnp.maximum, y_nonzero),
+          (_first_nonzero, step),
+      ),
+      layout.starts,
+  )
   x_right, y_right, from_right = reverse_segmented_scans(
-      ((jnp.maximum, x_nonzero), (jnp.maximum, y_nonzero),
-       (_last_nonzero, step)), layout.ends)
+      (
+          (jnp.maximum, x_nonzero),
+          (jnp.maximum, y_nonzero),
+          (_last_nonzero, step),
+      ),
+      layout.ends,
+  )
   sign = jnp.where(from_left != 0, from_left, from_right)
   strictly_right = jnp.where(layout.ends, 0, _shift_left(from_right, 0))
   # A place borrows from the next one when the nearest difference at or below
@@ -365,4 +397,5 @@ def compare_numbers(x_digits, y_digits, layout: NumberLayout):
       x_place=jnp.maximum(jnp.maximum(x_left, x_right), 0),
       y_place=jnp.maximum(jnp.maximum(y_left, y_right), 0),
       sign=sign,
-      correction=jnp.where(layout.is_digit, 10 * borrow_out - borrow_in, 0))
+      correction=jnp.where(layout.is_digit, 10 * borrow_out - borrow_in, 0),
+  )

@@ -37,12 +37,20 @@ def digit_token_ids(vocab) -> np.ndarray:
     for index, piece in enumerate(vocab):
       lookup.setdefault(piece, index)
   else:
-    raise ValueError("vocab must be a str->id mapping or a sequence of pieces, "
-                     f"got {type(vocab).__name__}.")
+    raise ValueError(
+        "vocab must be a str->id mapping or a sequence of pieces, "
+        f"got {type(vocab).__name__}."
+    )
   ids, missing = [], []
   for digit in range(10):
-    found = next((lookup[s.format(d=digit)] for s in _SPELLINGS
-                  if s.format(d=digit) in lookup), None)
+    found = next(
+        (
+            lookup[s.format(d=digit)]
+            for s in _SPELLINGS
+            if s.format(d=digit) in lookup
+        ),
+        None,
+    )
     if found is None:
       missing.append(str(digit))
     ids.append(found)
@@ -50,7 +58,8 @@ def digit_token_ids(vocab) -> np.ndarray:
     raise ValueError(
         f"no token for digit(s) {', '.join(missing)} in a vocabulary of "
         f"{len(lookup)} entries (looked for spellings like "
-        f"{[s.format(d=missing[0]) for s in _SPELLINGS]}).")
+        f"{[s.format(d=missing[0]) for s in _SPELLINGS]})."
+    )
   if len(set(ids)) != 10:
     raise ValueError(f"digits share token ids: {ids}.")
   return np.asarray(ids, dtype=np.int32)

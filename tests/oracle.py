@@ -73,8 +73,10 @@ def find_numbers(labels, digit_mask, digit_ids, decimal_mask=None):
 
 
 def value(digits_and_places):
-  return sum((Fraction(d) * Fraction(10)**p for d, p in digits_and_places),
-             Fraction(0))
+  return sum(
+      (Fraction(d) * Fraction(10) ** p for d, p in digits_and_places),
+      Fraction(0),
+  )
 
 
 def deviations(x, y):
@@ -83,7 +85,7 @@ def deviations(x, y):
   rel = float(abs(x - y) / (hi + 1))
   mag = math.log1p(float(abs(x - y) / (lo + 1)))
   if x > y:
-    drel, dmag = (y + 1) / (x + 1)**2, 1 / (x + 1)
+    drel, dmag = (y + 1) / (x + 1) ** 2, 1 / (x + 1)
   elif x < y:
     drel, dmag = -1 / (y + 1), -1 / (x + 1)
   else:
@@ -91,8 +93,19 @@ def deviations(x, y):
   return rel, mag, drel, dmag
 
 
-def ntil(logits, labels, digit_mask, digit_ids=range(10), *, sigma=0.2,
-         alpha=0.2, beta=0.2, tau=0.1, noise=None, decimal_mask=None):
+def ntil(
+    logits,
+    labels,
+    digit_mask,
+    digit_ids=range(10),
+    *,
+    sigma=0.2,
+    alpha=0.2,
+    beta=0.2,
+    tau=0.1,
+    noise=None,
+    decimal_mask=None,
+):
   """Per-token NTIL and its (straight-through) gradient w.r.t. the logits.
 
   Args:
@@ -119,7 +132,7 @@ def ntil(logits, labels, digit_mask, digit_ids=range(10), *, sigma=0.2,
         p = softmax(z)
         dist = np.abs(np.arange(10) - y)
         emd = float(p @ dist)
-        w = (1 + sigma)**(len(number) - i - 1)
+        w = (1 + sigma) ** (len(number) - i - 1)
         loss[b, t] += w * emd
         parts["emd"][b, t], parts["weights"][b, t] = emd, w
         grad[b, t, ids] += w * p * (dist - emd)
@@ -127,7 +140,9 @@ def ntil(logits, labels, digit_mask, digit_ids=range(10), *, sigma=0.2,
         x = int(np.argmax(noisy))
         s = softmax(noisy / tau)
         predicted.append((x, place))
-        soft_grads.append((t, place, s * (np.arange(10) - s @ np.arange(10)) / tau))
+        soft_grads.append(
+            (t, place, s * (np.arange(10) - s @ np.arange(10)) / tau)
+        )
       x_val = value(predicted)
       y_val = value([(y, place) for _, y, place in number])
       rel, mag, drel, dmag = deviations(x_val, y_val)
@@ -136,7 +151,7 @@ def ntil(logits, labels, digit_mask, digit_ids=range(10), *, sigma=0.2,
       parts["rel"][b, last], parts["mag"][b, last] = rel, mag
       d_term = alpha * drel + beta * dmag
       for t, place, dx_dz in soft_grads:
-        grad[b, t, ids] += float(d_term * Fraction(10)**place) * dx_dz
+        grad[b, t, ids] += float(d_term * Fraction(10) ** place) * dx_dz
   return loss, grad, parts
 
 
@@ -158,19 +173,22 @@ def ntl_mse(logits, labels, digit_mask, digit_ids=range(10)):
     if digit_mask[b, t] and int(labels[b, t]) in ids:
       y = ids.index(int(labels[b, t]))
       p = softmax(np.asarray(logits[b, t], np.float64)[ids])
-      out[b, t] = (sum(k * p[k] for k in range(10)) - y)**2
+      out[b, t] = (sum(k * p[k] for k in range(10)) - y) ** 2
   return out
 
 
-def soft_label_ce(logits, labels, digit_mask, digit_ids=range(10), *, eta,
-                  width):
+def soft_label_ce(
+    logits, labels, digit_mask, digit_ids=range(10), *, eta, width
+):
   ids = [int(i) for i in digit_ids]
   out = np.zeros(labels.shape)
   for b, t in np.ndindex(*labels.shape):
     if digit_mask[b, t] and int(labels[b, t]) in ids:
       y = ids.index(int(labels[b, t]))
       log_p = np.log(softmax(np.asarray(logits[b, t], np.float64)))
-      psi = np.array([math.exp(-(k - y)**2 / (2 * width**2)) for k in range(10)])
+      psi = np.array(
+          [math.exp(-((k - y) ** 2) / (2 * width**2)) for k in range(10)]
+      )
       psi /= psi.sum()
       q = [(1 - eta) * (k == y) + eta * psi[k] for k in range(10)]
       out[b, t] = -sum(q[k] * log_p[ids[k]] for k in range(10))

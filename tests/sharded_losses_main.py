@@ -18,36 +18,59 @@ from tests.test_losses import PERMUTED_IDS, random_case
 def value_and_grad(method, logits, labels, loss_mask, digit_mask, ids):
   def total(z):
     per_token = ntil_jax.numeric_token_loss(
-        z, labels, loss_mask=loss_mask, digit_mask=digit_mask, method=method,
-        digit_token_ids=ids)
+        z,
+        labels,
+        loss_mask=loss_mask,
+        digit_mask=digit_mask,
+        method=method,
+        digit_token_ids=ids,
+    )
     return per_token.sum(), per_token
+
   return jax.jit(jax.value_and_grad(total, has_aux=True))(logits)
 
 
 def main():
   assert jax.device_count() == 4, jax.devices()
-  mesh = jax.make_mesh((2, 2), ("data", "fsdp"),
-                       axis_types=(AxisType.Explicit,) * 2)
+  mesh = jax.make_mesh(
+      (2, 2), ("data", "fsdp"), axis_types=(AxisType.Explicit,) * 2
+  )
   for ids in (None, np.asarray(PERMUTED_IDS)):
-    logits, labels, digit_mask = random_case(50, batch=8, length=33, vocab=48,
-                                             digit_ids=PERMUTED_IDS if ids is not None else range(10))
+    logits, labels, digit_mask = random_case(
+        50,
+        batch=8,
+        length=33,
+        vocab=48,
+        digit_ids=PERMUTED_IDS if ids is not None else range(10),
+    )
     loss_mask = labels >= 0
     for method in ntil_jax.NUMERIC_LOSSES:
       (want, want_tokens), want_grad = value_and_grad(
-          method, logits, labels, loss_mask, digit_mask, ids)
+          method, logits, labels, loss_mask, digit_mask, ids
+      )
       with jax.set_mesh(mesh):
         batch_sharding = NamedSharding(mesh, P(("data", "fsdp")))
         put = lambda x: jax.device_put(x, batch_sharding)
         (got, got_tokens), got_grad = value_and_grad(
-            method, put(logits), put(labels), put(loss_mask), put(digit_mask),
-            ids)
-        assert got_tokens.sharding.spec[0] == ("data", "fsdp"), got_tokens.sharding
+            method,
+            put(logits),
+            put(labels),
+            put(loss_mask),
+            put(digit_mask),
+            ids,
+        )
+        assert got_tokens.sharding.spec[0] == (
+            "data",
+            "fsdp",
+        ), got_tokens.sharding
         assert len(got_grad.sharding.device_set) == 4
       np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=method)
-      np.testing.assert_allclose(got_tokens, want_tokens, rtol=1e-6, atol=1e-7,
-                                 err_msg=method)
-      np.testing.assert_allclose(got_grad, want_grad, rtol=1e-5, atol=1e-7,
-                                 err_msg=method)
+      np.testing.assert_allclose(
+          got_tokens, want_tokens, rtol=1e-6, atol=1e-7, err_msg=method
+      )
+      np.testing.assert_allclose(
+          got_grad, want_grad, rtol=1e-5, atol=1e-7, err_msg=method
+      )
   print("OK")
 
 

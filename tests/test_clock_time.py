@@ -58,8 +58,10 @@ def read_clock(image):
   lengths = _ray_lengths(image, angles)
   longest = np.flatnonzero(lengths >= lengths.max() - 0.25)
   # The centre of the longest plateau, on the circle.
-  centre = np.rad2deg(np.angle(np.exp(1j * np.deg2rad(angles[longest]))
-                               .mean())) % 360
+  centre = (
+      np.rad2deg(np.angle(np.exp(1j * np.deg2rad(angles[longest])).mean()))
+      % 360
+  )
   minute = int(round(centre / 6.0)) % 60
   candidates = np.array([30.0 * (h % 12) + minute / 2.0 for h in range(1, 13)])
   hour_lengths = _ray_lengths(image, candidates)
@@ -84,11 +86,21 @@ def test_reader_recovers_the_label_from_clean_renders():
 
 def test_reader_tells_hands_apart_at_hard_times():
   # Overlapping hands, hands in a line, and the 12 o'clock boundary.
-  times = [(12, 0), (6, 0), (3, 15), (9, 45), (12, 59), (1, 0), (6, 32),
-           (11, 59), (4, 20)]
+  times = [
+      (12, 0),
+      (6, 0),
+      (3, 15),
+      (9, 45),
+      (12, 59),
+      (1, 0),
+      (6, 32),
+      (11, 59),
+      (4, 20),
+  ]
   hours, minutes = np.array(times).T
-  images = clock_time.render_clocks(hours, minutes,
-                                    np.random.default_rng(1), clean=True)
+  images = clock_time.render_clocks(
+      hours, minutes, np.random.default_rng(1), clean=True
+  )
   assert [read_clock(image) for image in images] == times
 
 
@@ -98,8 +110,9 @@ def test_rendering_is_deterministic_per_seed():
 
   first = clocks("train", 40, seed=3)
   again = clocks("train", 40, seed=3)
-  assert all(np.array_equal(a[0], b[0]) and a[1] == b[1]
-             for a, b in zip(first, again))
+  assert all(
+      np.array_equal(a[0], b[0]) and a[1] == b[1] for a, b in zip(first, again)
+  )
   other = clocks("train", 40, seed=4)
   assert [label for _, label in first] != [label for _, label in other]
   test = clocks("test", 40, seed=3)
@@ -131,18 +144,41 @@ def test_render_rejects_impossible_times():
 # Metrics.
 
 
-@pytest.mark.parametrize("predicted, target, gap", [
-    ("4_35", "6_20", 105), ("12_59", "1_00", 1), ("6_00", "12_00", 360),
-    ("1_00", "12_59", 1), ("3_15", "3_15", 0), ("11_50", "12_10", 20)])
+@pytest.mark.parametrize(
+    "predicted, target, gap",
+    [
+        ("4_35", "6_20", 105),
+        ("12_59", "1_00", 1),
+        ("6_00", "12_00", 360),
+        ("1_00", "12_59", 1),
+        ("3_15", "3_15", 0),
+        ("11_50", "12_10", 20),
+    ],
+)
 def test_time_gap(predicted, target, gap):
-  assert clock_time.time_gap_minutes(clock_time.parse_time(predicted),
-                                     clock_time.parse_time(target)) == gap
+  assert (
+      clock_time.time_gap_minutes(
+          clock_time.parse_time(predicted), clock_time.parse_time(target)
+      )
+      == gap
+  )
 
 
-@pytest.mark.parametrize("text, parsed", [
-    ("2_05", (2, 5)), ("12_55", (12, 55)), (" 7_00 ", (7, 0)),
-    ("13_00", None), ("0_10", None), ("2_5", None), ("2_60", None),
-    ("", None), ("2:05", None), ("2_055", None)])
+@pytest.mark.parametrize(
+    "text, parsed",
+    [
+        ("2_05", (2, 5)),
+        ("12_55", (12, 55)),
+        (" 7_00 ", (7, 0)),
+        ("13_00", None),
+        ("0_10", None),
+        ("2_5", None),
+        ("2_60", None),
+        ("", None),
+        ("2:05", None),
+        ("2_055", None),
+    ],
+)
 def test_parse_time(text, parsed):
   assert clock_time.parse_time(text) == parsed
 
@@ -152,7 +188,8 @@ def test_score_and_summarize_hand_made_cases():
   predictions = ["6_20", "1_00", "12_00", "garbage", "3_13"]
   # Gaps: 105, 1, 360, 360 (unparsed), 2.
   metrics = clock_time.summarize(
-      clock_time.score_answers(predictions, answers, None))
+      clock_time.score_answers(predictions, answers, None)
+  )
   assert metrics["exact_match"] == 0.0
   assert metrics["mean_time_gap_minutes"] == pytest.approx(828 / 5)
   assert metrics["median_time_gap_minutes"] == 105
@@ -160,8 +197,9 @@ def test_score_and_summarize_hand_made_cases():
   assert metrics["hour_accuracy"] == pytest.approx(1 / 5)  # 3_13
   assert metrics["minute_accuracy"] == pytest.approx(1 / 5)  # 12_00
   assert metrics["parsed_rate"] == pytest.approx(4 / 5)
-  even = clock_time.summarize(clock_time.score_answers(
-      ["4_35", "3_15"], ["6_20", "3_15"], None))
+  even = clock_time.summarize(
+      clock_time.score_answers(["4_35", "3_15"], ["6_20", "3_15"], None)
+  )
   assert even["median_time_gap_minutes"] == 52.5  # (0 + 105) / 2
   assert even["exact_match"] == 0.5
 
@@ -195,8 +233,9 @@ def make_config(data_dir, method="ntil", **overrides):
 
 def test_prepare_writes_the_dataset_and_a_sample_grid(data_dir):
   config = make_config(data_dir)
-  batch = next(clock_time.train_iterator(config, process_index=0,
-                                         process_count=1))
+  batch = next(
+      clock_time.train_iterator(config, process_index=0, process_count=1)
+  )
   assert batch["images"].shape == (8, 48, 48)
   assert batch["images"].dtype == np.uint8
   # BOS SEP answer EOS: the loss covers the answer and EOS, digits scored.
@@ -209,15 +248,22 @@ def test_prepare_writes_the_dataset_and_a_sample_grid(data_dir):
 
 
 def test_image_prefix_decoding_matches_the_full_forward():
-  config = models.model_config("tiny", vocab_size=tokenizer.VOCAB_SIZE,
-                               max_len=32, image_size=48)
+  config = models.model_config(
+      "tiny", vocab_size=tokenizer.VOCAB_SIZE, max_len=32, image_size=48
+  )
   assert config.num_image_tokens == 9
   model = models.create_model(config, nnx.Rngs(0))
   images = jax.random.randint(jax.random.key(1), (3, 48, 48), 0, 256)
   prompts = jnp.array([[tokenizer.BOS_ID, tokenizer.SEP_ID]] * 3)
-  out = models.greedy_decode(model, prompts, jnp.array([2, 2, 2]), 5,
-                             eos_id=-1, pad_id=tokenizer.PAD_ID,
-                             images=images)
+  out = models.greedy_decode(
+      model,
+      prompts,
+      jnp.array([2, 2, 2]),
+      5,
+      eos_id=-1,
+      pad_id=tokenizer.PAD_ID,
+      images=images,
+  )
   # Teacher-forced: each generated token is the argmax of the full forward.
   buffer = jnp.concatenate([prompts, out], axis=1)
   logits = model(buffer[:, :-1], images)
@@ -232,16 +278,28 @@ def test_image_prefix_decoding_matches_the_full_forward():
 def test_cli_trains_and_resumes_exactly(data_dir, tmp_path):
   straight = make_config(data_dir, train_steps=8, lr_decay_steps=8)
   train.train_and_evaluate(straight, str(tmp_path / "straight"))
-  command = [sys.executable, "-m", "train.main",
-             f"--config={ROOT}/configs/clock_time.py:ntil",
-             f"--workdir={tmp_path / 'resumed'}",
-             f"--config.data_dir={data_dir}", "--config.batch_size=8",
-             "--config.warmup_steps=2", "--config.log_every_steps=1",
-             "--config.checkpoint_every_steps=3", "--config.eval_batch_size=12",
-             "--config.eval_examples=24", "--config.lr_decay_steps=8"]
-  first = subprocess.run(command + ["--config.train_steps=4",
-                                    "--config.eval_every_steps=4"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+  command = [
+      sys.executable,
+      "-m",
+      "train.main",
+      f"--config={ROOT}/configs/clock_time.py:ntil",
+      f"--workdir={tmp_path / 'resumed'}",
+      f"--config.data_dir={data_dir}",
+      "--config.batch_size=8",
+      "--config.warmup_steps=2",
+      "--config.log_every_steps=1",
+      "--config.checkpoint_every_steps=3",
+      "--config.eval_batch_size=12",
+      "--config.eval_examples=24",
+      "--config.lr_decay_steps=8",
+  ]
+  first = subprocess.run(
+      command + ["--config.train_steps=4", "--config.eval_every_steps=4"],
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=600,
+  )
   assert first.returncode == 0, first.stderr[-3000:]
   assert "mean time gap" in first.stdout
   resumed = train.train_and_evaluate(straight, str(tmp_path / "resumed"))
@@ -254,13 +312,23 @@ def test_cli_trains_and_resumes_exactly(data_dir, tmp_path):
 
 def test_each_method_learns_and_reports_clock_metrics(data_dir, tmp_path):
   for method in clock_config.METHODS:
-    config = make_config(data_dir, method, train_steps=10, learning_rate=3e-3,
-                         eval_every_steps=10)
+    config = make_config(
+        data_dir,
+        method,
+        train_steps=10,
+        learning_rate=3e-3,
+        eval_every_steps=10,
+    )
     result = train.train_and_evaluate(config, str(tmp_path / method))
     losses = logged(str(tmp_path / method))
     assert losses[10] < losses[1], method
-    for key in ("exact_match", "within_5_minutes", "hour_accuracy",
-                "minute_accuracy", "parsed_rate"):
+    for key in (
+        "exact_match",
+        "within_5_minutes",
+        "hour_accuracy",
+        "minute_accuracy",
+        "parsed_rate",
+    ):
       assert 0.0 <= result["eval"][key] <= 1.0
     assert 0 <= result["eval"]["median_time_gap_minutes"] <= 360
     with open(tmp_path / method / "predictions.jsonl") as f:
@@ -272,18 +340,24 @@ def test_fused_loss_and_digit_weight_control(data_dir, tmp_path):
   plain = make_config(data_dir, train_steps=3)
   train.train_and_evaluate(plain, str(tmp_path / "plain"))
   train.train_and_evaluate(
-      make_config(data_dir, train_steps=3, fused_loss=True,
-                  fused_chunk_size=20), str(tmp_path / "fused"))
+      make_config(
+          data_dir, train_steps=3, fused_loss=True, fused_chunk_size=20
+      ),
+      str(tmp_path / "fused"),
+  )
   for step, loss in logged(str(tmp_path / "plain")).items():
-    assert logged(str(tmp_path / "fused"))[step] == pytest.approx(loss,
-                                                                  rel=1e-5)
+    assert logged(str(tmp_path / "fused"))[step] == pytest.approx(
+        loss, rel=1e-5
+    )
   # CE with weight 1 + w on digit tokens: at step 1 (same init, same batch)
   # the loss is CE + w * (digit CE) / scored tokens, above plain CE.
-  train.train_and_evaluate(make_config(data_dir, "ce", train_steps=1),
-                           str(tmp_path / "ce"))
+  train.train_and_evaluate(
+      make_config(data_dir, "ce", train_steps=1), str(tmp_path / "ce")
+  )
   train.train_and_evaluate(
       make_config(data_dir, "ce", train_steps=1, digit_ce_weight=0.3),
-      str(tmp_path / "weighted"))
+      str(tmp_path / "weighted"),
+  )
   ce = logged(str(tmp_path / "ce"))[1]
   weighted = logged(str(tmp_path / "weighted"))
   assert weighted[1] > ce
@@ -296,16 +370,26 @@ def test_fused_loss_and_digit_weight_control(data_dir, tmp_path):
 def test_four_devices_equal_one(data_dir, tmp_path):
   config = make_config(data_dir, train_steps=3)
   train.train_and_evaluate(config, str(tmp_path / "one"))
-  command = [sys.executable, "-m", "train.main",
-             f"--config={ROOT}/configs/clock_time.py:ntil",
-             f"--workdir={tmp_path / 'four'}", f"--config.data_dir={data_dir}",
-             "--config.batch_size=8", "--config.train_steps=3",
-             "--config.warmup_steps=2", "--config.log_every_steps=1",
-             "--config.eval_every_steps=3", "--config.eval_batch_size=12",
-             "--config.eval_examples=24", "--config.fsdp=2"]
+  command = [
+      sys.executable,
+      "-m",
+      "train.main",
+      f"--config={ROOT}/configs/clock_time.py:ntil",
+      f"--workdir={tmp_path / 'four'}",
+      f"--config.data_dir={data_dir}",
+      "--config.batch_size=8",
+      "--config.train_steps=3",
+      "--config.warmup_steps=2",
+      "--config.log_every_steps=1",
+      "--config.eval_every_steps=3",
+      "--config.eval_batch_size=12",
+      "--config.eval_examples=24",
+      "--config.fsdp=2",
+  ]
   env = dict(os.environ, JAX_NUM_CPU_DEVICES="4", JAX_PLATFORMS="cpu")
-  result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
-                          timeout=600, env=env)
+  result = subprocess.run(
+      command, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env
+  )
   assert result.returncode == 0, result.stderr[-3000:]
   one, four = logged(str(tmp_path / "one")), logged(str(tmp_path / "four"))
   assert sorted(four) == [1, 2, 3]
@@ -314,22 +398,36 @@ def test_four_devices_equal_one(data_dir, tmp_path):
     assert four[step] == pytest.approx(one[step], rel=1e-4)
 
 
-@pytest.mark.parametrize("data, message", [
-    ("missing", "data_dir .*missing does not exist"),
-    ("", "--config.data_dir"),
-    ("file", "is a file")])
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ("missing", "data_dir .*missing does not exist"),
+        ("", "--config.data_dir"),
+        ("file", "is a file"),
+    ],
+)
 def test_bad_data_dir_is_one_error_line(tmp_path, data, message):
   if data == "file":
     (tmp_path / "file").write_text("x")
   path = "" if not data else str(tmp_path / data)
   result = subprocess.run(
-      [sys.executable, "-m", "train.main",
-       f"--config={ROOT}/configs/clock_time.py:ntil",
-       f"--workdir={tmp_path / 'w'}", f"--config.data_dir={path}"],
-      cwd=ROOT, capture_output=True, text=True, timeout=300)
+      [
+          sys.executable,
+          "-m",
+          "train.main",
+          f"--config={ROOT}/configs/clock_time.py:ntil",
+          f"--workdir={tmp_path / 'w'}",
+          f"--config.data_dir={path}",
+      ],
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=300,
+  )
   assert result.returncode == 2
-  errors = [line for line in result.stderr.splitlines()
-            if line.startswith("error:")]
+  errors = [
+      line for line in result.stderr.splitlines() if line.startswith("error:")
+  ]
   assert len(errors) == 1 and "Traceback" not in result.stderr
   assert "task=clock_time" in errors[0]
   assert re.search(message, errors[0]), errors[0]

@@ -9,16 +9,25 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def run(module, *args):
-  result = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=900)
+  result = subprocess.run(
+      [sys.executable, "-m", module, *args],
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=900,
+  )
   assert result.returncode == 0, result.stderr[-3000:]
   return result.stdout
 
 
 def test_grid_resumes_and_report_renders(tmp_path):
-  common = [f"--results={tmp_path / 'results.json'}",
-            f"--runs_dir={tmp_path / 'runs'}", f"--data_dir={tmp_path / 'data'}",
-            "--profile=smoke", "--groups=main"]
+  common = [
+      f"--results={tmp_path / 'results.json'}",
+      f"--runs_dir={tmp_path / 'runs'}",
+      f"--data_dir={tmp_path / 'data'}",
+      "--profile=smoke",
+      "--groups=main",
+  ]
   run("experiments.arithmetic_mix.run", *common, "--max_cells=3")
   first = json.loads((tmp_path / "results.json").read_text())["runs"]
   assert [r["name"] for r in first] == ["ce-s0", "emd-s0", "ntl_mse-s0"]
@@ -31,11 +40,19 @@ def test_grid_resumes_and_report_renders(tmp_path):
     assert record["steps"] == 3 and record["num_test_examples"] == 20
     assert len(record["curves"]["loss"]) == 1
   assert len({r["config_hash"] for r in runs}) == 10
-  run("experiments.arithmetic_mix.report",
-      f"--results={tmp_path / 'results.json'}", f"--out_dir={tmp_path}")
+  run(
+      "experiments.arithmetic_mix.report",
+      f"--results={tmp_path / 'results.json'}",
+      f"--out_dir={tmp_path}",
+  )
   report = (tmp_path / "results.md").read_text()
-  for label in ("| CE |", "| CE + EMD |", "| CE + NTL-MSE |",
-                "| CE + soft labels |", "| CE + NTIL |"):
+  for label in (
+      "| CE |",
+      "| CE + EMD |",
+      "| CE + NTL-MSE |",
+      "| CE + soft labels |",
+      "| CE + NTIL |",
+  ):
     assert label in report
   for name in ("exact_match.png", "curves.png", "by_answer_length.png"):
     assert (tmp_path / "plots" / name).stat().st_size > 1000
@@ -45,11 +62,18 @@ def test_grid_resumes_and_report_renders(tmp_path):
 
 
 def test_clock_grid_pairs_seeds_and_report_renders(tmp_path):
-  common = [f"--results={tmp_path / 'results.json'}",
-            f"--runs_dir={tmp_path / 'runs'}", f"--data_dir={tmp_path / 'data'}",
-            "--profile=smoke"]
-  run("experiments.clock_time.run", *common, "--groups=main,control",
-      "--max_runs=2")
+  common = [
+      f"--results={tmp_path / 'results.json'}",
+      f"--runs_dir={tmp_path / 'runs'}",
+      f"--data_dir={tmp_path / 'data'}",
+      "--profile=smoke",
+  ]
+  run(
+      "experiments.clock_time.run",
+      *common,
+      "--groups=main,control",
+      "--max_runs=2",
+  )
   first = json.loads((tmp_path / "results.json").read_text())["runs"]
   assert [(r["method"], r["seed"]) for r in first] == [("ce", 0), ("emd", 0)]
   run("experiments.clock_time.run", *common)
@@ -60,22 +84,36 @@ def test_clock_grid_pairs_seeds_and_report_renders(tmp_path):
   assert {r["steps"] for r in runs if r["group"] == "long"} == {4}
   assert len({r["config_hash"] for r in runs}) == len(runs)
   variants = {(r["variant"], r["method"]) for r in runs}
-  assert {("ce_digit_weighted", "ce"), ("ntil_reference", "ntil"),
-          ("exp_off", "ntil"), ("sigma=0.5", "ntil"),
-          ("lam=1.0", "ntil")} <= variants
+  assert {
+      ("ce_digit_weighted", "ce"),
+      ("ntil_reference", "ntil"),
+      ("exp_off", "ntil"),
+      ("sigma=0.5", "ntil"),
+      ("lam=1.0", "ntil"),
+  } <= variants
   for record in runs:
     assert record["num_test_examples"] == 16
     assert len(record["predictions"]) == 16
     assert 0 <= record["mean_time_gap_minutes"] <= 360
     # Evals every 2 steps: at 2, and at 4 for the twice-as-long runs.
-    assert record["curves"]["eval_steps"] == list(range(2, record["steps"] + 1,
-                                                        2))
-  run("experiments.clock_time.report",
-      f"--results={tmp_path / 'results.json'}", f"--out_dir={tmp_path}")
+    assert record["curves"]["eval_steps"] == list(
+        range(2, record["steps"] + 1, 2)
+    )
+  run(
+      "experiments.clock_time.report",
+      f"--results={tmp_path / 'results.json'}",
+      f"--out_dir={tmp_path}",
+  )
   report = (tmp_path / "results.md").read_text()
-  for label in ("| CE |", "| CE + EMD |", "| CE + NTIL |",
-                "CE, digit tokens weighted 1 + 0.3", "NTIL, Exp off",
-                "NTIL, lambda = 1.0", "Qwen2-VL (2b)"):
+  for label in (
+      "| CE |",
+      "| CE + EMD |",
+      "| CE + NTIL |",
+      "CE, digit tokens weighted 1 + 0.3",
+      "NTIL, Exp off",
+      "NTIL, lambda = 1.0",
+      "Qwen2-VL (2b)",
+  ):
     assert label in report, label
   for name in ("main.png", "curves.png", "paired.png", "predictions.png"):
     assert (tmp_path / "plots" / name).stat().st_size > 1000

@@ -25,459 +25,637 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("data")
-    prepare_data.prepare(str(path), TRAIN_SIZE, TEST_SIZE, seed=SEED)
-    return str(path)
+  path = tmp_path_factory.mktemp("data")
+  prepare_data.prepare(str(path), TRAIN_SIZE, TEST_SIZE, seed=SEED)
+  return str(path)
 
 
 def read_pairs(dataset_dir, split):
-    """All (question, answer) pairs of a split, in stored order."""
-    source = tfds.builder_from_directory(dataset_dir).as_data_source(split=split)
-    return [input_pipeline.decode_record(source[i]) for i in range(len(source))]
+  """All (question, answer) pairs of a split, in stored order."""
+  source = tfds.builder_from_directory(dataset_dir).as_data_source(split=split)
+  return [input_pipeline.decode_record(source[i]) for i in range(len(source))]
 
 
 def batch_pairs(batch):
-    """(question, answer) of each row of a training batch, decoded from its inputs."""
-    pairs = []
-    for row in batch["inputs"]:
-        question, answer = tokenizer.decode(row).split(tokenizer.SEP_TEXT)
-        pairs.append((question, answer))
-    return pairs
+  """(question, answer) of each row of a training batch, decoded from its inputs."""
+  pairs = []
+  for row in batch["inputs"]:
+    question, answer = tokenizer.decode(row).split(tokenizer.SEP_TEXT)
+    pairs.append((question, answer))
+  return pairs
 
 
 def oracle_example(question, answer, length):
-    """Builds inputs/targets/masks token by token, the obvious way."""
-    tokens, is_answer, is_digit = [tokenizer.BOS_ID], [False], [False]
-    for char in question:
-        tokens.append(tokenizer.vocab()[char]), is_answer.append(False), is_digit.append(False)
-    tokens.append(tokenizer.SEP_ID), is_answer.append(False), is_digit.append(False)
-    for char in answer:
-        tokens.append(tokenizer.vocab()[char]), is_answer.append(True), is_digit.append(char in "0123456789")
-    tokens.append(tokenizer.EOS_ID), is_answer.append(True), is_digit.append(False)
-    while len(tokens) < length + 1:
-        tokens.append(tokenizer.PAD_ID), is_answer.append(False), is_digit.append(False)
-    return {
-        "inputs": np.array(tokens[:-1]),
-        "targets": np.array(tokens[1:]),
-        "loss_mask": np.array(is_answer[1:]),
-        "digit_mask": np.array(is_digit[1:]),
-    }
+  """Builds inputs/targets/masks token by token, the obvious way."""
+  tokens, is_answer, is_digit = [tokenizer.BOS_ID], [False], [False]
+  for char in question:
+    tokens.append(tokenizer.vocab()[char]), is_answer.append(
+        False
+    ), is_digit.append(False)
+  tokens.append(tokenizer.SEP_ID), is_answer.append(False), is_digit.append(
+      False
+  )
+  for char in answer:
+    tokens.append(tokenizer.vocab()[char]), is_answer.append(
+        True
+    ), is_digit.append(char in "0123456789")
+  tokens.append(tokenizer.EOS_ID), is_answer.append(True), is_digit.append(
+      False
+  )
+  while len(tokens) < length + 1:
+    tokens.append(tokenizer.PAD_ID), is_answer.append(False), is_digit.append(
+        False
+    )
+  return {
+      "inputs": np.array(tokens[:-1]),
+      "targets": np.array(tokens[1:]),
+      "loss_mask": np.array(is_answer[1:]),
+      "digit_mask": np.array(is_digit[1:]),
+  }
 
 
 # --- tokenizer ---------------------------------------------------------------
 
 
 def test_digits_are_ids_zero_to_nine():
-    assert tokenizer.DIGIT_TOKEN_IDS == tuple(range(10))
-    assert tokenizer.encode("0123456789") == list(range(10))
-    assert (tokenizer.PAD_ID, tokenizer.BOS_ID, tokenizer.EOS_ID, tokenizer.SEP_ID) == (10, 11, 12, 13)
+  assert tokenizer.DIGIT_TOKEN_IDS == tuple(range(10))
+  assert tokenizer.encode("0123456789") == list(range(10))
+  assert (
+      tokenizer.PAD_ID,
+      tokenizer.BOS_ID,
+      tokenizer.EOS_ID,
+      tokenizer.SEP_ID,
+  ) == (10, 11, 12, 13)
 
 
 def test_vocab_ids_are_dense_and_unique():
-    ids = sorted(tokenizer.vocab().values())
-    assert ids == list(range(tokenizer.VOCAB_SIZE))
-    assert tokenizer.VOCAB_SIZE == 14 + 1 + 52 + 32
+  ids = sorted(tokenizer.vocab().values())
+  assert ids == list(range(tokenizer.VOCAB_SIZE))
+  assert tokenizer.VOCAB_SIZE == 14 + 1 + 52 + 32
 
 
 def test_vocab_covers_mathematics_dataset_characters():
-    from mathematics_dataset import generate_settings
+  from mathematics_dataset import generate_settings
 
-    chars = "".join(generate_settings.QUESTION_CHARS)
-    assert tokenizer.decode(tokenizer.encode(chars)) == chars
+  chars = "".join(generate_settings.QUESTION_CHARS)
+  assert tokenizer.decode(tokenizer.encode(chars)) == chars
 
 
 def test_round_trip_and_decode_rules():
-    text = "Calculate -8/3 + (2*x)^2, y=0.5? " + string.ascii_letters
-    ids = tokenizer.encode(text)
-    assert len(ids) == len(text)
-    assert tokenizer.decode(ids) == text
-    framed = [tokenizer.BOS_ID, *tokenizer.encode("1+1"), tokenizer.SEP_ID, 2, tokenizer.EOS_ID, 5, tokenizer.PAD_ID]
-    assert tokenizer.decode(framed) == "1+1\t2"
+  text = "Calculate -8/3 + (2*x)^2, y=0.5? " + string.ascii_letters
+  ids = tokenizer.encode(text)
+  assert len(ids) == len(text)
+  assert tokenizer.decode(ids) == text
+  framed = [
+      tokenizer.BOS_ID,
+      *tokenizer.encode("1+1"),
+      tokenizer.SEP_ID,
+      2,
+      tokenizer.EOS_ID,
+      5,
+      tokenizer.PAD_ID,
+  ]
+  assert tokenizer.decode(framed) == "1+1\t2"
 
 
 @pytest.mark.parametrize("char", ["é", "\n", "\t", "→"])
 def test_unknown_character_raises_naming_it(char):
-    with pytest.raises(ValueError, match=re.escape(repr(char))):
-        tokenizer.encode(f"1{char}2")
+  with pytest.raises(ValueError, match=re.escape(repr(char))):
+    tokenizer.encode(f"1{char}2")
 
 
 def test_decode_rejects_out_of_range_ids():
-    with pytest.raises(ValueError, match="outside the vocabulary"):
-        tokenizer.decode([tokenizer.VOCAB_SIZE])
+  with pytest.raises(ValueError, match="outside the vocabulary"):
+    tokenizer.decode([tokenizer.VOCAB_SIZE])
 
 
 # --- encode_example ----------------------------------------------------------
 
 
 def test_masks_on_hand_made_example():
-    example = input_pipeline.encode_example("What is 12-5?", "7", max_question_len=13, max_answer_len=4)
-    length = 13 + 4 + 2
-    # Sequence: BOS(0) question(1..13) SEP(14) '7'(15) EOS(16) PAD(17..19); target t is token t+1.
-    expected_loss = np.zeros(length, bool)
-    expected_loss[[14, 15]] = True
-    expected_digit = np.zeros(length, bool)
-    expected_digit[14] = True
-    np.testing.assert_array_equal(example["loss_mask"], expected_loss)
-    np.testing.assert_array_equal(example["digit_mask"], expected_digit)
-    assert example["targets"][14] == 7 and example["targets"][15] == tokenizer.EOS_ID
-    assert example["targets"][13] == tokenizer.SEP_ID
-    assert example["inputs"][0] == tokenizer.BOS_ID
-    np.testing.assert_array_equal(example["inputs"][1:], example["targets"][:-1])
-    assert list(example["targets"][16:]) == [tokenizer.PAD_ID] * 3
+  example = input_pipeline.encode_example(
+      "What is 12-5?", "7", max_question_len=13, max_answer_len=4
+  )
+  length = 13 + 4 + 2
+  # Sequence: BOS(0) question(1..13) SEP(14) '7'(15) EOS(16) PAD(17..19); target t is token t+1.
+  expected_loss = np.zeros(length, bool)
+  expected_loss[[14, 15]] = True
+  expected_digit = np.zeros(length, bool)
+  expected_digit[14] = True
+  np.testing.assert_array_equal(example["loss_mask"], expected_loss)
+  np.testing.assert_array_equal(example["digit_mask"], expected_digit)
+  assert (
+      example["targets"][14] == 7 and example["targets"][15] == tokenizer.EOS_ID
+  )
+  assert example["targets"][13] == tokenizer.SEP_ID
+  assert example["inputs"][0] == tokenizer.BOS_ID
+  np.testing.assert_array_equal(example["inputs"][1:], example["targets"][:-1])
+  assert list(example["targets"][16:]) == [tokenizer.PAD_ID] * 3
 
 
 @pytest.mark.parametrize(
     "question, answer",
-    [("What is -16/6?", "-8/3"), ("What is 12-5?", "7"), ("Evaluate 3 - 2 - 1.", "0"), ("Calc 1/(-2)?", "-1/2")],
+    [
+        ("What is -16/6?", "-8/3"),
+        ("What is 12-5?", "7"),
+        ("Evaluate 3 - 2 - 1.", "0"),
+        ("Calc 1/(-2)?", "-1/2"),
+    ],
 )
 def test_encode_example_matches_oracle(question, answer):
-    example = input_pipeline.encode_example(question, answer, max_question_len=20, max_answer_len=6)
-    expected = oracle_example(question, answer, input_pipeline.sequence_length(20, 6))
-    for key, value in expected.items():
-        np.testing.assert_array_equal(example[key], value, err_msg=key)
-    assert example["inputs"].dtype == np.int32 and example["targets"].dtype == np.int32
-    assert example["loss_mask"].dtype == bool and example["digit_mask"].dtype == bool
+  example = input_pipeline.encode_example(
+      question, answer, max_question_len=20, max_answer_len=6
+  )
+  expected = oracle_example(
+      question, answer, input_pipeline.sequence_length(20, 6)
+  )
+  for key, value in expected.items():
+    np.testing.assert_array_equal(example[key], value, err_msg=key)
+  assert (
+      example["inputs"].dtype == np.int32
+      and example["targets"].dtype == np.int32
+  )
+  assert (
+      example["loss_mask"].dtype == bool and example["digit_mask"].dtype == bool
+  )
 
 
 def test_fraction_answer_digit_mask():
-    example = input_pipeline.encode_example("What is -16/6?", "-8/3", max_question_len=14, max_answer_len=4)
-    masked_targets = example["targets"][example["digit_mask"]]
-    assert list(masked_targets) == [8, 3]
-    assert tokenizer.decode(example["targets"][example["loss_mask"]]) == "-8/3"
+  example = input_pipeline.encode_example(
+      "What is -16/6?", "-8/3", max_question_len=14, max_answer_len=4
+  )
+  masked_targets = example["targets"][example["digit_mask"]]
+  assert list(masked_targets) == [8, 3]
+  assert tokenizer.decode(example["targets"][example["loss_mask"]]) == "-8/3"
 
 
 def test_too_long_question_or_answer_raises():
-    with pytest.raises(ValueError, match="max_question_len=5"):
-        input_pipeline.encode_example("What is 1+1?", "2", max_question_len=5, max_answer_len=4)
-    with pytest.raises(ValueError, match="max_answer_len=2"):
-        input_pipeline.encode_example("Q?", "-8/3", max_question_len=5, max_answer_len=2)
+  with pytest.raises(ValueError, match="max_question_len=5"):
+    input_pipeline.encode_example(
+        "What is 1+1?", "2", max_question_len=5, max_answer_len=4
+    )
+  with pytest.raises(ValueError, match="max_answer_len=2"):
+    input_pipeline.encode_example(
+        "Q?", "-8/3", max_question_len=5, max_answer_len=2
+    )
 
 
 def test_encode_prompt_is_right_padded():
-    prompt, length = input_pipeline.encode_prompt("What is 2+2?", max_question_len=15)
-    assert prompt.shape == (17,) and prompt.dtype == np.int32
-    assert length == 14
-    assert prompt[0] == tokenizer.BOS_ID and prompt[length - 1] == tokenizer.SEP_ID
-    assert tokenizer.decode(prompt[1 : length - 1]) == "What is 2+2?"
-    assert all(prompt[length:] == tokenizer.PAD_ID)
+  prompt, length = input_pipeline.encode_prompt(
+      "What is 2+2?", max_question_len=15
+  )
+  assert prompt.shape == (17,) and prompt.dtype == np.int32
+  assert length == 14
+  assert (
+      prompt[0] == tokenizer.BOS_ID and prompt[length - 1] == tokenizer.SEP_ID
+  )
+  assert tokenizer.decode(prompt[1 : length - 1]) == "What is 2+2?"
+  assert all(prompt[length:] == tokenizer.PAD_ID)
 
 
 # --- prepare_data ------------------------------------------------------------
 
 
 def test_prepare_writes_tfds_dataset(data_dir):
-    dataset_dir = input_pipeline.find_dataset_dir(data_dir)
-    assert dataset_dir.parent.name == prepare_data.config_name(TRAIN_SIZE, TEST_SIZE, SEED)
-    builder = tfds.builder_from_directory(dataset_dir)
-    assert builder.info.file_format.value == "array_record"
-    assert builder.info.splits["train"].num_examples == TRAIN_SIZE
-    assert builder.info.splits["test"].num_examples == TEST_SIZE
-    assert builder.info.metadata["seed"] == SEED
-    train, test = read_pairs(dataset_dir, "train"), read_pairs(dataset_dir, "test")
-    for question, answer in train + test:
-        assert 0 < len(question) <= 160 and 0 < len(answer) <= 30
-        tokenizer.encode(question + answer)  # Every character is in the vocabulary.
-    assert train[:10] != test[:10]
+  dataset_dir = input_pipeline.find_dataset_dir(data_dir)
+  assert dataset_dir.parent.name == prepare_data.config_name(
+      TRAIN_SIZE, TEST_SIZE, SEED
+  )
+  builder = tfds.builder_from_directory(dataset_dir)
+  assert builder.info.file_format.value == "array_record"
+  assert builder.info.splits["train"].num_examples == TRAIN_SIZE
+  assert builder.info.splits["test"].num_examples == TEST_SIZE
+  assert builder.info.metadata["seed"] == SEED
+  train, test = read_pairs(dataset_dir, "train"), read_pairs(
+      dataset_dir, "test"
+  )
+  for question, answer in train + test:
+    assert 0 < len(question) <= 160 and 0 < len(answer) <= 30
+    tokenizer.encode(question + answer)  # Every character is in the vocabulary.
+  assert train[:10] != test[:10]
 
 
 def test_prepare_is_deterministic_and_seed_dependent(data_dir, tmp_path):
-    same = prepare_data.prepare(str(tmp_path / "same"), TRAIN_SIZE, TEST_SIZE, seed=SEED)
-    other = prepare_data.prepare(str(tmp_path / "other"), TRAIN_SIZE, TEST_SIZE, seed=SEED + 1)
-    original = input_pipeline.find_dataset_dir(data_dir)
-    for split in ("train", "test"):
-        assert read_pairs(same, split) == read_pairs(original, split)
-        assert read_pairs(other, split) != read_pairs(original, split)
+  same = prepare_data.prepare(
+      str(tmp_path / "same"), TRAIN_SIZE, TEST_SIZE, seed=SEED
+  )
+  other = prepare_data.prepare(
+      str(tmp_path / "other"), TRAIN_SIZE, TEST_SIZE, seed=SEED + 1
+  )
+  original = input_pipeline.find_dataset_dir(data_dir)
+  for split in ("train", "test"):
+    assert read_pairs(same, split) == read_pairs(original, split)
+    assert read_pairs(other, split) != read_pairs(original, split)
 
 
 def test_test_split_does_not_depend_on_train_size(data_dir, tmp_path):
-    smaller = prepare_data.prepare(str(tmp_path), 30, TEST_SIZE, seed=SEED)
-    assert read_pairs(smaller, "test") == read_pairs(input_pipeline.find_dataset_dir(data_dir), "test")
-    assert read_pairs(smaller, "train") == read_pairs(input_pipeline.find_dataset_dir(data_dir), "train")[:30]
+  smaller = prepare_data.prepare(str(tmp_path), 30, TEST_SIZE, seed=SEED)
+  assert read_pairs(smaller, "test") == read_pairs(
+      input_pipeline.find_dataset_dir(data_dir), "test"
+  )
+  assert (
+      read_pairs(smaller, "train")
+      == read_pairs(input_pipeline.find_dataset_dir(data_dir), "train")[:30]
+  )
 
 
 def test_prepare_reuses_existing_dataset(data_dir, monkeypatch):
-    def fail(*args, **kwargs):
-        raise AssertionError("regenerated an existing dataset")
+  def fail(*args, **kwargs):
+    raise AssertionError("regenerated an existing dataset")
 
-    monkeypatch.setattr(prepare_data, "generate_problems", fail)
-    path = prepare_data.prepare(data_dir, TRAIN_SIZE, TEST_SIZE, seed=SEED)
-    assert path == str(input_pipeline.find_dataset_dir(data_dir))
+  monkeypatch.setattr(prepare_data, "generate_problems", fail)
+  path = prepare_data.prepare(data_dir, TRAIN_SIZE, TEST_SIZE, seed=SEED)
+  assert path == str(input_pipeline.find_dataset_dir(data_dir))
 
 
 def test_generation_neither_uses_nor_disturbs_global_random_state():
-    def problems_with_noise_in_between(noise_seed):
-        # Code between problems (tfds's writer) may draw from the global generators.
-        pairs = []
-        for pair in prepare_data.generate_problems("train", 12, seed=5):
-            pairs.append(pair)
-            random.seed(noise_seed)
-            np.random.seed(noise_seed)
-        return pairs
+  def problems_with_noise_in_between(noise_seed):
+    # Code between problems (tfds's writer) may draw from the global generators.
+    pairs = []
+    for pair in prepare_data.generate_problems("train", 12, seed=5):
+      pairs.append(pair)
+      random.seed(noise_seed)
+      np.random.seed(noise_seed)
+    return pairs
 
-    assert problems_with_noise_in_between(1) == problems_with_noise_in_between(2)
-    random.seed(123)
-    np.random.seed(123)
-    expected = (random.random(), np.random.rand())
-    random.seed(123)
-    np.random.seed(123)
-    list(prepare_data.generate_problems("test", 5, seed=5))
-    assert (random.random(), np.random.rand()) == expected
+  assert problems_with_noise_in_between(1) == problems_with_noise_in_between(2)
+  random.seed(123)
+  np.random.seed(123)
+  expected = (random.random(), np.random.rand())
+  random.seed(123)
+  np.random.seed(123)
+  list(prepare_data.generate_problems("test", 5, seed=5))
+  assert (random.random(), np.random.rand()) == expected
 
 
 def test_train_cycles_three_difficulties(monkeypatch):
-    calls = []
+  calls = []
 
-    def fake_fns():
-        def make(level):
-            def problem_fn():
-                calls.append(level)
-                return type("Problem", (), {"question": f"Q{level}", "answer": "1"})()
+  def fake_fns():
+    def make(level):
+      def problem_fn():
+        calls.append(level)
+        return type("Problem", (), {"question": f"Q{level}", "answer": "1"})()
 
-            return problem_fn
+      return problem_fn
 
-        return [make(level) for level in range(3)]
+    return [make(level) for level in range(3)]
 
-    monkeypatch.setattr(prepare_data, "train_problem_fns", fake_fns)
-    list(prepare_data.generate_problems("train", 7, seed=0))
-    assert calls == [0, 1, 2, 0, 1, 2, 0]
+  monkeypatch.setattr(prepare_data, "train_problem_fns", fake_fns)
+  list(prepare_data.generate_problems("train", 7, seed=0))
+  assert calls == [0, 1, 2, 0, 1, 2, 0]
 
 
 def test_entropy_fn_matches_package():
-    from mathematics_dataset import generate
+  from mathematics_dataset import generate
 
-    for level in range(3):
-        ours = prepare_data.make_entropy_fn(level, 3)((3.0, 9.0))
-        theirs = generate._make_entropy_fn(level, 3)((3.0, 9.0))  # pylint: disable=protected-access
-        assert ours == pytest.approx(theirs)
-    assert prepare_data.make_entropy_fn(1, 3)((0.0, 3.0)) == pytest.approx((1.0, 2.0))
+  for level in range(3):
+    ours = prepare_data.make_entropy_fn(level, 3)((3.0, 9.0))
+    theirs = generate._make_entropy_fn(level, 3)((3.0, 9.0))  # pylint: disable=protected-access
+    assert ours == pytest.approx(theirs)
+  assert prepare_data.make_entropy_fn(1, 3)((0.0, 3.0)) == pytest.approx(
+      (1.0, 2.0)
+  )
 
 
 def test_sample_problem_drops_too_long():
-    problems = iter([("Q" * 161, "1"), ("Q", "1" * 31), ("What is 1+1?", "2")])
+  problems = iter([("Q" * 161, "1"), ("Q", "1" * 31), ("What is 1+1?", "2")])
 
-    def problem_fn():
-        question, answer = next(problems)
-        return type("Problem", (), {"question": question, "answer": answer})()
+  def problem_fn():
+    question, answer = next(problems)
+    return type("Problem", (), {"question": question, "answer": answer})()
 
-    assert prepare_data.sample_problem(problem_fn) == ("What is 1+1?", "2")
+  assert prepare_data.sample_problem(problem_fn) == ("What is 1+1?", "2")
 
 
 def test_prepare_rejects_bad_sizes(tmp_path):
-    with pytest.raises(ValueError, match="must be positive"):
-        prepare_data.prepare(str(tmp_path), 0, 10)
-    with pytest.raises(ValueError, match="non-negative"):
-        prepare_data.prepare(str(tmp_path), 10, 10, seed=-1)
+  with pytest.raises(ValueError, match="must be positive"):
+    prepare_data.prepare(str(tmp_path), 0, 10)
+  with pytest.raises(ValueError, match="non-negative"):
+    prepare_data.prepare(str(tmp_path), 10, 10, seed=-1)
 
 
 def test_cli_matches_python_function_in_another_process(tmp_path):
-    """The CLI writes the same data as `prepare`, even under another hash seed."""
-    env = dict(os.environ, PYTHONHASHSEED="7")
-    result = subprocess.run(
-        [sys.executable, "-m", "train.prepare_data", f"--data_dir={tmp_path / 'cli'}",
-         "--train_size=30", "--test_size=12", "--seed=4"],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, check=False,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    cli_dir = result.stdout.strip().splitlines()[-1]
-    in_process_dir = prepare_data.prepare(str(tmp_path / "py"), 30, 12, seed=4)
-    for split in ("train", "test"):
-        assert read_pairs(cli_dir, split) == read_pairs(in_process_dir, split)
+  """The CLI writes the same data as `prepare`, even under another hash seed."""
+  env = dict(os.environ, PYTHONHASHSEED="7")
+  result = subprocess.run(
+      [
+          sys.executable,
+          "-m",
+          "train.prepare_data",
+          f"--data_dir={tmp_path / 'cli'}",
+          "--train_size=30",
+          "--test_size=12",
+          "--seed=4",
+      ],
+      cwd=REPO_ROOT,
+      env=env,
+      capture_output=True,
+      text=True,
+      check=False,
+  )
+  assert result.returncode == 0, result.stderr[-2000:]
+  cli_dir = result.stdout.strip().splitlines()[-1]
+  in_process_dir = prepare_data.prepare(str(tmp_path / "py"), 30, 12, seed=4)
+  for split in ("train", "test"):
+    assert read_pairs(cli_dir, split) == read_pairs(in_process_dir, split)
 
 
 # --- training batches --------------------------------------------------------
 
 
 def test_train_batch_shapes_and_dtypes(data_dir):
-    iterator = input_pipeline.train_iterator(data_dir, global_batch_size=8, process_index=0, process_count=2)
-    batch = next(iterator)
-    length = input_pipeline.sequence_length()
-    assert length == 192
-    assert set(batch) == {"inputs", "targets", "loss_mask", "digit_mask"}
-    for key, dtype in [("inputs", np.int32), ("targets", np.int32), ("loss_mask", bool), ("digit_mask", bool)]:
-        assert batch[key].shape == (4, length), key  # Per-host batch: 8 / 2 processes.
-        assert batch[key].dtype == dtype, key
+  iterator = input_pipeline.train_iterator(
+      data_dir, global_batch_size=8, process_index=0, process_count=2
+  )
+  batch = next(iterator)
+  length = input_pipeline.sequence_length()
+  assert length == 192
+  assert set(batch) == {"inputs", "targets", "loss_mask", "digit_mask"}
+  for key, dtype in [
+      ("inputs", np.int32),
+      ("targets", np.int32),
+      ("loss_mask", bool),
+      ("digit_mask", bool),
+  ]:
+    assert batch[key].shape == (
+        4,
+        length,
+    ), key  # Per-host batch: 8 / 2 processes.
+    assert batch[key].dtype == dtype, key
 
 
 def test_train_batches_hold_dataset_examples_with_right_masks(data_dir):
-    dataset = set(read_pairs(input_pipeline.find_dataset_dir(data_dir), "train"))
-    batch = next(input_pipeline.train_iterator(data_dir, global_batch_size=16, process_index=0, process_count=1))
-    for row, (question, answer) in enumerate(batch_pairs(batch)):
-        assert (question, answer) in dataset
-        expected = oracle_example(question, answer, input_pipeline.sequence_length())
-        for key, value in expected.items():
-            np.testing.assert_array_equal(batch[key][row], value, err_msg=key)
+  dataset = set(read_pairs(input_pipeline.find_dataset_dir(data_dir), "train"))
+  batch = next(
+      input_pipeline.train_iterator(
+          data_dir, global_batch_size=16, process_index=0, process_count=1
+      )
+  )
+  for row, (question, answer) in enumerate(batch_pairs(batch)):
+    assert (question, answer) in dataset
+    expected = oracle_example(
+        question, answer, input_pipeline.sequence_length()
+    )
+    for key, value in expected.items():
+      np.testing.assert_array_equal(batch[key][row], value, err_msg=key)
 
 
 def test_one_epoch_is_a_shuffled_permutation_and_epochs_differ(data_dir):
-    dataset = read_pairs(input_pipeline.find_dataset_dir(data_dir), "train")
-    iterator = input_pipeline.train_iterator(data_dir, global_batch_size=50, seed=3, process_index=0, process_count=1)
-    epochs = [sum((batch_pairs(next(iterator)) for _ in range(TRAIN_SIZE // 50)), []) for _ in range(2)]
-    for epoch in epochs:
-        assert collections.Counter(epoch) == collections.Counter(dataset)
-    assert epochs[0] != dataset  # Shuffled.
-    assert epochs[0] != epochs[1]  # Reshuffled each epoch.
+  dataset = read_pairs(input_pipeline.find_dataset_dir(data_dir), "train")
+  iterator = input_pipeline.train_iterator(
+      data_dir, global_batch_size=50, seed=3, process_index=0, process_count=1
+  )
+  epochs = [
+      sum((batch_pairs(next(iterator)) for _ in range(TRAIN_SIZE // 50)), [])
+      for _ in range(2)
+  ]
+  for epoch in epochs:
+    assert collections.Counter(epoch) == collections.Counter(dataset)
+  assert epochs[0] != dataset  # Shuffled.
+  assert epochs[0] != epochs[1]  # Reshuffled each epoch.
 
 
 def test_seed_decides_order(data_dir):
-    def first_batch(seed):
-        iterator = input_pipeline.train_iterator(
-            data_dir, global_batch_size=16, seed=seed, process_index=0, process_count=1
-        )
-        return next(iterator)
+  def first_batch(seed):
+    iterator = input_pipeline.train_iterator(
+        data_dir,
+        global_batch_size=16,
+        seed=seed,
+        process_index=0,
+        process_count=1,
+    )
+    return next(iterator)
 
-    np.testing.assert_array_equal(first_batch(5)["inputs"], first_batch(5)["inputs"])
-    assert not np.array_equal(first_batch(5)["inputs"], first_batch(6)["inputs"])
+  np.testing.assert_array_equal(
+      first_batch(5)["inputs"], first_batch(5)["inputs"]
+  )
+  assert not np.array_equal(first_batch(5)["inputs"], first_batch(6)["inputs"])
 
 
 def test_iterator_state_restores_exactly(data_dir):
-    kwargs = dict(global_batch_size=16, seed=1, process_index=0, process_count=1)
-    iterator = input_pipeline.train_iterator(data_dir, **kwargs)
-    for _ in range(5):
-        next(iterator)
-    state = iterator.get_state()
-    expected = [next(iterator) for _ in range(25)]  # Runs past the end of the first epoch.
+  kwargs = dict(global_batch_size=16, seed=1, process_index=0, process_count=1)
+  iterator = input_pipeline.train_iterator(data_dir, **kwargs)
+  for _ in range(5):
+    next(iterator)
+  state = iterator.get_state()
+  expected = [
+      next(iterator) for _ in range(25)
+  ]  # Runs past the end of the first epoch.
 
-    restored = input_pipeline.train_iterator(data_dir, **kwargs)
-    restored.set_state(state)
-    for want in expected:
-        got = next(restored)
-        for key in want:
-            np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+  restored = input_pipeline.train_iterator(data_dir, **kwargs)
+  restored.set_state(state)
+  for want in expected:
+    got = next(restored)
+    for key in want:
+      np.testing.assert_array_equal(got[key], want[key], err_msg=key)
 
 
 def test_iterator_round_trips_through_orbax(data_dir, tmp_path):
-    kwargs = dict(global_batch_size=8, seed=2, process_index=0, process_count=1)
-    iterator = input_pipeline.train_iterator(data_dir, **kwargs)
-    for _ in range(3):
-        next(iterator)
-    with ocp.CheckpointManager(tmp_path / "ckpt") as manager:
-        manager.save(3, args=ocp.args.Composite(train_iter=grain.checkpoint.CheckpointSave(iterator)))
-        manager.wait_until_finished()
-    expected = next(iterator)
+  kwargs = dict(global_batch_size=8, seed=2, process_index=0, process_count=1)
+  iterator = input_pipeline.train_iterator(data_dir, **kwargs)
+  for _ in range(3):
+    next(iterator)
+  with ocp.CheckpointManager(tmp_path / "ckpt") as manager:
+    manager.save(
+        3,
+        args=ocp.args.Composite(
+            train_iter=grain.checkpoint.CheckpointSave(iterator)
+        ),
+    )
+    manager.wait_until_finished()
+  expected = next(iterator)
 
-    fresh = input_pipeline.train_iterator(data_dir, **kwargs)
-    with ocp.CheckpointManager(tmp_path / "ckpt") as manager:
-        manager.restore(3, args=ocp.args.Composite(train_iter=grain.checkpoint.CheckpointRestore(fresh)))
-    np.testing.assert_array_equal(next(fresh)["inputs"], expected["inputs"])
+  fresh = input_pipeline.train_iterator(data_dir, **kwargs)
+  with ocp.CheckpointManager(tmp_path / "ckpt") as manager:
+    manager.restore(
+        3,
+        args=ocp.args.Composite(
+            train_iter=grain.checkpoint.CheckpointRestore(fresh)
+        ),
+    )
+  np.testing.assert_array_equal(next(fresh)["inputs"], expected["inputs"])
 
 
 @pytest.fixture
 def parsed_flags():
-    """grain's worker processes read absl flags, which a trainer parses in app.run."""
-    was_parsed = flags.FLAGS.is_parsed()
-    flags.FLAGS.mark_as_parsed()
-    yield
-    if not was_parsed:
-        flags.FLAGS.unparse_flags()
+  """grain's worker processes read absl flags, which a trainer parses in app.run."""
+  was_parsed = flags.FLAGS.is_parsed()
+  flags.FLAGS.mark_as_parsed()
+  yield
+  if not was_parsed:
+    flags.FLAGS.unparse_flags()
 
 
 def test_worker_processes_give_same_batches_and_restore(data_dir, parsed_flags):
-    kwargs = dict(global_batch_size=16, seed=4, process_index=0, process_count=1)
-    threaded = input_pipeline.train_iterator(data_dir, **kwargs)
-    expected = [next(threaded) for _ in range(8)]
-    iterator = input_pipeline.train_iterator(data_dir, worker_count=2, **kwargs)
-    try:
-        got = [next(iterator) for _ in range(4)]
-        state = iterator.get_state()
-    finally:
-        iterator.close()
-    restored = input_pipeline.train_iterator(data_dir, worker_count=2, **kwargs)
-    try:
-        restored.set_state(state)
-        got += [next(restored) for _ in range(4)]
-    finally:
-        restored.close()
-    for want, have in zip(expected, got, strict=True):
-        for key in want:
-            np.testing.assert_array_equal(have[key], want[key], err_msg=key)
+  kwargs = dict(global_batch_size=16, seed=4, process_index=0, process_count=1)
+  threaded = input_pipeline.train_iterator(data_dir, **kwargs)
+  expected = [next(threaded) for _ in range(8)]
+  iterator = input_pipeline.train_iterator(data_dir, worker_count=2, **kwargs)
+  try:
+    got = [next(iterator) for _ in range(4)]
+    state = iterator.get_state()
+  finally:
+    iterator.close()
+  restored = input_pipeline.train_iterator(data_dir, worker_count=2, **kwargs)
+  try:
+    restored.set_state(state)
+    got += [next(restored) for _ in range(4)]
+  finally:
+    restored.close()
+  for want, have in zip(expected, got, strict=True):
+    for key in want:
+      np.testing.assert_array_equal(have[key], want[key], err_msg=key)
 
 
 def test_worker_processes_need_parsed_flags(data_dir):
-    if flags.FLAGS.is_parsed():
-        pytest.skip("absl flags already parsed in this process")
-    with pytest.raises(ValueError, match="absl flags parsed"):
-        input_pipeline.train_iterator(data_dir, global_batch_size=8, worker_count=2)
+  if flags.FLAGS.is_parsed():
+    pytest.skip("absl flags already parsed in this process")
+  with pytest.raises(ValueError, match="absl flags parsed"):
+    input_pipeline.train_iterator(data_dir, global_batch_size=8, worker_count=2)
 
 
 def test_two_processes_split_each_global_batch(data_dir):
-    dataset = read_pairs(input_pipeline.find_dataset_dir(data_dir), "train")
-    per_host_epoch = TRAIN_SIZE // 2
-    seen = []
-    for process_index in range(2):
-        iterator = input_pipeline.train_iterator(
-            data_dir, global_batch_size=20, seed=0, process_index=process_index, process_count=2
+  dataset = read_pairs(input_pipeline.find_dataset_dir(data_dir), "train")
+  per_host_epoch = TRAIN_SIZE // 2
+  seen = []
+  for process_index in range(2):
+    iterator = input_pipeline.train_iterator(
+        data_dir,
+        global_batch_size=20,
+        seed=0,
+        process_index=process_index,
+        process_count=2,
+    )
+    seen.append(
+        sum(
+            (batch_pairs(next(iterator)) for _ in range(per_host_epoch // 10)),
+            [],
         )
-        seen.append(sum((batch_pairs(next(iterator)) for _ in range(per_host_epoch // 10)), []))
-    assert len(seen[0]) == len(seen[1]) == per_host_epoch
-    assert collections.Counter(seen[0]) + collections.Counter(seen[1]) == collections.Counter(dataset)
-    # Host batches stacked in process order are the 1-process global batch.
-    single = input_pipeline.train_iterator(data_dir, global_batch_size=20, seed=0, process_index=0, process_count=1)
-    stacked = []
-    for batch_index in range(per_host_epoch // 10):
-        stacked += seen[0][batch_index * 10 : (batch_index + 1) * 10] + seen[1][batch_index * 10 : (batch_index + 1) * 10]
-    assert stacked == sum((batch_pairs(next(single)) for _ in range(per_host_epoch // 10)), [])
+    )
+  assert len(seen[0]) == len(seen[1]) == per_host_epoch
+  assert collections.Counter(seen[0]) + collections.Counter(
+      seen[1]
+  ) == collections.Counter(dataset)
+  # Host batches stacked in process order are the 1-process global batch.
+  single = input_pipeline.train_iterator(
+      data_dir, global_batch_size=20, seed=0, process_index=0, process_count=1
+  )
+  stacked = []
+  for batch_index in range(per_host_epoch // 10):
+    stacked += (
+        seen[0][batch_index * 10 : (batch_index + 1) * 10]
+        + seen[1][batch_index * 10 : (batch_index + 1) * 10]
+    )
+  assert stacked == sum(
+      (batch_pairs(next(single)) for _ in range(per_host_epoch // 10)), []
+  )
 
 
 def test_batch_size_must_split_across_processes(data_dir):
-    with pytest.raises(ValueError, match="multiple of process_count=3"):
-        input_pipeline.train_iterator(data_dir, global_batch_size=8, process_index=0, process_count=3)
-    with pytest.raises(ValueError, match="process_index"):
-        input_pipeline.train_iterator(data_dir, global_batch_size=8, process_index=2, process_count=2)
+  with pytest.raises(ValueError, match="multiple of process_count=3"):
+    input_pipeline.train_iterator(
+        data_dir, global_batch_size=8, process_index=0, process_count=3
+    )
+  with pytest.raises(ValueError, match="process_index"):
+    input_pipeline.train_iterator(
+        data_dir, global_batch_size=8, process_index=2, process_count=2
+    )
 
 
 def test_train_skips_examples_longer_than_max_len(data_dir):
-    dataset = read_pairs(input_pipeline.find_dataset_dir(data_dir), "train")
-    short = {pair for pair in dataset if len(pair[1]) <= 1}
-    assert 8 <= len(short) < len(dataset)  # the data has both kinds
-    iterator = input_pipeline.train_iterator(
-        data_dir, global_batch_size=8, max_answer_len=1, process_index=0, process_count=1
-    )
-    seen = sum((batch_pairs(next(iterator)) for _ in range(3)), [])
-    assert set(seen) <= short
-    evaluated = [
-        answer
-        for batch in input_pipeline.eval_batches(data_dir, global_batch_size=8, max_answer_len=1)
-        for answer, valid in zip(batch["answers"], batch["valid"])
-        if valid
-    ]
-    assert evaluated and all(len(answer) <= 1 for answer in evaluated)
+  dataset = read_pairs(input_pipeline.find_dataset_dir(data_dir), "train")
+  short = {pair for pair in dataset if len(pair[1]) <= 1}
+  assert 8 <= len(short) < len(dataset)  # the data has both kinds
+  iterator = input_pipeline.train_iterator(
+      data_dir,
+      global_batch_size=8,
+      max_answer_len=1,
+      process_index=0,
+      process_count=1,
+  )
+  seen = sum((batch_pairs(next(iterator)) for _ in range(3)), [])
+  assert set(seen) <= short
+  evaluated = [
+      answer
+      for batch in input_pipeline.eval_batches(
+          data_dir, global_batch_size=8, max_answer_len=1
+      )
+      for answer, valid in zip(batch["answers"], batch["valid"])
+      if valid
+  ]
+  assert evaluated and all(len(answer) <= 1 for answer in evaluated)
 
 
 def test_eval_batches_cover_test_split_in_order(data_dir):
-    test = read_pairs(input_pipeline.find_dataset_dir(data_dir), "test")
-    batches = list(input_pipeline.eval_batches(data_dir, global_batch_size=32, process_index=0, process_count=1))
-    assert len(batches) == 4  # ceil(100 / 32)
-    prompt_len = input_pipeline.prompt_length()
-    for batch in batches:
-        assert batch["prompts"].shape == (32, prompt_len) and batch["prompts"].dtype == np.int32
-        assert batch["prompt_lengths"].shape == (32,) and batch["prompt_lengths"].dtype == np.int32
-        assert batch["valid"].shape == (32,) and batch["valid"].dtype == bool
-        assert len(batch["answers"]) == len(batch["questions"]) == 32
-    assert [int(batch["valid"].sum()) for batch in batches] == [32, 32, 32, 4]
-    answers = [a for batch in batches for a, v in zip(batch["answers"], batch["valid"]) if v]
-    assert answers == [answer for _, answer in test]
-    first = batches[0]
-    for row in range(3):
-        length = first["prompt_lengths"][row]
-        assert first["prompts"][row, 0] == tokenizer.BOS_ID
-        assert first["prompts"][row, length - 1] == tokenizer.SEP_ID
-        assert tokenizer.decode(first["prompts"][row, :length]) == test[row][0] + tokenizer.SEP_TEXT
-        assert all(first["prompts"][row, length:] == tokenizer.PAD_ID)
-    last = batches[-1]
-    assert last["answers"][4:] == [""] * 28 and all(last["prompt_lengths"][4:] == 2)
+  test = read_pairs(input_pipeline.find_dataset_dir(data_dir), "test")
+  batches = list(
+      input_pipeline.eval_batches(
+          data_dir, global_batch_size=32, process_index=0, process_count=1
+      )
+  )
+  assert len(batches) == 4  # ceil(100 / 32)
+  prompt_len = input_pipeline.prompt_length()
+  for batch in batches:
+    assert (
+        batch["prompts"].shape == (32, prompt_len)
+        and batch["prompts"].dtype == np.int32
+    )
+    assert (
+        batch["prompt_lengths"].shape == (32,)
+        and batch["prompt_lengths"].dtype == np.int32
+    )
+    assert batch["valid"].shape == (32,) and batch["valid"].dtype == bool
+    assert len(batch["answers"]) == len(batch["questions"]) == 32
+  assert [int(batch["valid"].sum()) for batch in batches] == [32, 32, 32, 4]
+  answers = [
+      a
+      for batch in batches
+      for a, v in zip(batch["answers"], batch["valid"])
+      if v
+  ]
+  assert answers == [answer for _, answer in test]
+  first = batches[0]
+  for row in range(3):
+    length = first["prompt_lengths"][row]
+    assert first["prompts"][row, 0] == tokenizer.BOS_ID
+    assert first["prompts"][row, length - 1] == tokenizer.SEP_ID
+    assert (
+        tokenizer.decode(first["prompts"][row, :length])
+        == test[row][0] + tokenizer.SEP_TEXT
+    )
+    assert all(first["prompts"][row, length:] == tokenizer.PAD_ID)
+  last = batches[-1]
+  assert last["answers"][4:] == [""] * 28 and all(
+      last["prompt_lengths"][4:] == 2
+  )
 
 
 def test_eval_batches_two_processes(data_dir):
-    test = read_pairs(input_pipeline.find_dataset_dir(data_dir), "test")
-    per_process = [
-        list(input_pipeline.eval_batches(data_dir, global_batch_size=24, process_index=i, process_count=2))
-        for i in range(2)
-    ]
-    assert len(per_process[0]) == len(per_process[1]) == 5  # ceil(ceil(100 / 2) / 12)
-    answers = [
-        [a for batch in batches for a, v in zip(batch["answers"], batch["valid"]) if v] for batches in per_process
-    ]
-    assert answers[0] == [a for _, a in test[0::2]] and answers[1] == [a for _, a in test[1::2]]
+  test = read_pairs(input_pipeline.find_dataset_dir(data_dir), "test")
+  per_process = [
+      list(
+          input_pipeline.eval_batches(
+              data_dir, global_batch_size=24, process_index=i, process_count=2
+          )
+      )
+      for i in range(2)
+  ]
+  assert (
+      len(per_process[0]) == len(per_process[1]) == 5
+  )  # ceil(ceil(100 / 2) / 12)
+  answers = [
+      [
+          a
+          for batch in batches
+          for a, v in zip(batch["answers"], batch["valid"])
+          if v
+      ]
+      for batches in per_process
+  ]
+  assert answers[0] == [a for _, a in test[0::2]] and answers[1] == [
+      a for _, a in test[1::2]
+  ]
 
 
 # --- errors ------------------------------------------------------------------
@@ -485,32 +663,38 @@ def test_eval_batches_two_processes(data_dir):
 
 @pytest.mark.parametrize("make_dir", ["missing", "empty"])
 def test_bad_data_dir_tells_how_to_prepare(tmp_path, make_dir):
-    path = tmp_path / "data"
-    if make_dir == "empty":
-        path.mkdir()
-    with pytest.raises(FileNotFoundError, match="python -m train.prepare_data --data_dir=") as error:
-        input_pipeline.train_iterator(str(path), global_batch_size=8)
-    assert "\n" not in str(error.value)
-    with pytest.raises(FileNotFoundError, match="python -m train.prepare_data"):
-        next(input_pipeline.eval_batches(str(path), global_batch_size=8))
+  path = tmp_path / "data"
+  if make_dir == "empty":
+    path.mkdir()
+  with pytest.raises(
+      FileNotFoundError, match="python -m train.prepare_data --data_dir="
+  ) as error:
+    input_pipeline.train_iterator(str(path), global_batch_size=8)
+  assert "\n" not in str(error.value)
+  with pytest.raises(FileNotFoundError, match="python -m train.prepare_data"):
+    next(input_pipeline.eval_batches(str(path), global_batch_size=8))
 
 
 def test_empty_data_dir_argument_raises():
-    with pytest.raises(ValueError, match="python -m train.prepare_data"):
-        input_pipeline.find_dataset_dir("")
+  with pytest.raises(ValueError, match="python -m train.prepare_data"):
+    input_pipeline.find_dataset_dir("")
 
 
 def test_several_configs_need_a_name(data_dir, tmp_path):
-    prepare_data.prepare(str(tmp_path), 6, 3, seed=0)
-    prepare_data.prepare(str(tmp_path), 6, 3, seed=1)
-    with pytest.raises(ValueError, match="pass config_name"):
-        input_pipeline.find_dataset_dir(str(tmp_path))
-    chosen = input_pipeline.find_dataset_dir(str(tmp_path), config_name="train6_test3_seed1")
-    assert chosen.parent.name == "train6_test3_seed1"
-    with pytest.raises(FileNotFoundError, match="train6_test3_seed9"):
-        input_pipeline.find_dataset_dir(str(tmp_path), config_name="train6_test3_seed9")
+  prepare_data.prepare(str(tmp_path), 6, 3, seed=0)
+  prepare_data.prepare(str(tmp_path), 6, 3, seed=1)
+  with pytest.raises(ValueError, match="pass config_name"):
+    input_pipeline.find_dataset_dir(str(tmp_path))
+  chosen = input_pipeline.find_dataset_dir(
+      str(tmp_path), config_name="train6_test3_seed1"
+  )
+  assert chosen.parent.name == "train6_test3_seed1"
+  with pytest.raises(FileNotFoundError, match="train6_test3_seed9"):
+    input_pipeline.find_dataset_dir(
+        str(tmp_path), config_name="train6_test3_seed9"
+    )
 
 
 def test_unknown_split_raises(data_dir):
-    with pytest.raises(ValueError, match="split must be one of"):
-        input_pipeline.load_split(data_dir, "validation")
+  with pytest.raises(ValueError, match="split must be one of"):
+    input_pipeline.load_split(data_dir, "validation")

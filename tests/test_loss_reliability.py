@@ -47,13 +47,13 @@ def exact_place_gradient(target, predicted, alpha, beta):
   y = int("".join(map(str, target)))
   x = int("".join(map(str, predicted)))
   if x > y:
-    d_value = alpha * Fraction(y + 1, (x + 1)**2) + beta * Fraction(1, x + 1)
+    d_value = alpha * Fraction(y + 1, (x + 1) ** 2) + beta * Fraction(1, x + 1)
   elif x < y:
     d_value = -alpha * Fraction(1, y + 1) - beta * Fraction(1, x + 1)
   else:
     d_value = Fraction(0)
   n = len(target)
-  return [d_value * 10**(n - 1 - i) for i in range(n)]
+  return [d_value * 10 ** (n - 1 - i) for i in range(n)]
 
 
 def number_rows(rows, width):
@@ -66,7 +66,7 @@ def number_rows(rows, width):
   labels = np.full((len(rows), width), FILLER, np.int32)
   logits = 0.5 * rng.random((len(rows), width, VOCAB))
   for r, (target, predicted) in enumerate(rows):
-    labels[r, :len(target)] = target
+    labels[r, : len(target)] = target
     logits[r, np.arange(len(predicted)), predicted] += 2.0
   return labels, logits.astype(np.float32)
 
@@ -101,8 +101,28 @@ def long_number_rows(lengths, seed=0):
   return rows
 
 
-LENGTHS = (1, 2, 5, 18, 19, 20, 21, 25, 30, 31, 38, 39, 40, 45, 46, 50, 64,
-           100, 250, 1000)
+LENGTHS = (
+    1,
+    2,
+    5,
+    18,
+    19,
+    20,
+    21,
+    25,
+    30,
+    31,
+    38,
+    39,
+    40,
+    45,
+    46,
+    50,
+    64,
+    100,
+    250,
+    1000,
+)
 
 
 class LongIntegerTest(parameterized.TestCase):
@@ -119,8 +139,9 @@ class LongIntegerTest(parameterized.TestCase):
     logits = 4 * jax.nn.one_hot(predicted, 16)
     row_loss = lambda z, y: ntil_jax.ntil_loss(z[None], y[None]).sum()
     with jax.debug_nans(True):
-      value, grad = jax.jit(jax.vmap(jax.value_and_grad(row_loss)))(logits,
-                                                                    labels)
+      value, grad = jax.jit(jax.vmap(jax.value_and_grad(row_loss)))(
+          logits, labels
+      )
     self.assertTrue(np.isfinite(value).all())
     self.assertTrue(np.isfinite(grad).all())
 
@@ -129,10 +150,12 @@ class LongIntegerTest(parameterized.TestCase):
     labels = np.array([[1] + [0] * 19])
     logits = 4 * np.eye(16, dtype=np.float32)[[[0] + [9] * 19]]
     parts = ntil_jax.ntil_components(logits, labels)
-    np.testing.assert_allclose(parts.relative[0, -1],
-                               float(Fraction(1, 10**19 + 1)), rtol=1e-5)
-    np.testing.assert_allclose(parts.magnitude[0, -1], math.log1p(1e-19),
-                               rtol=1e-5)
+    np.testing.assert_allclose(
+        parts.relative[0, -1], float(Fraction(1, 10**19 + 1)), rtol=1e-5
+    )
+    np.testing.assert_allclose(
+        parts.magnitude[0, -1], math.log1p(1e-19), rtol=1e-5
+    )
 
   def test_values_against_exact_arithmetic(self):
     rows = long_number_rows(LENGTHS)
@@ -144,10 +167,12 @@ class LongIntegerTest(parameterized.TestCase):
       np.testing.assert_array_equal(parts.predicted_digits[r, :n], predicted)
       rel, mag = exact_deviations(target, predicted)
       msg = f"row {r}, {n} digits"
-      np.testing.assert_allclose(parts.relative[r, n - 1], rel, rtol=1e-5,
-                                 atol=1e-37, err_msg=msg)
-      np.testing.assert_allclose(parts.magnitude[r, n - 1], mag, rtol=1e-5,
-                                 atol=1e-37, err_msg=msg)
+      np.testing.assert_allclose(
+          parts.relative[r, n - 1], rel, rtol=1e-5, atol=1e-37, err_msg=msg
+      )
+      np.testing.assert_allclose(
+          parts.magnitude[r, n - 1], mag, rtol=1e-5, atol=1e-37, err_msg=msg
+      )
     self.assertTrue(np.isfinite(parts.relative).all())
     self.assertTrue(np.isfinite(parts.magnitude).all())
 
@@ -164,14 +189,17 @@ class LongIntegerTest(parameterized.TestCase):
       rows.append((target, predicted))
     labels, logits = number_rows(rows, 1001)
     loss = lambda z: ntil_jax.ntil_loss(z, labels).sum()
-    parts, grad = jax.jit(lambda z: (ntil_jax.ntil_components(z, labels),
-                                     jax.grad(loss)(z)))(logits)
+    parts, grad = jax.jit(
+        lambda z: (ntil_jax.ntil_components(z, labels), jax.grad(loss)(z))
+    )(logits)
     want = np.array([exact_deviations(t, p) for t, p in rows])
     last = np.arange(1000)
-    np.testing.assert_allclose(parts.relative[last, last], want[:, 0],
-                               rtol=1e-5, atol=1e-37)
-    np.testing.assert_allclose(parts.magnitude[last, last], want[:, 1],
-                               rtol=1e-5, atol=1e-37)
+    np.testing.assert_allclose(
+        parts.relative[last, last], want[:, 0], rtol=1e-5, atol=1e-37
+    )
+    np.testing.assert_allclose(
+        parts.magnitude[last, last], want[:, 1], rtol=1e-5, atol=1e-37
+    )
     self.assertTrue(np.isfinite(grad).all())
 
   def test_gradients_against_exact_arithmetic(self):
@@ -179,8 +207,9 @@ class LongIntegerTest(parameterized.TestCase):
     width = max(LENGTHS) + 1
     labels, logits = number_rows(rows, width)
     alpha, beta, tau = 0.3, 0.2, 1.0
-    loss = lambda z: ntil_jax.ntil_loss(z, labels, sigma=0.0, alpha=alpha,
-                                        beta=beta, tau=tau).sum()
+    loss = lambda z: ntil_jax.ntil_loss(
+        z, labels, sigma=0.0, alpha=alpha, beta=beta, tau=tau
+    ).sum()
     with jax.debug_nans(True):
       grad = np.asarray(jax.jit(jax.grad(loss))(logits), np.float64)
     self.assertTrue(np.isfinite(grad).all())
@@ -195,8 +224,9 @@ class LongIntegerTest(parameterized.TestCase):
       emd = (p * dist).sum(-1, keepdims=True)
       s = np.exp(z[r, :n] / tau) / np.exp(z[r, :n] / tau).sum(-1, keepdims=True)
       jac = s * (k - (s @ k)[:, None]) / tau
-      place_grads = exact_place_gradient(target, predicted, Fraction(alpha),
-                                         Fraction(beta))
+      place_grads = exact_place_gradient(
+          target, predicted, Fraction(alpha), Fraction(beta)
+      )
       for i, g in enumerate(place_grads):
         if abs(g) > 10**25:  # past float32's comfortable range: finite only
           continue
@@ -207,7 +237,8 @@ class LongIntegerTest(parameterized.TestCase):
         np.testing.assert_array_less(
             np.abs(grad[r, i, :10] - want),
             2e-5 + 1e-4 * np.abs(want) + rounding,
-            err_msg=f"row {r}, {n} digits, digit {i}")
+            err_msg=f"row {r}, {n} digits, digit {i}",
+        )
       np.testing.assert_array_equal(grad[r, n:], 0.0)
 
   @parameterized.parameters(20, 23, 26, 31)
@@ -228,7 +259,8 @@ class LongIntegerTest(parameterized.TestCase):
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
     rounding = 4 * np.finfo(np.float32).eps * 9 * parts["weights"][..., None]
     np.testing.assert_array_less(
-        np.abs(grad - want_grad), 2e-5 + 1e-4 * np.abs(want_grad) + rounding)
+        np.abs(grad - want_grad), 2e-5 + 1e-4 * np.abs(want_grad) + rounding
+    )
 
   def test_long_decimal_numbers(self):
     # 25 integer digits, a point, 20 fractional digits; a leading 0 predicted.
@@ -242,16 +274,19 @@ class LongIntegerTest(parameterized.TestCase):
     logits = rng.standard_normal((4, 48, VOCAB)).astype(np.float32)
     logits[:2, 1, 0] += 6.0
     mask = np.ones(labels.shape, bool)
-    want, want_grad, parts = oracle.ntil(logits, labels, mask,
-                                         decimal_mask=point)
-    fn = jax.jit(lambda z: ntil_jax.ntil_loss(z, labels, mask,
-                                              decimal_point_mask=point))
+    want, want_grad, parts = oracle.ntil(
+        logits, labels, mask, decimal_mask=point
+    )
+    fn = jax.jit(
+        lambda z: ntil_jax.ntil_loss(z, labels, mask, decimal_point_mask=point)
+    )
     np.testing.assert_allclose(fn(logits), want, rtol=2e-5, atol=2e-6)
     grad = jax.jit(jax.grad(lambda z: fn(z).sum()))(logits)
     self.assertTrue(np.isfinite(grad).all())
     rounding = 4 * np.finfo(np.float32).eps * 9 * parts["weights"][..., None]
     np.testing.assert_array_less(
-        np.abs(grad - want_grad), 2e-5 + 1e-4 * np.abs(want_grad) + rounding)
+        np.abs(grad - want_grad), 2e-5 + 1e-4 * np.abs(want_grad) + rounding
+    )
 
 
 # ----------------------------------------------------------------------------
@@ -275,8 +310,9 @@ def _fused_call(**kwargs):
   rng = np.random.default_rng(1)
   hidden = rng.standard_normal((1, 5, 4)).astype(np.float32)
   unembedding = rng.standard_normal((4, 12)).astype(np.float32)
-  return ntil_jax.fused_numeric_loss(hidden, unembedding, small_case()[1],
-                                     **kwargs)
+  return ntil_jax.fused_numeric_loss(
+      hidden, unembedding, small_case()[1], **kwargs
+  )
 
 
 def _call(fn_name, **kwargs):
@@ -310,8 +346,11 @@ BAD_PARAMETERS = (
     ("numeric_token_loss", dict(method="emd", lam=-0.5), "lam"),
     ("numeric_token_loss", dict(method="soft_label", width=0.0), "width"),
     ("numeric_token_loss", dict(method="soft_label", eta=2.0), "eta"),
-    ("numeric_token_loss", dict(method="ntil", sigma=np.float32(-1.5)),
-     "sigma"),
+    (
+        "numeric_token_loss",
+        dict(method="ntil", sigma=np.float32(-1.5)),
+        "sigma",
+    ),
     ("fused_numeric_loss", dict(method="ntil", tau=0.0), "tau"),
     ("fused_numeric_loss", dict(method="ntil", lam=-1.0), "lam"),
     ("fused_numeric_loss", dict(method="soft_label", width=-2.0), "width"),
@@ -339,28 +378,47 @@ class ParameterTest(parameterized.TestCase):
 
   def test_edge_values_are_accepted(self):
     logits, labels = small_case()
-    for kwargs in (dict(sigma=0.0), dict(sigma=-0.5), dict(alpha=0.0),
-                   dict(beta=0.0), dict(noise_scale=0.0), dict(tau=1e-3)):
-      self.assertTrue(np.isfinite(ntil_jax.ntil_loss(logits, labels,
-                                                     **kwargs)).all())
+    for kwargs in (
+        dict(sigma=0.0),
+        dict(sigma=-0.5),
+        dict(alpha=0.0),
+        dict(beta=0.0),
+        dict(noise_scale=0.0),
+        dict(tau=1e-3),
+    ):
+      self.assertTrue(
+          np.isfinite(ntil_jax.ntil_loss(logits, labels, **kwargs)).all()
+      )
     for eta in (0.0, 1.0):
-      self.assertTrue(np.isfinite(ntil_jax.soft_label_cross_entropy(
-          logits, labels, eta=eta)).all())
-    self.assertTrue(np.isfinite(ntil_jax.numeric_token_loss(
-        logits, labels, lam=0.0)).all())
+      self.assertTrue(
+          np.isfinite(
+              ntil_jax.soft_label_cross_entropy(logits, labels, eta=eta)
+          ).all()
+      )
+    self.assertTrue(
+        np.isfinite(ntil_jax.numeric_token_loss(logits, labels, lam=0.0)).all()
+    )
 
   def test_traced_values_are_not_checked(self):
     logits, labels = small_case()
-    fn = jax.jit(lambda tau, lam: ntil_jax.numeric_token_loss(
-        logits, labels, lam=lam, tau=tau))
+    fn = jax.jit(
+        lambda tau, lam: ntil_jax.numeric_token_loss(
+            logits, labels, lam=lam, tau=tau
+        )
+    )
     want = ntil_jax.numeric_token_loss(logits, labels, lam=0.3, tau=0.1)
     np.testing.assert_allclose(fn(0.1, 0.3), want, rtol=1e-6)
-    width_fn = jax.jit(lambda w: ntil_jax.soft_label_cross_entropy(
-        logits, labels, width=w))
+    width_fn = jax.jit(
+        lambda w: ntil_jax.soft_label_cross_entropy(logits, labels, width=w)
+    )
     self.assertTrue(np.isfinite(width_fn(2.0)).all())
 
-  @parameterized.parameters("numeric_token_loss", "fused_numeric_loss",
-                            "loss_from_statistics", "check_method")
+  @parameterized.parameters(
+      "numeric_token_loss",
+      "fused_numeric_loss",
+      "loss_from_statistics",
+      "check_method",
+  )
   def test_misspelled_keyword(self, fn_name):
     with self.assertRaisesRegex(ValueError, r"sgima") as caught:
       _call(fn_name, method="ntil", sgima=0.1)
@@ -369,8 +427,9 @@ class ParameterTest(parameterized.TestCase):
     for valid in ("sigma", "alpha", "beta", "tau", "key", "noise_scale"):
       self.assertIn(valid, message)
     self.assertNotIn("_ntil_parts", message)
-    with self.assertRaisesRegex(ValueError,
-                                r"soft_label_cross_entropy.*eta.*width"):
+    with self.assertRaisesRegex(
+        ValueError, r"soft_label_cross_entropy.*eta.*width"
+    ):
       _call(fn_name, method="soft_label", sigma=0.1)
     with self.assertRaisesRegex(ValueError, r"emd_loss"):
       _call(fn_name, method="emd", tau=0.1)
@@ -389,16 +448,25 @@ DUPLICATE_IDS = (0, 1, 2, 2, 4, 5, 6, 7, 8, 9)
 
 class DigitIdTest(parameterized.TestCase):
 
-  @parameterized.parameters("ntil_loss", "ntil_components", "emd_loss",
-                            "ntl_mse_loss", "soft_label_cross_entropy",
-                            "numeric_token_loss", "number_layout")
+  @parameterized.parameters(
+      "ntil_loss",
+      "ntil_components",
+      "emd_loss",
+      "ntl_mse_loss",
+      "soft_label_cross_entropy",
+      "numeric_token_loss",
+      "number_layout",
+  )
   def test_duplicate_ids_are_refused(self, fn_name):
     logits, _ = small_case()
     labels = np.array([[3, 3, 3, 11, 3]])
     fn = getattr(ntil_jax, fn_name)
     args = (labels,) if fn_name == "number_layout" else (logits, labels)
-    for ids in (DUPLICATE_IDS, np.asarray(DUPLICATE_IDS),
-                jnp.asarray(DUPLICATE_IDS)):
+    for ids in (
+        DUPLICATE_IDS,
+        np.asarray(DUPLICATE_IDS),
+        jnp.asarray(DUPLICATE_IDS),
+    ):
       with self.assertRaisesRegex(ValueError, r"digit_token_ids.*(twice|dup)"):
         fn(*args, digit_token_ids=ids)
 
@@ -409,51 +477,69 @@ class DigitIdTest(parameterized.TestCase):
   @parameterized.named_parameters(
       ("duplicate", DUPLICATE_IDS),
       ("too_large", tuple(range(5, 15))),
-      ("negative", (-1,) + tuple(range(1, 10))))
+      ("negative", (-1,) + tuple(range(1, 10))),
+  )
   def test_bad_traced_ids_give_nan_not_a_wrong_value(self, ids):
     logits, _ = small_case()
     filler = min(set(range(12)) - set(ids))
     labels = np.array([[ids[3], ids[3], ids[3], filler, ids[1]]])
     digits = np.array([[True, True, True, False, True]])
-    for fn in (ntil_jax.ntil_loss, ntil_jax.emd_loss, ntil_jax.ntl_mse_loss,
-               ntil_jax.soft_label_cross_entropy):
+    for fn in (
+        ntil_jax.ntil_loss,
+        ntil_jax.emd_loss,
+        ntil_jax.ntl_mse_loss,
+        ntil_jax.soft_label_cross_entropy,
+    ):
       got = jax.jit(lambda i, fn=fn: fn(logits, labels, digit_token_ids=i))(
-          np.asarray(ids))
+          np.asarray(ids)
+      )
       self.assertTrue(np.isnan(got[digits]).all(), fn.__name__)
       np.testing.assert_array_equal(got[~digits], 0.0)
 
   def test_good_traced_ids_still_work(self):
     logits, labels, mask = random_case(5, digit_ids=range(2, 12), vocab=16)
     want, _, _ = oracle.ntil(logits, labels, mask, range(2, 12))
-    got = jax.jit(lambda i: ntil_jax.ntil_loss(logits, labels, mask,
-                                               digit_token_ids=i))(
-                                                   np.arange(2, 12))
+    got = jax.jit(
+        lambda i: ntil_jax.ntil_loss(logits, labels, mask, digit_token_ids=i)
+    )(np.arange(2, 12))
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
 
   @parameterized.parameters(np.uint8, np.int8, np.int16, np.uint16)
   def test_narrow_labels_do_not_wrap(self, dtype):
     # uint8 44 is not token 300 (300 mod 256 = 44).
-    logits = np.random.default_rng(0).standard_normal((1, 3, 320)).astype(
-        np.float32)
+    logits = (
+        np.random.default_rng(0).standard_normal((1, 3, 320)).astype(np.float32)
+    )
     ids = np.arange(300, 310)
     labels = np.array([[44, 45, 46]]).astype(dtype)
-    for fn in (ntil_jax.ntil_loss, ntil_jax.emd_loss, ntil_jax.ntl_mse_loss,
-               ntil_jax.soft_label_cross_entropy):
-      np.testing.assert_array_equal(fn(logits, labels, digit_token_ids=ids),
-                                    0.0, err_msg=fn.__name__)
+    for fn in (
+        ntil_jax.ntil_loss,
+        ntil_jax.emd_loss,
+        ntil_jax.ntl_mse_loss,
+        ntil_jax.soft_label_cross_entropy,
+    ):
+      np.testing.assert_array_equal(
+          fn(logits, labels, digit_token_ids=ids), 0.0, err_msg=fn.__name__
+      )
     layout = ntil_jax.number_layout(labels, digit_token_ids=ids)
     self.assertFalse(np.asarray(layout.is_digit).any())
     combined = ntil_jax.numeric_token_loss(logits, labels, digit_token_ids=ids)
-    ce = -jax.nn.log_softmax(logits.astype(np.float64))[0, [0, 1, 2],
-                                                        [44, 45, 46]]
+    ce = -jax.nn.log_softmax(logits.astype(np.float64))[
+        0, [0, 1, 2], [44, 45, 46]
+    ]
     np.testing.assert_allclose(combined[0], ce, rtol=1e-5)
 
   def test_narrow_labels_still_match_small_ids(self):
-    logits, labels, mask = random_case(6, vocab=40, ignore_frac=0.0,
-                                       digit_ids=range(20, 30))
+    logits, labels, mask = random_case(
+        6, vocab=40, ignore_frac=0.0, digit_ids=range(20, 30)
+    )
     want, _, _ = oracle.ntil(logits, labels, mask, range(20, 30))
-    got = ntil_jax.ntil_loss(logits, labels.astype(np.uint8), mask,
-                             digit_token_ids=np.arange(20, 30, dtype=np.int64))
+    got = ntil_jax.ntil_loss(
+        logits,
+        labels.astype(np.uint8),
+        mask,
+        digit_token_ids=np.arange(20, 30, dtype=np.int64),
+    )
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
 
 
@@ -463,49 +549,64 @@ class DigitIdTest(parameterized.TestCase):
 
 class FusedEdgeCaseTest(parameterized.TestCase):
 
-  @parameterized.parameters(((2, 0),), ((0, 5),), ((0, 0),), ((3, 0, 4),),
-                            ((0, 2, 4),))
+  @parameterized.parameters(
+      ((2, 0),), ((0, 5),), ((0, 0),), ((3, 0, 4),), ((0, 2, 4),)
+  )
   def test_empty_batch_or_sequence(self, shape):
     rng = np.random.default_rng(0)
     hidden = rng.standard_normal(shape + (8,)).astype(np.float32)
     unembedding = rng.standard_normal((8, 12)).astype(np.float32)
     labels = np.zeros(shape, np.int32)
     for method in ("ce", "ntil", "soft_label"):
-      got = ntil_jax.fused_numeric_loss(hidden, unembedding, labels,
-                                        method=method)
+      got = ntil_jax.fused_numeric_loss(
+          hidden, unembedding, labels, method=method
+      )
       self.assertEqual(got.shape, shape)
       self.assertEqual(got.dtype, jnp.float32)
-      want = ntil_jax.numeric_token_loss(hidden @ unembedding, labels,
-                                         method=method)
+      want = ntil_jax.numeric_token_loss(
+          hidden @ unembedding, labels, method=method
+      )
       self.assertEqual(want.shape, shape)
-      grad = jax.grad(lambda w, m=method: ntil_jax.fused_numeric_loss(
-          hidden, w, labels, method=m).sum())(unembedding)
+      grad = jax.grad(
+          lambda w, m=method: ntil_jax.fused_numeric_loss(
+              hidden, w, labels, method=m
+          ).sum()
+      )(unembedding)
       np.testing.assert_array_equal(grad, 0.0)
     if len(shape) == 2:
       stats = ntil_jax.fused_token_statistics(hidden, unembedding, labels)
       self.assertEqual(stats.digit_logits.shape, shape + (10,))
 
-  @parameterized.parameters(("8",), (2.5,), (True,), ([4],),
-                            (np.float32(4.0),))
+  @parameterized.parameters(("8",), (2.5,), (True,), ([4],), (np.float32(4.0),))
   def test_chunk_size_type(self, chunk_size):
     with self.assertRaisesRegex(ValueError, "chunk_size"):
       _fused_call(chunk_size=chunk_size)
     rng = np.random.default_rng(0)
     with self.assertRaisesRegex(ValueError, "chunk_size"):
       ntil_jax.fused_token_statistics(
-          rng.standard_normal((1, 5, 4)), rng.standard_normal((4, 12)),
-          np.zeros((1, 5), np.int32), chunk_size=chunk_size)
+          rng.standard_normal((1, 5, 4)),
+          rng.standard_normal((4, 12)),
+          np.zeros((1, 5), np.int32),
+          chunk_size=chunk_size,
+      )
 
   def test_integer_chunk_sizes_are_accepted(self):
     want = _fused_call()
     for chunk_size in (1, np.int64(3), np.int32(100)):
-      np.testing.assert_allclose(_fused_call(chunk_size=chunk_size), want,
-                                 rtol=1e-5, atol=1e-6)
+      np.testing.assert_allclose(
+          _fused_call(chunk_size=chunk_size), want, rtol=1e-5, atol=1e-6
+      )
 
-  @parameterized.parameters("ntil_loss", "ntil_components", "emd_loss",
-                            "ntl_mse_loss", "soft_label_cross_entropy",
-                            "numeric_token_loss", "cross_entropy",
-                            "token_statistics")
+  @parameterized.parameters(
+      "ntil_loss",
+      "ntil_components",
+      "emd_loss",
+      "ntl_mse_loss",
+      "soft_label_cross_entropy",
+      "numeric_token_loss",
+      "cross_entropy",
+      "token_statistics",
+  )
   def test_logits_as_python_lists(self, fn_name):
     logits, labels = small_case()
     fn = getattr(ntil_jax, fn_name)
@@ -521,8 +622,9 @@ class FusedEdgeCaseTest(parameterized.TestCase):
 
 def poisoned_case():
   """A case, its unscored positions, and logits with NaN/inf there."""
-  logits, labels, mask = random_case(50, batch=2, length=12, vocab=16,
-                                     ignore_frac=0.2)
+  logits, labels, mask = random_case(
+      50, batch=2, length=12, vocab=16, ignore_frac=0.2
+  )
   layout = ntil_jax.number_layout(labels, mask)
   unscored = ~np.asarray(layout.is_digit)
   poisoned = logits.copy()
@@ -537,18 +639,23 @@ def poisoned_case():
 
 class UnscoredNaNTest(parameterized.TestCase):
 
-  @parameterized.parameters("ntil_loss", "emd_loss", "ntl_mse_loss",
-                            "soft_label_cross_entropy")
+  @parameterized.parameters(
+      "ntil_loss", "emd_loss", "ntl_mse_loss", "soft_label_cross_entropy"
+  )
   def test_numeric_losses(self, fn_name):
     clean, poisoned, labels, mask, unscored = poisoned_case()
     self.assertGreater(unscored.sum(), 3)
     fn = getattr(ntil_jax, fn_name)
     kwargs = dict(key=jax.random.key(0)) if fn_name == "ntil_loss" else {}
-    value_and_grad = jax.jit(jax.value_and_grad(
-        lambda z: fn(z, labels, mask, **kwargs).sum()))
+    value_and_grad = jax.jit(
+        jax.value_and_grad(lambda z: fn(z, labels, mask, **kwargs).sum())
+    )
     for wrapped in (False, True):
-      f = (lambda z: fn(z, labels, mask, **kwargs)) if not wrapped else (
-          jax.jit(lambda z: fn(z, labels, mask, **kwargs)))
+      f = (
+          (lambda z: fn(z, labels, mask, **kwargs))
+          if not wrapped
+          else (jax.jit(lambda z: fn(z, labels, mask, **kwargs)))
+      )
       np.testing.assert_allclose(f(poisoned), f(clean), rtol=1e-6)
     _, grad = value_and_grad(poisoned)
     _, clean_grad = value_and_grad(clean)
@@ -562,13 +669,15 @@ class UnscoredNaNTest(parameterized.TestCase):
     # Here CE scores every real token: poison only what loss_mask leaves out.
     loss_mask = ~unscored
     fn = lambda z: ntil_jax.numeric_token_loss(
-        z, labels, loss_mask=loss_mask, digit_mask=mask, method=method)
+        z, labels, loss_mask=loss_mask, digit_mask=mask, method=method
+    )
     np.testing.assert_allclose(fn(poisoned), fn(clean), rtol=1e-6)
     grad = jax.grad(lambda z: fn(z).sum())(poisoned)
     self.assertTrue(np.isfinite(grad).all())
     np.testing.assert_array_equal(grad[unscored], 0.0)
-    np.testing.assert_allclose(grad, jax.grad(lambda z: fn(z).sum())(clean),
-                               rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(
+        grad, jax.grad(lambda z: fn(z).sum())(clean), rtol=1e-6, atol=1e-7
+    )
 
   def test_cross_entropy(self):
     clean, poisoned, labels, _, unscored = poisoned_case()
@@ -585,12 +694,17 @@ class UnscoredNaNTest(parameterized.TestCase):
     _, _, labels, mask, unscored = poisoned_case()
     poisoned = hidden.copy()
     poisoned[unscored] = np.nan
-    fn = jax.jit(lambda h, w: ntil_jax.fused_numeric_loss(
-        h, w, labels, mask, loss_mask=~unscored, chunk_size=8))
-    np.testing.assert_allclose(fn(poisoned, unembedding),
-                               fn(hidden, unembedding), rtol=1e-5, atol=1e-6)
+    fn = jax.jit(
+        lambda h, w: ntil_jax.fused_numeric_loss(
+            h, w, labels, mask, loss_mask=~unscored, chunk_size=8
+        )
+    )
+    np.testing.assert_allclose(
+        fn(poisoned, unembedding), fn(hidden, unembedding), rtol=1e-5, atol=1e-6
+    )
     grads = jax.jit(jax.grad(lambda h, w: fn(h, w).sum(), argnums=(0, 1)))(
-        poisoned, unembedding)
+        poisoned, unembedding
+    )
     self.assertTrue(all(np.isfinite(g).all() for g in grads))
     np.testing.assert_array_equal(grads[0][unscored], 0.0)
 

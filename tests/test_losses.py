@@ -19,19 +19,31 @@ jax.config.update("jax_default_matmul_precision", "highest")
 PERMUTED_IDS = (17, 3, 25, 9, 30, 11, 4, 28, 20, 7)
 
 
-def random_case(seed, batch=3, length=24, vocab=32, digit_ids=range(10),
-                ignore_frac=0.1, scale=2.0):
+def random_case(
+    seed,
+    batch=3,
+    length=24,
+    vocab=32,
+    digit_ids=range(10),
+    ignore_frac=0.1,
+    scale=2.0,
+):
   """Logits, labels, digit mask with runs touching both sequence ends."""
   rng = np.random.default_rng(seed)
   ids = np.asarray(list(digit_ids))
   others = np.setdiff1d(np.arange(vocab), ids)
   is_digit = rng.random((batch, length)) < 0.7
   is_digit[:, 0] = is_digit[:, -1] = True
-  labels = np.where(is_digit, rng.choice(ids, (batch, length)),
-                    rng.choice(others, (batch, length)))
+  labels = np.where(
+      is_digit,
+      rng.choice(ids, (batch, length)),
+      rng.choice(others, (batch, length)),
+  )
   labels = np.where(rng.random((batch, length)) < ignore_frac, -100, labels)
   digit_mask = rng.random((batch, length)) < 0.9
-  logits = (scale * rng.standard_normal((batch, length, vocab))).astype(np.float32)
+  logits = (scale * rng.standard_normal((batch, length, vocab))).astype(
+      np.float32
+  )
   return logits, labels.astype(np.int32), digit_mask
 
 
@@ -49,13 +61,15 @@ class HandComputedTest(absltest.TestCase):
     np.testing.assert_allclose(parts.weights[0, :2], [1.2, 1.0], rtol=1e-6)
     np.testing.assert_array_equal(parts.predicted_digits[0, :2], [3, 1])
     np.testing.assert_allclose(parts.relative[0], [0, 1 / 32, 0], rtol=1e-6)
-    np.testing.assert_allclose(parts.magnitude[0], [0, np.log(32 / 31), 0],
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        parts.magnitude[0], [0, np.log(32 / 31), 0], rtol=1e-6
+    )
     loss = ntil_jax.ntil_loss(logits, labels, mask)
     expected_first = 1.2 * 0.935873
     expected_last = 2.080441 + 0.2 / 32 + 0.2 * np.log(32 / 31)
-    np.testing.assert_allclose(loss[0], [expected_first, expected_last, 0],
-                               rtol=1e-5)
+    np.testing.assert_allclose(
+        loss[0], [expected_first, expected_last, 0], rtol=1e-5
+    )
 
 
 class NTILOracleTest(chex.TestCase, parameterized.TestCase):
@@ -70,21 +84,25 @@ class NTILOracleTest(chex.TestCase, parameterized.TestCase):
   def test_value_and_gradient(self, seed, ids, vocab, batch, length):
     logits, labels, mask = random_case(seed, batch, length, vocab, ids)
     ids_arg = None if ids == tuple(range(10)) else jnp.asarray(ids)
-    fn = self.variant(functools.partial(ntil_jax.ntil_loss,
-                                        digit_token_ids=ids_arg))
+    fn = self.variant(
+        functools.partial(ntil_jax.ntil_loss, digit_token_ids=ids_arg)
+    )
     want, want_grad, _ = oracle.ntil(logits, labels, mask, ids)
-    np.testing.assert_allclose(fn(logits, labels, mask), want, rtol=2e-5,
-                               atol=2e-6)
+    np.testing.assert_allclose(
+        fn(logits, labels, mask), want, rtol=2e-5, atol=2e-6
+    )
     grad = jax.grad(lambda z: fn(z, labels, mask).sum())(logits)
     np.testing.assert_allclose(grad, want_grad, rtol=1e-4, atol=2e-5)
 
   @parameterized.parameters((0.0, 0.2, 0.2), (0.2, 0.0, 0.5), (0.5, 0.3, 0.0))
   def test_hyperparameters_and_ablations(self, sigma, alpha, beta):
     logits, labels, mask = random_case(7)
-    want, want_grad, _ = oracle.ntil(logits, labels, mask, sigma=sigma,
-                                     alpha=alpha, beta=beta, tau=0.5)
-    fn = lambda z: ntil_jax.ntil_loss(z, labels, mask, sigma=sigma,
-                                      alpha=alpha, beta=beta, tau=0.5)
+    want, want_grad, _ = oracle.ntil(
+        logits, labels, mask, sigma=sigma, alpha=alpha, beta=beta, tau=0.5
+    )
+    fn = lambda z: ntil_jax.ntil_loss(
+        z, labels, mask, sigma=sigma, alpha=alpha, beta=beta, tau=0.5
+    )
     np.testing.assert_allclose(fn(logits), want, rtol=2e-5, atol=2e-6)
     grad = jax.grad(lambda z: fn(z).sum())(logits)
     np.testing.assert_allclose(grad, want_grad, rtol=1e-4, atol=2e-5)
@@ -94,8 +112,9 @@ class NTILOracleTest(chex.TestCase, parameterized.TestCase):
     key = jax.random.key(3)
     noise = 0.05 * np.asarray(jax.random.gumbel(key, logits.shape[:-1] + (10,)))
     want, want_grad, _ = oracle.ntil(logits, labels, mask, noise=noise)
-    fn = lambda z: ntil_jax.ntil_loss(z, labels, mask, key=key,
-                                      noise_scale=0.05)
+    fn = lambda z: ntil_jax.ntil_loss(
+        z, labels, mask, key=key, noise_scale=0.05
+    )
     np.testing.assert_allclose(fn(logits), want, rtol=2e-5, atol=2e-6)
     grad = jax.grad(lambda z: fn(z).sum())(logits)
     np.testing.assert_allclose(grad, want_grad, rtol=1e-4, atol=2e-5)
@@ -106,10 +125,15 @@ class NTILOracleTest(chex.TestCase, parameterized.TestCase):
     logits, labels, mask = random_case(9)
     parts = ntil_jax.ntil_components(logits, labels, mask)
     _, _, want = oracle.ntil(logits, labels, mask)
-    for name, got in (("emd", parts.emd), ("weights", parts.weights),
-                      ("rel", parts.relative), ("mag", parts.magnitude)):
-      np.testing.assert_allclose(got, want[name], rtol=2e-5, atol=2e-6,
-                                 err_msg=name)
+    for name, got in (
+        ("emd", parts.emd),
+        ("weights", parts.weights),
+        ("rel", parts.relative),
+        ("mag", parts.magnitude),
+    ):
+      np.testing.assert_allclose(
+          got, want[name], rtol=2e-5, atol=2e-6, err_msg=name
+      )
 
 
 class NumberEdgeCaseTest(parameterized.TestCase):
@@ -131,7 +155,8 @@ class NumberEdgeCaseTest(parameterized.TestCase):
     grad = jax.grad(lambda z: fn(z).sum())(logits)
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
     np.testing.assert_array_less(
-        np.abs(grad - want_grad), 2e-5 + 1e-4 * np.abs(want_grad) + rounding)
+        np.abs(grad - want_grad), 2e-5 + 1e-4 * np.abs(want_grad) + rounding
+    )
     self.assertTrue(np.isfinite(grad).all())
     return got
 
@@ -161,16 +186,19 @@ class NumberEdgeCaseTest(parameterized.TestCase):
     mask = np.ones((2, length), bool)
     parts = ntil_jax.ntil_components(logits, labels, mask)
     np.testing.assert_allclose(parts.relative[:, -1], [7 / 8, 1.0], rtol=1e-6)
-    np.testing.assert_allclose(parts.magnitude[:, -1],
-                               [np.log(8), np.log(9.0) + 69 * np.log(10)],
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        parts.magnitude[:, -1],
+        [np.log(8), np.log(9.0) + 69 * np.log(10)],
+        rtol=1e-6,
+    )
     grad = jax.grad(lambda z: ntil_jax.ntil_loss(z, labels, mask).sum())(logits)
     self.assertTrue(np.isfinite(grad).all())
 
   def test_ignore_ids_split_numbers(self):
     labels = np.array([[1, 2, -100, 3, 4, 15, 5]])
-    logits = np.random.default_rng(0).standard_normal((1, 7, 16)).astype(
-        np.float32)
+    logits = (
+        np.random.default_rng(0).standard_normal((1, 7, 16)).astype(np.float32)
+    )
     mask = np.ones_like(labels, bool)
     got = self._check(logits, labels, mask)
     self.assertEqual(got[0, 2], 0.0)
@@ -185,25 +213,31 @@ class NumberEdgeCaseTest(parameterized.TestCase):
     layout = ntil_jax.number_layout(labels, mask)
     np.testing.assert_array_equal(layout.is_digit[0], [1, 1, 0, 1])
     np.testing.assert_array_equal(layout.places[0], [1, 0, 0, 0])
-    logits = np.random.default_rng(1).standard_normal((1, 4, 10)).astype(
-        np.float32)
+    logits = (
+        np.random.default_rng(1).standard_normal((1, 4, 10)).astype(np.float32)
+    )
     self._check(logits, labels, mask)
 
   def test_decimal_points(self):
     #            3  .  1  4  _  1  .  2  .  3  _  5  .  _  .  7
-    labels = np.array([[3, 10, 1, 4, 11, 1, 10, 2, 10, 3, 11, 5, 10, 11, 10,
-                        7]])
+    labels = np.array(
+        [[3, 10, 1, 4, 11, 1, 10, 2, 10, 3, 11, 5, 10, 11, 10, 7]]
+    )
     point = labels == 10
     mask = np.ones_like(labels, bool)
     layout = ntil_jax.number_layout(labels, mask, decimal_point_mask=point)
     np.testing.assert_array_equal(
-        layout.places[0], [0, 0, -1, -2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0])
+        layout.places[0], [0, 0, -1, -2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+    )
     np.testing.assert_array_equal(
-        layout.digits_right[0], [2, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0])
+        layout.digits_right[0], [2, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+    )
     np.testing.assert_array_equal(
-        np.flatnonzero(layout.is_last[0]), [3, 5, 7, 9, 11, 15])
-    logits = np.random.default_rng(2).standard_normal((1, 16, 12)).astype(
-        np.float32)
+        np.flatnonzero(layout.is_last[0]), [3, 5, 7, 9, 11, 15]
+    )
+    logits = (
+        np.random.default_rng(2).standard_normal((1, 16, 12)).astype(np.float32)
+    )
     self._check(logits, labels, mask, decimal_mask=point)
     # Without the mask, '.' splits: "3", "14".
     default = ntil_jax.number_layout(labels, mask)
@@ -225,7 +259,8 @@ class NumberEdgeCaseTest(parameterized.TestCase):
     self.assertEqual(got.dtype, jnp.float32)
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
     grad = jax.grad(lambda z: ntil_jax.ntil_loss(z, labels, mask).sum())(
-        logits_bf16)
+        logits_bf16
+    )
     self.assertEqual(grad.dtype, jnp.bfloat16)
     self.assertTrue(np.isfinite(np.asarray(grad, np.float32)).all())
 
@@ -236,8 +271,12 @@ class NoNaNTest(chex.TestCase):
   def test_all_masked_is_zero(self):
     logits, labels, _ = random_case(12)
     mask = np.zeros_like(labels, bool)
-    for fn in (ntil_jax.ntil_loss, ntil_jax.emd_loss, ntil_jax.ntl_mse_loss,
-               ntil_jax.soft_label_cross_entropy):
+    for fn in (
+        ntil_jax.ntil_loss,
+        ntil_jax.emd_loss,
+        ntil_jax.ntl_mse_loss,
+        ntil_jax.soft_label_cross_entropy,
+    ):
       f = self.variant(fn)
       np.testing.assert_array_equal(f(logits, labels, mask), 0.0)
       grad = jax.grad(lambda z, f=f: f(z, labels, mask).sum())(logits)
@@ -245,10 +284,15 @@ class NoNaNTest(chex.TestCase):
 
   def test_extreme_logits_stay_finite(self):
     logits, labels, mask = random_case(13, scale=1e4)
-    for fn in (ntil_jax.ntil_loss, ntil_jax.emd_loss, ntil_jax.ntl_mse_loss,
-               ntil_jax.soft_label_cross_entropy):
-      value, grad = jax.jit(jax.value_and_grad(
-          lambda z, fn=fn: fn(z, labels, mask).sum()))(logits)
+    for fn in (
+        ntil_jax.ntil_loss,
+        ntil_jax.emd_loss,
+        ntil_jax.ntl_mse_loss,
+        ntil_jax.soft_label_cross_entropy,
+    ):
+      value, grad = jax.jit(
+          jax.value_and_grad(lambda z, fn=fn: fn(z, labels, mask).sum())
+      )(logits)
       self.assertTrue(np.isfinite(value), fn.__name__)
       self.assertTrue(np.isfinite(grad).all(), fn.__name__)
 
@@ -265,37 +309,53 @@ class BaselinesTest(chex.TestCase, parameterized.TestCase):
 
   @chex.variants(with_jit=True, without_jit=True)
   @parameterized.named_parameters(
-      ("default_ids", tuple(range(10))), ("permuted", PERMUTED_IDS))
+      ("default_ids", tuple(range(10))), ("permuted", PERMUTED_IDS)
+  )
   def test_against_oracle(self, ids):
     logits, labels, mask = random_case(20, digit_ids=ids)
     ids_arg = None if ids == tuple(range(10)) else np.asarray(ids)
     cases = [
         (ntil_jax.emd_loss, {}, oracle.emd(logits, labels, mask, ids)),
         (ntil_jax.ntl_mse_loss, {}, oracle.ntl_mse(logits, labels, mask, ids)),
-        (ntil_jax.soft_label_cross_entropy, dict(eta=0.3, width=1.5),
-         oracle.soft_label_ce(logits, labels, mask, ids, eta=0.3, width=1.5)),
+        (
+            ntil_jax.soft_label_cross_entropy,
+            dict(eta=0.3, width=1.5),
+            oracle.soft_label_ce(logits, labels, mask, ids, eta=0.3, width=1.5),
+        ),
     ]
     for fn, kwargs, want in cases:
-      got = self.variant(functools.partial(fn, digit_token_ids=ids_arg,
-                                           **kwargs))(logits, labels, mask)
-      np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6,
-                                 err_msg=fn.__name__)
+      got = self.variant(
+          functools.partial(fn, digit_token_ids=ids_arg, **kwargs)
+      )(logits, labels, mask)
+      np.testing.assert_allclose(
+          got, want, rtol=2e-5, atol=2e-6, err_msg=fn.__name__
+      )
 
-  @parameterized.parameters("emd_loss", "ntl_mse_loss",
-                            "soft_label_cross_entropy")
+  @parameterized.parameters(
+      "emd_loss", "ntl_mse_loss", "soft_label_cross_entropy"
+  )
   def test_gradients(self, name):
     logits, labels, mask = random_case(21, batch=1, length=6, vocab=12)
     fn = getattr(ntil_jax, name)
-    jtu.check_grads(lambda z: fn(z, labels, mask).sum(),
-                    (logits.astype(np.float64),), order=1, modes=("rev",),
-                    atol=5e-2, rtol=5e-2, eps=1e-2)
+    jtu.check_grads(
+        lambda z: fn(z, labels, mask).sum(),
+        (logits.astype(np.float64),),
+        order=1,
+        modes=("rev",),
+        atol=5e-2,
+        rtol=5e-2,
+        eps=1e-2,
+    )
 
   def test_emd_is_ntil_without_weights_and_deviations(self):
     logits, labels, mask = random_case(22)
     np.testing.assert_allclose(
         ntil_jax.emd_loss(logits, labels, mask),
-        ntil_jax.ntil_loss(logits, labels, mask, sigma=0.0, alpha=0.0,
-                           beta=0.0), rtol=1e-6)
+        ntil_jax.ntil_loss(
+            logits, labels, mask, sigma=0.0, alpha=0.0, beta=0.0
+        ),
+        rtol=1e-6,
+    )
 
   def test_soft_targets(self):
     q = ntil_jax.soft_digit_targets(jnp.arange(10), eta=0.4, width=1.0)
@@ -309,7 +369,10 @@ class BaselinesTest(chex.TestCase, parameterized.TestCase):
     digits = mask & (labels >= 0) & (labels < 10)
     np.testing.assert_allclose(
         ntil_jax.soft_label_cross_entropy(logits, labels, mask, eta=0.0),
-        ntil_jax.cross_entropy(logits, labels, digits), rtol=1e-5, atol=1e-6)
+        ntil_jax.cross_entropy(logits, labels, digits),
+        rtol=1e-5,
+        atol=1e-6,
+    )
 
 
 class CombinedLossTest(parameterized.TestCase):
@@ -317,13 +380,21 @@ class CombinedLossTest(parameterized.TestCase):
   def test_sum_weighting(self):
     logits, labels, mask = random_case(30)
     loss_mask = labels >= 0
-    got = ntil_jax.numeric_token_loss(logits, labels, loss_mask=loss_mask,
-                                      digit_mask=mask, method="ntil", lam=0.3)
+    got = ntil_jax.numeric_token_loss(
+        logits,
+        labels,
+        loss_mask=loss_mask,
+        digit_mask=mask,
+        method="ntil",
+        lam=0.3,
+    )
     ce = optax.softmax_cross_entropy_with_integer_labels(
-        logits, np.where(loss_mask, labels, 0))
+        logits, np.where(loss_mask, labels, 0)
+    )
     aux, _, _ = oracle.ntil(logits, labels, mask & loss_mask)
-    np.testing.assert_allclose(got, np.where(loss_mask, ce, 0) + 0.3 * aux,
-                               rtol=2e-5, atol=2e-6)
+    np.testing.assert_allclose(
+        got, np.where(loss_mask, ce, 0) + 0.3 * aux, rtol=2e-5, atol=2e-6
+    )
 
   @parameterized.parameters("ce", "emd", "ntl_mse", "soft_label", "ntil")
   def test_methods_run_under_jit(self, method):
@@ -342,7 +413,8 @@ class CombinedLossTest(parameterized.TestCase):
     logits, labels, mask = random_case(32)
     kwargs = dict(loss_mask=labels >= 0, digit_mask=mask, lam=0.3)
     ref = lambda z: ntil_jax.numeric_token_loss(
-        z, labels, weighting="reference", **kwargs).sum()
+        z, labels, weighting="reference", **kwargs
+    ).sum()
     ce = lambda z: ntil_jax.cross_entropy(z, labels, labels >= 0).sum()
     aux = lambda z: ntil_jax.ntil_loss(z, labels, mask & (labels >= 0)).sum()
     # Value: the aux term equals lam * CE.
@@ -350,18 +422,20 @@ class CombinedLossTest(parameterized.TestCase):
     # Gradient: CE's plus aux's scaled by the stopped ratio.
     ratio = ce(logits) / aux(logits)
     want = jax.grad(ce)(logits) + 0.3 * ratio * jax.grad(aux)(logits)
-    np.testing.assert_allclose(jax.grad(ref)(logits), want, rtol=1e-4,
-                               atol=1e-6)
+    np.testing.assert_allclose(
+        jax.grad(ref)(logits), want, rtol=1e-4, atol=1e-6
+    )
 
   def test_soft_label_identity(self):
     # CE + lam * CE_soft(eta) == (1 + lam) * CE_soft(lam * eta / (1 + lam)).
     logits, labels, mask = random_case(33, ignore_frac=0.0)
     digits = mask & (labels < 10)
     combined = ntil_jax.numeric_token_loss(
-        logits, labels, loss_mask=digits, method="soft_label", lam=0.5,
-        eta=0.6)
-    single = ntil_jax.soft_label_cross_entropy(logits, labels, digits,
-                                               eta=0.5 * 0.6 / 1.5)
+        logits, labels, loss_mask=digits, method="soft_label", lam=0.5, eta=0.6
+    )
+    single = ntil_jax.soft_label_cross_entropy(
+        logits, labels, digits, eta=0.5 * 0.6 / 1.5
+    )
     np.testing.assert_allclose(combined, 1.5 * single, rtol=1e-5, atol=1e-6)
 
 
@@ -392,25 +466,32 @@ class BadInputTest(parameterized.TestCase):
 
   def test_traced_digit_ids_are_accepted(self):
     logits, labels, mask = random_case(40, digit_ids=PERMUTED_IDS)
-    fn = jax.jit(lambda ids: ntil_jax.ntil_loss(logits, labels, mask,
-                                                digit_token_ids=ids))
+    fn = jax.jit(
+        lambda ids: ntil_jax.ntil_loss(
+            logits, labels, mask, digit_token_ids=ids
+        )
+    )
     want, _, _ = oracle.ntil(logits, labels, mask, PERMUTED_IDS)
-    np.testing.assert_allclose(fn(np.asarray(PERMUTED_IDS)), want, rtol=2e-5,
-                               atol=2e-6)
+    np.testing.assert_allclose(
+        fn(np.asarray(PERMUTED_IDS)), want, rtol=2e-5, atol=2e-6
+    )
 
 
 class DigitTokenIdsTest(parameterized.TestCase):
 
   def test_spellings(self):
     hf = {"hello": 0, **{str(d): 100 + d for d in range(10)}, "\u01201": 5}
-    np.testing.assert_array_equal(ntil_jax.digit_token_ids(hf),
-                                  np.arange(100, 110))
+    np.testing.assert_array_equal(
+        ntil_jax.digit_token_ids(hf), np.arange(100, 110)
+    )
     sentencepiece = ["<unk>", "<s>"] + [f"\u2581{d}" for d in range(10)]
-    np.testing.assert_array_equal(ntil_jax.digit_token_ids(sentencepiece),
-                                  np.arange(2, 12))
+    np.testing.assert_array_equal(
+        ntil_jax.digit_token_ids(sentencepiece), np.arange(2, 12)
+    )
     byte_fallback = {f"<0x3{d}>": 3 + d for d in range(10)}
-    np.testing.assert_array_equal(ntil_jax.digit_token_ids(byte_fallback),
-                                  np.arange(3, 13))
+    np.testing.assert_array_equal(
+        ntil_jax.digit_token_ids(byte_fallback), np.arange(3, 13)
+    )
 
   def test_missing_digits(self):
     vocab = {str(d): d for d in range(10) if d not in (4, 7)}
@@ -423,8 +504,11 @@ class DigitTokenIdsTest(parameterized.TestCase):
     logits, labels, mask = random_case(41, vocab=64, digit_ids=ids)
     want, _, _ = oracle.ntil(logits, labels, mask, ids)
     np.testing.assert_allclose(
-        ntil_jax.ntil_loss(logits, labels, mask, digit_token_ids=ids), want,
-        rtol=2e-5, atol=2e-6)
+        ntil_jax.ntil_loss(logits, labels, mask, digit_token_ids=ids),
+        want,
+        rtol=2e-5,
+        atol=2e-6,
+    )
 
 
 if __name__ == "__main__":

@@ -20,8 +20,9 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _tiny_config(**overrides):
-  return models.model_config("tiny", vocab_size=VOCAB_SIZE, max_len=MAX_LEN,
-                             **overrides)
+  return models.model_config(
+      "tiny", vocab_size=VOCAB_SIZE, max_len=MAX_LEN, **overrides
+  )
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +31,9 @@ def tiny_model():
 
 
 def _random_tokens(seed, shape):
-  return jax.random.randint(jax.random.key(seed), shape, 0, VOCAB_SIZE,
-                            dtype=jnp.int32)
+  return jax.random.randint(
+      jax.random.key(seed), shape, 0, VOCAB_SIZE, dtype=jnp.int32
+  )
 
 
 # ----------------------------------------------------------------------------
@@ -50,10 +52,14 @@ def test_unknown_override_is_rejected():
 
 
 def test_overrides_replace_size_defaults():
-  config = models.model_config("small", VOCAB_SIZE, 128, num_layers=1,
-                               dtype=jnp.bfloat16)
+  config = models.model_config(
+      "small", VOCAB_SIZE, 128, num_layers=1, dtype=jnp.bfloat16
+  )
   assert (config.num_layers, config.embed_dim, config.dtype) == (
-      1, models.MODEL_SIZES["small"]["embed_dim"], jnp.bfloat16)
+      1,
+      models.MODEL_SIZES["small"]["embed_dim"],
+      jnp.bfloat16,
+  )
 
 
 def test_odd_head_dim_is_rejected():
@@ -70,12 +76,15 @@ def _expected_param_count(config):
   return 2 * v * d + config.num_layers * (attention + mlp + norms) + d
 
 
-@pytest.mark.parametrize("size, low, high", [
-    ("tiny", 5e4, 2e5),
-    ("small", 1e6, 3e6),
-    ("base", 2e7, 3e7),
-    ("large", 8e7, 1.2e8),
-])
+@pytest.mark.parametrize(
+    "size, low, high",
+    [
+        ("tiny", 5e4, 2e5),
+        ("small", 1e6, 3e6),
+        ("base", 2e7, 3e7),
+        ("large", 8e7, 1.2e8),
+    ],
+)
 def test_param_counts(size, low, high):
   config = models.model_config(size, VOCAB_SIZE, 512)
   # eval_shape: no memory or compute for the large sizes.
@@ -117,8 +126,9 @@ def test_changing_a_token_changes_only_later_logits(tiny_model):
   edited = tokens.at[:, changed_at].set(replacement)
   logits = np.asarray(tiny_model(tokens))
   edited_logits = np.asarray(tiny_model(edited))
-  np.testing.assert_array_equal(logits[:, :changed_at],
-                                edited_logits[:, :changed_at])
+  np.testing.assert_array_equal(
+      logits[:, :changed_at], edited_logits[:, :changed_at]
+  )
   # The edit is visible from its own position on: the check above has teeth.
   later_change = np.abs(logits[:, changed_at:] - edited_logits[:, changed_at:])
   assert np.all(later_change.max(axis=-1) > 1e-4)
@@ -127,8 +137,9 @@ def test_changing_a_token_changes_only_later_logits(tiny_model):
 def test_hidden_states_times_unembedding_is_logits(tiny_model):
   tokens = _random_tokens(3, (2, 9))
   hidden = tiny_model.hidden_states(tokens)
-  np.testing.assert_allclose(hidden @ tiny_model.unembedding,
-                             tiny_model(tokens), rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(
+      hidden @ tiny_model.unembedding, tiny_model(tokens), rtol=1e-6, atol=1e-6
+  )
 
 
 def test_jit_matches_eager(tiny_model):
@@ -138,8 +149,9 @@ def test_jit_matches_eager(tiny_model):
 
 
 def test_dropout_is_random_in_train_mode_only():
-  model = models.create_model(_tiny_config(dropout_rate=0.5),
-                              nnx.Rngs(params=0, dropout=1))
+  model = models.create_model(
+      _tiny_config(dropout_rate=0.5), nnx.Rngs(params=0, dropout=1)
+  )
   tokens = _random_tokens(5, (2, 9))
   model.train()
   assert not np.allclose(model(tokens), model(tokens))
@@ -168,8 +180,12 @@ def _rope_oracle(x, positions, base=models.ROPE_BASE):
 def test_rope_matches_oracle():
   x = jax.random.normal(jax.random.key(0), (2, 5, 3, 8))
   positions = np.array([[0, 1, 2, 3, 4], [7, 3, 0, 30, 11]])
-  np.testing.assert_allclose(models.apply_rope(x, jnp.asarray(positions)),
-                             _rope_oracle(x, positions), rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(
+      models.apply_rope(x, jnp.asarray(positions)),
+      _rope_oracle(x, positions),
+      rtol=1e-5,
+      atol=1e-5,
+  )
 
 
 def test_rope_scores_depend_on_position_difference_only():
@@ -215,8 +231,9 @@ def test_extend_from_cache_matches_full_forward(tiny_model):
   for start, stop in chunks:
     positions = jnp.broadcast_to(jnp.arange(start, stop), (2, stop - start))
     hidden, cache = tiny_model.extend(tokens[:, start:stop], positions, cache)
-    np.testing.assert_allclose(hidden, full[:, start:stop], rtol=1e-5,
-                               atol=1e-5)
+    np.testing.assert_allclose(
+        hidden, full[:, start:stop], rtol=1e-5, atol=1e-5
+    )
 
 
 _forward = nnx.jit(lambda model, tokens: model(tokens))
@@ -243,29 +260,53 @@ def test_greedy_decode_matches_naive_loop(tiny_model):
   prompts = np.asarray(_random_tokens(6, (3, 6)))
   unpadded = [prompts[b, :n].tolist() for b, n in enumerate(prompt_lengths)]
   never = VOCAB_SIZE  # An EOS id the model cannot emit.
-  free_run = [_naive_greedy(tiny_model, p, max_new_tokens, never, pad_id)
-              for p in unpadded]
+  free_run = [
+      _naive_greedy(tiny_model, p, max_new_tokens, never, pad_id)
+      for p in unpadded
+  ]
   # EOS := a token some row first emits mid-way, so that row stops early.
-  eos_id = next(row[step] for row in free_run for step in range(1, 3)
-                if row[step] not in row[:step])
-  expected = np.array([_naive_greedy(tiny_model, p, max_new_tokens, eos_id,
-                                     pad_id) for p in unpadded])
+  eos_id = next(
+      row[step]
+      for row in free_run
+      for step in range(1, 3)
+      if row[step] not in row[:step]
+  )
+  expected = np.array(
+      [
+          _naive_greedy(tiny_model, p, max_new_tokens, eos_id, pad_id)
+          for p in unpadded
+      ]
+  )
   decode = nnx.jit(models.greedy_decode, static_argnums=(3, 4, 5))
-  got = decode(tiny_model, jnp.asarray(prompts), jnp.asarray(prompt_lengths),
-               max_new_tokens, eos_id, pad_id)
+  got = decode(
+      tiny_model,
+      jnp.asarray(prompts),
+      jnp.asarray(prompt_lengths),
+      max_new_tokens,
+      eos_id,
+      pad_id,
+  )
   assert got.dtype == jnp.int32 and got.shape == (3, max_new_tokens)
   np.testing.assert_array_equal(got, expected)
   # The EOS stop was exercised: some row emits EOS and then only padding.
-  stopped = [row for row in expected.tolist()
-             if eos_id in row[:-1]
-             and set(row[row.index(eos_id) + 1:]) == {pad_id}]
+  stopped = [
+      row
+      for row in expected.tolist()
+      if eos_id in row[:-1] and set(row[row.index(eos_id) + 1 :]) == {pad_id}
+  ]
   assert stopped
 
 
 def test_greedy_decode_rejects_overlong_buffer(tiny_model):
   with pytest.raises(ValueError, match="max_len"):
-    models.greedy_decode(tiny_model, jnp.zeros((1, MAX_LEN), jnp.int32),
-                         jnp.array([3]), 4, eos_id=12, pad_id=10)
+    models.greedy_decode(
+        tiny_model,
+        jnp.zeros((1, MAX_LEN), jnp.int32),
+        jnp.array([3]),
+        4,
+        eos_id=12,
+        pad_id=10,
+    )
 
 
 # ----------------------------------------------------------------------------
@@ -286,8 +327,9 @@ def test_params_carry_fsdp_annotations(tiny_model):
 
 
 def test_create_model_on_a_one_device_mesh():
-  mesh = jax.make_mesh((1, 1), ("data", "fsdp"),
-                       axis_types=(jax.sharding.AxisType.Explicit,) * 2)
+  mesh = jax.make_mesh(
+      (1, 1), ("data", "fsdp"), axis_types=(jax.sharding.AxisType.Explicit,) * 2
+  )
   # rbg keys: a jitted threefry init takes many seconds to compile on CPU.
   key = jax.random.key(0, impl="rbg")
   single = models.create_model(_tiny_config(), nnx.Rngs(key))
@@ -357,12 +399,19 @@ _SHARDED_SCRIPT = textwrap.dedent("""
 
 
 def test_sharded_creation_on_four_cpu_devices():
-  env = dict(os.environ,
-             XLA_FLAGS="--xla_force_host_platform_device_count=4",
-             JAX_PLATFORMS="cpu")
-  result = subprocess.run([sys.executable, "-c", _SHARDED_SCRIPT],
-                          cwd=REPO_ROOT, env=env, capture_output=True,
-                          text=True, timeout=300)
+  env = dict(
+      os.environ,
+      XLA_FLAGS="--xla_force_host_platform_device_count=4",
+      JAX_PLATFORMS="cpu",
+  )
+  result = subprocess.run(
+      [sys.executable, "-c", _SHARDED_SCRIPT],
+      cwd=REPO_ROOT,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=300,
+  )
   assert result.returncode == 0, result.stderr[-3000:]
   report = json.loads(result.stdout.strip().splitlines()[-1])
   assert report.pop("num_devices") == 4

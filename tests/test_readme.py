@@ -20,9 +20,15 @@ def test_readme_example_runs_and_learns():
   probe = example.replace(
       "for step in range(20):",
       "initial = float(train_step(model, optimizer, tokens, labels, digit_mask))"
-      "\nfor step in range(20):")
+      "\nfor step in range(20):",
+  )
   probe += "\nassert float(loss) < 0.5 * initial, (initial, float(loss))\n"
-  result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+  result = subprocess.run(
+      [sys.executable, "-c", probe],
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=300,
+  )
   assert result.returncode == 0, result.stderr
   assert "loss after 20 steps:" in result.stdout

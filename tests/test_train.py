@@ -47,8 +47,11 @@ def make_config(data_dir, method="ntil", **overrides):
 def config_flags(config):
   """--config.X=Y flags that reproduce ``config`` on the command line."""
   defaults = arithmetic_mix.get_config(config.method)
-  return [f"--config.{k}={v}" for k, v in config.items()
-          if k != "method" and v != defaults[k]]
+  return [
+      f"--config.{k}={v}"
+      for k, v in config.items()
+      if k != "method" and v != defaults[k]
+  ]
 
 
 def logged(workdir, key="loss"):
@@ -58,11 +61,23 @@ def logged(workdir, key="loss"):
 
 
 def run_cli(config, workdir, *extra, env=None, check=True):
-  command = [sys.executable, "-m", "train.main",
-             f"--config={ROOT}/configs/arithmetic_mix.py:{config.method}",
-             f"--workdir={workdir}", *config_flags(config), *extra]
-  result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
-                          timeout=600, env=dict(os.environ, **(env or {})))
+  command = [
+      sys.executable,
+      "-m",
+      "train.main",
+      f"--config={ROOT}/configs/arithmetic_mix.py:{config.method}",
+      f"--workdir={workdir}",
+      *config_flags(config),
+      *extra,
+  ]
+  result = subprocess.run(
+      command,
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=600,
+      env=dict(os.environ, **(env or {})),
+  )
   if check:
     assert result.returncode == 0, result.stderr[-3000:]
   return result
@@ -70,8 +85,9 @@ def run_cli(config, workdir, *extra, env=None, check=True):
 
 @pytest.mark.parametrize("method", arithmetic_mix.METHODS)
 def test_each_method_trains_and_evaluates(data_dir, tmp_path, method):
-  config = make_config(data_dir, method, train_steps=12, learning_rate=3e-3,
-                       eval_every_steps=12)
+  config = make_config(
+      data_dir, method, train_steps=12, learning_rate=3e-3, eval_every_steps=12
+  )
   result = train.train_and_evaluate(config, str(tmp_path))
   losses = logged(str(tmp_path))
   assert sorted(losses) == list(range(1, 13))
@@ -84,19 +100,25 @@ def test_each_method_trains_and_evaluates(data_dir, tmp_path, method):
   assert 0.0 <= result["eval"]["exact_match"] <= 1.0
   assert result["eval"]["num_examples"] == 20
   assert logged(str(tmp_path), "exact_match") == {
-      12: result["eval"]["exact_match"]}
+      12: result["eval"]["exact_match"]
+  }
   assert os.listdir(tmp_path / "tensorboard")
 
 
 def test_fused_loss_matches_logits_path(data_dir, tmp_path):
-  plain = train.train_and_evaluate(make_config(data_dir, train_steps=3),
-                                   str(tmp_path / "plain"))
+  plain = train.train_and_evaluate(
+      make_config(data_dir, train_steps=3), str(tmp_path / "plain")
+  )
   fused = train.train_and_evaluate(
-      make_config(data_dir, train_steps=3, fused_loss=True,
-                  fused_chunk_size=100), str(tmp_path / "fused"))
+      make_config(
+          data_dir, train_steps=3, fused_loss=True, fused_chunk_size=100
+      ),
+      str(tmp_path / "fused"),
+  )
   for step, loss in logged(str(tmp_path / "plain")).items():
-    assert logged(str(tmp_path / "fused"))[step] == pytest.approx(loss,
-                                                                  rel=1e-5)
+    assert logged(str(tmp_path / "fused"))[step] == pytest.approx(
+        loss, rel=1e-5
+    )
   assert fused["step"] == plain["step"] == 3
 
 
@@ -115,15 +137,18 @@ def test_resume_equals_straight_run(data_dir, tmp_path):
 
 
 def test_corrupt_newest_checkpoint_falls_back(data_dir, tmp_path, caplog):
-  config = make_config(data_dir, train_steps=6, lr_decay_steps=9,
-                       checkpoint_every_steps=3)
+  config = make_config(
+      data_dir, train_steps=6, lr_decay_steps=9, checkpoint_every_steps=3
+  )
   train.train_and_evaluate(config, str(tmp_path / "run"))
   newest = tmp_path / "run" / "checkpoints" / "6"
   for path in (newest / "state").rglob("*"):
     if path.is_file():
       path.write_bytes(b"garbage")
-  resumed = train.train_and_evaluate(make_config(
-      data_dir, train_steps=9, lr_decay_steps=9), str(tmp_path / "run"))
+  resumed = train.train_and_evaluate(
+      make_config(data_dir, train_steps=9, lr_decay_steps=9),
+      str(tmp_path / "run"),
+  )
   assert "checkpoint 6 is unreadable" in caplog.text
   assert (tmp_path / "run" / "checkpoints" / "corrupt-6").is_dir()
   assert resumed["step"] == 9
@@ -133,13 +158,24 @@ def test_corrupt_newest_checkpoint_falls_back(data_dir, tmp_path, caplog):
 
 
 def test_sigterm_checkpoints_and_stops(data_dir, tmp_path):
-  config = make_config(data_dir, train_steps=100000,
-                       checkpoint_every_steps=100000)
-  command = [sys.executable, "-m", "train.main",
-             f"--config={ROOT}/configs/arithmetic_mix.py:ntil",
-             f"--workdir={tmp_path}", *config_flags(config)]
-  process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+  config = make_config(
+      data_dir, train_steps=100000, checkpoint_every_steps=100000
+  )
+  command = [
+      sys.executable,
+      "-m",
+      "train.main",
+      f"--config={ROOT}/configs/arithmetic_mix.py:ntil",
+      f"--workdir={tmp_path}",
+      *config_flags(config),
+  ]
+  process = subprocess.Popen(
+      command,
+      cwd=ROOT,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+  )
   metrics = tmp_path / "metrics.jsonl"
   deadline = time.time() + 300
   while time.time() < deadline and process.poll() is None:
@@ -165,8 +201,9 @@ def _free_port():
 def test_four_devices_equal_one(data_dir, tmp_path):
   config = make_config(data_dir, train_steps=4, fsdp=2)
   run_cli(config, tmp_path / "four", env={"JAX_NUM_CPU_DEVICES": "4"})
-  train.train_and_evaluate(make_config(data_dir, train_steps=4),
-                           str(tmp_path / "one"))
+  train.train_and_evaluate(
+      make_config(data_dir, train_steps=4), str(tmp_path / "one")
+  )
   one, four = logged(str(tmp_path / "one")), logged(str(tmp_path / "four"))
   assert sorted(four) == [1, 2, 3, 4]
   for step in one:
@@ -177,14 +214,27 @@ def test_two_processes_equal_one(data_dir, tmp_path):
   config = make_config(data_dir, train_steps=4, eval_every_steps=4)
   address = f"127.0.0.1:{_free_port()}"
   env = dict(os.environ, JAX_NUM_CPU_DEVICES="1")
-  command = [sys.executable, "-m", "train.main",
-             f"--config={ROOT}/configs/arithmetic_mix.py:ntil",
-             f"--workdir={tmp_path / 'two'}", *config_flags(config),
-             f"--coordinator_address={address}", "--num_processes=2"]
-  processes = [subprocess.Popen(command + [f"--process_id={i}"], cwd=ROOT,
-                                env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
-               for i in range(2)]
+  command = [
+      sys.executable,
+      "-m",
+      "train.main",
+      f"--config={ROOT}/configs/arithmetic_mix.py:ntil",
+      f"--workdir={tmp_path / 'two'}",
+      *config_flags(config),
+      f"--coordinator_address={address}",
+      "--num_processes=2",
+  ]
+  processes = [
+      subprocess.Popen(
+          command + [f"--process_id={i}"],
+          cwd=ROOT,
+          env=env,
+          stdout=subprocess.PIPE,
+          stderr=subprocess.PIPE,
+          text=True,
+      )
+      for i in range(2)
+  ]
   for process in processes:
     _, stderr = process.communicate(timeout=600)
     assert process.returncode == 0, stderr[-3000:]
@@ -194,39 +244,74 @@ def test_two_processes_equal_one(data_dir, tmp_path):
   for step in one:
     assert two[step] == pytest.approx(one[step], rel=1e-5, abs=1e-6)
   assert logged(str(tmp_path / "two"), "exact_match")[4] == pytest.approx(
-      single["eval"]["exact_match"])
+      single["eval"]["exact_match"]
+  )
 
 
-@pytest.mark.parametrize("case, overrides, env, message", [
-    ("missing data", dict(data_dir="/nonexistent/data"), None,
-     "train.prepare_data"),
-    ("no data_dir", dict(data_dir=""), None, "--config.data_dir"),
-    ("unknown model", dict(model="huge"), None, "unknown model size 'huge'"),
-    ("unknown weighting", dict(weighting="mean"), None, "unknown weighting"),
-    ("batch vs devices", dict(batch_size=6), {"JAX_NUM_CPU_DEVICES": "4"},
-     "batch_size=6 is not divisible by the 4 devices"),
-])
-def test_bad_input_one_clear_line(data_dir, tmp_path, case, overrides, env,
-                                  message):
+@pytest.mark.parametrize(
+    "case, overrides, env, message",
+    [
+        (
+            "missing data",
+            dict(data_dir="/nonexistent/data"),
+            None,
+            "train.prepare_data",
+        ),
+        ("no data_dir", dict(data_dir=""), None, "--config.data_dir"),
+        (
+            "unknown model",
+            dict(model="huge"),
+            None,
+            "unknown model size 'huge'",
+        ),
+        (
+            "unknown weighting",
+            dict(weighting="mean"),
+            None,
+            "unknown weighting",
+        ),
+        (
+            "batch vs devices",
+            dict(batch_size=6),
+            {"JAX_NUM_CPU_DEVICES": "4"},
+            "batch_size=6 is not divisible by the 4 devices",
+        ),
+    ],
+)
+def test_bad_input_one_clear_line(
+    data_dir, tmp_path, case, overrides, env, message
+):
   del case
   overrides = dict(overrides)
   config = make_config(overrides.pop("data_dir", data_dir), **overrides)
   result = run_cli(config, tmp_path, env=env, check=False)
   assert result.returncode == 2
   assert "Traceback" not in result.stderr
-  error_lines = [l for l in result.stderr.splitlines() if l.startswith("error:")]
+  error_lines = [
+      l for l in result.stderr.splitlines() if l.startswith("error:")
+  ]
   assert len(error_lines) == 1 and message in error_lines[0], result.stderr
 
 
-@pytest.mark.parametrize("flag, message", [
-    ("--config=configs/arithmetic_mix.py:mse", "unknown method 'mse'"),
-    ("--config.nosuch=3", "unknown config field"),
-])
+@pytest.mark.parametrize(
+    "flag, message",
+    [
+        ("--config=configs/arithmetic_mix.py:mse", "unknown method 'mse'"),
+        ("--config.nosuch=3", "unknown config field"),
+    ],
+)
 def test_bad_flags_one_clear_line(tmp_path, flag, message):
-  command = [sys.executable, "-m", "train.main", f"--workdir={tmp_path}",
-             "--config=configs/arithmetic_mix.py:ntil", flag]
-  result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
+  command = [
+      sys.executable,
+      "-m",
+      "train.main",
+      f"--workdir={tmp_path}",
+      "--config=configs/arithmetic_mix.py:ntil",
+      flag,
+  ]
+  result = subprocess.run(
+      command, cwd=ROOT, capture_output=True, text=True, timeout=300
+  )
   assert result.returncode == 2
   assert "Traceback" not in result.stderr
   assert result.stderr.strip().splitlines()[-1].startswith("error: ")

@@ -39,8 +39,13 @@ def data_dir(tmp_path_factory):
 @contextlib.contextmanager
 def running(command):
   """A training process that is killed if the test fails first."""
-  process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+  process = subprocess.Popen(
+      command,
+      cwd=ROOT,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+  )
   try:
     yield process
   finally:
@@ -64,23 +69,27 @@ def assert_one_error(result, message, returncode=2):
 # Bad configs and paths: refused before anything compiles.
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("batch_size", 0, "batch_size must be >= 1"),
-    ("eval_batch_size", 0, "eval_batch_size must be >= 1"),
-    ("checkpoint_every_steps", 0, "checkpoint_every_steps must be >= 1"),
-    ("log_every_steps", -1, "log_every_steps must be >= 1"),
-    ("fsdp", 0, "fsdp must be >= 1"),
-    ("keep_checkpoints", 0, "keep_checkpoints must be >= 1"),
-    ("max_question_len", 0, "max_question_len must be >= 1"),
-    ("max_answer_len", 0, "max_answer_len must be >= 1"),
-    ("train_steps", -5, "train_steps must be >= 0"),
-    ("lam", -0.3, "lam must be >= 0"),
-    ("learning_rate", 0.0, "learning_rate must be > 0"),
-    ("learning_rate", -1e-3, "learning_rate must be > 0"),
-    ("dtype", "float8", "unknown dtype 'float8'"),
-])
-def test_bad_number_refused_before_compiling(data_dir, tmp_path, field, value,
-                                             message):
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("batch_size", 0, "batch_size must be >= 1"),
+        ("eval_batch_size", 0, "eval_batch_size must be >= 1"),
+        ("checkpoint_every_steps", 0, "checkpoint_every_steps must be >= 1"),
+        ("log_every_steps", -1, "log_every_steps must be >= 1"),
+        ("fsdp", 0, "fsdp must be >= 1"),
+        ("keep_checkpoints", 0, "keep_checkpoints must be >= 1"),
+        ("max_question_len", 0, "max_question_len must be >= 1"),
+        ("max_answer_len", 0, "max_answer_len must be >= 1"),
+        ("train_steps", -5, "train_steps must be >= 0"),
+        ("lam", -0.3, "lam must be >= 0"),
+        ("learning_rate", 0.0, "learning_rate must be > 0"),
+        ("learning_rate", -1e-3, "learning_rate must be > 0"),
+        ("dtype", "float8", "unknown dtype 'float8'"),
+    ],
+)
+def test_bad_number_refused_before_compiling(
+    data_dir, tmp_path, field, value, message
+):
   config = make_config(data_dir, **{field: value})
   started = time.perf_counter()
   with pytest.raises(train.ConfigError, match=re.escape(message)):
@@ -101,8 +110,9 @@ def test_workdir_checks(data_dir, tmp_path):
   with pytest.raises(train.ConfigError, match="checkpoints is a file"):
     train.train_and_evaluate(config, str(tmp_path / "w"))
   with pytest.raises(train.ConfigError, match="data_dir .* is a file"):
-    train.train_and_evaluate(make_config(str(tmp_path / "file")),
-                             str(tmp_path / "w2"))
+    train.train_and_evaluate(
+        make_config(str(tmp_path / "file")), str(tmp_path / "w2")
+    )
 
 
 def test_read_only_workdir(data_dir, tmp_path, monkeypatch):
@@ -119,11 +129,14 @@ def test_read_only_workdir(data_dir, tmp_path, monkeypatch):
     train.train_and_evaluate(make_config(data_dir), str(tmp_path / "w"))
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--workdir="], "--workdir is empty"),
-    (["--config.eval_batch_size=0"], "eval_batch_size must be >= 1"),
-    (["--config.dtype=float8"], "unknown dtype"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--workdir="], "--workdir is empty"),
+        (["--config.eval_batch_size=0"], "eval_batch_size must be >= 1"),
+        (["--config.dtype=float8"], "unknown dtype"),
+    ],
+)
 def test_bad_config_cli_one_line(data_dir, tmp_path, flags, message):
   result = run_cli(make_config(data_dir), tmp_path, *flags, check=False)
   assert_one_error(result, message)
@@ -142,11 +155,15 @@ def test_checkpoints_path_is_a_file_cli(data_dir, tmp_path):
 
 
 def test_save_failing_mid_run_stops_at_once(data_dir, tmp_path):
-  config = make_config(data_dir, train_steps=100000,
-                       checkpoint_every_steps=4)
-  command = [sys.executable, "-m", "train.main",
-             f"--config={ROOT}/configs/arithmetic_mix.py:ntil",
-             f"--workdir={tmp_path}", *config_flags(config)]
+  config = make_config(data_dir, train_steps=100000, checkpoint_every_steps=4)
+  command = [
+      sys.executable,
+      "-m",
+      "train.main",
+      f"--config={ROOT}/configs/arithmetic_mix.py:ntil",
+      f"--workdir={tmp_path}",
+      *config_flags(config),
+  ]
   with running(command) as process:
     checkpoints = tmp_path / "checkpoints"
     deadline = time.time() + 300
@@ -167,10 +184,12 @@ def test_save_failing_mid_run_stops_at_once(data_dir, tmp_path):
   assert "Traceback" not in stderr
 
 
-def test_sigterm_during_a_hung_save_ends_at_once(data_dir, tmp_path,
-                                                 monkeypatch):
+def test_sigterm_during_a_hung_save_ends_at_once(
+    data_dir, tmp_path, monkeypatch
+):
   if threading.current_thread() is not threading.main_thread():
     pytest.skip("signal handlers need the main thread")
+
   def hang(*args, **kwargs):
     del args, kwargs
     while True:
@@ -178,8 +197,7 @@ def test_sigterm_during_a_hung_save_ends_at_once(data_dir, tmp_path,
 
   monkeypatch.setattr(ocp.CheckpointManager, "save", hang)
   config = make_config(data_dir, train_steps=6, checkpoint_every_steps=2)
-  timer = threading.Timer(
-      0.5, lambda: os.kill(os.getpid(), signal.SIGTERM))
+  timer = threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGTERM))
   original = train.save_checkpoint
 
   def save_then_signal(*args, **kwargs):
@@ -199,38 +217,54 @@ def test_sigterm_during_a_hung_save_ends_at_once(data_dir, tmp_path,
 
 
 def test_diverging_run_stops_and_keeps_good_checkpoints(data_dir, tmp_path):
-  config = make_config(data_dir, train_steps=3, warmup_steps=0,
-                       lr_decay_steps=12, log_every_steps=100)
+  config = make_config(
+      data_dir,
+      train_steps=3,
+      warmup_steps=0,
+      lr_decay_steps=12,
+      log_every_steps=100,
+  )
   train.train_and_evaluate(config, str(tmp_path))
-  diverging = make_config(data_dir, train_steps=12, warmup_steps=0,
-                          lr_decay_steps=12, log_every_steps=100,
-                          learning_rate=1e30)
-  with pytest.raises(train.TrainingError,
-                     match=r"non-finite loss=nan.* at step 6.*step 3"):
+  diverging = make_config(
+      data_dir,
+      train_steps=12,
+      warmup_steps=0,
+      lr_decay_steps=12,
+      log_every_steps=100,
+      learning_rate=1e30,
+  )
+  with pytest.raises(
+      train.TrainingError, match=r"non-finite loss=nan.* at step 6.*step 3"
+  ):
     train.train_and_evaluate(diverging, str(tmp_path))
   assert os.listdir(tmp_path / "checkpoints") == ["3"]
   # The good checkpoint still resumes.
   resumed = train.train_and_evaluate(
-      make_config(data_dir, train_steps=6, warmup_steps=0,
-                  lr_decay_steps=12), str(tmp_path))
+      make_config(data_dir, train_steps=6, warmup_steps=0, lr_decay_steps=12),
+      str(tmp_path),
+  )
   assert resumed["step"] == 6
 
 
-def test_non_finite_checkpoint_is_moved_aside(data_dir, tmp_path,
-                                              monkeypatch, caplog):
+def test_non_finite_checkpoint_is_moved_aside(
+    data_dir, tmp_path, monkeypatch, caplog
+):
   overrides = dict(warmup_steps=0, lr_decay_steps=12, log_every_steps=100)
-  train.train_and_evaluate(make_config(data_dir, train_steps=3, **overrides),
-                           str(tmp_path))
+  train.train_and_evaluate(
+      make_config(data_dir, train_steps=3, **overrides), str(tmp_path)
+  )
   # A trainer without the check saves a NaN state at step 6 (as silent
   # corruption of the files would).
   with monkeypatch.context() as patch:
     patch.setattr(train, "_check_finite", lambda *args: None)
-    train.train_and_evaluate(make_config(data_dir, train_steps=6,
-                                         learning_rate=1e30, **overrides),
-                             str(tmp_path))
+    train.train_and_evaluate(
+        make_config(data_dir, train_steps=6, learning_rate=1e30, **overrides),
+        str(tmp_path),
+    )
   assert sorted(os.listdir(tmp_path / "checkpoints")) == ["3", "6"]
   resumed = train.train_and_evaluate(
-      make_config(data_dir, train_steps=9, **overrides), str(tmp_path))
+      make_config(data_dir, train_steps=9, **overrides), str(tmp_path)
+  )
   assert "checkpoint 6 is unreadable" in caplog.text
   assert "NaN or inf" in caplog.text
   assert (tmp_path / "checkpoints" / "corrupt-6").is_dir()
@@ -243,54 +277,65 @@ def test_non_finite_checkpoint_is_moved_aside(data_dir, tmp_path,
 
 def test_second_run_on_a_workdir_is_refused(data_dir, tmp_path):
   with train.WorkdirLock(str(tmp_path)):
-    with pytest.raises(train.ConfigError,
-                       match=f"in use by another run \\(pid {os.getpid()}\\)"):
+    with pytest.raises(
+        train.ConfigError,
+        match=f"in use by another run \\(pid {os.getpid()}\\)",
+    ):
       train.train_and_evaluate(make_config(data_dir), str(tmp_path))
   assert not (tmp_path / "metrics.jsonl").exists()
 
 
 def test_lock_of_a_live_process_and_of_a_dead_one(data_dir, tmp_path):
   holder = subprocess.Popen(
-      [sys.executable, "-c",
-       "import sys, time; from train import train; "
-       "lock = train.WorkdirLock(sys.argv[1]).__enter__(); "
-       "print('locked', flush=True); time.sleep(600)", str(tmp_path)],
-      cwd=ROOT, stdout=subprocess.PIPE, text=True)
+      [
+          sys.executable,
+          "-c",
+          "import sys, time; from train import train; "
+          "lock = train.WorkdirLock(sys.argv[1]).__enter__(); "
+          "print('locked', flush=True); time.sleep(600)",
+          str(tmp_path),
+      ],
+      cwd=ROOT,
+      stdout=subprocess.PIPE,
+      text=True,
+  )
   try:
     assert holder.stdout.readline().strip() == "locked"
-    result = run_cli(make_config(data_dir, train_steps=2), tmp_path,
-                     check=False)
+    result = run_cli(
+        make_config(data_dir, train_steps=2), tmp_path, check=False
+    )
   finally:
     holder.kill()
     holder.wait()
   assert_one_error(result, f"in use by another run (pid {holder.pid})")
   # The dead holder's pid is still in the file; its lock is gone.
   assert (tmp_path / ".lock").read_text().strip() == str(holder.pid)
-  train.train_and_evaluate(make_config(data_dir, train_steps=2),
-                           str(tmp_path))
+  train.train_and_evaluate(make_config(data_dir, train_steps=2), str(tmp_path))
   assert sorted(logged(str(tmp_path))) == [1, 2]
 
 
 def test_lock_is_released_after_a_run(data_dir, tmp_path):
-  train.train_and_evaluate(make_config(data_dir, train_steps=1),
-                           str(tmp_path))
+  train.train_and_evaluate(make_config(data_dir, train_steps=1), str(tmp_path))
   with open(tmp_path / ".lock") as f:
     fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # would raise if held
 
 
 def test_torn_metrics_line_is_dropped_on_resume(data_dir, tmp_path, caplog):
   overrides = dict(lr_decay_steps=6)
-  train.train_and_evaluate(make_config(data_dir, train_steps=3, **overrides),
-                           str(tmp_path))
+  train.train_and_evaluate(
+      make_config(data_dir, train_steps=3, **overrides), str(tmp_path)
+  )
   with open(tmp_path / "metrics.jsonl", "a") as f:
     f.write('{"step": 21, "ce": 2.1')  # a crash in the middle of a write
-  train.train_and_evaluate(make_config(data_dir, train_steps=6, **overrides),
-                           str(tmp_path))
+  train.train_and_evaluate(
+      make_config(data_dir, train_steps=6, **overrides), str(tmp_path)
+  )
   assert "dropping torn line" in caplog.text
   assert sorted(logged(str(tmp_path))) == list(range(1, 7))
   straight = tmp_path / "straight"
-  train.train_and_evaluate(make_config(data_dir, train_steps=6, **overrides),
-                           str(straight))
+  train.train_and_evaluate(
+      make_config(data_dir, train_steps=6, **overrides), str(straight)
+  )
   assert logged(str(tmp_path)) == logged(str(straight))
 
 
@@ -313,8 +358,9 @@ def test_corrupt_checkpoints_one_warning_each_then_step_0(data_dir, tmp_path):
   result = run_cli(config, tmp_path)
   assert "Traceback" not in result.stderr, result.stderr[-3000:]
   assert "Event loop is closed" not in result.stderr
-  warnings = [line for line in result.stderr.splitlines()
-              if "is unreadable" in line]
+  warnings = [
+      line for line in result.stderr.splitlines() if "is unreadable" in line
+  ]
   assert len(warnings) == 2, result.stderr[-3000:]
   assert "training restarts from step 0" in result.stderr
   assert sorted(logged(str(tmp_path))) == list(range(1, 7))
@@ -323,9 +369,11 @@ def test_corrupt_checkpoints_one_warning_each_then_step_0(data_dir, tmp_path):
 # ----------------------------------------------------------------------------
 # What the terminal shows.
 
-_OWN_FILES = {path.name for package in ("train", "configs", "experiments",
-                                        "ntil_jax")
-              for path in (ROOT / package).rglob("*.py")}
+_OWN_FILES = {
+    path.name
+    for package in ("train", "configs", "experiments", "ntil_jax")
+    for path in (ROOT / package).rglob("*.py")
+}
 _LOG_LINE = re.compile(r"^([IWEF])\d{4} [\d:.]+ +\d+ ([\w.]+):\d+\]")
 
 
@@ -340,23 +388,34 @@ def library_info_lines(text):
 
 
 def test_trainer_terminal_has_no_library_info(data_dir, tmp_path):
-  result = run_cli(make_config(data_dir, train_steps=3,
-                               checkpoint_every_steps=1, eval_every_steps=3),
-                   tmp_path)
-  assert not library_info_lines(result.stderr + result.stdout), (
-      library_info_lines(result.stderr + result.stdout)[:5])
+  result = run_cli(
+      make_config(
+          data_dir, train_steps=3, checkpoint_every_steps=1, eval_every_steps=3
+      ),
+      tmp_path,
+  )
+  assert not library_info_lines(
+      result.stderr + result.stdout
+  ), library_info_lines(result.stderr + result.stdout)[:5]
   assert "exact match" in result.stdout
   log = (tmp_path / logs.LOG_FILE).read_text()
   assert "checkpoint_manager.py" in log  # the library lines are kept there
 
 
 def test_demo_terminal_is_quiet(tmp_path):
-  command = [sys.executable, "-m", "train.demo",
-             f"--workdir={tmp_path / 'demo'}",
-             f"--data_dir={tmp_path / 'data'}", "--train_size=256",
-             "--test_size=16", "--steps=2"]
-  result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
-                          timeout=900)
+  command = [
+      sys.executable,
+      "-m",
+      "train.demo",
+      f"--workdir={tmp_path / 'demo'}",
+      f"--data_dir={tmp_path / 'data'}",
+      "--train_size=256",
+      "--test_size=16",
+      "--steps=2",
+  ]
+  result = subprocess.run(
+      command, cwd=ROOT, capture_output=True, text=True, timeout=900
+  )
   assert result.returncode == 0, result.stderr[-3000:]
   output = result.stdout + result.stderr
   assert not library_info_lines(output), library_info_lines(output)[:5]

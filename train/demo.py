@@ -59,10 +59,15 @@ def plot_curves(workdirs, path):
   for (method, label), workdir in zip(METHODS, workdirs):
     _, evals = plots.read_metrics(os.path.join(workdir, "metrics.jsonl"))
     steps = [r["step"] for r in evals]
-    axes[0].plot(steps, [100 * r["exact_match"] for r in evals], marker="o",
-                 label=label)
-    axes[1].plot(steps, [r["mean_time_gap_minutes"] for r in evals],
-                 marker="o", label=label)
+    axes[0].plot(
+        steps, [100 * r["exact_match"] for r in evals], marker="o", label=label
+    )
+    axes[1].plot(
+        steps,
+        [r["mean_time_gap_minutes"] for r in evals],
+        marker="o",
+        label=label,
+    )
     del method
   axes[0].set_ylabel("test exact match (%)")
   axes[1].set_ylabel("mean time gap (minutes)")
@@ -80,44 +85,56 @@ def plot_curves(workdirs, path):
 def main(argv):
   del argv
   logs.quiet_terminal()
-  print(f"rendering {FLAGS.train_size} + {FLAGS.test_size} clocks into "
-        f"{FLAGS.data_dir} (skipped if there)", flush=True)
+  print(
+      f"rendering {FLAGS.train_size} + {FLAGS.test_size} clocks into "
+      f"{FLAGS.data_dir} (skipped if there)",
+      flush=True,
+  )
   task.prepare(FLAGS.data_dir, FLAGS.train_size, FLAGS.test_size)
   results, workdirs = {}, []
   for method, label in METHODS:
     workdir = os.path.join(FLAGS.workdir, method)
-    print(f"training {label} for {FLAGS.steps} steps -> {workdir}",
-          flush=True)
+    print(f"training {label} for {FLAGS.steps} steps -> {workdir}", flush=True)
     with train.exit_on_error():
-      results[method] = train.train_and_evaluate(demo_config(method),
-                                                 workdir)
+      results[method] = train.train_and_evaluate(demo_config(method), workdir)
     train.exit_if_stopped(results[method])
     workdirs.append(workdir)
   clocks = list(task.generate_clocks("test", FLAGS.test_size, 0))
-  predictions = {label: train.read_predictions(workdir)
-                 for (_, label), workdir in zip(METHODS, workdirs)}
+  predictions = {
+      label: train.read_predictions(workdir)
+      for (_, label), workdir in zip(METHODS, workdirs)
+  }
   ce, ntil = predictions["CE"], predictions["CE + NTIL"]
   differ = [i for i in range(len(clocks)) if ce[i] != ntil[i]]
-  chosen = (differ[:14] + [i for i in range(len(clocks))
-                           if i not in set(differ)][:4])[:18]
+  chosen = (
+      differ[:14] + [i for i in range(len(clocks)) if i not in set(differ)][:4]
+  )[:18]
   picture = plots.plot_clock_predictions(
-      [clocks[i][0] for i in chosen], [clocks[i][1] for i in chosen],
+      [clocks[i][0] for i in chosen],
+      [clocks[i][1] for i in chosen],
       {label: [p[i] for i in chosen] for label, p in predictions.items()},
       os.path.join(FLAGS.workdir, "predictions.png"),
       title=f"test clocks, seed {FLAGS.seed} (x: wrong); first those where "
-            "the runs disagree")
+      "the runs disagree",
+  )
   curves = plot_curves(workdirs, os.path.join(FLAGS.workdir, "curves.png"))
-  print(f"\n{FLAGS.test_size} test clocks, seed {FLAGS.seed}, "
-        f"{FLAGS.steps} steps:")
+  print(
+      f"\n{FLAGS.test_size} test clocks, seed {FLAGS.seed}, "
+      f"{FLAGS.steps} steps:"
+  )
   for method, label in METHODS:
     metrics = results[method]["eval"]
-    print(f"  {label:10s} exact match {100 * metrics['exact_match']:5.1f}%  "
-          f"mean time gap {metrics['mean_time_gap_minutes']:5.1f} min  "
-          f"hour right {100 * metrics['hour_accuracy']:5.1f}%  "
-          f"within 5 min {100 * metrics['within_5_minutes']:5.1f}%")
-  print(f"  the runs read {len(differ)} of {len(clocks)} clocks differently."
-        "\n  One seed is one sample: see experiments/clock_time/results.md "
-        "for 5 paired seeds.")
+    print(
+        f"  {label:10s} exact match {100 * metrics['exact_match']:5.1f}%  "
+        f"mean time gap {metrics['mean_time_gap_minutes']:5.1f} min  "
+        f"hour right {100 * metrics['hour_accuracy']:5.1f}%  "
+        f"within 5 min {100 * metrics['within_5_minutes']:5.1f}%"
+    )
+  print(
+      f"  the runs read {len(differ)} of {len(clocks)} clocks differently."
+      "\n  One seed is one sample: see experiments/clock_time/results.md "
+      "for 5 paired seeds."
+  )
   print(f"pictures: {picture}\n          {curves}")
 
 

@@ -16,7 +16,8 @@ def _sum_over_hosts(sums: dict) -> dict:
     return sums
   flat, tree = jax.tree.flatten(sums)
   gathered = multihost_utils.process_allgather(
-      [np.asarray(x, np.float64) for x in flat])
+      [np.asarray(x, np.float64) for x in flat]
+  )
   return jax.tree.unflatten(tree, [np.asarray(g).sum(0) for g in gathered])
 
 
@@ -34,10 +35,12 @@ def host_rows(array: jax.Array) -> np.ndarray:
 
 
 @functools.partial(nnx.jit, static_argnums=(3, 4, 5))
-def _decode(model, prompts, prompt_lengths, max_new_tokens, eos_id, pad_id,
-            images):
-  return models.greedy_decode(model, prompts, prompt_lengths, max_new_tokens,
-                              eos_id, pad_id, images)
+def _decode(
+    model, prompts, prompt_lengths, max_new_tokens, eos_id, pad_id, images
+):
+  return models.greedy_decode(
+      model, prompts, prompt_lengths, max_new_tokens, eos_id, pad_id, images
+  )
 
 
 def evaluate(model, config, to_global, task, *, num_samples: int = 0):
@@ -60,11 +63,15 @@ def evaluate(model, config, to_global, task, *, num_samples: int = 0):
   sums, samples, predictions_out = None, [], []
   for batch in task.eval_batches(config):
     images = batch.get("images")
-    outputs = _decode(model, to_global(batch["prompts"]),
-                      to_global(batch["prompt_lengths"]),
-                      config.max_answer_len + 1, tokenizer.EOS_ID,
-                      tokenizer.PAD_ID,
-                      None if images is None else to_global(images))
+    outputs = _decode(
+        model,
+        to_global(batch["prompts"]),
+        to_global(batch["prompt_lengths"]),
+        config.max_answer_len + 1,
+        tokenizer.EOS_ID,
+        tokenizer.PAD_ID,
+        None if images is None else to_global(images),
+    )
     rows = host_rows(outputs)
     valid = batch["valid"]
     indices = batch.get("indices", [-1] * len(valid))
@@ -72,11 +79,14 @@ def evaluate(model, config, to_global, task, *, num_samples: int = 0):
     answers = [a for a, ok in zip(batch["answers"], valid) if ok]
     questions = [q for q, ok in zip(batch["questions"], valid) if ok]
     batch_sums = task.score_answers(predictions, answers, config)
-    sums = batch_sums if sums is None else jax.tree.map(np.add, sums,
-                                                        batch_sums)
+    sums = (
+        batch_sums if sums is None else jax.tree.map(np.add, sums, batch_sums)
+    )
     samples += list(zip(questions, answers, predictions))[
-        :max(0, num_samples - len(samples))]
-    predictions_out += list(zip([i for i, ok in zip(indices, valid) if ok],
-                                answers, predictions))
+        : max(0, num_samples - len(samples))
+    ]
+    predictions_out += list(
+        zip([i for i, ok in zip(indices, valid) if ok], answers, predictions)
+    )
   model.train()
   return task.summarize(_sum_over_hosts(sums)), samples, predictions_out

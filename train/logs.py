@@ -16,9 +16,10 @@ from absl import logging
 
 # Where this project's code lives: records logged from here are ours.
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_OWN_PACKAGES = tuple(os.path.join(_ROOT, name) + os.sep
-                      for name in ("train", "configs", "experiments",
-                                   "ntil_jax"))
+_OWN_PACKAGES = tuple(
+    os.path.join(_ROOT, name) + os.sep
+    for name in ("train", "configs", "experiments", "ntil_jax")
+)
 # Library warnings that say nothing a user can act on.
 _BENIGN_WARNINGS = (
     "Using custom data configuration",  # TFDS: our builders' configs
@@ -68,6 +69,7 @@ def quiet_terminal() -> None:
   if not any(isinstance(f, TerminalFilter) for f in handler.filters):
     handler.addFilter(TerminalFilter())
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
   tfds.disable_progress_bar()
 
 
@@ -129,8 +131,9 @@ def drop_closed_loop_errors():
   dropped = [0]
 
   def hook(unraisable):
-    if _is_closed_loop_error(unraisable.exc_type, unraisable.exc_value,
-                             unraisable.exc_traceback):
+    if _is_closed_loop_error(
+        unraisable.exc_type, unraisable.exc_value, unraisable.exc_traceback
+    ):
       dropped[0] += 1
       return
     previous(unraisable)
@@ -142,5 +145,8 @@ def drop_closed_loop_errors():
     if sys.unraisablehook is hook:
       sys.unraisablehook = previous
     if dropped[0]:
-      file_only("dropped %d 'Event loop is closed' tracebacks of tensorstore "
-                "after a failed checkpoint restore.", dropped[0])
+      file_only(
+          "dropped %d 'Event loop is closed' tracebacks of tensorstore "
+          "after a failed checkpoint restore.",
+          dropped[0],
+      )

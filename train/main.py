@@ -28,10 +28,16 @@ from train import train
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "Where checkpoints and metrics go.")
 config_flags.DEFINE_config_file(
-    "config", None, "Training configuration, e.g. configs/arithmetic_mix.py:ntil",
-    lock_config=True)
-flags.DEFINE_string("coordinator_address", None,
-                    "host:port of process 0, for multi-host training.")
+    "config",
+    None,
+    "Training configuration, e.g. configs/arithmetic_mix.py:ntil",
+    lock_config=True,
+)
+flags.DEFINE_string(
+    "coordinator_address",
+    None,
+    "host:port of process 0, for multi-host training.",
+)
 flags.DEFINE_integer("num_processes", None, "Number of processes (hosts).")
 flags.DEFINE_integer("process_id", None, "This process's index.")
 flags.mark_flags_as_required(["config", "workdir"])
@@ -49,8 +55,10 @@ def parse_flags(argv):
     print(f"error: {message.removeprefix('ValueError: ')}", file=sys.stderr)
     sys.exit(2)
   except AttributeError as error:  # --config.FIELD for a field that is not
-    print(f"error: unknown config field {error}; see configs/common.py and the task's config",
-          file=sys.stderr)
+    print(
+        f"error: unknown config field {error}; see configs/common.py and the task's config",
+        file=sys.stderr,
+    )
     sys.exit(2)
 
 
@@ -59,18 +67,26 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logs.quiet_terminal()
   if FLAGS.coordinator_address:
-    jax.distributed.initialize(coordinator_address=FLAGS.coordinator_address,
-                               num_processes=FLAGS.num_processes,
-                               process_id=FLAGS.process_id)
-  logging.info("JAX process %d/%d, %d local devices: %s", jax.process_index(),
-               jax.process_count(), jax.local_device_count(),
-               jax.devices()[0].device_kind)
+    jax.distributed.initialize(
+        coordinator_address=FLAGS.coordinator_address,
+        num_processes=FLAGS.num_processes,
+        process_id=FLAGS.process_id,
+    )
+  logging.info(
+      "JAX process %d/%d, %d local devices: %s",
+      jax.process_index(),
+      jax.process_count(),
+      jax.local_device_count(),
+      jax.devices()[0].device_kind,
+  )
   with train.exit_on_error():
     result = train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
   train.exit_if_stopped(result)
   if result["eval"]:
-    print(f"step {result['step']}: "
-          f"{train.get_task(FLAGS.config).headline(result['eval'])}")
+    print(
+        f"step {result['step']}: "
+        f"{train.get_task(FLAGS.config).headline(result['eval'])}"
+    )
 
 
 if __name__ == "__main__":

@@ -85,21 +85,31 @@ class ModelConfig:
     return num_image_tokens(self.image_size, self.image_channels)
 
   def __post_init__(self):
-    for name in ("vocab_size", "num_layers", "num_heads", "head_dim",
-                 "embed_dim", "mlp_dim", "max_len"):
+    for name in (
+        "vocab_size",
+        "num_layers",
+        "num_heads",
+        "head_dim",
+        "embed_dim",
+        "mlp_dim",
+        "max_len",
+    ):
       value = getattr(self, name)
       if not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}.")
     if self.head_dim % 2:
       raise ValueError(
-          f"head_dim must be even for rotary embeddings, got {self.head_dim}.")
+          f"head_dim must be even for rotary embeddings, got {self.head_dim}."
+      )
     if self.image_size < 0 or any(c < 1 for c in self.image_channels):
       raise ValueError(
           f"image_size must be >= 0 and image_channels positive, got "
-          f"{self.image_size} and {self.image_channels}.")
+          f"{self.image_size} and {self.image_channels}."
+      )
     if not 0.0 <= self.dropout_rate < 1.0:
       raise ValueError(
-          f"dropout_rate must be in [0, 1), got {self.dropout_rate}.")
+          f"dropout_rate must be in [0, 1), got {self.dropout_rate}."
+      )
 
 
 def num_image_tokens(image_size: int, image_channels) -> int:
@@ -112,22 +122,27 @@ def num_image_tokens(image_size: int, image_channels) -> int:
 # Parameter counts are for vocab_size=99 (train/tokenizer.py); see README.
 MODEL_SIZES: dict[str, dict] = {
     # ~0.1M: unit tests.
-    "tiny": dict(num_layers=2, num_heads=4, head_dim=16, embed_dim=64,
-                 mlp_dim=192),
+    "tiny": dict(
+        num_layers=2, num_heads=4, head_dim=16, embed_dim=64, mlp_dim=192
+    ),
     # ~1.8M: CPU experiments.
-    "small": dict(num_layers=4, num_heads=6, head_dim=32, embed_dim=192,
-                  mlp_dim=512),
+    "small": dict(
+        num_layers=4, num_heads=6, head_dim=32, embed_dim=192, mlp_dim=512
+    ),
     # ~26M: one accelerator.
-    "base": dict(num_layers=8, num_heads=8, head_dim=64, embed_dim=512,
-                 mlp_dim=1408),
+    "base": dict(
+        num_layers=8, num_heads=8, head_dim=64, embed_dim=512, mlp_dim=1408
+    ),
     # ~99M: accelerators.
-    "large": dict(num_layers=12, num_heads=12, head_dim=64, embed_dim=768,
-                  mlp_dim=2560),
+    "large": dict(
+        num_layers=12, num_heads=12, head_dim=64, embed_dim=768, mlp_dim=2560
+    ),
 }
 
 
-def model_config(size: str, vocab_size: int, max_len: int,
-                 **overrides: Any) -> ModelConfig:
+def model_config(
+    size: str, vocab_size: int, max_len: int, **overrides: Any
+) -> ModelConfig:
   """Returns the `ModelConfig` of a named size, with fields overridden.
 
   Args:
@@ -141,12 +156,14 @@ def model_config(size: str, vocab_size: int, max_len: int,
   """
   if size not in MODEL_SIZES:
     raise ValueError(
-        f"unknown model size {size!r}; valid sizes: {sorted(MODEL_SIZES)}.")
+        f"unknown model size {size!r}; valid sizes: {sorted(MODEL_SIZES)}."
+    )
   field_names = {f.name for f in dataclasses.fields(ModelConfig)}
   unknown = sorted(set(overrides) - field_names)
   if unknown:
     raise ValueError(
-        f"unknown ModelConfig fields {unknown}; valid: {sorted(field_names)}.")
+        f"unknown ModelConfig fields {unknown}; valid: {sorted(field_names)}."
+    )
   fields = dict(MODEL_SIZES[size], vocab_size=vocab_size, max_len=max_len)
   fields.update(overrides)
   return ModelConfig(**fields)
@@ -166,7 +183,8 @@ def _param(initializer, key, shape, param_dtype, partition) -> nnx.Param:
   return nnx.Param(
       initializer(key, shape, param_dtype),
       out_sharding=partition,
-      eager_sharding=None if mesh_is_set else False)
+      eager_sharding=None if mesh_is_set else False,
+  )
 
 
 def _gathered(weight: jax.Array) -> jax.Array:
@@ -185,21 +203,24 @@ def _gathered(weight: jax.Array) -> jax.Array:
   if all(axis is None for axis in sharding.spec):
     return weight
   return jax.sharding.reshard(
-      weight, jax.sharding.NamedSharding(mesh, PartitionSpec()))
+      weight, jax.sharding.NamedSharding(mesh, PartitionSpec())
+  )
 
 
 def _kernel_init(in_axis, out_axis):
   """Fan-in scaled truncated normal for a kernel with grouped axes."""
   return nnx.initializers.variance_scaling(
-      1.0, "fan_in", "truncated_normal", in_axis=in_axis, out_axis=out_axis)
+      1.0, "fan_in", "truncated_normal", in_axis=in_axis, out_axis=out_axis
+  )
 
 
 # ----------------------------------------------------------------------------
 # Rotary position embedding.
 
 
-def apply_rope(x: jax.Array, positions: jax.Array,
-               base: float = ROPE_BASE) -> jax.Array:
+def apply_rope(
+    x: jax.Array, positions: jax.Array, base: float = ROPE_BASE
+) -> jax.Array:
   """Rotates pairs of features of ``x`` by position-dependent angles (RoPE).
 
   Feature ``i`` and ``i + K/2`` form a pair rotated by the angle
@@ -224,7 +245,8 @@ def apply_rope(x: jax.Array, positions: jax.Array,
     raise ValueError(f"x must be [B, L, H, K] with K even, got {x.shape}.")
   if positions.shape != x.shape[:2]:
     raise ValueError(
-        f"positions shape {positions.shape} must be x's [B, L] {x.shape[:2]}.")
+        f"positions shape {positions.shape} must be x's [B, L] {x.shape[:2]}."
+    )
   half = x.shape[-1] // 2
   inverse_wavelengths = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
   angles = positions.astype(jnp.float32)[..., None] * inverse_wavelengths
@@ -232,7 +254,8 @@ def apply_rope(x: jax.Array, positions: jax.Array,
   cos = jnp.cos(angles)[:, :, None, :]
   first, second = jnp.split(x.astype(jnp.float32), 2, axis=-1)
   rotated = jnp.concatenate(
-      [first * cos - second * sin, second * cos + first * sin], axis=-1)
+      [first * cos - second * sin, second * cos + first * sin], axis=-1
+  )
   return rotated.astype(x.dtype)
 
 
@@ -243,29 +266,35 @@ def apply_rope(x: jax.Array, positions: jax.Array,
 class RMSNorm(nnx.Module):
   """Root-mean-square layer norm with a learned scale, computed in float32."""
 
-  def __init__(self, dim: int, *, param_dtype, rngs: nnx.Rngs,
-               epsilon: float = 1e-6):
-    self.scale = _param(nnx.initializers.ones, rngs.params(), (dim,),
-                        param_dtype, (None,))
+  def __init__(
+      self, dim: int, *, param_dtype, rngs: nnx.Rngs, epsilon: float = 1e-6
+  ):
+    self.scale = _param(
+        nnx.initializers.ones, rngs.params(), (dim,), param_dtype, (None,)
+    )
     self.epsilon = epsilon
 
   def __call__(self, x: jax.Array) -> jax.Array:
     """[..., D] -> float32 [..., D]."""
     x = x.astype(jnp.float32)
     mean_square = jnp.mean(jnp.square(x), axis=-1, keepdims=True)
-    return x * jax.lax.rsqrt(mean_square + self.epsilon) * _gathered(
-        self.scale[...].astype(jnp.float32))
+    return (
+        x
+        * jax.lax.rsqrt(mean_square + self.epsilon)
+        * _gathered(self.scale[...].astype(jnp.float32))
+    )
 
 
 class LayerCache(NamedTuple):
   """One layer's attention keys and values for a [B, T] token buffer."""
 
-  keys: jax.Array    # [B, T, H, K], rotated (RoPE), compute dtype
+  keys: jax.Array  # [B, T, H, K], rotated (RoPE), compute dtype
   values: jax.Array  # [B, T, H, K]
 
 
-def _write_at(buffer: jax.Array, update: jax.Array,
-              positions: jax.Array) -> jax.Array:
+def _write_at(
+    buffer: jax.Array, update: jax.Array, positions: jax.Array
+) -> jax.Array:
   """Writes ``update[b, s]`` into ``buffer[b, positions[b, s]]``.
 
   ``buffer`` is [B, T, ...], ``update`` [B, S, ...], ``positions`` int [B, S]
@@ -286,24 +315,46 @@ class CausalSelfAttention(nnx.Module):
     d, h, k = config.embed_dim, config.num_heads, config.head_dim
     in_init = _kernel_init(in_axis=0, out_axis=(1, 2))
     # [D, H, K] and [H, K, D]: shard D, the largest dim (H, K <= D).
-    self.query = _param(in_init, rngs.params(), (d, h, k), config.param_dtype,
-                        (FSDP_AXIS, None, None))
-    self.key = _param(in_init, rngs.params(), (d, h, k), config.param_dtype,
-                      (FSDP_AXIS, None, None))
-    self.value = _param(in_init, rngs.params(), (d, h, k), config.param_dtype,
-                        (FSDP_AXIS, None, None))
-    self.output = _param(_kernel_init(in_axis=(0, 1), out_axis=2),
-                         rngs.params(), (h, k, d), config.param_dtype,
-                         (None, None, FSDP_AXIS))
+    self.query = _param(
+        in_init,
+        rngs.params(),
+        (d, h, k),
+        config.param_dtype,
+        (FSDP_AXIS, None, None),
+    )
+    self.key = _param(
+        in_init,
+        rngs.params(),
+        (d, h, k),
+        config.param_dtype,
+        (FSDP_AXIS, None, None),
+    )
+    self.value = _param(
+        in_init,
+        rngs.params(),
+        (d, h, k),
+        config.param_dtype,
+        (FSDP_AXIS, None, None),
+    )
+    self.output = _param(
+        _kernel_init(in_axis=(0, 1), out_axis=2),
+        rngs.params(),
+        (h, k, d),
+        config.param_dtype,
+        (None, None, FSDP_AXIS),
+    )
     self.dtype = config.dtype
 
   def _project(self, weight, x):
-    return jnp.einsum("bld,dhk->blhk", x.astype(self.dtype),
-                      _gathered(weight[...]).astype(self.dtype))
+    return jnp.einsum(
+        "bld,dhk->blhk",
+        x.astype(self.dtype),
+        _gathered(weight[...]).astype(self.dtype),
+    )
 
-  def __call__(self, x: jax.Array, positions: jax.Array,
-               cache: LayerCache | None = None
-               ) -> tuple[jax.Array, LayerCache]:
+  def __call__(
+      self, x: jax.Array, positions: jax.Array, cache: LayerCache | None = None
+  ) -> tuple[jax.Array, LayerCache]:
     """Attends from ``x`` to itself, or to ``cache`` updated with ``x``.
 
     Args:
@@ -325,15 +376,19 @@ class CausalSelfAttention(nnx.Module):
       keys = _write_at(cache.keys, key, positions)
       values = _write_at(cache.values, value, positions)
       key_positions = jnp.arange(keys.shape[1], dtype=jnp.int32)[None, :]
-    scores = jnp.einsum("bqhk,bshk->bhqs", query, keys,
-                        preferred_element_type=jnp.float32)
+    scores = jnp.einsum(
+        "bqhk,bshk->bhqs", query, keys, preferred_element_type=jnp.float32
+    )
     scores = scores / math.sqrt(query.shape[-1])
     visible = key_positions[:, None, :] <= positions[:, :, None]  # [B, S, T]
     scores = jnp.where(visible[:, None], scores, jnp.finfo(jnp.float32).min)
     weights = jax.nn.softmax(scores, axis=-1)
     attended = jnp.einsum("bhqs,bshk->bqhk", weights.astype(self.dtype), values)
-    output = jnp.einsum("blhk,hkd->bld", attended,
-                        _gathered(self.output[...]).astype(self.dtype))
+    output = jnp.einsum(
+        "blhk,hkd->bld",
+        attended,
+        _gathered(self.output[...]).astype(self.dtype),
+    )
     return output, LayerCache(keys, values)
 
 
@@ -342,12 +397,27 @@ class SwiGLU(nnx.Module):
 
   def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
     d, f = config.embed_dim, config.mlp_dim
-    self.gate = _param(_kernel_init(0, 1), rngs.params(), (d, f),
-                       config.param_dtype, (None, FSDP_AXIS))
-    self.up = _param(_kernel_init(0, 1), rngs.params(), (d, f),
-                     config.param_dtype, (None, FSDP_AXIS))
-    self.down = _param(_kernel_init(0, 1), rngs.params(), (f, d),
-                       config.param_dtype, (FSDP_AXIS, None))
+    self.gate = _param(
+        _kernel_init(0, 1),
+        rngs.params(),
+        (d, f),
+        config.param_dtype,
+        (None, FSDP_AXIS),
+    )
+    self.up = _param(
+        _kernel_init(0, 1),
+        rngs.params(),
+        (d, f),
+        config.param_dtype,
+        (None, FSDP_AXIS),
+    )
+    self.down = _param(
+        _kernel_init(0, 1),
+        rngs.params(),
+        (f, d),
+        config.param_dtype,
+        (FSDP_AXIS, None),
+    )
     self.dtype = config.dtype
 
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -356,26 +426,29 @@ class SwiGLU(nnx.Module):
     gate = x @ _gathered(self.gate[...]).astype(self.dtype)
     up = x @ _gathered(self.up[...]).astype(self.dtype)
     return (jax.nn.silu(gate) * up) @ _gathered(self.down[...]).astype(
-        self.dtype)
+        self.dtype
+    )
 
 
 class Block(nnx.Module):
   """Pre-norm transformer block: attention then MLP, each residual."""
 
   def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
-    self.attention_norm = RMSNorm(config.embed_dim,
-                                  param_dtype=config.param_dtype, rngs=rngs)
+    self.attention_norm = RMSNorm(
+        config.embed_dim, param_dtype=config.param_dtype, rngs=rngs
+    )
     self.attention = CausalSelfAttention(config, rngs=rngs)
-    self.mlp_norm = RMSNorm(config.embed_dim, param_dtype=config.param_dtype,
-                            rngs=rngs)
+    self.mlp_norm = RMSNorm(
+        config.embed_dim, param_dtype=config.param_dtype, rngs=rngs
+    )
     self.mlp = SwiGLU(config, rngs=rngs)
     # Without dropout, no RNG state is stored in the model.
     dropout_rngs = rngs if config.dropout_rate > 0 else None
     self.dropout = nnx.Dropout(config.dropout_rate, rngs=dropout_rngs)
 
-  def __call__(self, x: jax.Array, positions: jax.Array,
-               cache: LayerCache | None = None
-               ) -> tuple[jax.Array, LayerCache]:
+  def __call__(
+      self, x: jax.Array, positions: jax.Array, cache: LayerCache | None = None
+  ) -> tuple[jax.Array, LayerCache]:
     """float32 [B, S, D] residual stream -> float32 [B, S, D], and the cache.
 
     See `CausalSelfAttention` for ``positions`` and ``cache``.
@@ -396,18 +469,37 @@ class ImageEncoder(nnx.Module):
 
   def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
     channels = (1, *config.image_channels, config.embed_dim)
-    self.kernels = nnx.List([
-        _param(_kernel_init(in_axis=(0, 1, 2), out_axis=3), rngs.params(),
-               (3, 3, c_in, c_out), config.param_dtype,
-               (None, None, None, FSDP_AXIS))
-        for c_in, c_out in zip(channels[:-1], channels[1:])])
-    self.biases = nnx.List([
-        _param(nnx.initializers.zeros, rngs.params(), (c,),
-               config.param_dtype, (None,)) for c in channels[1:]])
+    self.kernels = nnx.List(
+        [
+            _param(
+                _kernel_init(in_axis=(0, 1, 2), out_axis=3),
+                rngs.params(),
+                (3, 3, c_in, c_out),
+                config.param_dtype,
+                (None, None, None, FSDP_AXIS),
+            )
+            for c_in, c_out in zip(channels[:-1], channels[1:])
+        ]
+    )
+    self.biases = nnx.List(
+        [
+            _param(
+                nnx.initializers.zeros,
+                rngs.params(),
+                (c,),
+                config.param_dtype,
+                (None,),
+            )
+            for c in channels[1:]
+        ]
+    )
     self.grid_embedding = _param(
-        nnx.initializers.normal(0.02), rngs.params(),
-        (config.num_image_tokens, config.embed_dim), config.param_dtype,
-        (None, FSDP_AXIS))
+        nnx.initializers.normal(0.02),
+        rngs.params(),
+        (config.num_image_tokens, config.embed_dim),
+        config.param_dtype,
+        (None, FSDP_AXIS),
+    )
     self.dtype = config.dtype
 
   def __call__(self, images: jax.Array) -> jax.Array:
@@ -415,10 +507,13 @@ class ImageEncoder(nnx.Module):
     x = (images.astype(jnp.float32) / 127.5 - 1.0)[..., None]
     for index, (kernel, bias) in enumerate(zip(self.kernels, self.biases)):
       x = jax.lax.conv_general_dilated(
-          x.astype(self.dtype), _gathered(kernel[...]).astype(self.dtype),
-          window_strides=(2, 2), padding="SAME",
+          x.astype(self.dtype),
+          _gathered(kernel[...]).astype(self.dtype),
+          window_strides=(2, 2),
+          padding="SAME",
           dimension_numbers=("NHWC", "HWIO", "NHWC"),
-          preferred_element_type=jnp.float32)
+          preferred_element_type=jnp.float32,
+      )
       x = x + _gathered(bias[...]).astype(jnp.float32)
       if index < len(self.kernels) - 1:
         x = jax.nn.gelu(x)
@@ -442,23 +537,36 @@ class Transformer(nnx.Module):
   def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
     self.config = config
     v, d = config.vocab_size, config.embed_dim
-    self.embedding = _param(nnx.initializers.normal(1.0), rngs.params(),
-                            (v, d), config.param_dtype, (None, FSDP_AXIS))
-    self.image_encoder = (ImageEncoder(config, rngs=rngs)
-                          if config.image_size else None)
-    self.blocks = nnx.List([Block(config, rngs=rngs)
-                            for _ in range(config.num_layers)])
+    self.embedding = _param(
+        nnx.initializers.normal(1.0),
+        rngs.params(),
+        (v, d),
+        config.param_dtype,
+        (None, FSDP_AXIS),
+    )
+    self.image_encoder = (
+        ImageEncoder(config, rngs=rngs) if config.image_size else None
+    )
+    self.blocks = nnx.List(
+        [Block(config, rngs=rngs) for _ in range(config.num_layers)]
+    )
     self.final_norm = RMSNorm(d, param_dtype=config.param_dtype, rngs=rngs)
-    self.unembed = _param(_kernel_init(0, 1), rngs.params(), (d, v),
-                          config.param_dtype, (FSDP_AXIS, None))
+    self.unembed = _param(
+        _kernel_init(0, 1),
+        rngs.params(),
+        (d, v),
+        config.param_dtype,
+        (FSDP_AXIS, None),
+    )
 
   @property
   def unembedding(self) -> jax.Array:
     """The [D, V] unembedding matrix (gathered if sharded explicitly)."""
     return _gathered(self.unembed[...])
 
-  def hidden_states(self, tokens: jax.Array,
-                    images: jax.Array | None = None) -> jax.Array:
+  def hidden_states(
+      self, tokens: jax.Array, images: jax.Array | None = None
+  ) -> jax.Array:
     """Final-normed hidden states, float32 [B, L, D], for int [B, L] tokens.
 
     ``hidden_states(tokens, images) @ unembedding`` equals
@@ -466,8 +574,9 @@ class Transformer(nnx.Module):
     """
     return self.prefill(tokens, images)[0]
 
-  def prefill(self, tokens: jax.Array, images: jax.Array | None = None
-              ) -> tuple[jax.Array, tuple[LayerCache, ...]]:
+  def prefill(
+      self, tokens: jax.Array, images: jax.Array | None = None
+  ) -> tuple[jax.Array, tuple[LayerCache, ...]]:
     """Hidden states of a [B, T] token buffer, and every layer's cache.
 
     Returns:
@@ -481,22 +590,29 @@ class Transformer(nnx.Module):
       raise ValueError(
           "images are required by a model with image_size="
           f"{self.config.image_size} and refused by a text-only one; got "
-          f"{'none' if images is None else 'images'}.")
+          f"{'none' if images is None else 'images'}."
+      )
     prefix = None
     if images is not None:
       size = self.config.image_size
       if images.shape != (tokens.shape[0], size, size):
-        raise ValueError(f"images must be [B, {size}, {size}] with B = "
-                         f"{tokens.shape[0]}, got {images.shape}.")
+        raise ValueError(
+            f"images must be [B, {size}, {size}] with B = "
+            f"{tokens.shape[0]}, got {images.shape}."
+        )
       prefix = self.image_encoder(images)
     positions = jnp.broadcast_to(
-        jnp.arange(num_prefix, num_prefix + tokens.shape[1],
-                   dtype=jnp.int32), tokens.shape)
+        jnp.arange(num_prefix, num_prefix + tokens.shape[1], dtype=jnp.int32),
+        tokens.shape,
+    )
     return self._run(tokens, positions, [None] * len(self.blocks), prefix)
 
-  def extend(self, tokens: jax.Array, positions: jax.Array,
-             cache: tuple[LayerCache, ...]
-             ) -> tuple[jax.Array, tuple[LayerCache, ...]]:
+  def extend(
+      self,
+      tokens: jax.Array,
+      positions: jax.Array,
+      cache: tuple[LayerCache, ...],
+  ) -> tuple[jax.Array, tuple[LayerCache, ...]]:
     """Hidden states of new tokens at given positions of a cached buffer.
 
     Equals the rows ``positions`` of `hidden_states` of the whole buffer,
@@ -512,14 +628,19 @@ class Transformer(nnx.Module):
     """
     self._check_tokens(tokens)
     if positions.shape != tokens.shape:
-      raise ValueError(f"positions shape {positions.shape} must equal tokens "
-                       f"shape {tokens.shape}.")
+      raise ValueError(
+          f"positions shape {positions.shape} must equal tokens "
+          f"shape {tokens.shape}."
+      )
     if len(cache) != len(self.blocks):
-      raise ValueError(f"cache has {len(cache)} layers, the model "
-                       f"{len(self.blocks)}.")
-    return self._run(tokens,
-                     positions.astype(jnp.int32) + self.config.num_image_tokens,
-                     cache)
+      raise ValueError(
+          f"cache has {len(cache)} layers, the model " f"{len(self.blocks)}."
+      )
+    return self._run(
+        tokens,
+        positions.astype(jnp.int32) + self.config.num_image_tokens,
+        cache,
+    )
 
   def _check_tokens(self, tokens: jax.Array) -> None:
     if tokens.ndim != 2:
@@ -528,7 +649,8 @@ class Transformer(nnx.Module):
     if length > self.config.max_len:
       raise ValueError(
           f"sequence length {length} (with {self.config.num_image_tokens} "
-          f"image tokens) exceeds max_len {self.config.max_len}.")
+          f"image tokens) exceeds max_len {self.config.max_len}."
+      )
     if not jnp.issubdtype(tokens.dtype, jnp.integer):
       raise ValueError(f"tokens must be integer ids, got {tokens.dtype}.")
 
@@ -540,17 +662,22 @@ class Transformer(nnx.Module):
     """
     # A one-hot matmul rather than a gather: its sharding is unambiguous
     # under an Explicit mesh, and the vocabulary is small (characters).
-    one_hot = jax.nn.one_hot(tokens, self.config.vocab_size,
-                             dtype=self.config.dtype)
-    x = jnp.einsum("blv,vd->bld", one_hot,
-                   _gathered(self.embedding[...]).astype(self.config.dtype))
+    one_hot = jax.nn.one_hot(
+        tokens, self.config.vocab_size, dtype=self.config.dtype
+    )
+    x = jnp.einsum(
+        "blv,vd->bld",
+        one_hot,
+        _gathered(self.embedding[...]).astype(self.config.dtype),
+    )
     x = x.astype(jnp.float32)
     num_prefix = 0
     if prefix is not None:
       num_prefix = prefix.shape[1]
       prefix_positions = jnp.broadcast_to(
           jnp.arange(num_prefix, dtype=jnp.int32),
-          (positions.shape[0], num_prefix))
+          (positions.shape[0], num_prefix),
+      )
       x = jnp.concatenate([prefix, x], axis=1)
       positions = jnp.concatenate([prefix_positions, positions], axis=1)
     new_caches = []
@@ -559,19 +686,22 @@ class Transformer(nnx.Module):
       new_caches.append(cache)
     return self.final_norm(x[:, num_prefix:]), tuple(new_caches)
 
-  def __call__(self, tokens: jax.Array,
-               images: jax.Array | None = None) -> jax.Array:
+  def __call__(
+      self, tokens: jax.Array, images: jax.Array | None = None
+  ) -> jax.Array:
     """float32 logits [B, L, V] for integer tokens [B, L] (and images)."""
     return self.hidden_states(tokens, images) @ self.unembedding.astype(
-        jnp.float32)
+        jnp.float32
+    )
 
 
 # ----------------------------------------------------------------------------
 # Construction, counting, decoding.
 
 
-def create_model(config: ModelConfig, rngs: nnx.Rngs,
-                 mesh: jax.sharding.Mesh | None = None) -> Transformer:
+def create_model(
+    config: ModelConfig, rngs: nnx.Rngs, mesh: jax.sharding.Mesh | None = None
+) -> Transformer:
   """Builds a `Transformer`, each parameter sharded over ``mesh`` if given.
 
   With a mesh (axes ``('data', 'fsdp')``, all Explicit or all Auto) the model
@@ -588,7 +718,8 @@ def create_model(config: ModelConfig, rngs: nnx.Rngs,
     return Transformer(config, rngs=rngs)
   if FSDP_AXIS not in mesh.axis_names:
     raise ValueError(
-        f"mesh must have an axis named {FSDP_AXIS!r}, got {mesh.axis_names}.")
+        f"mesh must have an axis named {FSDP_AXIS!r}, got {mesh.axis_names}."
+    )
   with jax.set_mesh(mesh):
     return nnx.jit(lambda rngs: Transformer(config, rngs=rngs))(rngs)
 
@@ -599,10 +730,15 @@ def count_params(model: nnx.Module) -> int:
   return sum(int(np.prod(p.shape)) for p in jax.tree.leaves(params))
 
 
-def greedy_decode(model: Transformer, prompts: jax.Array,
-                  prompt_lengths: jax.Array, max_new_tokens: int,
-                  eos_id: int, pad_id: int,
-                  images: jax.Array | None = None) -> jax.Array:
+def greedy_decode(
+    model: Transformer,
+    prompts: jax.Array,
+    prompt_lengths: jax.Array,
+    max_new_tokens: int,
+    eos_id: int,
+    pad_id: int,
+    images: jax.Array | None = None,
+) -> jax.Array:
   """Greedy continuation of right-padded prompts, with fixed shapes.
 
   Each row ``b`` continues from its own ``prompt_lengths[b]`` (>= 1) in a
@@ -629,8 +765,10 @@ def greedy_decode(model: Transformer, prompts: jax.Array,
   if prompts.ndim != 2:
     raise ValueError(f"prompts must be [B, P], got shape {prompts.shape}.")
   if prompt_lengths.shape != prompts.shape[:1]:
-    raise ValueError(f"prompt_lengths shape {prompt_lengths.shape} must be "
-                     f"[B] = {prompts.shape[:1]}.")
+    raise ValueError(
+        f"prompt_lengths shape {prompt_lengths.shape} must be "
+        f"[B] = {prompts.shape[:1]}."
+    )
   if max_new_tokens < 1:
     raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
   prompt_len = prompts.shape[1]
@@ -639,9 +777,13 @@ def greedy_decode(model: Transformer, prompts: jax.Array,
     raise ValueError(
         f"{num_prefix} image tokens + prompt length {prompt_len} + "
         f"max_new_tokens {max_new_tokens} exceeds the model's max_len "
-        f"{model.config.max_len}.")
-  buffer = jnp.pad(prompts.astype(jnp.int32), ((0, 0), (0, max_new_tokens)),
-                   constant_values=pad_id)
+        f"{model.config.max_len}."
+    )
+  buffer = jnp.pad(
+      prompts.astype(jnp.int32),
+      ((0, 0), (0, max_new_tokens)),
+      constant_values=pad_id,
+  )
   unembedding = model.unembedding.astype(jnp.float32)
 
   def next_token(hidden, finished):
@@ -665,6 +807,7 @@ def greedy_decode(model: Transformer, prompts: jax.Array,
     token, finished = next_token(hidden[:, 0], finished)
     return (cache, token, cursor + 1, finished), token
 
-  _, rest = jax.lax.scan(step, (cache, first, cursor, finished), None,
-                         length=max_new_tokens - 1)
+  _, rest = jax.lax.scan(
+      step, (cache, first, cursor, finished), None, length=max_new_tokens - 1
+  )
   return jnp.concatenate([first[:, None], rest.T], axis=1)

@@ -13,8 +13,10 @@ def read_metrics(path):
   """(train records, eval records) of a metrics.jsonl file."""
   with open(path) as f:
     records = [json.loads(line) for line in f]
-  return ([r for r in records if "loss" in r],
-          [r for r in records if "exact_match" in r])
+  return (
+      [r for r in records if "loss" in r],
+      [r for r in records if "exact_match" in r],
+  )
 
 
 def smooth(values, window):
@@ -22,8 +24,9 @@ def smooth(values, window):
   values = np.asarray(values, float)
   cumulative = np.cumsum(np.insert(values, 0, 0.0))
   starts = np.maximum(np.arange(1, len(values) + 1) - window, 0)
-  return (cumulative[1:] - cumulative[starts]) / (np.arange(1, len(values) + 1)
-                                                   - starts)
+  return (cumulative[1:] - cumulative[starts]) / (
+      np.arange(1, len(values) + 1) - starts
+  )
 
 
 def plot_training(metrics_path, out_path, title=""):
@@ -39,8 +42,11 @@ def plot_training(metrics_path, out_path, title=""):
   left.legend()
   left.grid(alpha=0.3)
   if evals:
-    right.plot([r["step"] for r in evals],
-               [100 * r["exact_match"] for r in evals], marker="o")
+    right.plot(
+        [r["step"] for r in evals],
+        [100 * r["exact_match"] for r in evals],
+        marker="o",
+    )
   right.set_xlabel("step")
   right.set_ylabel("exact match on test (%)")
   right.grid(alpha=0.3)
@@ -60,8 +66,9 @@ def _show_clock(axis, image):
 def plot_clock_grid(images, labels, out_path, columns=8):
   """A grid of clock images, each titled with its label; saved as a PNG."""
   rows = -(-len(images) // columns)
-  fig, axes = plt.subplots(rows, columns, figsize=(1.3 * columns, 1.5 * rows),
-                           squeeze=False)
+  fig, axes = plt.subplots(
+      rows, columns, figsize=(1.3 * columns, 1.5 * rows), squeeze=False
+  )
   for axis in axes.flat:
     axis.axis("off")
   for axis, image, label in zip(axes.flat, images, labels):
@@ -74,8 +81,9 @@ def plot_clock_grid(images, labels, out_path, columns=8):
   return out_path
 
 
-def plot_clock_predictions(images, answers, predictions, out_path, *,
-                           columns=6, title=""):
+def plot_clock_predictions(
+    images, answers, predictions, out_path, *, columns=6, title=""
+):
   """Test clocks with several methods' predictions under each.
 
   Args:
@@ -89,9 +97,9 @@ def plot_clock_predictions(images, answers, predictions, out_path, *,
   """
   rows = -(-len(images) // columns)
   height = 1.45 + 0.22 * len(predictions)
-  fig, axes = plt.subplots(rows, columns,
-                           figsize=(1.75 * columns, height * rows),
-                           squeeze=False)
+  fig, axes = plt.subplots(
+      rows, columns, figsize=(1.75 * columns, height * rows), squeeze=False
+  )
   for axis in axes.flat:
     axis.axis("off")
   for n, (axis, image, answer) in enumerate(zip(axes.flat, images, answers)):
@@ -100,10 +108,16 @@ def plot_clock_predictions(images, answers, predictions, out_path, *,
     axis.set_title(f"true {answer}", fontsize=9)
     for k, (label, guesses) in enumerate(predictions.items()):
       right = guesses[n] == answer
-      axis.text(0.5, -0.1 - 0.17 * k,
-                f"{label}: {guesses[n] or '?'} {'' if right else 'x'}",
-                transform=axis.transAxes, ha="center", va="top", fontsize=8,
-                color="tab:green" if right else "tab:red")
+      axis.text(
+          0.5,
+          -0.1 - 0.17 * k,
+          f"{label}: {guesses[n] or '?'} {'' if right else 'x'}",
+          transform=axis.transAxes,
+          ha="center",
+          va="top",
+          fontsize=8,
+          color="tab:green" if right else "tab:red",
+      )
   if title:
     fig.suptitle(title)
   fig.tight_layout()

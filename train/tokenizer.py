@@ -26,11 +26,18 @@ PAD_ID = 10
 BOS_ID = 11
 EOS_ID = 12
 SEP_ID = 13  # Separates the question from the answer.
-SPECIAL_TOKENS = {"<pad>": PAD_ID, "<bos>": BOS_ID, "<eos>": EOS_ID, "<sep>": SEP_ID}
+SPECIAL_TOKENS = {
+    "<pad>": PAD_ID,
+    "<bos>": BOS_ID,
+    "<eos>": EOS_ID,
+    "<sep>": SEP_ID,
+}
 
 # Everything but the digits, in a fixed order; ids start right after SEP_ID.
 # string.punctuation is !"#$%&'()*+,-./:;<=>?@[\]^_`{|}~ on every platform.
-TEXT_CHARACTERS = " " + string.ascii_lowercase + string.ascii_uppercase + string.punctuation
+TEXT_CHARACTERS = (
+    " " + string.ascii_lowercase + string.ascii_uppercase + string.punctuation
+)
 _FIRST_TEXT_ID = SEP_ID + 1
 
 VOCAB_SIZE = _FIRST_TEXT_ID + len(TEXT_CHARACTERS)
@@ -41,29 +48,34 @@ SEP_TEXT = "\t"
 
 
 def vocab() -> dict[str, int]:
-    """Returns the full vocabulary: each character and special token to its id."""
-    table = {digit: index for index, digit in enumerate(DIGITS)}
-    table.update(SPECIAL_TOKENS)
-    table.update({char: _FIRST_TEXT_ID + index for index, char in enumerate(TEXT_CHARACTERS)})
-    return table
+  """Returns the full vocabulary: each character and special token to its id."""
+  table = {digit: index for index, digit in enumerate(DIGITS)}
+  table.update(SPECIAL_TOKENS)
+  table.update(
+      {
+          char: _FIRST_TEXT_ID + index
+          for index, char in enumerate(TEXT_CHARACTERS)
+      }
+  )
+  return table
 
 
 def _id_to_char() -> list[str | None]:
-    """Returns, for each id, its character, or None for a special id."""
-    chars: list[str | None] = [None] * VOCAB_SIZE
-    for char, token_id in vocab().items():
-        if char not in SPECIAL_TOKENS:
-            chars[token_id] = char
-    return chars
+  """Returns, for each id, its character, or None for a special id."""
+  chars: list[str | None] = [None] * VOCAB_SIZE
+  for char, token_id in vocab().items():
+    if char not in SPECIAL_TOKENS:
+      chars[token_id] = char
+  return chars
 
 
 def _code_point_to_id() -> np.ndarray:
-    """Returns a lookup table from ASCII code point (0..127) to id, -1 if unknown."""
-    table = np.full(128, -1, dtype=np.int32)
-    for char, token_id in vocab().items():
-        if char not in SPECIAL_TOKENS:
-            table[ord(char)] = token_id
-    return table
+  """Returns a lookup table from ASCII code point (0..127) to id, -1 if unknown."""
+  table = np.full(128, -1, dtype=np.int32)
+  for char, token_id in vocab().items():
+    if char not in SPECIAL_TOKENS:
+      table[ord(char)] = token_id
+  return table
 
 
 _ID_TO_CHAR = _id_to_char()
@@ -71,49 +83,51 @@ _CODE_POINT_TO_ID = _code_point_to_id()
 
 
 def encode_array(text: str) -> np.ndarray:
-    """Encodes ``text`` one id per character, as an int32 array of shape [len(text)].
+  """Encodes ``text`` one id per character, as an int32 array of shape [len(text)].
 
-    No BOS/EOS is added. Raises ValueError naming the first character that is
-    not in the vocabulary.
-    """
-    code_points = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
-    # Anything beyond ASCII maps to the sentinel slot 128 via the clip, then -1.
-    ids = np.append(_CODE_POINT_TO_ID, -1)[np.minimum(code_points, 128)]
-    unknown = ids < 0
-    if unknown.any():
-        position = int(np.argmax(unknown))
-        raise ValueError(
-            f"Character {text[position]!r} at position {position} of {text!r} is not in the"
-            " tokenizer's vocabulary."
-        )
-    return ids.astype(np.int32)
+  No BOS/EOS is added. Raises ValueError naming the first character that is
+  not in the vocabulary.
+  """
+  code_points = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+  # Anything beyond ASCII maps to the sentinel slot 128 via the clip, then -1.
+  ids = np.append(_CODE_POINT_TO_ID, -1)[np.minimum(code_points, 128)]
+  unknown = ids < 0
+  if unknown.any():
+    position = int(np.argmax(unknown))
+    raise ValueError(
+        f"Character {text[position]!r} at position {position} of {text!r} is not in the"
+        " tokenizer's vocabulary."
+    )
+  return ids.astype(np.int32)
 
 
 def encode(text: str) -> list[int]:
-    """Encodes ``text`` one id per character (no BOS/EOS); see `encode_array`."""
-    return encode_array(text).tolist()
+  """Encodes ``text`` one id per character (no BOS/EOS); see `encode_array`."""
+  return encode_array(text).tolist()
 
 
 def is_digit(ids: np.ndarray) -> np.ndarray:
-    """Returns a bool array, True where an id is a digit character (ids 0..9)."""
-    ids = np.asarray(ids)
-    return (ids >= DIGIT_TOKEN_IDS[0]) & (ids <= DIGIT_TOKEN_IDS[-1])
+  """Returns a bool array, True where an id is a digit character (ids 0..9)."""
+  ids = np.asarray(ids)
+  return (ids >= DIGIT_TOKEN_IDS[0]) & (ids <= DIGIT_TOKEN_IDS[-1])
 
 
 def decode(ids: Iterable[int]) -> str:
-    """Decodes ids back to text.
+  """Decodes ids back to text.
 
-    Stops at the first EOS, skips PAD and BOS, and shows SEP as ``SEP_TEXT``
-    (a tab). Raises ValueError for an id outside ``[0, VOCAB_SIZE)``.
-    """
-    pieces = []
-    for token_id in ids:
-        token_id = int(token_id)
-        if not 0 <= token_id < VOCAB_SIZE:
-            raise ValueError(f"Token id {token_id} is outside the vocabulary [0, {VOCAB_SIZE}).")
-        if token_id == EOS_ID:
-            break
-        if token_id in (PAD_ID, BOS_ID):
-            continue
-        pieces.append(SEP_TEXT if token_id == SEP_ID else _ID_TO_CHAR[token_id])
-    return "".join(pieces)
+  Stops at the first EOS, skips PAD and BOS, and shows SEP as ``SEP_TEXT``
+  (a tab). Raises ValueError for an id outside ``[0, VOCAB_SIZE)``.
+  """
+  pieces = []
+  for token_id in ids:
+    token_id = int(token_id)
+    if not 0 <= token_id < VOCAB_SIZE:
+      raise ValueError(
+          f"Token id {token_id} is outside the vocabulary [0, {VOCAB_SIZE})."
+      )
+    if token_id == EOS_ID:
+      break
+    if token_id in (PAD_ID, BOS_ID):
+      continue
+    pieces.append(SEP_TEXT if token_id == SEP_ID else _ID_TO_CHAR[token_id])
+  return "".join(pieces)

@@ -71,13 +71,30 @@ def get_task(config):
 
 DTYPES = ("float32", "bfloat16", "float16")
 # Fields that must be >= 1, and fields that must be >= 0.
-_POSITIVE = ("batch_size", "eval_batch_size", "checkpoint_every_steps",
-             "log_every_steps", "fsdp", "keep_checkpoints", "max_question_len",
-             "max_answer_len")
-_NON_NEGATIVE = ("train_steps", "eval_every_steps", "eval_examples",
-                 "warmup_steps", "lr_decay_steps", "num_samples", "lam",
-                 "weight_decay", "gumbel_noise", "digit_ce_weight",
-                 "worker_count", "fused_chunk_size")
+_POSITIVE = (
+    "batch_size",
+    "eval_batch_size",
+    "checkpoint_every_steps",
+    "log_every_steps",
+    "fsdp",
+    "keep_checkpoints",
+    "max_question_len",
+    "max_answer_len",
+)
+_NON_NEGATIVE = (
+    "train_steps",
+    "eval_every_steps",
+    "eval_examples",
+    "warmup_steps",
+    "lr_decay_steps",
+    "num_samples",
+    "lam",
+    "weight_decay",
+    "gumbel_noise",
+    "digit_ce_weight",
+    "worker_count",
+    "fused_chunk_size",
+)
 
 
 def _check_numbers(config) -> None:
@@ -102,37 +119,49 @@ def check_config(config) -> None:
   """Raises ConfigError with one line saying what to do for a bad config."""
   task = get_task(config)
   if config.method not in common.METHODS:
-    raise ConfigError(f"unknown method {config.method!r}; use one of "
-                      f"{', '.join(common.METHODS)}.")
+    raise ConfigError(
+        f"unknown method {config.method!r}; use one of "
+        f"{', '.join(common.METHODS)}."
+    )
   if config.model not in models.MODEL_SIZES:
-    raise ConfigError(f"unknown model size {config.model!r}; use one of "
-                      f"{', '.join(sorted(models.MODEL_SIZES))}.")
+    raise ConfigError(
+        f"unknown model size {config.model!r}; use one of "
+        f"{', '.join(sorted(models.MODEL_SIZES))}."
+    )
   if config.weighting not in ntil_jax.losses.WEIGHTINGS:
-    raise ConfigError(f"unknown weighting {config.weighting!r}; use one of "
-                      f"{', '.join(ntil_jax.losses.WEIGHTINGS)}.")
+    raise ConfigError(
+        f"unknown weighting {config.weighting!r}; use one of "
+        f"{', '.join(ntil_jax.losses.WEIGHTINGS)}."
+    )
   if config.dtype not in DTYPES:
-    raise ConfigError(f"unknown dtype {config.dtype!r}; use one of "
-                      f"{', '.join(DTYPES)}.")
+    raise ConfigError(
+        f"unknown dtype {config.dtype!r}; use one of " f"{', '.join(DTYPES)}."
+    )
   _check_numbers(config)
   try:
-    ntil_jax.losses.check_method(config.method, config.weighting,
-                                 common.loss_kwargs(config))
+    ntil_jax.losses.check_method(
+        config.method, config.weighting, common.loss_kwargs(config)
+    )
   except (ValueError, TypeError) as error:
     raise ConfigError(str(error)) from error
   devices = jax.device_count()
   if devices % config.fsdp:
-    raise ConfigError(f"fsdp={config.fsdp} does not divide the {devices} "
-                      "devices; set --config.fsdp to a divisor.")
+    raise ConfigError(
+        f"fsdp={config.fsdp} does not divide the {devices} "
+        "devices; set --config.fsdp to a divisor."
+    )
   for name in ("batch_size", "eval_batch_size"):
     if config[name] % devices:
       raise ConfigError(
           f"{name}={config[name]} is not divisible by the {devices} devices; "
-          f"use a multiple of {devices}.")
+          f"use a multiple of {devices}."
+      )
   if not config.data_dir:
     raise ConfigError(
         "no data: pass --config.data_dir=DIR after running `python -m "
         f"train.prepare_data --task={config.task} --data_dir=DIR "
-        "--train_size=N --test_size=M`.")
+        "--train_size=N --test_size=M`."
+    )
   check_directory(config.data_dir, "data_dir")
   try:
     task.check_config(config)
@@ -156,8 +185,10 @@ def check_workdir(workdir: str) -> str:
       or cannot be written.
   """
   if not workdir or not workdir.strip():
-    raise ConfigError("--workdir is empty; name a directory for the "
-                      "checkpoints and metrics.")
+    raise ConfigError(
+        "--workdir is empty; name a directory for the "
+        "checkpoints and metrics."
+    )
   workdir = os.path.abspath(workdir)
   check_directory(workdir, "workdir")
   check_directory(os.path.join(workdir, "checkpoints"), "checkpoint path")
@@ -165,8 +196,9 @@ def check_workdir(workdir: str) -> str:
     os.makedirs(workdir, exist_ok=True)
     _probe_writable(workdir)
   except OSError as error:
-    raise ConfigError(f"workdir {workdir} is not writable "
-                      f"({error.strerror or error}).") from error
+    raise ConfigError(
+        f"workdir {workdir} is not writable " f"({error.strerror or error})."
+    ) from error
   return workdir
 
 
@@ -194,7 +226,8 @@ class WorkdirLock:
       raise ConfigError(
           f"workdir {os.path.dirname(self.path)} is in use by another run "
           f"(pid {holder}); wait for it to end or use another "
-          "--workdir.") from None
+          "--workdir."
+      ) from None
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode())
     self.fd = fd
@@ -208,25 +241,32 @@ class WorkdirLock:
 
 def make_mesh(config) -> jax.sharding.Mesh:
   devices = jax.device_count()
-  return jax.make_mesh((devices // config.fsdp, config.fsdp), BATCH_AXES,
-                       axis_types=(AxisType.Explicit,) * 2)
+  return jax.make_mesh(
+      (devices // config.fsdp, config.fsdp),
+      BATCH_AXES,
+      axis_types=(AxisType.Explicit,) * 2,
+  )
 
 
 def make_optimizer(config) -> optax.GradientTransformation:
   decay_steps = config.lr_decay_steps or config.train_steps
   schedule = optax.warmup_cosine_decay_schedule(
-      init_value=0.0, peak_value=config.learning_rate,
+      init_value=0.0,
+      peak_value=config.learning_rate,
       warmup_steps=config.warmup_steps,
       decay_steps=max(decay_steps, config.warmup_steps + 1),
-      end_value=0.1 * config.learning_rate)
+      end_value=0.1 * config.learning_rate,
+  )
   return optax.chain(
       optax.clip_by_global_norm(config.grad_clip_norm),
-      optax.adamw(schedule, weight_decay=config.weight_decay))
+      optax.adamw(schedule, weight_decay=config.weight_decay),
+  )
 
 
 def model_config(config) -> models.ModelConfig:
-  return models.model_config(config.model, dtype=config.dtype,
-                             **get_task(config).model_fields(config))
+  return models.model_config(
+      config.model, dtype=config.dtype, **get_task(config).model_fields(config)
+  )
 
 
 # ----------------------------------------------------------------------------
@@ -239,18 +279,29 @@ def batch_loss(model, batch, config, key):
   images = batch.get("images")
   if config.fused_loss:
     stats = ntil_jax.fused_token_statistics(
-        model.hidden_states(inputs, images), model.unembedding, targets,
-        chunk_size=config.fused_chunk_size or None)
+        model.hidden_states(inputs, images),
+        model.unembedding,
+        targets,
+        chunk_size=config.fused_chunk_size or None,
+    )
   else:
     stats = ntil_jax.token_statistics(model(inputs, images), targets)
-  shared = dict(vocab_size=model.config.vocab_size,
-                loss_mask=batch["loss_mask"])
+  shared = dict(
+      vocab_size=model.config.vocab_size, loss_mask=batch["loss_mask"]
+  )
   kwargs = common.loss_kwargs(config)
   if config.method == "ntil" and config.gumbel_noise > 0:
     kwargs["key"] = key
   per_token = ntil_jax.loss_from_statistics(
-      stats, targets, digit_mask=batch["digit_mask"], method=config.method,
-      lam=config.lam, weighting=config.weighting, **shared, **kwargs)
+      stats,
+      targets,
+      digit_mask=batch["digit_mask"],
+      method=config.method,
+      lam=config.lam,
+      weighting=config.weighting,
+      **shared,
+      **kwargs,
+  )
   ce = ntil_jax.loss_from_statistics(stats, targets, method="ce", **shared)
   scored = batch["loss_mask"].sum()
   digit_tokens = batch["loss_mask"] & batch["digit_mask"]
@@ -258,10 +309,14 @@ def batch_loss(model, batch, config, key):
   numeric = (per_token - ce).sum() / (config.lam * jnp.maximum(digits, 1))
   if config.digit_ce_weight:  # the control: extra CE weight on digits
     per_token = per_token + config.digit_ce_weight * jnp.where(
-        digit_tokens, ce, 0.0)
+        digit_tokens, ce, 0.0
+    )
   loss = per_token.sum() / jnp.maximum(scored, 1)
-  return loss, dict(loss=loss, ce=ce.sum() / jnp.maximum(scored, 1),
-                    numeric=numeric if config.method != "ce" else 0.0 * loss)
+  return loss, dict(
+      loss=loss,
+      ce=ce.sum() / jnp.maximum(scored, 1),
+      numeric=numeric if config.method != "ce" else 0.0 * loss,
+  )
 
 
 def make_train_step(config):
@@ -288,12 +343,14 @@ def checkpoint_manager(workdir, config) -> ocp.CheckpointManager:
   return ocp.CheckpointManager(
       os.path.join(os.path.abspath(workdir), "checkpoints"),
       options=ocp.CheckpointManagerOptions(
-          max_to_keep=config.keep_checkpoints, create=True,
-          enable_async_checkpointing=True))
+          max_to_keep=config.keep_checkpoints,
+          create=True,
+          enable_async_checkpointing=True,
+      ),
+  )
 
 
-def save_checkpoint(manager, step, model, optimizer, train_iter, *,
-                    wait=False):
+def save_checkpoint(manager, step, model, optimizer, train_iter, *, wait=False):
   """Starts an async save of step ``step``; TrainingError if it cannot.
 
   A directory that cannot be written makes orbax wait out a 300 s barrier
@@ -305,9 +362,14 @@ def save_checkpoint(manager, step, model, optimizer, train_iter, *,
     if jax.process_index() == 0:
       _probe_writable(directory)
     state = nnx.to_pure_dict(nnx.state((model, optimizer)))
-    manager.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state),
-        train_iter=grain.checkpoint.CheckpointSave(train_iter)), force=True)
+    manager.save(
+        step,
+        args=ocp.args.Composite(
+            state=ocp.args.StandardSave(state),
+            train_iter=grain.checkpoint.CheckpointSave(train_iter),
+        ),
+        force=True,
+    )
     if wait:
       manager.wait_until_finished()
   except (Interrupted, TrainingError):
@@ -317,7 +379,8 @@ def save_checkpoint(manager, step, model, optimizer, train_iter, *,
         f"saving checkpoint {step} into {directory} failed "
         f"({type(error).__name__}: {_first_line(error)}); the run stops. "
         "Free the directory and rerun to resume from the last "
-        "checkpoint.") from error
+        "checkpoint."
+    ) from error
 
 
 def _first_line(error, limit=200) -> str:
@@ -326,13 +389,16 @@ def _first_line(error, limit=200) -> str:
   text = text.splitlines()[0] if text else ""
   for tail in (" [tensorstore_spec", " See full TensorStore details"):
     text = text.split(tail)[0]
-  return text if len(text) <= limit else text[:limit - 3] + "..."
+  return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def all_finite(tree) -> bool:
   """Whether every floating-point leaf of ``tree`` is finite."""
-  leaves = [x for x in jax.tree.leaves(tree)
-            if jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating)]
+  leaves = [
+      x
+      for x in jax.tree.leaves(tree)
+      if jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating)
+  ]
   return all(bool(jnp.isfinite(x).all()) for x in leaves)
 
 
@@ -344,32 +410,47 @@ def restore_latest(manager, model, optimizer, train_iter, workdir) -> int:
   the previous one is tried.
   """
   state = nnx.state((model, optimizer))
-  target = jax.tree.map(ocp.utils.to_shape_dtype_struct,
-                        nnx.to_pure_dict(state))
+  target = jax.tree.map(
+      ocp.utils.to_shape_dtype_struct, nnx.to_pure_dict(state)
+  )
   steps = sorted(manager.all_steps(), reverse=True)
   for step in steps:
     try:
-      restored = manager.restore(step, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(target),
-          train_iter=grain.checkpoint.CheckpointRestore(train_iter)))
+      restored = manager.restore(
+          step,
+          args=ocp.args.Composite(
+              state=ocp.args.StandardRestore(target),
+              train_iter=grain.checkpoint.CheckpointRestore(train_iter),
+          ),
+      )
       if not all_finite(restored["state"]):
         raise ValueError("it holds NaN or inf values")
     except Exception as error:  # pylint: disable=broad-except
-      logging.warning("checkpoint %d is unreadable (%s: %s); moved aside to "
-                      "corrupt-%d, falling back to the previous one.", step,
-                      type(error).__name__, _first_line(error), step)
+      logging.warning(
+          "checkpoint %d is unreadable (%s: %s); moved aside to "
+          "corrupt-%d, falling back to the previous one.",
+          step,
+          type(error).__name__,
+          _first_line(error),
+          step,
+      )
       if jax.process_index() == 0:
         directory = os.path.join(workdir, "checkpoints")
-        shutil.move(os.path.join(directory, str(step)),
-                    os.path.join(directory, f"corrupt-{step}"))
+        shutil.move(
+            os.path.join(directory, str(step)),
+            os.path.join(directory, f"corrupt-{step}"),
+        )
       manager.reload()
       continue
     nnx.replace_by_pure_dict(state, restored["state"])
     nnx.update((model, optimizer), state)
     return step
   if steps:
-    logging.warning("no readable checkpoint among steps %s: training "
-                    "restarts from step 0.", sorted(steps))
+    logging.warning(
+        "no readable checkpoint among steps %s: training "
+        "restarts from step 0.",
+        sorted(steps),
+    )
   return 0
 
 
@@ -394,14 +475,19 @@ class MetricsWriter:
     os.makedirs(workdir, exist_ok=True)
     # Records past the restored step were made by a run that then stopped
     # before checkpointing them; they are replayed now, so drop them.
-    kept = [json.dumps(record) + "\n" for record in read_metrics(self.path)
-            if record["step"] <= resume_step]
+    kept = [
+        json.dumps(record) + "\n"
+        for record in read_metrics(self.path)
+        if record["step"] <= resume_step
+    ]
     with open(self.path + ".tmp", "w") as f:
       f.writelines(kept)
     os.replace(self.path + ".tmp", self.path)
     from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
-    self.tensorboard = SummaryWriter(os.path.join(workdir, "tensorboard"),
-                                     purge_step=resume_step + 1)
+
+    self.tensorboard = SummaryWriter(
+        os.path.join(workdir, "tensorboard"), purge_step=resume_step + 1
+    )
 
   def write(self, step, **values):
     if not self.enabled:
@@ -432,8 +518,9 @@ def read_metrics(path) -> list[dict]:
       try:
         records.append(json.loads(line))
       except json.JSONDecodeError:
-        logging.warning("%s: dropping torn line %d (%r).", path, number,
-                        line[:60])
+        logging.warning(
+            "%s: dropping torn line %d (%r).", path, number, line[:60]
+        )
   return records
 
 
@@ -477,7 +564,8 @@ class StopOnSignal:
           "writing a checkpoint failed ("
           f"{type(self.failure).__name__}: {_first_line(self.failure)}); "
           "the run stops. Free the checkpoint directory and rerun to resume "
-          "from the last checkpoint.") from self.failure
+          "from the last checkpoint."
+      ) from self.failure
 
   def _handle(self, signum, frame):
     del frame
@@ -559,21 +647,27 @@ def _check_finite(metrics, step, manager):
     raise TrainingError(
         f"non-finite {', '.join(f'{k}={v}' for k, v in bad.items())} at step "
         f"{step}, not saved; "
-        + (f"the last good checkpoint is step {good}. " if good
-           else "no checkpoint was saved. ")
-        + "Lower the learning rate or check the data, then rerun.")
+        + (
+            f"the last good checkpoint is step {good}. "
+            if good
+            else "no checkpoint was saved. "
+        )
+        + "Lower the learning rate or check the data, then rerun."
+    )
 
 
 def _train(config, workdir, mesh):
   batch_sharding = NamedSharding(mesh, P(BATCH_AXES))
 
   def to_global(local):
-    return jax.make_array_from_process_local_data(batch_sharding,
-                                                  np.asarray(local))
+    return jax.make_array_from_process_local_data(
+        batch_sharding, np.asarray(local)
+    )
 
   task = get_task(config)
-  model = models.create_model(model_config(config),
-                              nnx.Rngs(params=config.seed), mesh)
+  model = models.create_model(
+      model_config(config), nnx.Rngs(params=config.seed), mesh
+  )
   tx = make_optimizer(config)
   optimizer = nnx.jit(lambda m: nnx.Optimizer(m, tx, wrt=nnx.Param))(model)
   try:
@@ -587,21 +681,33 @@ def _train(config, workdir, mesh):
   writer = MetricsWriter(workdir, start_step)
   train_step = make_train_step(config)
   stop = StopOnSignal()
-  logging.info("model %s: %d parameters; mesh %s; %d steps of %d examples",
-               config.model, models.count_params(model), dict(mesh.shape),
-               config.train_steps, config.batch_size)
+  logging.info(
+      "model %s: %d parameters; mesh %s; %d steps of %d examples",
+      config.model,
+      models.count_params(model),
+      dict(mesh.shape),
+      config.train_steps,
+      config.batch_size,
+  )
   progress = tqdm.tqdm(
-      total=config.train_steps, initial=start_step, unit="step",
+      total=config.train_steps,
+      initial=start_step,
+      unit="step",
       dynamic_ncols=True,
-      disable=jax.process_index() != 0 or not sys.stderr.isatty())
+      disable=jax.process_index() != 0 or not sys.stderr.isatty(),
+  )
   last_train, last_eval = {}, {}
   step = start_step
   window_start, window_step = time.perf_counter(), start_step
 
   def run_eval(is_last, record=True):
     metrics, samples, predictions = evaluate.evaluate(
-        model, config, to_global, task,
-        num_samples=config.num_samples if is_last else 0)
+        model,
+        config,
+        to_global,
+        task,
+        num_samples=config.num_samples if is_last else 0,
+    )
     if record:
       writer.write(step, **metrics)
     logging.info("step %d: %s", step, task.headline(metrics))
@@ -634,14 +740,20 @@ def _train(config, workdir, mesh):
         progress.set_postfix(loss=f"{last_train['loss']:.4f}")
         if progress.disable and jax.process_index() == 0:
           eta = (config.train_steps - step) / max(steps_per_second, 1e-9)
-          logging.info("step %d/%d loss %.4f ce %.4f (%.1f steps/s, ETA %ds)",
-                       step, config.train_steps, last_train["loss"],
-                       last_train["ce"], steps_per_second, eta)
-      if config.eval_every_steps and (step % config.eval_every_steps == 0
-                                      or is_last):
+          logging.info(
+              "step %d/%d loss %.4f ce %.4f (%.1f steps/s, ETA %ds)",
+              step,
+              config.train_steps,
+              last_train["loss"],
+              last_train["ce"],
+              steps_per_second,
+              eta,
+          )
+      if config.eval_every_steps and (
+          step % config.eval_every_steps == 0 or is_last
+      ):
         last_eval = run_eval(is_last)
-      if (step % config.checkpoint_every_steps == 0 or is_last
-          or stop.requested):
+      if step % config.checkpoint_every_steps == 0 or is_last or stop.requested:
         if not logged:  # never save a state a non-finite step produced
           _check_finite(metrics, step, manager)
         stop.blocking = True
@@ -672,10 +784,19 @@ def _train(config, workdir, mesh):
     if hasattr(train_iter, "close"):
       train_iter.close()
   if stop.requested:
-    logging.warning("stopped by signal %d at step %d; checkpoint saved. Rerun "
-                    "the same command to resume.", stop.signum, step)
-  return dict(step=step, train=last_train, eval=last_eval,
-              stopped_early=stop.requested, signal=stop.signum)
+    logging.warning(
+        "stopped by signal %d at step %d; checkpoint saved. Rerun "
+        "the same command to resume.",
+        stop.signum,
+        step,
+    )
+  return dict(
+      step=step,
+      train=last_train,
+      eval=last_eval,
+      stopped_early=stop.requested,
+      signal=stop.signum,
+  )
 
 
 @contextlib.contextmanager
@@ -693,8 +814,11 @@ def exit_on_error():
   except TrainingError as error:
     _exit_now(f"error: {error}", 1)
   except Interrupted as error:
-    _exit_now(f"error: {error} before the run could checkpoint; rerun to "
-              "resume from the last checkpoint.", 128 + error.signum)
+    _exit_now(
+        f"error: {error} before the run could checkpoint; rerun to "
+        "resume from the last checkpoint.",
+        128 + error.signum,
+    )
 
 
 def _exit_now(message, code):
@@ -708,8 +832,11 @@ def _exit_now(message, code):
 def exit_if_stopped(result) -> None:
   """Exits with 128 + N if signal N stopped the run (after checkpointing)."""
   if result["stopped_early"]:
-    print(f"stopped by signal {result['signal']} at step {result['step']}; "
-          "rerun the same command to resume.", file=sys.stderr)
+    print(
+        f"stopped by signal {result['signal']} at step {result['step']}; "
+        "rerun the same command to resume.",
+        file=sys.stderr,
+    )
     sys.exit(128 + result["signal"])
 
 
@@ -721,16 +848,24 @@ def write_predictions(workdir, step, predictions):
   path = os.path.join(workdir, "predictions.jsonl")
   with open(path + ".tmp", "w") as f:
     for index, answer, prediction in predictions:
-      f.write(json.dumps(dict(step=step, index=int(index), answer=answer,
-                              prediction=prediction)) + "\n")
+      f.write(
+          json.dumps(
+              dict(
+                  step=step,
+                  index=int(index),
+                  answer=answer,
+                  prediction=prediction,
+              )
+          )
+          + "\n"
+      )
   os.replace(path + ".tmp", path)
 
 
 def read_predictions(workdir) -> list[str]:
   """The final eval's predictions (predictions.jsonl), in test order."""
   with open(os.path.join(workdir, "predictions.jsonl")) as f:
-    records = sorted((json.loads(line) for line in f),
-                     key=lambda r: r["index"])
+    records = sorted((json.loads(line) for line in f), key=lambda r: r["index"])
   return [r["prediction"] for r in records]
 
 

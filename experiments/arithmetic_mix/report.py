@@ -1,6 +1,6 @@
 r"""results.json -> results.md and plots. Every number comes from results.json.
 
-  python -m experiments.arithmetic_mix.report
+python -m experiments.arithmetic_mix.report
 """
 
 import collections
@@ -24,12 +24,19 @@ flags.DEFINE_string("results", os.path.join(HERE, "results.json"), "Input.")
 flags.DEFINE_string("out_dir", HERE, "Where results.md and plots/ go.")
 
 METHODS = arithmetic_mix.METHODS
-LABELS = dict(ce="CE", emd="CE + EMD", ntl_mse="CE + NTL-MSE",
-              soft_label="CE + soft labels", ntil="CE + NTIL")
+LABELS = dict(
+    ce="CE",
+    emd="CE + EMD",
+    ntl_mse="CE + NTL-MSE",
+    soft_label="CE + soft labels",
+    ntil="CE + NTIL",
+)
 # The NTIL paper's Table 3 (exact match %, fine-tuned LLMs, single runs), as
 # quoted in the project's experiment issue; context only, not comparable.
-PAPER_TABLE3 = (("Qwen2.5-1.5B", 40.3, 40.7, 42.4),
-                ("MiniCPM3-4B", 66.8, 68.2, 68.6))
+PAPER_TABLE3 = (
+    ("Qwen2.5-1.5B", 40.3, 40.7, 42.4),
+    ("MiniCPM3-4B", 66.8, 68.2, 68.6),
+)
 
 
 def mean_std(values):
@@ -48,8 +55,11 @@ def by_method(runs, group="main"):
   for run in runs:
     if run["group"] == group:
       grouped[run["method"]].append(run)
-  return {m: sorted(grouped[m], key=lambda r: r["seed"]) for m in METHODS
-          if grouped[m]}
+  return {
+      m: sorted(grouped[m], key=lambda r: r["seed"])
+      for m in METHODS
+      if grouped[m]
+  }
 
 
 def plot_exact_match(main, path):
@@ -92,10 +102,16 @@ def plot_curves(main, path):
 def plot_by_length(main, path):
   fig, ax = plt.subplots(figsize=(7, 3.6))
   for method, runs in main.items():
-    lengths = sorted({int(k) for r in runs
-                      for k in r["exact_match_by_answer_length"]})
-    values = [100 * np.mean([r["exact_match_by_answer_length"].get(str(k), 0.0)
-                             for r in runs]) for k in lengths]
+    lengths = sorted(
+        {int(k) for r in runs for k in r["exact_match_by_answer_length"]}
+    )
+    values = [
+        100
+        * np.mean(
+            [r["exact_match_by_answer_length"].get(str(k), 0.0) for r in runs]
+        )
+        for k in lengths
+    ]
     ax.plot(lengths, values, marker="o", label=LABELS[method])
   ax.set_xlabel("answer length (characters, e.g. '-8/3' is 4)")
   ax.set_ylabel("exact match (%, mean over seeds)")
@@ -108,62 +124,101 @@ def plot_by_length(main, path):
 
 def reading(main):
   """A plain reading of the main table, computed from the numbers."""
-  means = {m: mean_std([100 * r["exact_match"] for r in runs])
-           for m, runs in main.items()}
+  means = {
+      m: mean_std([100 * r["exact_match"] for r in runs])
+      for m, runs in main.items()
+  }
   order = sorted(means, key=lambda m: -means[m][0])
-  lines = ["- Ranking by mean exact match: " + ", ".join(
-      f"{LABELS[m]} {means[m][0]:.2f}%" for m in order) + "."]
+  lines = [
+      "- Ranking by mean exact match: "
+      + ", ".join(f"{LABELS[m]} {means[m][0]:.2f}%" for m in order)
+      + "."
+  ]
   spread = np.nanmean([s for _, s in means.values()])
-  lines.append(f"- The typical seed-to-seed standard deviation is "
-               f"{spread:.2f} points.")
+  lines.append(
+      f"- The typical seed-to-seed standard deviation is "
+      f"{spread:.2f} points."
+  )
   if "ntil" in means and "ce" in means:
     gap = means["ntil"][0] - means["ce"][0]
     # Standard error of the difference of two means over seeds.
-    stderr = np.sqrt(sum(means[m][1]**2 / len(main[m]) for m in ("ntil", "ce")))
+    stderr = np.sqrt(
+        sum(means[m][1] ** 2 / len(main[m]) for m in ("ntil", "ce"))
+    )
     if np.isnan(stderr):
       verdict = "too few seeds to judge."
     elif abs(gap) <= 2 * stderr:
-      verdict = (f"within two standard errors ({2 * stderr:.2f}): this grid "
-                 "cannot tell them apart.")
+      verdict = (
+          f"within two standard errors ({2 * stderr:.2f}): this grid "
+          "cannot tell them apart."
+      )
     else:
-      verdict = (f"beyond two standard errors ({2 * stderr:.2f}): NTIL does "
-                 f"{'better' if gap > 0 else 'worse'} here.")
+      verdict = (
+          f"beyond two standard errors ({2 * stderr:.2f}): NTIL does "
+          f"{'better' if gap > 0 else 'worse'} here."
+      )
     lines.append(f"- NTIL minus CE: {gap:+.2f} points, {verdict}")
   if "ntil" in means:
-    better = [m for m in means if m != "ntil" and means[m][0] > means["ntil"][0]]
+    better = [
+        m for m in means if m != "ntil" and means[m][0] > means["ntil"][0]
+    ]
     if better:
-      lines.append("- Methods with a higher mean than NTIL: " +
-                   ", ".join(LABELS[m] for m in better) + ".")
-  errors = {m: mean_std([r["mean_log10_abs_error"] for r in runs])
-            for m, runs in main.items()}
+      lines.append(
+          "- Methods with a higher mean than NTIL: "
+          + ", ".join(LABELS[m] for m in better)
+          + "."
+      )
+  errors = {
+      m: mean_std([r["mean_log10_abs_error"] for r in runs])
+      for m, runs in main.items()
+  }
   order = sorted(errors, key=lambda m: errors[m][0])
-  lines.append("- Numeric error of parsable answers, mean log10(1 + |pred - "
-               "true|), lower is better: " + ", ".join(
-                   f"{LABELS[m]} {errors[m][0]:.3f} ± {errors[m][1]:.3f}"
-                   for m in order) + ".")
+  lines.append(
+      "- Numeric error of parsable answers, mean log10(1 + |pred - "
+      "true|), lower is better: "
+      + ", ".join(
+          f"{LABELS[m]} {errors[m][0]:.3f} ± {errors[m][1]:.3f}" for m in order
+      )
+      + "."
+  )
   best = max(means.values(), key=lambda v: v[0])[0]
   if best < 5.0:
     lines.append(
         f"- Caveat: with at most {best:.2f}% exact match every method is "
         "near the floor; this grid measures what a small model learns in a "
-        "short CPU budget, not the fine-tuned regime of the paper.")
+        "short CPU budget, not the fine-tuned regime of the paper."
+    )
   return lines
 
 
 def ablation_rows(runs, main):
   reference = [r for r in main.get("ntil", []) if r["seed"] == 0]
   rows = [("NTIL (all on, seed 0)", reference)]
-  names = dict(ablation=(("ntil-no-exp", "Exp off (sigma=0)"),
-                         ("ntil-no-rel", "Rel off (alpha=0)"),
-                         ("ntil-no-mag", "Mag off (beta=0)")),
-               sweep=(("ntil-sigma0.1", "sigma=0.1"),
-                      ("ntil-sigma0.5", "sigma=0.5"),
-                      ("ntil-lam0.1", "lambda=0.1"),
-                      ("ntil-lam1.0", "lambda=1.0")))
+  names = dict(
+      ablation=(
+          ("ntil-no-exp", "Exp off (sigma=0)"),
+          ("ntil-no-rel", "Rel off (alpha=0)"),
+          ("ntil-no-mag", "Mag off (beta=0)"),
+      ),
+      sweep=(
+          ("ntil-sigma0.1", "sigma=0.1"),
+          ("ntil-sigma0.5", "sigma=0.5"),
+          ("ntil-lam0.1", "lambda=0.1"),
+          ("ntil-lam1.0", "lambda=1.0"),
+      ),
+  )
   for group, pairs in names.items():
     for prefix, label in pairs:
-      rows.append((label, [r for r in runs if r["group"] == group
-                           and r["name"].startswith(prefix + "-")]))
+      rows.append(
+          (
+              label,
+              [
+                  r
+                  for r in runs
+                  if r["group"] == group and r["name"].startswith(prefix + "-")
+              ],
+          )
+      )
   return [(label, cells) for label, cells in rows if cells]
 
 
@@ -176,19 +231,25 @@ def write_report(runs, out_dir):
   plot_by_length(main, os.path.join(plot_dir, "by_answer_length.png"))
   first = runs[0]
   lines = [
-      "# arithmetic_mix: CE vs EMD vs NTL-MSE vs soft labels vs NTIL", "",
+      "# arithmetic_mix: CE vs EMD vs NTL-MSE vs soft labels vs NTIL",
+      "",
       "Generated by `python -m experiments.arithmetic_mix.report` from "
       "`results.json` (written by `python -m experiments.arithmetic_mix.run "
-      f"--profile={first['profile']}`). Nothing here is typed by hand.", "",
+      f"--profile={first['profile']}`). Nothing here is typed by hand.",
+      "",
       f"Set-up: the `{first['model']}` decoder trained from scratch for "
       f"{first['steps']} steps of {first['batch_size']} examples on locally "
       "generated arithmetic__mixed problems (mathematics_dataset), "
       f"exact match on {first['num_test_examples']} interpolate test "
       f"problems by greedy decoding. Hardware: {first['device']} "
-      f"({first['host']}).", "",
-      "## Main table", "",
+      f"({first['host']}).",
+      "",
+      "## Main table",
+      "",
       "| method | seeds | exact match (%) | parsed (%) | mean log10(1+abs err) "
-      "| minutes / run |", "|---|---|---|---|---|---|"]
+      "| minutes / run |",
+      "|---|---|---|---|---|---|",
+  ]
   # Minutes include the three evaluations; runs that shared the machine with
   # other jobs took longer.
   for method, method_runs in main.items():
@@ -197,32 +258,62 @@ def write_report(runs, out_dir):
         f"{fmt([r['exact_match'] for r in method_runs])} | "
         f"{fmt([r['parsed_rate'] for r in method_runs], digits=1)} | "
         f"{fmt([r['mean_log10_abs_error'] for r in method_runs], 1, 3)} | "
-        f"{np.mean([r['wall_seconds'] for r in method_runs]) / 60:.1f} |")
-  lines += ["", "mean ± sample standard deviation over seeds.", "",
-            "![exact match](plots/exact_match.png)", "",
-            "## What the data shows", ""] + reading(main) + [
-      "", "## Training curves and accuracy by answer length", "",
-      "![curves](plots/curves.png)", "",
-      "![by answer length](plots/by_answer_length.png)", "",
-      "## Ablations and sweeps (NTIL, seed 0)", ""]
+        f"{np.mean([r['wall_seconds'] for r in method_runs]) / 60:.1f} |"
+    )
+  lines += (
+      [
+          "",
+          "mean ± sample standard deviation over seeds.",
+          "",
+          "![exact match](plots/exact_match.png)",
+          "",
+          "## What the data shows",
+          "",
+      ]
+      + reading(main)
+      + [
+          "",
+          "## Training curves and accuracy by answer length",
+          "",
+          "![curves](plots/curves.png)",
+          "",
+          "![by answer length](plots/by_answer_length.png)",
+          "",
+          "## Ablations and sweeps (NTIL, seed 0)",
+          "",
+      ]
+  )
   rows = ablation_rows(runs, main)
   if rows:
     lines += ["| variant | runs | exact match (%) |", "|---|---|---|"]
-    lines += [f"| {label} | {len(cells)} | "
-              f"{fmt([r['exact_match'] for r in cells])} |"
-              for label, cells in rows]
-    lines += ["", "Single seeds: compare with the seed spread of the main "
-              "table before reading anything into a difference. "
-              "sigma=0.2 and lambda=0.3 are the main-table setting."]
+    lines += [
+        f"| {label} | {len(cells)} | "
+        f"{fmt([r['exact_match'] for r in cells])} |"
+        for label, cells in rows
+    ]
+    lines += [
+        "",
+        "Single seeds: compare with the seed spread of the main "
+        "table before reading anything into a difference. "
+        "sigma=0.2 and lambda=0.3 are the main-table setting.",
+    ]
   else:
     lines.append("Not run yet.")
-  lines += ["", "## The paper's numbers, for context", "",
-            "Table 3 of the NTIL paper (fine-tuned pretrained LLMs, one run "
-            "each, no error bars); a different regime from ours (a small "
-            "model trained from scratch), so only the direction compares.",
-            "", "| model | CE | EMD | NTIL |", "|---|---|---|---|"]
-  lines += [f"| {name} | {ce} | {emd} | {ntil} |"
-            for name, ce, emd, ntil in PAPER_TABLE3]
+  lines += [
+      "",
+      "## The paper's numbers, for context",
+      "",
+      "Table 3 of the NTIL paper (fine-tuned pretrained LLMs, one run "
+      "each, no error bars); a different regime from ours (a small "
+      "model trained from scratch), so only the direction compares.",
+      "",
+      "| model | CE | EMD | NTIL |",
+      "|---|---|---|---|",
+  ]
+  lines += [
+      f"| {name} | {ce} | {emd} | {ntil} |"
+      for name, ce, emd, ntil in PAPER_TABLE3
+  ]
   with open(os.path.join(out_dir, "results.md"), "w") as f:
     f.write("\n".join(lines) + "\n")
 

@@ -31,28 +31,59 @@ from train import train
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FLAGS = flags.FLAGS
-flags.DEFINE_enum("profile", "cpu", ["cpu", "accelerator", "smoke"],
-                  "Grid size (smoke: seconds, for tests).")
-flags.DEFINE_list("groups", ["main", "ablation", "sweep"],
-                  "Which parts of the grid to run, in this order.")
-flags.DEFINE_string("results", os.path.join(HERE, "results.json"),
-                    "Results file (one record per finished run).")
-flags.DEFINE_string("runs_dir", os.path.join(HERE, "runs"),
-                    "Work directories of the runs (not in git).")
+flags.DEFINE_enum(
+    "profile",
+    "cpu",
+    ["cpu", "accelerator", "smoke"],
+    "Grid size (smoke: seconds, for tests).",
+)
+flags.DEFINE_list(
+    "groups",
+    ["main", "ablation", "sweep"],
+    "Which parts of the grid to run, in this order.",
+)
+flags.DEFINE_string(
+    "results",
+    os.path.join(HERE, "results.json"),
+    "Results file (one record per finished run).",
+)
+flags.DEFINE_string(
+    "runs_dir",
+    os.path.join(HERE, "runs"),
+    "Work directories of the runs (not in git).",
+)
 flags.DEFINE_string("data_dir", "data", "Generated data.")
 flags.DEFINE_integer("max_cells", 0, "Stop after this many new cells (0: all).")
 
 # Everything that differs between the CPU grid and the accelerator grid.
 PROFILES = {
-    "cpu": dict(model="tiny", train_steps=1500, batch_size=64,
-                learning_rate=3e-3, train_size=20000, test_size=1000,
-                seeds=(0, 1, 2)),
-    "accelerator": dict(model="base", train_steps=20000, batch_size=256,
-                        learning_rate=1e-3, train_size=400000, test_size=5000,
-                        seeds=(0, 1, 2, 3, 4)),
-    "smoke": dict(model="tiny", train_steps=3, batch_size=8,
-                  learning_rate=3e-3, train_size=200, test_size=20,
-                  seeds=(0, 1)),
+    "cpu": dict(
+        model="tiny",
+        train_steps=1500,
+        batch_size=64,
+        learning_rate=3e-3,
+        train_size=20000,
+        test_size=1000,
+        seeds=(0, 1, 2),
+    ),
+    "accelerator": dict(
+        model="base",
+        train_steps=20000,
+        batch_size=256,
+        learning_rate=1e-3,
+        train_size=400000,
+        test_size=5000,
+        seeds=(0, 1, 2, 3, 4),
+    ),
+    "smoke": dict(
+        model="tiny",
+        train_steps=3,
+        batch_size=8,
+        learning_rate=3e-3,
+        train_size=200,
+        test_size=20,
+        seeds=(0, 1),
+    ),
 }
 METHODS = arithmetic_mix.METHODS
 
@@ -64,16 +95,20 @@ def grid(profile):
   for seed in seeds:  # seed-major: a partial grid still covers every method
     for method in METHODS:
       cells["main"].append(("main", f"{method}-s{seed}", method, seed, {}))
-  for name, overrides in (("ntil-no-exp", dict(sigma=0.0)),
-                          ("ntil-no-rel", dict(alpha=0.0)),
-                          ("ntil-no-mag", dict(beta=0.0))):
+  for name, overrides in (
+      ("ntil-no-exp", dict(sigma=0.0)),
+      ("ntil-no-rel", dict(alpha=0.0)),
+      ("ntil-no-mag", dict(beta=0.0)),
+  ):
     cells["ablation"].append(("ablation", f"{name}-s0", "ntil", 0, overrides))
   for sigma in (0.1, 0.5):
-    cells["sweep"].append(("sweep", f"ntil-sigma{sigma}-s0", "ntil", 0,
-                           dict(sigma=sigma)))
+    cells["sweep"].append(
+        ("sweep", f"ntil-sigma{sigma}-s0", "ntil", 0, dict(sigma=sigma))
+    )
   for lam in (0.1, 1.0):
-    cells["sweep"].append(("sweep", f"ntil-lam{lam}-s0", "ntil", 0,
-                           dict(lam=lam)))
+    cells["sweep"].append(
+        ("sweep", f"ntil-lam{lam}-s0", "ntil", 0, dict(lam=lam))
+    )
   return cells
 
 
@@ -82,7 +117,8 @@ def cell_config(profile, method, seed, overrides, data_dir):
   config = arithmetic_mix.get_config(method)
   config.data_dir = data_dir
   config.dataset_config = prepare_data.config_name(
-      settings["train_size"], settings["test_size"], 0)
+      settings["train_size"], settings["test_size"], 0
+  )
   config.model = settings["model"]
   config.train_steps = settings["train_steps"]
   config.batch_size = settings["batch_size"]
@@ -112,9 +148,16 @@ def run_cell(profile, group, name, method, seed, overrides, digest):
   evaluation = result["eval"]
   device = jax.devices()[0]
   return dict(
-      name=name, group=group, method=method, seed=seed, overrides=overrides,
-      profile=profile, model=config.model, steps=result["step"],
-      batch_size=config.batch_size, exact_match=evaluation["exact_match"],
+      name=name,
+      group=group,
+      method=method,
+      seed=seed,
+      overrides=overrides,
+      profile=profile,
+      model=config.model,
+      steps=result["step"],
+      batch_size=config.batch_size,
+      exact_match=evaluation["exact_match"],
       parsed_rate=evaluation["parsed_rate"],
       mean_abs_error=evaluation["mean_abs_error"],
       mean_log10_abs_error=evaluation["mean_log10_abs_error"],
@@ -125,16 +168,19 @@ def run_cell(profile, group, name, method, seed, overrides, digest):
       final_train_ce=result["train"]["ce"],
       wall_seconds=round(time.time() - start, 1),
       device=f"{device.platform}:{device.device_kind} x{jax.device_count()}",
-      host=platform.node(), config_hash=digest,
-      curves=common.curves(os.path.join(workdir, "metrics.jsonl")))
+      host=platform.node(),
+      config_hash=digest,
+      curves=common.curves(os.path.join(workdir, "metrics.jsonl")),
+  )
 
 
 def main(argv):
   del argv
   logs.quiet_terminal()
   settings = PROFILES[FLAGS.profile]
-  prepare_data.prepare(FLAGS.data_dir, settings["train_size"],
-                       settings["test_size"])
+  prepare_data.prepare(
+      FLAGS.data_dir, settings["train_size"], settings["test_size"]
+  )
   runs = common.load_results(FLAGS.results)
   done = {r["config_hash"] for r in runs}
   cells = grid(FLAGS.profile)
@@ -148,16 +194,21 @@ def main(argv):
     if FLAGS.max_cells and new >= FLAGS.max_cells:
       break
     logging.info("cell %d/%d: %s", index + 1, len(todo), name)
-    record = run_cell(FLAGS.profile, group, name, method, seed, overrides,
-                      digest)
+    record = run_cell(
+        FLAGS.profile, group, name, method, seed, overrides, digest
+    )
     runs.append(record)
     common.save_results(FLAGS.results, runs)
     new += 1
-    print(f"[{index + 1}/{len(todo)}] {name}: exact match "
-          f"{100 * record['exact_match']:.2f}% ({record['wall_seconds']:.0f}s)",
-          flush=True)
-  print(f"{len(runs)} runs in {FLAGS.results}; "
-        "now: python -m experiments.arithmetic_mix.report")
+    print(
+        f"[{index + 1}/{len(todo)}] {name}: exact match "
+        f"{100 * record['exact_match']:.2f}% ({record['wall_seconds']:.0f}s)",
+        flush=True,
+    )
+  print(
+      f"{len(runs)} runs in {FLAGS.results}; "
+      "now: python -m experiments.arithmetic_mix.report"
+  )
 
 
 if __name__ == "__main__":

@@ -5,44 +5,79 @@ from configs import clock_time
 # The budget (see README): CE lands in the middle regime, about half of the
 # test clocks read exactly, in about 80 s a run on 2 CPU cores.
 PROFILES = {
-    "cpu": dict(train_steps=600, batch_size=128, train_size=20000,
-                test_size=1000, main_seeds=(0, 1, 2, 3, 4),
-                other_seeds=(0, 1, 2), eval_every_steps=150),
-    "smoke": dict(train_steps=2, batch_size=8, train_size=64, test_size=16,
-                  main_seeds=(0, 1), other_seeds=(0,), eval_every_steps=2),
+    "cpu": dict(
+        train_steps=600,
+        batch_size=128,
+        train_size=20000,
+        test_size=1000,
+        main_seeds=(0, 1, 2, 3, 4),
+        other_seeds=(0, 1, 2),
+        eval_every_steps=150,
+    ),
+    "smoke": dict(
+        train_steps=2,
+        batch_size=8,
+        train_size=64,
+        test_size=16,
+        main_seeds=(0, 1),
+        other_seeds=(0,),
+        eval_every_steps=2,
+    ),
 }
-METRICS = ("exact_match", "mean_time_gap_minutes", "median_time_gap_minutes",
-           "within_5_minutes", "hour_accuracy", "minute_accuracy",
-           "parsed_rate")
+METRICS = (
+    "exact_match",
+    "mean_time_gap_minutes",
+    "median_time_gap_minutes",
+    "within_5_minutes",
+    "hour_accuracy",
+    "minute_accuracy",
+    "parsed_rate",
+)
 # variant -> (method, config overrides), per group.
 VARIANTS = {
-    "control": {"ce_digit_weighted": ("ce", dict(digit_ce_weight=0.3)),
-                "ntil_reference": ("ntil", dict(weighting="reference"))},
-    "ablation": {"exp_off": ("ntil", dict(sigma=0.0)),
-                 "rel_off": ("ntil", dict(alpha=0.0)),
-                 "mag_off": ("ntil", dict(beta=0.0))},
+    "control": {
+        "ce_digit_weighted": ("ce", dict(digit_ce_weight=0.3)),
+        "ntil_reference": ("ntil", dict(weighting="reference")),
+    },
+    "ablation": {
+        "exp_off": ("ntil", dict(sigma=0.0)),
+        "rel_off": ("ntil", dict(alpha=0.0)),
+        "mag_off": ("ntil", dict(beta=0.0)),
+    },
     # Twice the budget (train_steps set by `grid`): where CE lands, and
     # whether NTIL's difference holds.
     "long": {"ce_2x_steps": ("ce", {}), "ntil_2x_steps": ("ntil", {})},
-    "sweep": {"sigma=0.1": ("ntil", dict(sigma=0.1)),
-              "sigma=0.5": ("ntil", dict(sigma=0.5)),
-              "lam=0.1": ("ntil", dict(lam=0.1)),
-              "lam=1.0": ("ntil", dict(lam=1.0))},
+    "sweep": {
+        "sigma=0.1": ("ntil", dict(sigma=0.1)),
+        "sigma=0.5": ("ntil", dict(sigma=0.5)),
+        "lam=0.1": ("ntil", dict(lam=0.1)),
+        "lam=1.0": ("ntil", dict(lam=1.0)),
+    },
 }
 
 
 def grid(profile):
   """{group: [(variant, method, seed, overrides)]}, in run order."""
   settings = PROFILES[profile]
-  cells = {"main": [("main", method, seed, {})
-                    for seed in settings["main_seeds"]  # seed-major
-                    for method in clock_time.METHODS]}
+  cells = {
+      "main": [
+          ("main", method, seed, {})
+          for seed in settings["main_seeds"]  # seed-major
+          for method in clock_time.METHODS
+      ]
+  }
   for group, variants in VARIANTS.items():
-    seeds = (settings["main_seeds"] if group == "control"
-             else settings["other_seeds"])
-    extra = (dict(train_steps=2 * settings["train_steps"])
-             if group == "long" else {})
-    cells[group] = [(variant, method, seed, {**overrides, **extra})
-                    for seed in seeds
-                    for variant, (method, overrides) in variants.items()]
+    seeds = (
+        settings["main_seeds"]
+        if group == "control"
+        else settings["other_seeds"]
+    )
+    extra = (
+        dict(train_steps=2 * settings["train_steps"]) if group == "long" else {}
+    )
+    cells[group] = [
+        (variant, method, seed, {**overrides, **extra})
+        for seed in seeds
+        for variant, (method, overrides) in variants.items()
+    ]
   return cells

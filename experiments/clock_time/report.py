@@ -30,22 +30,33 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 FLAGS = flags.FLAGS
 flags.DEFINE_string("results", os.path.join(HERE, "results.json"), "Input.")
 flags.DEFINE_string("out_dir", HERE, "Where results.md and plots/ go.")
-flags.DEFINE_string("discussion", os.path.join(HERE, "discussion.md"),
-                    "Hand-written reading of the results, appended if it "
-                    "exists.")
+flags.DEFINE_string(
+    "discussion",
+    os.path.join(HERE, "discussion.md"),
+    "Hand-written reading of the results, appended if it " "exists.",
+)
 
 METHODS = clock_time.METHODS
-LABELS = dict(ce="CE", emd="CE + EMD", ntl_mse="CE + NTL-MSE",
-              soft_label="CE + soft labels", ntil="CE + NTIL")
+LABELS = dict(
+    ce="CE",
+    emd="CE + EMD",
+    ntl_mse="CE + NTL-MSE",
+    soft_label="CE + soft labels",
+    ntil="CE + NTIL",
+)
 VARIANT_LABELS = {
     "ce_digit_weighted": "CE, digit tokens weighted 1 + 0.3",
     "ntil_reference": "CE + NTIL, authors' scaling",
-    "exp_off": "NTIL, Exp off (sigma = 0)", "rel_off": "NTIL, Rel off",
-    "mag_off": "NTIL, Mag off", "sigma=0.1": "NTIL, sigma = 0.1",
-    "sigma=0.5": "NTIL, sigma = 0.5", "lam=0.1": "NTIL, lambda = 0.1",
+    "exp_off": "NTIL, Exp off (sigma = 0)",
+    "rel_off": "NTIL, Rel off",
+    "mag_off": "NTIL, Mag off",
+    "sigma=0.1": "NTIL, sigma = 0.1",
+    "sigma=0.5": "NTIL, sigma = 0.5",
+    "lam=0.1": "NTIL, lambda = 0.1",
     "lam=1.0": "NTIL, lambda = 1.0",
     "ce_2x_steps": "CE, twice the steps",
-    "ntil_2x_steps": "CE + NTIL, twice the steps"}
+    "ntil_2x_steps": "CE + NTIL, twice the steps",
+}
 LONG = ("ce_2x_steps", "ntil_2x_steps")
 # The NTIL paper's Table 4 (fine-tuned MLLMs on the TIME photographs):
 # accuracy % and mean time gap in minutes for CE, EMD, NTIL.
@@ -53,26 +64,34 @@ PAPER_TABLE4 = (
     ("LLaVA-1.5 (7b)", (95.1, 95.3, 98.3), (8.52, 7.98, 4.14)),
     ("Qwen2-VL (7b)", (75.0, 78.7, 80.5), (30.84, 30.78, 27.72)),
     ("Qwen2-VL (2b)", (81.3, 81.7, 85.3), (32.34, 31.98, 24.66)),
-    ("Yi-VL (6b)", (76.2, 75.1, 87.4), (56.58, 54.78, 26.58)))
+    ("Yi-VL (6b)", (76.2, 75.1, 87.4), (56.58, 54.78, 26.58)),
+)
 # Table 6 (clock columns): accuracy with Exp/Rel/Mag off and all on.
-PAPER_TABLE6 = (("Qwen2-VL", 79.8, 79.0, 81.6, 85.3),
-                ("Yi-VL", 83.4, 85.6, 87.6, 87.4))
+PAPER_TABLE6 = (
+    ("Qwen2-VL", 79.8, 79.0, 81.6, 85.3),
+    ("Yi-VL", 83.4, 85.6, 87.6, 87.4),
+)
 # (metric, label, scale, digits, higher is better)
-COLUMNS = (("exact_match", "exact match %", 100, 1, True),
-           ("mean_time_gap_minutes", "mean gap (min)", 1, 2, False),
-           ("median_time_gap_minutes", "median gap (min)", 1, 1, False),
-           ("within_5_minutes", "within 5 min %", 100, 1, True),
-           ("hour_accuracy", "hour %", 100, 1, True),
-           ("minute_accuracy", "minute %", 100, 1, True),
-           ("parsed_rate", "parsed %", 100, 1, True))
-PAIRED = (("exact_match", "exact match", 100, True),
-          ("mean_time_gap_minutes", "mean time gap (min)", 1, False))
+COLUMNS = (
+    ("exact_match", "exact match %", 100, 1, True),
+    ("mean_time_gap_minutes", "mean gap (min)", 1, 2, False),
+    ("median_time_gap_minutes", "median gap (min)", 1, 1, False),
+    ("within_5_minutes", "within 5 min %", 100, 1, True),
+    ("hour_accuracy", "hour %", 100, 1, True),
+    ("minute_accuracy", "minute %", 100, 1, True),
+    ("parsed_rate", "parsed %", 100, 1, True),
+)
+PAIRED = (
+    ("exact_match", "exact match", 100, True),
+    ("mean_time_gap_minutes", "mean time gap (min)", 1, False),
+)
 
 
 def mean_std(values):
   values = np.asarray(values, float)
-  return values.mean(), (values.std(ddof=1) if len(values) > 1
-                         else float("nan"))
+  return values.mean(), (
+      values.std(ddof=1) if len(values) > 1 else float("nan")
+  )
 
 
 def fmt(values, digits):
@@ -94,12 +113,15 @@ def paired(runs, reference, metric, scale, higher_better):
   seeds = sorted(set(runs) & set(reference))
   if not seeds:
     return None
-  diffs = np.array([scale * (runs[s][metric] - reference[s][metric])
-                    for s in seeds])
+  diffs = np.array(
+      [scale * (runs[s][metric] - reference[s][metric]) for s in seeds]
+  )
   better = int(np.sum(diffs > 0 if higher_better else diffs < 0))
   if len(seeds) > 1 and np.std(diffs) > 0:
-    result = stats.ttest_rel([scale * runs[s][metric] for s in seeds],
-                             [scale * reference[s][metric] for s in seeds])
+    result = stats.ttest_rel(
+        [scale * runs[s][metric] for s in seeds],
+        [scale * reference[s][metric] for s in seeds],
+    )
     t, p = float(result.statistic), float(result.pvalue)
   else:
     t = p = float("nan")
@@ -118,8 +140,7 @@ def paired_cells(runs, reference, metric, scale, higher_better, digits):
 
 def main_table(grouped):
   head = ["method", "seeds"] + [label for _, label, *_ in COLUMNS]
-  lines = ["| " + " | ".join(head) + " |",
-           "|" + "---|" * len(head)]
+  lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
   for method in METHODS:
     if method not in grouped:
       continue
@@ -144,24 +165,29 @@ def paired_table(grouped, rows, reference_key):
     runs = grouped[key]
     cells = [label, str(len(set(runs) & set(reference)))]
     for metric, _, scale, higher in PAIRED:
-      cells += paired_cells(runs, reference, metric, scale, higher,
-                            2 if scale == 1 else 1)
+      cells += paired_cells(
+          runs, reference, metric, scale, higher, 2 if scale == 1 else 1
+      )
     lines.append("| " + " | ".join(cells) + " |")
   return lines
 
 
 def variant_table(grouped, keys):
   """Absolute mean ± sd of exact match and gap for variants (and NTIL)."""
-  lines = ["| run | seeds | exact match % | mean gap (min) |",
-           "|---|---|---|---|"]
+  lines = [
+      "| run | seeds | exact match % | mean gap (min) |",
+      "|---|---|---|---|",
+  ]
   for key in keys:
     if key not in grouped:
       continue
     runs = list(grouped[key].values())
     label = LABELS.get(key) or VARIANT_LABELS[key]
-    lines.append(f"| {label} | {len(runs)} | "
-                 f"{fmt([100 * r['exact_match'] for r in runs], 1)} | "
-                 f"{fmt([r['mean_time_gap_minutes'] for r in runs], 2)} |")
+    lines.append(
+        f"| {label} | {len(runs)} | "
+        f"{fmt([100 * r['exact_match'] for r in runs], 1)} | "
+        f"{fmt([r['mean_time_gap_minutes'] for r in runs], 2)} |"
+    )
   return lines
 
 
@@ -173,11 +199,18 @@ def plot_main(grouped, path):
       runs = [grouped[method][s] for s in sorted(grouped[method])]
       values = [scale * r[metric] for r in runs]
       mean, std = mean_std(values)
-      ax.bar(i, mean, yerr=0 if np.isnan(std) else std, capsize=4,
-             alpha=0.6, color=f"C{i}")
+      ax.bar(
+          i,
+          mean,
+          yerr=0 if np.isnan(std) else std,
+          capsize=4,
+          alpha=0.6,
+          color=f"C{i}",
+      )
       ax.scatter([i] * len(values), values, color="k", s=12, zorder=3)
-    ax.set_xticks(range(len(methods)), [LABELS[m] for m in methods],
-                  rotation=15)
+    ax.set_xticks(
+        range(len(methods)), [LABELS[m] for m in methods], rotation=15
+    )
     ax.set_ylabel(label + (" (%)" if scale == 100 else ""))
     ax.grid(axis="y", alpha=0.3)
   axes[0].set_title("test exact match (higher is better)")
@@ -195,8 +228,9 @@ def plot_curves(grouped, path):
     steps = runs[0]["curves"]["eval_steps"]
     for ax, (metric, _, scale, _) in zip(axes, PAIRED):
       values = np.mean([r["curves"][metric] for r in runs], axis=0)
-      ax.plot(steps, scale * values, marker="o", label=LABELS[method],
-              color=f"C{i}")
+      ax.plot(
+          steps, scale * values, marker="o", label=LABELS[method], color=f"C{i}"
+      )
   axes[0].set_ylabel("test exact match (%, mean over seeds)")
   axes[1].set_ylabel("mean time gap (min, mean over seeds)")
   axes[1].set_yscale("log")
@@ -212,38 +246,62 @@ def plot_curves(grouped, path):
 def plot_paired(grouped, path):
   """Paired differences of every run type to CE: exact match and gap."""
   keys = [m for m in METHODS if m != "ce" and m in grouped] + [
-      k for k in VARIANT_LABELS if k in grouped and k not in LONG]
+      k for k in VARIANT_LABELS if k in grouped and k not in LONG
+  ]
   reference = grouped.get("ce", {})
-  rows = [(k, [paired(grouped[k], reference, metric, scale, higher)
-               for metric, _, scale, higher in PAIRED]) for k in keys]
+  rows = [
+      (
+          k,
+          [
+              paired(grouped[k], reference, metric, scale, higher)
+              for metric, _, scale, higher in PAIRED
+          ],
+      )
+      for k in keys
+  ]
   rows = [(k, d) for k, d in rows if d[0] is not None]
   if not rows:
     return
-  fig, axes = plt.subplots(1, 2, figsize=(11, 0.45 * len(rows) + 1.4),
-                           sharey=True)
-  for ax, index, title in ((axes[0], 0, "Δ exact match vs CE (points)"),
-                           (axes[1], 1, "Δ mean time gap vs CE (min)")):
+  fig, axes = plt.subplots(
+      1, 2, figsize=(11, 0.45 * len(rows) + 1.4), sharey=True
+  )
+  for ax, index, title in (
+      (axes[0], 0, "Δ exact match vs CE (points)"),
+      (axes[1], 1, "Δ mean time gap vs CE (min)"),
+  ):
     for y, (key, diffs) in enumerate(rows):
       d = diffs[index]
-      ax.errorbar(d["mean"], y, xerr=0 if np.isnan(d["std"]) else d["std"],
-                  fmt="o", capsize=3,
-                  color="C0" if key in METHODS else "C1")
+      ax.errorbar(
+          d["mean"],
+          y,
+          xerr=0 if np.isnan(d["std"]) else d["std"],
+          fmt="o",
+          capsize=3,
+          color="C0" if key in METHODS else "C1",
+      )
     ax.axvline(0, color="k", lw=0.8)
     ax.set_title(title, fontsize=10)
     ax.grid(axis="x", alpha=0.3)
-  axes[0].set_yticks(range(len(rows)),
-                     [LABELS.get(k) or VARIANT_LABELS[k] for k, _ in rows])
+  axes[0].set_yticks(
+      range(len(rows)), [LABELS.get(k) or VARIANT_LABELS[k] for k, _ in rows]
+  )
   axes[0].invert_yaxis()
-  fig.suptitle("paired by seed: mean ± sd of (run - CE on the same seed)",
-               fontsize=10)
+  fig.suptitle(
+      "paired by seed: mean ± sd of (run - CE on the same seed)", fontsize=10
+  )
   fig.tight_layout()
   fig.savefig(path, dpi=100)
   plt.close(fig)
 
 
-GAP_BINS = ((0, 0, "exact"), (1, 2, "1-2 min"), (3, 10, "3-10 min"),
-            (11, 50, "11-50 min"), (51, 70, "51-70 min (an hour)"),
-            (71, 360, "71+ min or unreadable"))
+GAP_BINS = (
+    (0, 0, "exact"),
+    (1, 2, "1-2 min"),
+    (3, 10, "3-10 min"),
+    (11, 50, "11-50 min"),
+    (51, 70, "51-70 min (an hour)"),
+    (71, 360, "71+ min or unreadable"),
+)
 
 
 def test_labels(grouped):
@@ -258,8 +316,11 @@ def gap_shares(run, labels):
   gaps = []
   for predicted, answer in zip(run["predictions"], labels):
     guess = task.parse_time(predicted)
-    gaps.append(task.UNPARSED_GAP if guess is None else
-                task.time_gap_minutes(guess, task.parse_time(answer)))
+    gaps.append(
+        task.UNPARSED_GAP
+        if guess is None
+        else task.time_gap_minutes(guess, task.parse_time(answer))
+    )
   gaps = np.asarray(gaps)
   return [np.mean((gaps >= low) & (gaps <= high)) for low, high, _ in GAP_BINS]
 
@@ -269,8 +330,11 @@ def gap_table(grouped, labels):
 
   Also the share of the mean gap that clocks 51+ minutes off contribute.
   """
-  head = ["method"] + [name for _, _, name in GAP_BINS] + [
-      "share of mean gap from 51+ min"]
+  head = (
+      ["method"]
+      + [name for _, _, name in GAP_BINS]
+      + ["share of mean gap from 51+ min"]
+  )
   lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
   for method in METHODS:
     if method not in grouped:
@@ -279,23 +343,33 @@ def gap_table(grouped, labels):
     shares = np.mean([gap_shares(r, labels) for r in runs], axis=0)
     large = []
     for run in runs:
-      gaps = np.array([task.UNPARSED_GAP if task.parse_time(p) is None else
-                       task.time_gap_minutes(task.parse_time(p),
-                                             task.parse_time(a))
-                       for p, a in zip(run["predictions"], labels)])
+      gaps = np.array(
+          [
+              task.UNPARSED_GAP
+              if task.parse_time(p) is None
+              else task.time_gap_minutes(task.parse_time(p), task.parse_time(a))
+              for p, a in zip(run["predictions"], labels)
+          ]
+      )
       large.append(gaps[gaps >= 51].sum() / max(gaps.sum(), 1))
-    lines.append(f"| {LABELS[method]} | " + " | ".join(
-        f"{100 * x:.1f}" for x in shares) + f" | {100 * np.mean(large):.0f}% |")
+    lines.append(
+        f"| {LABELS[method]} | "
+        + " | ".join(f"{100 * x:.1f}" for x in shares)
+        + f" | {100 * np.mean(large):.0f}% |"
+    )
   slips = hour_slips(grouped, labels)
   if slips:
-    lines += ["", f"Of the {slips['count']} clock readings 51-70 minutes off "
-              f"(all main-grid runs pooled), {100 * slips['near']:.0f}% "
-              "show a time within 15 minutes of the hour (minutes 45-59 or "
-              "00-15: 52% of all times), and "
-              f"{100 * slips['toward']:.0f}% name the neighbouring hour on "
-              "the side the hour hand leans to (the next hour for minutes "
-              "30-59, the previous one for 00-29; an hour-off reading picks "
-              "one of the two neighbours, so chance is 50%)."]
+    lines += [
+        "",
+        f"Of the {slips['count']} clock readings 51-70 minutes off "
+        f"(all main-grid runs pooled), {100 * slips['near']:.0f}% "
+        "show a time within 15 minutes of the hour (minutes 45-59 or "
+        "00-15: 52% of all times), and "
+        f"{100 * slips['toward']:.0f}% name the neighbouring hour on "
+        "the side the hour hand leans to (the next hour for minutes "
+        "30-59, the previous one for 00-29; an hour-off reading picks "
+        "one of the two neighbours, so chance is 50%).",
+    ]
   return lines
 
 
@@ -306,8 +380,10 @@ def hour_slips(grouped, labels):
     for run in grouped.get(method, {}).values():
       for predicted, answer in zip(run["predictions"], labels):
         guess, target = task.parse_time(predicted), task.parse_time(answer)
-        if guess is None or not 51 <= task.time_gap_minutes(guess,
-                                                            target) <= 70:
+        if (
+            guess is None
+            or not 51 <= task.time_gap_minutes(guess, target) <= 70
+        ):
           continue
         count += 1
         near += target[1] >= 45 or target[1] <= 15
@@ -328,16 +404,24 @@ def plot_predictions(grouped, path, count=18):
     return None
   settings = grid.PROFILES[ce["profile"]]
   clocks = list(task.generate_clocks("test", settings["test_size"], 0))
-  differ = [i for i in range(len(clocks))
-            if ce["predictions"][i] != ntil["predictions"][i]]
+  differ = [
+      i
+      for i in range(len(clocks))
+      if ce["predictions"][i] != ntil["predictions"][i]
+  ]
   same = [i for i in range(len(clocks)) if i not in set(differ)]
-  chosen = (differ[:count - 4] + same[:4])[:count]
+  chosen = (differ[: count - 4] + same[:4])[:count]
   plots.plot_clock_predictions(
-      [clocks[i][0] for i in chosen], [clocks[i][1] for i in chosen],
-      {"CE": [ce["predictions"][i] for i in chosen],
-       "NTIL": [ntil["predictions"][i] for i in chosen]}, path,
+      [clocks[i][0] for i in chosen],
+      [clocks[i][1] for i in chosen],
+      {
+          "CE": [ce["predictions"][i] for i in chosen],
+          "NTIL": [ntil["predictions"][i] for i in chosen],
+      },
+      path,
       title="test clocks, seed 0 (x: wrong); the first ones are those where "
-            "CE and NTIL disagree")
+      "CE and NTIL disagree",
+  )
   return len(differ)
 
 
@@ -346,25 +430,36 @@ def reading(grouped):
   lines = []
   reference = grouped.get("ce", {})
   for metric, label, scale, higher in PAIRED:
-    ranked = sorted((m for m in METHODS if m in grouped),
-                    key=lambda m: -np.mean([r[metric] for r in
-                                            grouped[m].values()]) *
-                    (1 if higher else -1))
-    lines.append(f"- Ranking by {label} (mean over seeds): " + ", ".join(
-        f"{LABELS[m]} "
-        f"{scale * np.mean([r[metric] for r in grouped[m].values()]):.2f}"
-        for m in ranked) + ".")
+    ranked = sorted(
+        (m for m in METHODS if m in grouped),
+        key=lambda m: -np.mean([r[metric] for r in grouped[m].values()])
+        * (1 if higher else -1),
+    )
+    lines.append(
+        f"- Ranking by {label} (mean over seeds): "
+        + ", ".join(
+            f"{LABELS[m]} "
+            f"{scale * np.mean([r[metric] for r in grouped[m].values()]):.2f}"
+            for m in ranked
+        )
+        + "."
+    )
     for method in METHODS:
       if method == "ce" or method not in grouped:
         continue
       d = paired(grouped[method], reference, metric, scale, higher)
       if d is None or np.isnan(d["p"]):
         continue
-      direction = ("better" if (d["mean"] > 0) == higher else "worse")
-      verdict = (f"{direction} than CE at p = {d['p']:.3f}" if d["p"] < 0.05
-                 else f"not distinguishable from CE (p = {d['p']:.2f})")
-      lines.append(f"  - {LABELS[method]}: {d['mean']:+.2f} on {label}, "
-                   f"better on {d['better']}/{d['n']} seeds: {verdict}.")
+      direction = "better" if (d["mean"] > 0) == higher else "worse"
+      verdict = (
+          f"{direction} than CE at p = {d['p']:.3f}"
+          if d["p"] < 0.05
+          else f"not distinguishable from CE (p = {d['p']:.2f})"
+      )
+      lines.append(
+          f"  - {LABELS[method]}: {d['mean']:+.2f} on {label}, "
+          f"better on {d['better']}/{d['n']} seeds: {verdict}."
+      )
   return lines
 
 
@@ -373,14 +468,17 @@ def ce_budget_sentence(grouped):
   runs = grouped.get("ce", {})
   if not runs:
     return "has no runs yet."
-  values = ", ".join(f"{100 * runs[s]['exact_match']:.1f}% (seed {s})"
-                     for s in sorted(runs))
+  values = ", ".join(
+      f"{100 * runs[s]['exact_match']:.1f}% (seed {s})" for s in sorted(runs)
+  )
   mean = 100 * np.mean([r["exact_match"] for r in runs.values()])
   inside = sum(40 <= 100 * r["exact_match"] <= 80 for r in runs.values())
-  return (f"read {values}: mean {mean:.1f}%, {inside} of {len(runs)} seeds "
-          "inside 40-80%. At this budget the runs sit on the steep part of "
-          "the learning curve (see the curves), so when a seed starts "
-          "reading varies, and so does its final accuracy.")
+  return (
+      f"read {values}: mean {mean:.1f}%, {inside} of {len(runs)} seeds "
+      "inside 40-80%. At this budget the runs sit on the steep part of "
+      "the learning curve (see the curves), so when a seed starts "
+      "reading varies, and so does its final accuracy."
+  )
 
 
 def write_report(runs, out_dir, discussion=None):
@@ -390,7 +488,8 @@ def write_report(runs, out_dir, discussion=None):
   plot_curves(grouped, os.path.join(out_dir, "plots", "curves.png"))
   plot_paired(grouped, os.path.join(out_dir, "plots", "paired.png"))
   disagreements = plot_predictions(
-      grouped, os.path.join(out_dir, "plots", "predictions.png"))
+      grouped, os.path.join(out_dir, "plots", "predictions.png")
+  )
   any_run = runs[0]
   settings = grid.PROFILES[any_run["profile"]]
   seconds = np.median([r["wall_seconds"] for r in runs])
@@ -453,9 +552,12 @@ def write_report(runs, out_dir, discussion=None):
       "",
       "### Predictions",
       "",
-      (f"On seed 0, CE and NTIL give different answers on {disagreements} "
-       f"of {any_run['num_test_examples']} test clocks."
-       if disagreements is not None else ""),
+      (
+          f"On seed 0, CE and NTIL give different answers on {disagreements} "
+          f"of {any_run['num_test_examples']} test clocks."
+          if disagreements is not None
+          else ""
+      ),
       "",
       "![CE vs NTIL predictions](plots/predictions.png)",
       "",
@@ -463,35 +565,66 @@ def write_report(runs, out_dir, discussion=None):
       "",
       "CE with weight 1 + 0.3 on digit tokens puts as much extra weight on "
       "digits as lambda = 0.3 does, with no notion of which digit is near "
-      "which. NTIL with the authors' scaling (`weighting=\"reference\"`: "
+      'which. NTIL with the authors\' scaling (`weighting="reference"`: '
       "CE + sg(CE / aux) * lambda * aux) makes the auxiliary term as large "
       "as CE whatever its raw size.",
       "",
-      *paired_table(grouped, [("ce_digit_weighted",
-                                VARIANT_LABELS["ce_digit_weighted"]),
-                               ("ntil_reference",
-                                VARIANT_LABELS["ntil_reference"]),
-                               ("ntil", LABELS["ntil"])], "ce"),
+      *paired_table(
+          grouped,
+          [
+              ("ce_digit_weighted", VARIANT_LABELS["ce_digit_weighted"]),
+              ("ntil_reference", VARIANT_LABELS["ntil_reference"]),
+              ("ntil", LABELS["ntil"]),
+          ],
+          "ce",
+      ),
       "",
       "Against NTIL (same seeds):",
       "",
-      *paired_table(grouped, [("ce_digit_weighted",
-                                VARIANT_LABELS["ce_digit_weighted"]),
-                               ("ntil_reference",
-                                VARIANT_LABELS["ntil_reference"])], "ntil"),
+      *paired_table(
+          grouped,
+          [
+              ("ce_digit_weighted", VARIANT_LABELS["ce_digit_weighted"]),
+              ("ntil_reference", VARIANT_LABELS["ntil_reference"]),
+          ],
+          "ntil",
+      ),
       "",
       "## Ablations (the paper's Table 6) and sweeps (Table 8)",
       "",
       "Each against the main NTIL runs of the same seeds (sigma = 0.2, "
       "lambda = 0.3, all components on).",
       "",
-      *variant_table(grouped, ["ntil", "exp_off", "rel_off", "mag_off",
-                               "sigma=0.1", "sigma=0.5", "lam=0.1",
-                               "lam=1.0"]),
+      *variant_table(
+          grouped,
+          [
+              "ntil",
+              "exp_off",
+              "rel_off",
+              "mag_off",
+              "sigma=0.1",
+              "sigma=0.5",
+              "lam=0.1",
+              "lam=1.0",
+          ],
+      ),
       "",
-      *paired_table(grouped, [(k, VARIANT_LABELS[k]) for k in
-                              ("exp_off", "rel_off", "mag_off", "sigma=0.1",
-                               "sigma=0.5", "lam=0.1", "lam=1.0")], "ntil"),
+      *paired_table(
+          grouped,
+          [
+              (k, VARIANT_LABELS[k])
+              for k in (
+                  "exp_off",
+                  "rel_off",
+                  "mag_off",
+                  "sigma=0.1",
+                  "sigma=0.5",
+                  "lam=0.1",
+                  "lam=1.0",
+              )
+          ],
+          "ntil",
+      ),
       "",
       "## Twice the budget",
       "",
@@ -502,9 +635,11 @@ def write_report(runs, out_dir, discussion=None):
       "",
       *variant_table(grouped, ["ce", "ntil", *LONG]),
       "",
-      *paired_table(grouped, [("ntil_2x_steps",
-                                VARIANT_LABELS["ntil_2x_steps"])],
-                    "ce_2x_steps"),
+      *paired_table(
+          grouped,
+          [("ntil_2x_steps", VARIANT_LABELS["ntil_2x_steps"])],
+          "ce_2x_steps",
+      ),
       "",
       "## The paper, for context",
       "",
@@ -516,20 +651,28 @@ def write_report(runs, out_dir, discussion=None):
       "| model (paper, Table 4) | accuracy % CE / EMD / NTIL | "
       "time gap (min) CE / EMD / NTIL |",
       "|---|---|---|",
-      *[f"| {name} | {' / '.join(map(str, acc))} | "
-        f"{' / '.join(map(str, gap))} |" for name, acc, gap in PAPER_TABLE4],
+      *[
+          f"| {name} | {' / '.join(map(str, acc))} | "
+          f"{' / '.join(map(str, gap))} |"
+          for name, acc, gap in PAPER_TABLE4
+      ],
       "",
       "| model (paper, Table 6, clock) | Exp off | Rel off | Mag off | "
       "all on |",
       "|---|---|---|---|---|",
-      *[f"| {name} | {a} | {b} | {c} | {d} |"
-        for name, a, b, c, d in PAPER_TABLE6],
+      *[
+          f"| {name} | {a} | {b} | {c} | {d} |"
+          for name, a, b, c, d in PAPER_TABLE6
+      ],
       "",
   ]
   if discussion and os.path.exists(discussion):
     with open(discussion) as f:
-      lines += ["## Discussion (written by hand from the numbers above)", "",
-                f.read()]
+      lines += [
+          "## Discussion (written by hand from the numbers above)",
+          "",
+          f.read(),
+      ]
   with open(os.path.join(out_dir, "results.md"), "w") as f:
     f.write("\n".join(lines))
   return os.path.join(out_dir, "results.md")

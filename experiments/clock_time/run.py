@@ -41,23 +41,35 @@ from train.tasks import clock_time as task
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FLAGS = flags.FLAGS
-flags.DEFINE_enum("profile", "cpu", ["cpu", "smoke"],
-                  "Grid size (smoke: seconds, for tests).")
-flags.DEFINE_list("groups", ["main", "control", "ablation", "sweep", "long"],
-                  "Which parts of the grid to run, in this order.")
-flags.DEFINE_string("results", os.path.join(HERE, "results.json"),
-                    "Results file (one record per finished run).")
-flags.DEFINE_string("runs_dir", os.path.join(HERE, "runs"),
-                    "Work directories of the runs (not in git).")
+flags.DEFINE_enum(
+    "profile", "cpu", ["cpu", "smoke"], "Grid size (smoke: seconds, for tests)."
+)
+flags.DEFINE_list(
+    "groups",
+    ["main", "control", "ablation", "sweep", "long"],
+    "Which parts of the grid to run, in this order.",
+)
+flags.DEFINE_string(
+    "results",
+    os.path.join(HERE, "results.json"),
+    "Results file (one record per finished run).",
+)
+flags.DEFINE_string(
+    "runs_dir",
+    os.path.join(HERE, "runs"),
+    "Work directories of the runs (not in git).",
+)
 flags.DEFINE_string("data_dir", "data", "Rendered clocks.")
 flags.DEFINE_integer("max_runs", 0, "Stop after this many new runs (0: all).")
+
 
 def run_config(profile, method, seed, overrides, data_dir):
   settings = grid_lib.PROFILES[profile]
   config = clock_time.get_config(method)
   config.data_dir = data_dir
-  config.dataset_config = task.config_name(settings["train_size"],
-                                           settings["test_size"], 0)
+  config.dataset_config = task.config_name(
+      settings["train_size"], settings["test_size"], 0
+  )
   config.train_steps = settings["train_steps"]
   config.batch_size = settings["batch_size"]
   config.seed = seed
@@ -74,26 +86,40 @@ def run_config(profile, method, seed, overrides, data_dir):
 
 def run_one(profile, group, variant, method, seed, overrides, digest):
   config = run_config(profile, method, seed, overrides, FLAGS.data_dir)
-  name = f"{variant}-{method}-s{seed}" if group == "main" else (
-      f"{variant}-s{seed}")
+  name = (
+      f"{variant}-{method}-s{seed}"
+      if group == "main"
+      else (f"{variant}-s{seed}")
+  )
   workdir = os.path.join(FLAGS.runs_dir, profile, name)
   result, wall_seconds = common.train_once(config, workdir)
   evaluation = result["eval"]
   predictions = train.read_predictions(workdir)
   device = jax.devices()[0]
   return dict(
-      name=name, group=group, variant=variant, method=method, seed=seed,
-      overrides=overrides, profile=profile, model=config.model,
-      steps=result["step"], batch_size=config.batch_size,
+      name=name,
+      group=group,
+      variant=variant,
+      method=method,
+      seed=seed,
+      overrides=overrides,
+      profile=profile,
+      model=config.model,
+      steps=result["step"],
+      batch_size=config.batch_size,
       **{metric: evaluation[metric] for metric in grid_lib.METRICS},
       num_test_examples=evaluation["num_examples"],
       final_train_loss=result["train"]["loss"],
-      final_train_ce=result["train"]["ce"], wall_seconds=wall_seconds,
+      final_train_ce=result["train"]["ce"],
+      wall_seconds=wall_seconds,
       device=f"{device.platform}:{device.device_kind} x{jax.device_count()}",
       config_hash=digest,
-      curves=common.curves(os.path.join(workdir, "metrics.jsonl"),
-                           ("exact_match", "mean_time_gap_minutes")),
-      predictions=predictions)
+      curves=common.curves(
+          os.path.join(workdir, "metrics.jsonl"),
+          ("exact_match", "mean_time_gap_minutes"),
+      ),
+      predictions=predictions,
+  )
 
 
 def main(argv):
@@ -107,21 +133,24 @@ def main(argv):
   def configure(cell):
     group, variant, method, seed, overrides = cell
     del group, variant
-    config = run_config(FLAGS.profile, method, seed, overrides,
-                        FLAGS.data_dir)
-    return common.config_hash(config, FLAGS.profile,
-                              grid_lib.PROFILES[FLAGS.profile])
+    config = run_config(FLAGS.profile, method, seed, overrides, FLAGS.data_dir)
+    return common.config_hash(
+        config, FLAGS.profile, grid_lib.PROFILES[FLAGS.profile]
+    )
 
   def execute(cell, digest):
     return run_one(FLAGS.profile, *cell, digest)
 
   def describe(record):
-    return (f"{record['name']}: exact match "
-            f"{100 * record['exact_match']:.1f}%, mean gap "
-            f"{record['mean_time_gap_minutes']:.1f} min")
+    return (
+        f"{record['name']}: exact match "
+        f"{100 * record['exact_match']:.1f}%, mean gap "
+        f"{record['mean_time_gap_minutes']:.1f} min"
+    )
 
-  common.run_grid(todo, configure, execute, describe, FLAGS.results,
-                  max_runs=FLAGS.max_runs)
+  common.run_grid(
+      todo, configure, execute, describe, FLAGS.results, max_runs=FLAGS.max_runs
+  )
   logging.info("now: python -m experiments.clock_time.report")
 
 

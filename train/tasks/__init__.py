@@ -35,6 +35,7 @@ TASKS = {
 def get(name: str):
   """The task module called ``name``; ValueError naming the known ones."""
   if name not in TASKS:
-    raise ValueError(f"unknown task {name!r}; use one of "
-                     f"{', '.join(sorted(TASKS))}.")
+    raise ValueError(
+        f"unknown task {name!r}; use one of " f"{', '.join(sorted(TASKS))}."
+    )
   return importlib.import_module(TASKS[name])

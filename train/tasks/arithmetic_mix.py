@@ -27,35 +27,49 @@ def check_config(config) -> None:
 
 def check_data(config) -> None:
   """Raises ValueError or FileNotFoundError unless the data can be read."""
-  input_pipeline.find_dataset_dir(config.data_dir,
-                                  config_name=config.dataset_config or None)
+  input_pipeline.find_dataset_dir(
+      config.data_dir, config_name=config.dataset_config or None
+  )
 
 
 def model_fields(config) -> dict:
   """The `models.model_config` fields this task fixes."""
-  return dict(vocab_size=tokenizer.VOCAB_SIZE,
-              max_len=input_pipeline.sequence_length(
-                  config.max_question_len, config.max_answer_len) + 1)
+  return dict(
+      vocab_size=tokenizer.VOCAB_SIZE,
+      max_len=input_pipeline.sequence_length(
+          config.max_question_len, config.max_answer_len
+      )
+      + 1,
+  )
 
 
 def train_iterator(config, *, process_index=None, process_count=None):
   """Checkpointable iterator over this host's train batches (shuffled)."""
   return input_pipeline.train_iterator(
-      config.data_dir, global_batch_size=config.batch_size, seed=config.seed,
+      config.data_dir,
+      global_batch_size=config.batch_size,
+      seed=config.seed,
       config_name=config.dataset_config or None,
       max_question_len=config.max_question_len,
-      max_answer_len=config.max_answer_len, worker_count=config.worker_count,
-      process_index=process_index, process_count=process_count)
+      max_answer_len=config.max_answer_len,
+      worker_count=config.worker_count,
+      process_index=process_index,
+      process_count=process_count,
+  )
 
 
 def eval_batches(config, *, process_index=None, process_count=None):
   """This host's test batches: ``BOS question SEP`` prompts and answers."""
   return input_pipeline.eval_batches(
-      config.data_dir, global_batch_size=config.eval_batch_size,
+      config.data_dir,
+      global_batch_size=config.eval_batch_size,
       config_name=config.dataset_config or None,
       max_question_len=config.max_question_len,
-      max_answer_len=config.max_answer_len, max_examples=config.eval_examples,
-      process_index=process_index, process_count=process_count)
+      max_answer_len=config.max_answer_len,
+      max_examples=config.eval_examples,
+      process_index=process_index,
+      process_count=process_count,
+  )
 
 
 def parse_number(text: str):
@@ -72,10 +86,15 @@ def score_answers(predictions, answers, config) -> dict:
   ``by_length[k]`` and ``correct_by_length[k]`` count answers of k characters.
   """
   max_answer_len = config.max_answer_len
-  sums = dict(count=0.0, correct=0.0, parsed=0.0, abs_error=0.0,
-              log_abs_error=0.0,
-              by_length=np.zeros(max_answer_len + 1),
-              correct_by_length=np.zeros(max_answer_len + 1))
+  sums = dict(
+      count=0.0,
+      correct=0.0,
+      parsed=0.0,
+      abs_error=0.0,
+      log_abs_error=0.0,
+      by_length=np.zeros(max_answer_len + 1),
+      correct_by_length=np.zeros(max_answer_len + 1),
+  )
   for predicted, answer in zip(predictions, answers):
     correct = predicted.strip() == answer.strip()
     sums["count"] += 1
@@ -97,7 +116,8 @@ def summarize(sums: dict) -> dict:
   count, parsed = max(sums["count"], 1.0), max(sums["parsed"], 1.0)
   by_length = {
       int(k): float(sums["correct_by_length"][k] / sums["by_length"][k])
-      for k in np.flatnonzero(sums["by_length"])}
+      for k in np.flatnonzero(sums["by_length"])
+  }
   return dict(
       exact_match=float(sums["correct"] / count),
       parsed_rate=float(sums["parsed"] / count),
@@ -105,12 +125,16 @@ def summarize(sums: dict) -> dict:
       mean_log10_abs_error=float(sums["log_abs_error"] / parsed),
       num_examples=int(sums["count"]),
       exact_match_by_answer_length=by_length,
-      examples_by_answer_length={int(k): int(sums["by_length"][k])
-                                 for k in np.flatnonzero(sums["by_length"])},
+      examples_by_answer_length={
+          int(k): int(sums["by_length"][k])
+          for k in np.flatnonzero(sums["by_length"])
+      },
   )
 
 
 def headline(metrics: dict) -> str:
   """One line for the log."""
-  return (f"exact match {metrics['exact_match']:.4f} on "
-          f"{metrics['num_examples']} problems")
+  return (
+      f"exact match {metrics['exact_match']:.4f} on "
+      f"{metrics['num_examples']} problems"
+  )

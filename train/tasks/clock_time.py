@@ -61,8 +61,9 @@ _TIME_PATTERN = re.compile(r"^(\d{1,2})_(\d{2})$")
 def format_time(hour: int, minute: int) -> str:
   """The label of a time, e.g. ``format_time(2, 5) == '2_05'``."""
   if not 1 <= hour <= 12 or not 0 <= minute <= 59:
-    raise ValueError(f"need hour in 1..12 and minute in 0..59, got "
-                     f"{hour}, {minute}.")
+    raise ValueError(
+        f"need hour in 1..12 and minute in 0..59, got " f"{hour}, {minute}."
+    )
   return f"{hour}_{minute:02d}"
 
 
@@ -77,8 +78,9 @@ def parse_time(text: str) -> tuple[int, int] | None:
   return hour, minute
 
 
-def time_gap_minutes(predicted: tuple[int, int],
-                     target: tuple[int, int]) -> int:
+def time_gap_minutes(
+    predicted: tuple[int, int], target: tuple[int, int]
+) -> int:
   """Minutes between two dial times, the short way round (0..360).
 
   ``4_35`` vs ``6_20`` is 105; ``12_59`` vs ``1_00`` is 1; ``6_00`` vs
@@ -113,8 +115,14 @@ def hand_angles(hours, minutes) -> tuple[np.ndarray, np.ndarray]:
   return 30.0 * (hours % 12 + minutes / 60.0), 6.0 * minutes
 
 
-def render_clocks(hours, minutes, rng: np.random.Generator, *,
-                  size: int = IMAGE_SIZE, clean: bool = False) -> np.ndarray:
+def render_clocks(
+    hours,
+    minutes,
+    rng: np.random.Generator,
+    *,
+    size: int = IMAGE_SIZE,
+    clean: bool = False,
+) -> np.ndarray:
   """Draws analog clocks showing ``hours:minutes``.
 
   Args:
@@ -132,10 +140,16 @@ def render_clocks(hours, minutes, rng: np.random.Generator, *,
   """
   hours, minutes = np.asarray(hours), np.asarray(minutes)
   if hours.shape != minutes.shape or hours.ndim != 1:
-    raise ValueError(f"hours and minutes must be [B], got {hours.shape} and "
-                     f"{minutes.shape}.")
-  if hours.size and (hours.min() < 1 or hours.max() > 12 or
-                     minutes.min() < 0 or minutes.max() > 59):
+    raise ValueError(
+        f"hours and minutes must be [B], got {hours.shape} and "
+        f"{minutes.shape}."
+    )
+  if hours.size and (
+      hours.min() < 1
+      or hours.max() > 12
+      or minutes.min() < 0
+      or minutes.max() > 59
+  ):
     raise ValueError("hours must be in 1..12 and minutes in 0..59.")
   count = len(hours)
 
@@ -158,7 +172,9 @@ def render_clocks(hours, minutes, rng: np.random.Generator, *,
   if clean:  # canonical geometry too: the hands never touch the ticks
     radius = np.full_like(radius, 0.45 * size)
     hour_length, minute_length = 0.5 * radius, 0.9 * radius
-    hour_width, minute_width = np.full_like(radius, 2.6), np.full_like(radius, 1.4)
+    hour_width, minute_width = np.full_like(radius, 2.6), np.full_like(
+        radius, 1.4
+    )
     ring_width, tick_length = np.ones_like(radius), 0.15 * radius
     centre_x = centre_y = np.full_like(radius, size / 2)
     background, foreground = np.zeros_like(radius), np.ones_like(radius)
@@ -166,24 +182,36 @@ def render_clocks(hours, minutes, rng: np.random.Generator, *,
     noise_scale = np.zeros_like(radius)
 
   yy, xx = np.mgrid[0:size, 0:size].astype(np.float32) + 0.5
-  ink = _stroke(np.abs(np.hypot(xx - centre_x, yy - centre_y) - radius),
-                ring_width)
+  ink = _stroke(
+      np.abs(np.hypot(xx - centre_x, yy - centre_y) - radius), ring_width
+  )
   for tick in range(12):  # longer, thicker ticks at 12, 3, 6 and 9
     major = tick % 3 == 0
     sin, cos = np.sin(np.deg2rad(30 * tick)), np.cos(np.deg2rad(30 * tick))
     inner = radius - tick_length * (1.6 if major else 1.0)
-    distance = _segment_distance(xx, yy, centre_x + inner * sin,
-                                 centre_y - inner * cos,
-                                 centre_x + radius * sin,
-                                 centre_y - radius * cos)
+    distance = _segment_distance(
+        xx,
+        yy,
+        centre_x + inner * sin,
+        centre_y - inner * cos,
+        centre_x + radius * sin,
+        centre_y - radius * cos,
+    )
     ink = np.maximum(ink, _stroke(distance, ring_width * (1.4 if major else 1)))
   hour_angle, minute_angle = hand_angles(hours, minutes)
-  for angle, length, width in ((hour_angle, hour_length, hour_width),
-                               (minute_angle, minute_length, minute_width)):
+  for angle, length, width in (
+      (hour_angle, hour_length, hour_width),
+      (minute_angle, minute_length, minute_width),
+  ):
     radians = np.deg2rad(angle)[:, None, None]
-    distance = _segment_distance(xx, yy, centre_x, centre_y,
-                                 centre_x + length * np.sin(radians),
-                                 centre_y - length * np.cos(radians))
+    distance = _segment_distance(
+        xx,
+        yy,
+        centre_x,
+        centre_y,
+        centre_x + length * np.sin(radians),
+        centre_y - length * np.cos(radians),
+    )
     ink = np.maximum(ink, _stroke(distance, width))
   background = np.where(inverted, 1.0 - background, background)
   foreground = np.where(inverted, 1.0 - foreground, foreground)
@@ -191,18 +219,21 @@ def render_clocks(hours, minutes, rng: np.random.Generator, *,
   return np.clip(np.round(image * 255.0), 0, 255).astype(np.uint8)
 
 
-def generate_clocks(split: str, size: int, seed: int
-                    ) -> Iterator[tuple[np.ndarray, str]]:
+def generate_clocks(
+    split: str, size: int, seed: int
+) -> Iterator[tuple[np.ndarray, str]]:
   """Yields ``size`` (image, label) pairs of ``split``, deterministic for seed.
 
   Each split draws from its own NumPy stream (``SeedSequence(seed,
   spawn_key=(split,))``), in chunks of 1000 clocks.
   """
   if split not in _SPLIT_STREAMS:
-    raise ValueError(f"split must be one of {sorted(_SPLIT_STREAMS)}, got "
-                     f"{split!r}.")
+    raise ValueError(
+        f"split must be one of {sorted(_SPLIT_STREAMS)}, got " f"{split!r}."
+    )
   rng = np.random.default_rng(
-      np.random.SeedSequence(seed, spawn_key=(_SPLIT_STREAMS[split],)))
+      np.random.SeedSequence(seed, spawn_key=(_SPLIT_STREAMS[split],))
+  )
   start = time.monotonic()
   for first in range(0, size, _RENDER_CHUNK):
     count = min(_RENDER_CHUNK, size - first)
@@ -211,8 +242,13 @@ def generate_clocks(split: str, size: int, seed: int
     images = render_clocks(hours, minutes, rng)
     for image, hour, minute in zip(images, hours, minutes):
       yield image, format_time(int(hour), int(minute))
-    logging.info("%s: %d/%d clocks (%.0f/s)", split, first + count, size,
-                 (first + count) / max(time.monotonic() - start, 1e-9))
+    logging.info(
+        "%s: %d/%d clocks (%.0f/s)",
+        split,
+        first + count,
+        size,
+        (first + count) / max(time.monotonic() - start, 1e-9),
+    )
 
 
 # ----------------------------------------------------------------------------
@@ -233,8 +269,11 @@ def config_name(train_size: int, test_size: int, seed: int = 0) -> str:
   return f"train{train_size}_test{test_size}_seed{seed}"
 
 
-class ClockTime(logs.GeneratedDataMixin, tfds.core.GeneratorBasedBuilder,
-                skip_registration=True):
+class ClockTime(
+    logs.GeneratedDataMixin,
+    tfds.core.GeneratorBasedBuilder,
+    skip_registration=True,
+):
   """Rendered analog clocks and their ``H_MM`` labels.
 
   Not registered by name; read it with ``tfds.builder_from_directory``.
@@ -252,42 +291,52 @@ class ClockTime(logs.GeneratedDataMixin, tfds.core.GeneratorBasedBuilder,
     return tfds.core.DatasetInfo(
         builder=self,
         description="Analog clocks rendered with NumPy, labelled H_MM.",
-        features=tfds.features.FeaturesDict({
-            # Raw bytes, decoded by NumPy alone (no image codec needed).
-            "image": tfds.features.Tensor(shape=(IMAGE_SIZE, IMAGE_SIZE),
-                                          dtype=np.uint8),
-            "answer": tfds.features.Text(),
-        }),
+        features=tfds.features.FeaturesDict(
+            {
+                # Raw bytes, decoded by NumPy alone (no image codec needed).
+                "image": tfds.features.Tensor(
+                    shape=(IMAGE_SIZE, IMAGE_SIZE), dtype=np.uint8
+                ),
+                "answer": tfds.features.Text(),
+            }
+        ),
         disable_shuffling=True,
         metadata=tfds.core.MetadataDict(
             image_size=IMAGE_SIZE,
             train_size=self.builder_config.train_size,
             test_size=self.builder_config.test_size,
-            seed=self.builder_config.seed),
+            seed=self.builder_config.seed,
+        ),
     )
 
   def _split_generators(self, dl_manager):
     del dl_manager  # nothing to download
     config = self.builder_config
-    return {split: self._generate_examples(split, size, config.seed)
-            for split, size in (("train", config.train_size),
-                                ("test", config.test_size))}
+    return {
+        split: self._generate_examples(split, size, config.seed)
+        for split, size in (
+            ("train", config.train_size),
+            ("test", config.test_size),
+        )
+    }
 
   def _generate_examples(self, split, size, seed):
-    for index, (image, answer) in enumerate(
-        generate_clocks(split, size, seed)):
+    for index, (image, answer) in enumerate(generate_clocks(split, size, seed)):
       yield index, {"image": image, "answer": answer}
 
 
-def prepare(data_dir: str, train_size: int, test_size: int,
-            seed: int = 0) -> str:
+def prepare(
+    data_dir: str, train_size: int, test_size: int, seed: int = 0
+) -> str:
   """Renders the dataset under ``data_dir`` unless it exists; its directory.
 
   Also writes ``samples.png`` (24 test clocks with their labels) beside it.
   """
   if train_size <= 0 or test_size <= 0:
-    raise ValueError(f"train_size and test_size must be positive, got "
-                     f"{train_size} and {test_size}.")
+    raise ValueError(
+        f"train_size and test_size must be positive, got "
+        f"{train_size} and {test_size}."
+    )
   if seed < 0:
     raise ValueError(f"seed must be non-negative, got {seed}.")
   builder = ClockTime(
@@ -295,22 +344,29 @@ def prepare(data_dir: str, train_size: int, test_size: int,
       config=ClockTimeConfig(
           name=config_name(train_size, test_size, seed),
           description=f"{train_size} train, {test_size} test clocks, "
-                      f"seed {seed}.",
-          train_size=train_size, test_size=test_size, seed=seed),
-      file_format="array_record")
+          f"seed {seed}.",
+          train_size=train_size,
+          test_size=test_size,
+          seed=seed,
+      ),
+      file_format="array_record",
+  )
   if builder.is_prepared():
     logging.info("Reusing existing dataset at %s", builder.data_dir)
   else:
     builder.download_and_prepare()
     logging.info("Wrote dataset to %s", builder.data_dir)
-  samples = os.path.join(os.path.dirname(str(builder.data_dir)),
-                         "samples.png")
+  samples = os.path.join(os.path.dirname(str(builder.data_dir)), "samples.png")
   if not os.path.exists(samples):
     from train import plots  # pylint: disable=g-import-not-at-top
+
     source = builder.as_data_source(split="test")
     records = source.__getitems__(list(range(min(24, len(source)))))
-    plots.plot_clock_grid([r["image"] for r in records],
-                          [_as_str(r["answer"]) for r in records], samples)
+    plots.plot_clock_grid(
+        [r["image"] for r in records],
+        [_as_str(r["answer"]) for r in records],
+        samples,
+    )
   return str(builder.data_dir)
 
 
@@ -328,17 +384,23 @@ dataset_config_name = config_name
 def check_config(config) -> None:
   """Raises ValueError for fields this task cannot use."""
   if config.image_size != IMAGE_SIZE:
-    raise ValueError(f"image_size must be {IMAGE_SIZE} (the rendered size), "
-                     f"got {config.image_size}.")
+    raise ValueError(
+        f"image_size must be {IMAGE_SIZE} (the rendered size), "
+        f"got {config.image_size}."
+    )
   if config.max_answer_len < MAX_ANSWER_LEN:
-    raise ValueError(f"max_answer_len must be >= {MAX_ANSWER_LEN} for H_MM "
-                     f"answers, got {config.max_answer_len}.")
+    raise ValueError(
+        f"max_answer_len must be >= {MAX_ANSWER_LEN} for H_MM "
+        f"answers, got {config.max_answer_len}."
+    )
 
 
 def _find(config):
   return input_pipeline.find_dataset_dir(
-      config.data_dir, config_name=config.dataset_config or None,
-      dataset_name=DATASET_NAME)
+      config.data_dir,
+      config_name=config.dataset_config or None,
+      dataset_name=DATASET_NAME,
+  )
 
 
 def check_data(config) -> None:
@@ -355,61 +417,85 @@ def model_fields(config) -> dict:
   channels = tuple(int(c) for c in config.image_channels)
   num_image_tokens = models.num_image_tokens(config.image_size, channels)
   return dict(
-      vocab_size=tokenizer.VOCAB_SIZE, image_size=config.image_size,
+      vocab_size=tokenizer.VOCAB_SIZE,
+      image_size=config.image_size,
       image_channels=channels,
-      max_len=num_image_tokens + input_pipeline.sequence_length(
-          MAX_QUESTION_LEN, config.max_answer_len) + 1)
+      max_len=num_image_tokens
+      + input_pipeline.sequence_length(MAX_QUESTION_LEN, config.max_answer_len)
+      + 1,
+  )
 
 
 def encode_records(records, *, max_answer_len: int) -> dict[str, np.ndarray]:
   """A train batch: `input_pipeline.encode_examples` of the labels + images."""
   answers = [_as_str(record["answer"]) for record in records]
   batch = input_pipeline.encode_examples(
-      [""] * len(answers), answers, max_question_len=MAX_QUESTION_LEN,
-      max_answer_len=max_answer_len)
-  batch["images"] = np.stack([np.asarray(r["image"], np.uint8)
-                              for r in records])
+      [""] * len(answers),
+      answers,
+      max_question_len=MAX_QUESTION_LEN,
+      max_answer_len=max_answer_len,
+  )
+  batch["images"] = np.stack(
+      [np.asarray(r["image"], np.uint8) for r in records]
+  )
   return batch
 
 
 def train_iterator(config, *, process_index=None, process_count=None):
   """Checkpointable iterator over this host's train batches (shuffled)."""
   process_index, process_count = input_pipeline.resolve_process(
-      process_index, process_count)
+      process_index, process_count
+  )
   source = _load(config, "train")
   dataset = input_pipeline.host_batches(
-      source, np.arange(len(source)),
+      source,
+      np.arange(len(source)),
       functools.partial(encode_records, max_answer_len=config.max_answer_len),
-      global_batch_size=config.batch_size, seed=config.seed,
-      process_index=process_index, process_count=process_count)
+      global_batch_size=config.batch_size,
+      seed=config.seed,
+      process_index=process_index,
+      process_count=process_count,
+  )
   return input_pipeline.iterate(dataset, worker_count=config.worker_count)
 
 
 def eval_batches(config, *, process_index=None, process_count=None):
   """This host's test batches: prompts ``BOS SEP``, images and answers."""
   process_index, process_count = input_pipeline.resolve_process(
-      process_index, process_count)
-  batch_size = input_pipeline.per_host_batch_size(config.eval_batch_size,
-                                                  process_count)
+      process_index, process_count
+  )
+  batch_size = input_pipeline.per_host_batch_size(
+      config.eval_batch_size, process_count
+  )
   source = _load(config, "test")
   usable = np.arange(len(source))
   if config.eval_examples:
-    usable = usable[:config.eval_examples]
+    usable = usable[: config.eval_examples]
   for records, indices in input_pipeline.host_eval_records(
-      source, usable, global_batch_size=config.eval_batch_size,
-      process_index=process_index, process_count=process_count):
+      source,
+      usable,
+      global_batch_size=config.eval_batch_size,
+      process_index=process_index,
+      process_count=process_count,
+  ):
     padding = batch_size - len(records)
     prompts, prompt_lengths = input_pipeline.encode_prompts(
-        [""] * batch_size, max_question_len=MAX_QUESTION_LEN)
-    images = np.zeros((batch_size, config.image_size, config.image_size),
-                      np.uint8)
+        [""] * batch_size, max_question_len=MAX_QUESTION_LEN
+    )
+    images = np.zeros(
+        (batch_size, config.image_size, config.image_size), np.uint8
+    )
     if records:
-      images[:len(records)] = np.stack([r["image"] for r in records])
-    yield dict(prompts=prompts, prompt_lengths=prompt_lengths, images=images,
-               questions=[""] * batch_size,
-               answers=[_as_str(r["answer"]) for r in records] + [""] * padding,
-               indices=indices + [-1] * padding,
-               valid=np.arange(batch_size) < len(records))
+      images[: len(records)] = np.stack([r["image"] for r in records])
+    yield dict(
+        prompts=prompts,
+        prompt_lengths=prompt_lengths,
+        images=images,
+        questions=[""] * batch_size,
+        answers=[_as_str(r["answer"]) for r in records] + [""] * padding,
+        indices=indices + [-1] * padding,
+        valid=np.arange(batch_size) < len(records),
+    )
 
 
 def score_answers(predictions, answers, config) -> dict:
@@ -419,9 +505,16 @@ def score_answers(predictions, answers, config) -> dict:
   accuracy and as a gap of 360 minutes (the largest possible).
   """
   del config
-  sums = dict(count=0.0, correct=0.0, parsed=0.0, hour_correct=0.0,
-              minute_correct=0.0, within_5=0.0, gap=0.0,
-              gap_histogram=np.zeros(UNPARSED_GAP + 1))
+  sums = dict(
+      count=0.0,
+      correct=0.0,
+      parsed=0.0,
+      hour_correct=0.0,
+      minute_correct=0.0,
+      within_5=0.0,
+      gap=0.0,
+      gap_histogram=np.zeros(UNPARSED_GAP + 1),
+  )
   for predicted, answer in zip(predictions, answers):
     target, guess = parse_time(answer), parse_time(predicted)
     if target is None:
@@ -447,8 +540,11 @@ def summarize(sums: dict) -> dict:
   def gap_of_rank(rank):  # the rank-th smallest gap, 0-based
     return float(np.searchsorted(cumulative, rank + 1 - 0.5))
 
-  median = (0.5 * (gap_of_rank((total - 1) // 2) + gap_of_rank(total // 2))
-            if total else 0.0)
+  median = (
+      0.5 * (gap_of_rank((total - 1) // 2) + gap_of_rank(total // 2))
+      if total
+      else 0.0
+  )
   return dict(
       exact_match=float(sums["correct"] / count),
       mean_time_gap_minutes=float(sums["gap"] / count),
@@ -457,11 +553,14 @@ def summarize(sums: dict) -> dict:
       hour_accuracy=float(sums["hour_correct"] / count),
       minute_accuracy=float(sums["minute_correct"] / count),
       parsed_rate=float(sums["parsed"] / count),
-      num_examples=int(sums["count"]))
+      num_examples=int(sums["count"]),
+  )
 
 
 def headline(metrics: dict) -> str:
   """One line for the log."""
-  return (f"exact match {metrics['exact_match']:.4f}, mean time gap "
-          f"{metrics['mean_time_gap_minutes']:.1f} min on "
-          f"{metrics['num_examples']} clocks")
+  return (
+      f"exact match {metrics['exact_match']:.4f}, mean time gap "
+      f"{metrics['mean_time_gap_minutes']:.1f} min on "
+      f"{metrics['num_examples']} clocks"
+  )
