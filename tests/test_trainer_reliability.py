@@ -7,6 +7,7 @@ non-zero exit, good checkpoints kept, no hang, no library noise.
 
 import contextlib
 import fcntl
+import logging
 import os
 import pathlib
 import re
@@ -348,6 +349,32 @@ def _destroy(checkpoint: pathlib.Path):
     if path.is_file() and path.parent.name == "d":
       path.write_bytes(b"trunc")
   (checkpoint / "state" / "manifest.ocdbt").unlink()
+
+
+def test_left_over_asyncio_errors_stay_off_the_terminal():
+  try:
+    raise ValueError("NOT_FOUND: Error opening zarr driver")
+  except ValueError:
+    record = logging.getLogger("asyncio").makeRecord(
+        "asyncio",
+        logging.ERROR,
+        "/usr/lib/python3.12/asyncio/base_events.py",
+        1,
+        "Task exception was never retrieved",
+        (),
+        sys.exc_info(),
+    )
+  assert not logs.TerminalFilter().filter(record)
+  warning = logging.getLogger("orbax").makeRecord(
+      "orbax",
+      logging.WARNING,
+      "/x/orbax/checkpoint/a.py",
+      1,
+      "careful",
+      (),
+      None,
+  )
+  assert logs.TerminalFilter().filter(warning)
 
 
 def test_corrupt_checkpoints_one_warning_each_then_step_0(data_dir, tmp_path):

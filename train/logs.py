@@ -49,6 +49,10 @@ class TerminalFilter(pylogging.Filter):
       return True
     if record.levelno < pylogging.WARNING:  # library INFO and DEBUG
       return False
+    if record.name == "asyncio" and record.exc_info:
+      # "Task exception was never retrieved": a read that a failed checkpoint
+      # restore left behind; the trainer logs the restore's one warning.
+      return False
     if record.exc_info and f"{os.sep}orbax{os.sep}" in record.pathname:
       # A traceback from one of orbax's threads: the trainer reports it as
       # one error line (train.StopOnSignal.fail); the traceback is in
