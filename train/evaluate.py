@@ -38,9 +38,18 @@ def host_rows(array: jax.Array) -> np.ndarray:
 def _decode(
     model, prompts, prompt_lengths, max_new_tokens, eos_id, pad_id, images
 ):
-  return models.greedy_decode(
-      model, prompts, prompt_lengths, max_new_tokens, eos_id, pad_id, images
-  )
+  args = (prompts, prompt_lengths, max_new_tokens, eos_id, pad_id, images)
+  if hasattr(model, "greedy_decode"):  # a pretrained model's own decoding
+    return model.greedy_decode(*args)
+  return models.greedy_decode(model, *args)
+
+
+class _CharCodec:
+  """Decoding with the character tokenizer of `train.tokenizer`."""
+
+  eos_id = tokenizer.EOS_ID
+  pad_id = tokenizer.PAD_ID
+  decode = staticmethod(tokenizer.decode)
 
 
 def evaluate(model, config, to_global, task, *, num_samples: int = 0):
@@ -60,6 +69,7 @@ def evaluate(model, config, to_global, task, *, num_samples: int = 0):
     none).
   """
   model.eval()
+  codec = task.codec(config) if hasattr(task, "codec") else _CharCodec()
   sums, samples, predictions_out = None, [], []
   for batch in task.eval_batches(config):
     images = batch.get("images")
@@ -68,14 +78,14 @@ def evaluate(model, config, to_global, task, *, num_samples: int = 0):
         to_global(batch["prompts"]),
         to_global(batch["prompt_lengths"]),
         config.max_answer_len + 1,
-        tokenizer.EOS_ID,
-        tokenizer.PAD_ID,
+        codec.eos_id,
+        codec.pad_id,
         None if images is None else to_global(images),
     )
     rows = host_rows(outputs)
     valid = batch["valid"]
     indices = batch.get("indices", [-1] * len(valid))
-    predictions = [tokenizer.decode(row) for row, ok in zip(rows, valid) if ok]
+    predictions = [codec.decode(row) for row, ok in zip(rows, valid) if ok]
     answers = [a for a, ok in zip(batch["answers"], valid) if ok]
     questions = [q for q, ok in zip(batch["questions"], valid) if ok]
     batch_sums = task.score_answers(predictions, answers, config)

@@ -123,7 +123,9 @@ def check_config(config) -> None:
         f"unknown method {config.method!r}; use one of "
         f"{', '.join(common.METHODS)}."
     )
-  if config.model not in models.MODEL_SIZES:
+  if not hasattr(task, "create_model") and config.model not in (
+      models.MODEL_SIZES
+  ):
     raise ConfigError(
         f"unknown model size {config.model!r}; use one of "
         f"{', '.join(sorted(models.MODEL_SIZES))}."
@@ -239,6 +241,10 @@ class WorkdirLock:
 
 
 def make_mesh(config) -> jax.sharding.Mesh:
+  """The task's mesh if it has one, else ('data', 'fsdp'), Explicit."""
+  task = get_task(config)
+  if hasattr(task, "make_mesh"):
+    return task.make_mesh(config)
   devices = jax.device_count()
   return jax.make_mesh(
       (devices // config.fsdp, config.fsdp),
@@ -276,17 +282,22 @@ def batch_loss(model, batch, config, key):
   """Mean loss over scored tokens and per-component metrics."""
   inputs, targets = batch["inputs"], batch["targets"]
   images = batch.get("images")
+  # A pretrained model's digits are its tokenizer's; ours are ids 0..9.
+  digit_ids = getattr(model, "digit_token_ids", None)
   if config.fused_loss:
     stats = ntil_jax.fused_token_statistics(
         model.hidden_states(inputs, images),
         model.unembedding,
         targets,
+        digit_token_ids=digit_ids,
         chunk_size=config.fused_chunk_size or None,
     )
   else:
-    stats = ntil_jax.token_statistics(model(inputs, images), targets)
+    stats = ntil_jax.token_statistics(model(inputs, images), targets, digit_ids)
   shared = dict(
-      vocab_size=model.config.vocab_size, loss_mask=batch["loss_mask"]
+      vocab_size=model.config.vocab_size,
+      loss_mask=batch["loss_mask"],
+      digit_token_ids=digit_ids,
   )
   kwargs = common.loss_kwargs(config)
   if config.method == "ntil" and config.gumbel_noise > 0:
@@ -664,9 +675,12 @@ def _train(config, workdir, mesh):
     )
 
   task = get_task(config)
-  model = models.create_model(
-      model_config(config), nnx.Rngs(params=config.seed), mesh
-  )
+  if hasattr(task, "create_model"):  # e.g. a pretrained snapshot
+    model = task.create_model(config, mesh)
+  else:
+    model = models.create_model(
+        model_config(config), nnx.Rngs(params=config.seed), mesh
+    )
   tx = make_optimizer(config)
   optimizer = nnx.jit(lambda m: nnx.Optimizer(m, tx, wrt=nnx.Param))(model)
   try:
@@ -682,7 +696,7 @@ def _train(config, workdir, mesh):
   stop = StopOnSignal()
   logging.info(
       "model %s: %d parameters; mesh %s; %d steps of %d examples",
-      config.model,
+      config.get("pretrained") or config.model,
       models.count_params(model),
       dict(mesh.shape),
       config.train_steps,

@@ -21,6 +21,15 @@ The trainer (train/train.py) never names a task; it looks one up by
 * ``score_answers(predictions, answers, config) -> dict`` of sums that hosts
   add, ``summarize(sums) -> dict`` of metrics, ``headline(metrics) -> str``.
 
+Optional hooks, for tasks that bring their own model (arithmetic_mix_llm):
+
+* ``make_mesh(config)``: the device mesh (default ``('data', 'fsdp')``).
+* ``create_model(config, mesh)``: the model, with ``__call__(tokens,
+  images)``, ``hidden_states``, ``unembedding``, ``config.vocab_size``,
+  ``digit_token_ids`` and ``greedy_decode`` (default: `train.models`).
+* ``codec(config)``: ``eos_id``, ``pad_id`` and ``decode(ids) -> str`` for
+  evaluation (default: `train.tokenizer`).
+
 A new task is a module here, an entry in `TASKS` and a config.
 """
 
@@ -28,6 +37,7 @@ import importlib
 
 TASKS = {
     "arithmetic_mix": "train.tasks.arithmetic_mix",
+    "arithmetic_mix_llm": "train.tasks.arithmetic_mix_llm",
     "clock_time": "train.tasks.clock_time",
 }
 

@@ -1,0 +1,388 @@
+"""Pretrained Hugging Face LLMs: loading, tokenizing, decoding, fine-tuning.
+
+The snapshots are the tiny random checkpoints of tests/fixtures/hf, built
+by scripts/make_hf_fixtures.py with transformers and PyTorch; their
+``expected.npz`` holds transformers' float32 logits and the tokenizer's ids
+at build time, so no PyTorch is needed here.
+"""
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs import arithmetic_mix_llm
+from train import pretrained
+from train import prepare_data
+from train import train
+from train.tasks import arithmetic_mix_llm as task
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures" / "hf"
+SNAPSHOTS = ("qwen2_tiny", "llama3_tiny")
+
+
+def expected(name):
+  return np.load(FIXTURES / name / "expected.npz")
+
+
+def copy_snapshot(name, tmp_path, edit=None):
+  """A copy of a fixture snapshot, its config.json passed through ``edit``."""
+  directory = tmp_path / name
+  shutil.copytree(FIXTURES / name, directory)
+  if edit is not None:
+    path = directory / "config.json"
+    config = json.loads(path.read_text())
+    edit(config)
+    path.write_text(json.dumps(config))
+  return str(directory)
+
+
+@pytest.fixture(scope="module", params=SNAPSHOTS)
+def lm(request):
+  return pretrained.load(str(FIXTURES / request.param))
+
+
+# ----------------------------------------------------------------------------
+# Loading: the logits are transformers'.
+
+
+def test_logits_equal_transformers(lm):
+  want = expected(os.path.basename(lm.path))
+  got = np.asarray(lm.logits(want["ids"]))
+  assert got.shape == want["logits"].shape
+  assert got.shape[-1] == lm.vocab_size
+  np.testing.assert_allclose(got, want["logits"], atol=1e-4, rtol=1e-4)
+
+
+def _top_level_rope_theta(config):
+  """The layout of published Qwen2.5 snapshots (older transformers)."""
+  parameters = config.pop("rope_parameters")
+  config["rope_theta"] = parameters["rope_theta"]
+  config["rope_scaling"] = None
+
+
+@pytest.mark.parametrize("name", SNAPSHOTS)
+def test_both_config_layouts_give_the_same_logits(name, tmp_path):
+  fixture = json.loads((FIXTURES / name / "config.json").read_text())
+  assert "rope_parameters" in fixture and "rope_theta" not in fixture
+  path = copy_snapshot(name, tmp_path, _top_level_rope_theta)
+  want = expected(name)
+  got = np.asarray(pretrained.load(path).logits(want["ids"]))
+  np.testing.assert_allclose(got, want["logits"], atol=1e-4, rtol=1e-4)
+
+
+def test_llama_uses_its_own_rope_base(tmp_path):
+  """tunix 0.1.7's Llama3 ignores rope_theta; the wrapper must not."""
+  want = expected("llama3_tiny")
+
+  def other_base(config):
+    config["rope_parameters"]["rope_theta"] = 1e6  # tunix's silent default
+
+  moved = pretrained.load(copy_snapshot("llama3_tiny", tmp_path, other_base))
+  got = np.asarray(moved.logits(want["ids"]))
+  assert np.abs(got - want["logits"]).max() > 1e-3
+
+
+def test_logits_vocabulary_exceeds_the_tokenizer(lm):
+  assert lm.vocab_size > len(lm.tokenizer.vocab())
+  assert lm.vocab_size == lm.hf_config["vocab_size"]
+
+
+def test_loading_leaves_flax_flags_alone():
+  before = flax.config.flax_always_shard_variable
+  pretrained.load(str(FIXTURES / "qwen2_tiny"))
+  assert flax.config.flax_always_shard_variable == before
+
+
+def test_bfloat16_parameters():
+  lm = pretrained.load(str(FIXTURES / "qwen2_tiny"), dtype="bfloat16")
+  params = jax.tree.leaves(flax.nnx.state(lm.model, flax.nnx.Param))
+  assert {p.dtype for p in params} == {jnp.dtype(jnp.bfloat16)}
+  want = expected("qwen2_tiny")
+  got = np.asarray(lm.logits(want["ids"]))
+  assert got.dtype == np.float32
+  # bf16 rounding of weights and activations: close, not equal.
+  assert np.abs(got - want["logits"]).max() < 0.25
+  assert np.mean(got.argmax(-1) == want["logits"].argmax(-1)) > 0.8
+
+
+# ----------------------------------------------------------------------------
+# Tokenizers and digits.
+
+
+def test_encode_equals_the_tokenizers_ids(lm):
+  want = expected(os.path.basename(lm.path))
+  for prompt, ids, length in zip(want["prompts"], want["ids"], want["lengths"]):
+    assert lm.encode(str(prompt)) == ids[:length].tolist()
+
+
+def test_digit_ids_spell_the_digits(lm):
+  assert lm.digit_token_ids.shape == (10,)
+  for digit, token in enumerate(lm.digit_token_ids):
+    assert lm.tokenizer.decode([token]) == str(digit)
+    assert lm.encode(str(digit)) == [int(token)]
+
+
+def test_number_chunking_and_split_digits():
+  qwen = pretrained.load(str(FIXTURES / "qwen2_tiny"))
+  llama = pretrained.load(str(FIXTURES / "llama3_tiny"))
+  digits = lambda lm, text: [int(lm.digit_token_ids[int(c)]) for c in text]
+  # Qwen2.5 writes every digit as its own token anyway.
+  assert qwen.encode("1234567") == digits(qwen, "1234567")
+  # Llama 3 writes numbers in 1-3 digit tokens, unless split.
+  chunked = llama.encode("1234567")
+  assert len(chunked) == 3
+  assert llama.tokenizer.decode(chunked) == "1234567"
+  assert llama.encode("1234567", split_digits=True) == digits(llama, "1234567")
+  text = "What is -12/345?"
+  split = llama.encode(text, split_digits=True)
+  assert llama.tokenizer.decode(split) == text
+
+
+def test_digit_coverage_counts_scored_digits():
+  llama = pretrained.load(str(FIXTURES / "llama3_tiny"))
+  # 8 digits; chunked, only the 7 and the 1 and 2 of 1/2 stand alone.
+  answers = ["7", "12", "-345", "1/2"]
+  assert task.digit_coverage(
+      llama.tokenizer, answers, split_digits=False
+  ) == pytest.approx(3 / 8)
+  assert task.digit_coverage(llama.tokenizer, answers, split_digits=True) == 1
+
+
+# ----------------------------------------------------------------------------
+# Decoding with the KV cache.
+
+
+def reference_greedy(lm, prompt, steps, eos_id):
+  """Greedy decoding by recomputing the whole sequence at every step."""
+  ids, out = list(prompt), []
+  for _ in range(steps):
+    if out and out[-1] == eos_id:
+      out.append(eos_id)  # pad after EOS (pad_id = eos_id below)
+      continue
+    logits = np.asarray(lm.logits(np.asarray([ids], np.int32)))
+    token = int(logits[0, -1].argmax())
+    ids.append(token)
+    out.append(token)
+  return out
+
+
+def test_greedy_decode_equals_recomputation(lm):
+  texts = ["Question: 3 + 4?\nAnswer: ", "Evaluate 12*(-3) + 100.", "7"]
+  rows = [lm.encode(t) for t in texts]
+  width = max(map(len, rows)) + 2  # right padding on every row
+  prompts = np.full((len(rows), width), 5, np.int32)
+  for i, row in enumerate(rows):
+    prompts[i, : len(row)] = row
+  lengths = np.asarray([len(r) for r in rows], np.int32)
+  steps = 6
+  # An EOS that the model does predict, so that the pad-after-EOS rule runs.
+  eos = reference_greedy(lm, rows[0], 2, -1)[1]
+  got = np.asarray(
+      jax.jit(
+          lambda p, n: lm.model.greedy_decode(p, n, steps, eos, eos),
+      )(prompts, lengths)
+  )
+  for i, row in enumerate(rows):
+    assert got[i].tolist() == reference_greedy(lm, row, steps, eos)
+
+
+# ----------------------------------------------------------------------------
+# Bad snapshots: one clear error.
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda c: c.update(model_type="gpt2"), "model_type 'gpt2'"),
+        (
+            lambda c: c["rope_parameters"].update(
+                rope_type="llama3", factor=8.0
+            ),
+            "RoPE scaling 'llama3'",
+        ),
+        (lambda c: c.pop("rope_parameters"), "rope_theta"),
+        (lambda c: c.update(hidden_act="gelu"), "hidden_act"),
+        (lambda c: c.update(attention_bias=True), "attention_bias"),
+    ],
+)
+def test_unsupported_configs_are_refused(tmp_path, edit, message):
+  path = copy_snapshot("llama3_tiny", tmp_path, edit)
+  with pytest.raises(pretrained.SnapshotError, match=message):
+    pretrained.load(path)
+
+
+def test_missing_files_are_named(tmp_path):
+  with pytest.raises(pretrained.SnapshotError, match="not a directory"):
+    pretrained.load(str(tmp_path / "nowhere"))
+  path = copy_snapshot("qwen2_tiny", tmp_path)
+  os.remove(os.path.join(path, "tokenizer.json"))
+  with pytest.raises(pretrained.SnapshotError, match="tokenizer.json"):
+    pretrained.load(path)
+
+
+def test_missing_tensor_is_named(tmp_path):
+  from safetensors import numpy as safetensors_numpy  # pylint: disable=g-import-not-at-top
+
+  path = copy_snapshot("llama3_tiny", tmp_path)
+  file = os.path.join(path, "model.safetensors")
+  tensors = safetensors_numpy.load_file(file)
+  del tensors["model.layers.1.mlp.up_proj.weight"]
+  safetensors_numpy.save_file(tensors, file)
+  with pytest.raises(pretrained.SnapshotError, match="missing"):
+    pretrained.load(path)
+
+
+# ----------------------------------------------------------------------------
+# The task's batches.
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+  directory = tmp_path_factory.mktemp("data")
+  prepare_data.prepare(str(directory), train_size=64, test_size=16, seed=0)
+  return str(directory)
+
+
+def make_config(data_dir, name="qwen2_tiny", method="ntil", **overrides):
+  config = arithmetic_mix_llm.get_config(method)
+  config.data_dir = data_dir
+  config.pretrained = str(FIXTURES / name)
+  config.batch_size = 8
+  config.train_steps = 6
+  config.learning_rate = 3e-3
+  config.warmup_steps = 1
+  config.log_every_steps = 1
+  config.eval_every_steps = 0
+  config.checkpoint_every_steps = 3
+  config.eval_batch_size = 8
+  config.eval_examples = 8
+  config.max_question_len = 64
+  config.max_answer_len = 8
+  for key, value in overrides.items():
+    config[key] = value
+  return config
+
+
+@pytest.mark.parametrize("split_digits", [False, True])
+def test_batches_score_the_answer_and_its_digits(data_dir, split_digits):
+  config = make_config(
+      data_dir, "llama3_tiny", split_digits=split_digits, max_answer_len=12
+  )
+  lm = pretrained.load(config.pretrained)
+  questions = ["What is 1234 + 5?", "Calculate -3/7."]
+  answers = ["1239", "-3/7"]
+  batch = task.encode_examples(config, questions, answers)
+  assert batch["inputs"].shape == batch["targets"].shape
+  assert batch["inputs"].shape[1] == task.sequence_length(config)
+  np.testing.assert_array_equal(
+      batch["inputs"][:, 1:], batch["targets"][:, :-1]
+  )
+  for row, answer in enumerate(answers):
+    scored = batch["targets"][row][batch["loss_mask"][row]].tolist()
+    assert scored[-1] == lm.eos_id
+    assert lm.tokenizer.decode(scored[:-1]) == answer
+    assert scored[:-1] == lm.encode(answer, split_digits=split_digits)
+    digits = batch["targets"][row][batch["digit_mask"][row]].tolist()
+    assert digits == [t for t in scored if t in lm.digit_token_ids.tolist()]
+    assert not (batch["digit_mask"][row] & ~batch["loss_mask"][row]).any()
+    # Llama's prompt starts with BOS; the input is the prompt and the answer.
+    assert batch["inputs"][row][0] == lm.bos_id
+  if split_digits:
+    assert batch["digit_mask"][0].sum() == 4
+  else:
+    assert batch["digit_mask"][0].sum() == 1  # "123" + "9": only 9 alone
+
+
+def test_qwen_prompts_have_no_bos(data_dir):
+  config = make_config(data_dir)
+  lm = pretrained.load(config.pretrained)
+  prompts, lengths = task.encode_prompts(config, ["What is 2 + 2?"])
+  text = config.prompt_template.format(question="What is 2 + 2?")
+  assert prompts[0, : lengths[0]].tolist() == lm.encode(text)
+
+
+def test_config_errors_are_one_line(data_dir):
+  for overrides, message in [
+      (dict(pretrained=""), "--config.pretrained"),
+      (dict(pretrained="/nonexistent"), "not a directory"),
+      (dict(prompt_template="Q: {q}"), "prompt_template"),
+      (dict(dtype="float16"), "dtype"),
+  ]:
+    with pytest.raises(train.ConfigError, match=message):
+      train.check_config(make_config(data_dir, **overrides))
+
+
+# ----------------------------------------------------------------------------
+# Fine-tuning through the CLI and in process.
+
+
+def logged(workdir, key="loss"):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    records = [json.loads(line) for line in f]
+  return {r["step"]: r[key] for r in records if key in r}
+
+
+@pytest.mark.parametrize(
+    "name, method, split_digits",
+    [("qwen2_tiny", "ce", False), ("llama3_tiny", "ntil", True)],
+)
+def test_cli_fine_tune_is_finite_and_falling(
+    data_dir, tmp_path, name, method, split_digits
+):
+  command = [
+      sys.executable,
+      "-m",
+      "train.main",
+      f"--config={ROOT}/configs/arithmetic_mix_llm.py:{method}",
+      f"--workdir={tmp_path}",
+      f"--config.data_dir={data_dir}",
+      f"--config.pretrained={FIXTURES / name}",
+      f"--config.split_digits={split_digits}",
+      "--config.train_steps=8",
+      "--config.batch_size=8",
+      "--config.learning_rate=3e-3",
+      "--config.warmup_steps=1",
+      "--config.log_every_steps=1",
+      "--config.eval_every_steps=8",
+      "--config.eval_examples=8",
+      "--config.eval_batch_size=8",
+      "--config.checkpoint_every_steps=8",
+  ]
+  result = subprocess.run(
+      command, cwd=ROOT, capture_output=True, text=True, timeout=600
+  )
+  assert result.returncode == 0, result.stderr[-3000:]
+  losses = logged(str(tmp_path))
+  assert sorted(losses) == list(range(1, 9))
+  assert all(np.isfinite(v) for v in losses.values())
+  assert np.mean([losses[7], losses[8]]) < np.mean([losses[1], losses[2]])
+  numeric = logged(str(tmp_path), "numeric")
+  if method == "ce":
+    assert set(numeric.values()) == {0.0}
+  else:
+    assert all(v > 0 for v in numeric.values())
+  assert logged(str(tmp_path), "exact_match")[8] >= 0.0
+  assert "the numeric loss scores" in result.stderr
+  assert os.listdir(tmp_path / "checkpoints") == ["8"]
+
+
+def test_resume_equals_straight_run(data_dir, tmp_path):
+  straight = make_config(data_dir, train_steps=6, lr_decay_steps=6)
+  train.train_and_evaluate(straight, str(tmp_path / "straight"))
+  half = make_config(data_dir, train_steps=3, lr_decay_steps=6)
+  train.train_and_evaluate(half, str(tmp_path / "resumed"))
+  resumed = train.train_and_evaluate(straight, str(tmp_path / "resumed"))
+  assert resumed["step"] == 6
+  want = logged(str(tmp_path / "straight"))
+  assert sorted(want) == list(range(1, 7))
+  assert logged(str(tmp_path / "resumed")) == want

@@ -1,0 +1,562 @@
+"""Pretrained Hugging Face LLMs (Qwen2/2.5, Llama 3) as Flax NNX models.
+
+``lm = pretrained.load(path)`` reads a local Hugging Face snapshot
+(``config.json``, ``*.safetensors``, ``tokenizer.json``; nothing is fetched)
+into tunix's Flax NNX Qwen2 or Llama3 model::
+
+  lm = pretrained.load("/models/Qwen2.5-1.5B")
+  ids = lm.encode("What is 12 + 30?")        # the tokenizer's ids, no BOS
+  logits = lm.logits(jnp.asarray([ids]))       # [1, T, V] float32
+  lm.digit_token_ids                           # ten ids, for ntil_jax
+  lm.model                                     # a `CausalLM`, to train
+
+`CausalLM` wraps the tunix model in the interface the trainer uses for its
+own `train.models.Transformer`: ``model(tokens)`` logits,
+``model.hidden_states(tokens)`` and ``model.unembedding`` for the fused loss,
+``model.config.vocab_size`` (the logits size, which may exceed the
+tokenizer's), and ``model.greedy_decode`` with a KV cache.
+
+config.json is mapped by hand (`model_config`): Qwen2 (q/k/v biases, tied or
+untied embeddings) and Llama (untied or tied, no biases). Both layouts of the
+RoPE base are read: a top-level ``rope_theta`` (published Qwen2.5 snapshots)
+and a ``rope_parameters`` dict (newer transformers). RoPE scaling (Llama 3.1
+and later) is refused: tunix's Llama3 applies plain RoPE, so its logits would
+not be the checkpoint's.
+"""
+
+import contextlib
+import functools
+import importlib
+import json
+import os
+import re
+from typing import Any
+
+import flax
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import ntil_jax
+
+# Text that digits are cut out of by `encode(..., split_digits=True)`.
+_DIGIT_RUNS = re.compile(r"(\d)")
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+FAMILIES = ("qwen2", "llama")
+
+
+class SnapshotError(ValueError):
+  """A snapshot that cannot be loaded; the message says why and what to do."""
+
+
+@contextlib.contextmanager
+def _tunix_flags():
+  """Runs tunix's model code with the flax flags it sets, then restores them.
+
+  Importing a tunix model module turns flax's ``flax_always_shard_variable``
+  off for the whole process; `train.models` creates sharded variables with
+  it on, so the old value comes back afterwards.
+  """
+  previous = flax.config.flax_always_shard_variable
+  flax.config.update("flax_always_shard_variable", False)
+  try:
+    yield
+  finally:
+    flax.config.update("flax_always_shard_variable", previous)
+
+
+def tunix_module(name: str):
+  """``tunix.models.<name>``, imported without changing flax's flags."""
+  with _tunix_flags():
+    return importlib.import_module(f"tunix.models.{name}")
+
+
+@contextlib.contextmanager
+def _llama_rope_theta(theta: float):
+  """Makes tunix's Llama3 use the config's RoPE base while tracing.
+
+  tunix 0.1.7's Llama3 attention calls ``apply_rope`` without
+  ``rope_theta``, so every Llama ran with its default base 1e6 instead of
+  the config's (Llama 3: 5e5), and its logits were not the checkpoint's
+  (1.4e-2 off on the test fixture; 8e-7 with this). The module's
+  ``apply_rope`` is swapped for one with the right base while the forward
+  pass is traced, and put back afterwards.
+  """
+  module = tunix_module("llama3.model")
+  original = module.apply_rope
+  module.apply_rope = functools.partial(original, rope_theta=theta)
+  try:
+    yield
+  finally:
+    module.apply_rope = original
+
+
+# ----------------------------------------------------------------------------
+# config.json -> tunix ModelConfig.
+
+
+def read_json(path: str, what: str) -> dict:
+  if not os.path.isfile(path):
+    raise SnapshotError(
+        f"{what} {path} not found; pass the directory of a local Hugging "
+        "Face snapshot (config.json, *.safetensors, tokenizer.json)."
+    )
+  with open(path) as f:
+    try:
+      return json.load(f)
+    except json.JSONDecodeError as error:
+      raise SnapshotError(f"{path} is not valid JSON ({error}).") from error
+
+
+def family(hf_config: dict) -> str:
+  """'qwen2' or 'llama', from ``model_type``; SnapshotError otherwise."""
+  model_type = hf_config.get("model_type", "")
+  if model_type not in FAMILIES:
+    raise SnapshotError(
+        f"model_type {model_type!r} is not supported; supported: "
+        f"{', '.join(FAMILIES)} (Qwen2/Qwen2.5 and Llama 3)."
+    )
+  return model_type
+
+
+def rope_theta(hf_config: dict) -> float:
+  """The RoPE base of either config layout; SnapshotError for scaled RoPE.
+
+  Published Qwen2.5 snapshots have a top-level ``rope_theta`` (and
+  ``rope_scaling``); transformers >= 5 writes ``rope_parameters`` with
+  ``rope_theta`` and ``rope_type`` inside.
+  """
+  parameters = hf_config.get("rope_parameters") or {}
+  scaling = hf_config.get("rope_scaling") or {}
+  for source in (parameters, scaling):
+    kind = source.get("rope_type", source.get("type", "default"))
+    if kind not in ("default", None):
+      raise SnapshotError(
+          f"RoPE scaling {kind!r} ({source}) is not supported: tunix's "
+          "models apply plain RoPE, so the logits would not be the "
+          "checkpoint's. Use a snapshot without rope scaling (Qwen2.5, "
+          "Llama 3 8B)."
+      )
+  theta = parameters.get("rope_theta", hf_config.get("rope_theta"))
+  if theta is None:
+    raise SnapshotError(
+        "config.json has neither rope_theta nor rope_parameters.rope_theta."
+    )
+  return float(theta)
+
+
+def _require(hf_config: dict, name: str) -> Any:
+  if name not in hf_config:
+    raise SnapshotError(f"config.json has no {name!r}.")
+  return hf_config[name]
+
+
+def model_config(hf_config: dict, *, dtype: str = "float32"):
+  """The tunix ModelConfig of a Hugging Face config.json dict.
+
+  Args:
+    hf_config: the parsed config.json.
+    dtype: 'float32' or 'bfloat16', for parameters and computation.
+
+  Returns:
+    (family, tunix ModelConfig).
+  """
+  kind = family(hf_config)
+  if dtype not in DTYPES:
+    raise SnapshotError(
+        f"dtype {dtype!r} is not supported; use one of {', '.join(DTYPES)}."
+    )
+  if hf_config.get("hidden_act", "silu") != "silu":
+    raise SnapshotError(
+        f"hidden_act {hf_config['hidden_act']!r} is not supported (silu)."
+    )
+  num_heads = _require(hf_config, "num_attention_heads")
+  hidden_size = _require(hf_config, "hidden_size")
+  fields = dict(
+      num_layers=_require(hf_config, "num_hidden_layers"),
+      vocab_size=_require(hf_config, "vocab_size"),
+      embed_dim=hidden_size,
+      hidden_dim=_require(hf_config, "intermediate_size"),
+      num_heads=num_heads,
+      head_dim=hf_config.get("head_dim") or hidden_size // num_heads,
+      num_kv_heads=hf_config.get("num_key_value_heads") or num_heads,
+      rope_theta=rope_theta(hf_config),
+      norm_eps=_require(hf_config, "rms_norm_eps"),
+  )
+  tied = bool(hf_config.get("tie_word_embeddings", False))
+  if kind == "qwen2":
+    qwen2 = tunix_module("qwen2.model")
+    if hf_config.get("use_sliding_window"):
+      raise SnapshotError("use_sliding_window=true is not supported.")
+    return kind, qwen2.ModelConfig(
+        **fields,
+        use_tied_embedding=tied,
+        dtype=DTYPES[dtype],
+        param_dtype=DTYPES[dtype],
+    )
+  llama3 = tunix_module("llama3.model")
+  for name in ("attention_bias", "mlp_bias"):
+    if hf_config.get(name):
+      raise SnapshotError(f"{name}=true is not supported for Llama.")
+  return kind, llama3.ModelConfig(**fields, weight_tying=tied)
+
+
+# ----------------------------------------------------------------------------
+# The model.
+
+
+def causal_mask(length: int) -> jax.Array:
+  """bool [1, T, T]: position t attends to positions <= t."""
+  return jnp.tril(jnp.ones((length, length), bool))[None]
+
+
+class CausalLM(nnx.Module):
+  """A tunix Qwen2/Llama3 model with the trainer's model interface.
+
+  Attributes:
+    lm: the tunix model (its parameters are this module's).
+    family: 'qwen2' or 'llama'.
+    config: the tunix ModelConfig (``config.vocab_size`` is the logits size).
+    digit_token_ids: the ten digit ids of the snapshot's tokenizer.
+  """
+
+  def __init__(self, lm, family_: str, digit_token_ids):
+    self.lm = lm
+    self.family = family_
+    self.config = lm.config
+    self.digit_token_ids = tuple(int(i) for i in digit_token_ids)
+
+  @property
+  def compute_dtype(self):
+    if self.family == "qwen2":
+      return self.config.dtype
+    return self.lm.embedder.input_embedding.value.dtype
+
+  @property
+  def unembedding(self) -> jax.Array:
+    """The [D, V] unembedding: the embedding's transpose when tied."""
+    tied = (
+        self.config.use_tied_embedding
+        if self.family == "qwen2"
+        else self.config.weight_tying
+    )
+    if tied:
+      return self.lm.embedder.input_embedding.value.T
+    return self.lm.lm_head.w.value
+
+  def forward(self, tokens, positions, cache=None, mask=None):
+    """Final-normed hidden states [B, T, D] and the updated cache.
+
+    Mirrors the tunix model's ``__call__`` without its output projection.
+    ``mask`` is bool [B or 1, T, S] (S: T, or the cache length).
+    """
+    if self.family == "llama":
+      with _llama_rope_theta(self.config.rope_theta):
+        return self._forward(tokens, positions, cache, mask)
+    return self._forward(tokens, positions, cache, mask)
+
+  def _forward(self, tokens, positions, cache, mask):
+    lm = self.lm
+    x = lm.embedder.encode(tokens)
+    new_cache = None if cache is None else {}
+    if self.family == "qwen2":
+      qwen2 = tunix_module("qwen2.model")
+      sin, cos = qwen2._generate_pos_embeddings(  # pylint: disable=protected-access
+          positions, self.config.head_dim, self.config.rope_theta
+      )
+      sin, cos = sin.astype(x.dtype), cos.astype(x.dtype)
+    for i, layer in enumerate(lm.layers):
+      name = f"layer_{i}"
+      layer_cache = None if cache is None else cache[name]
+      if self.family == "qwen2":
+        layer_cache, x = layer(x, layer_cache, mask, sin, cos)
+      else:
+        layer_cache, x = layer(x, positions, layer_cache, mask)
+      if cache is not None:
+        new_cache[name] = layer_cache
+    return lm.final_norm(x), new_cache
+
+  def hidden_states(self, tokens, images=None) -> jax.Array:
+    """Hidden states [B, T, D] of right-padded int [B, T] tokens."""
+    if images is not None:
+      raise ValueError("pretrained language models take no images.")
+    positions = jnp.broadcast_to(
+        jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape
+    )
+    return self.forward(tokens, positions, None, causal_mask(tokens.shape[1]))[
+        0
+    ]
+
+  def project(self, hidden) -> jax.Array:
+    """float32 logits of hidden states, computed as the tunix model does."""
+    dtype = self.compute_dtype
+    return jnp.dot(hidden.astype(dtype), self.unembedding.astype(dtype)).astype(
+        jnp.float32
+    )
+
+  def __call__(self, tokens, images=None) -> jax.Array:
+    """float32 logits [B, T, V] of int [B, T] tokens."""
+    return self.project(self.hidden_states(tokens, images))
+
+  def init_cache(self, batch_size: int, length: int) -> dict:
+    shape = (batch_size, length, self.config.num_kv_heads, self.config.head_dim)
+    zeros = jnp.zeros(shape, self.compute_dtype)
+    return {
+        f"layer_{i}": dict(
+            k=zeros, v=zeros, end_index=jnp.zeros((batch_size,), jnp.int32)
+        )
+        for i in range(self.config.num_layers)
+    }
+
+  def greedy_decode(
+      self, prompts, prompt_lengths, max_new_tokens, eos_id, pad_id, images=None
+  ) -> jax.Array:
+    """Greedy continuation of right-padded prompts; int32 [B, N].
+
+    The same contract as `train.models.greedy_decode`. tunix's cache writes
+    every row at one index, so the prompts are moved to the right end of
+    the [B, P] window (left padding, masked out) and decoding continues at
+    P, P+1, ... for all rows; each row's RoPE positions count from its own
+    first token.
+    """
+    if images is not None:
+      raise ValueError("pretrained language models take no images.")
+    batch, width = prompts.shape
+    total = width + max_new_tokens
+    lengths = prompt_lengths.astype(jnp.int32)
+    offset = width - lengths  # left padding of each row
+    columns = jnp.arange(width)
+    source = jnp.clip(columns[None] - offset[:, None], 0, width - 1)
+    moved = jnp.take_along_axis(prompts.astype(jnp.int32), source, axis=1)
+    moved = jnp.where(columns[None] >= offset[:, None], moved, pad_id)
+    positions = jnp.maximum(columns[None] - offset[:, None], 0)
+    keys = jnp.arange(total)
+    real = keys[None] >= offset[:, None]  # [B, S]: not left padding
+    mask = (keys[None, None] <= columns[None, :, None]) & real[:, None]
+    hidden, cache = self.forward(
+        moved, positions, self.init_cache(batch, total), mask
+    )
+
+    def next_token(hidden_row, finished):
+      token = jnp.argmax(self.project(hidden_row), axis=-1).astype(jnp.int32)
+      token = jnp.where(finished, pad_id, token)
+      return token, finished | (token == eos_id)
+
+    first, finished = next_token(hidden[:, -1], jnp.zeros((batch,), bool))
+
+    def step(carry, index):
+      cache, token, finished = carry
+      step_mask = ((keys <= width + index)[None] & real)[:, None]
+      hidden, cache = self.forward(
+          token[:, None], (lengths + index)[:, None], cache, step_mask
+      )
+      token, finished = next_token(hidden[:, 0], finished)
+      return (cache, token, finished), token
+
+    _, rest = jax.lax.scan(
+        step, (cache, first, finished), jnp.arange(max_new_tokens - 1)
+    )
+    return jnp.concatenate([first[:, None], rest.T], axis=1)
+
+
+# ----------------------------------------------------------------------------
+# Loading.
+
+
+class Tokenizer:
+  """The snapshot's tokenizer.json through the `tokenizers` library."""
+
+  def __init__(self, path: str):
+    import tokenizers  # pylint: disable=g-import-not-at-top
+
+    file = os.path.join(path, "tokenizer.json")
+    if not os.path.isfile(file):
+      raise SnapshotError(
+          f"{file} not found; the snapshot needs a tokenizer.json (the "
+          "`tokenizers` format)."
+      )
+    self.tokenizer = tokenizers.Tokenizer.from_file(file)
+
+  def vocab(self) -> dict:
+    return self.tokenizer.get_vocab(with_added_tokens=True)
+
+  @functools.cached_property
+  def digit_token_ids(self) -> np.ndarray:
+    """int32 [10]: the ids of the single-digit tokens '0'..'9'."""
+    try:
+      return ntil_jax.digit_token_ids(self.vocab())
+    except ValueError as error:
+      raise SnapshotError(f"tokenizer.json: {error}") from error
+
+  def encode(self, text: str, *, split_digits: bool = False) -> list[int]:
+    """Token ids of ``text``, no special tokens added.
+
+    With ``split_digits``, every digit is encoded on its own, so numbers
+    become single-digit tokens whatever the tokenizer's number chunking.
+    """
+    return self.encode_batch([text], split_digits=split_digits)[0]
+
+  def encode_batch(self, texts, *, split_digits: bool = False):
+    if not split_digits:
+      return [
+          e.ids
+          for e in self.tokenizer.encode_batch(
+              list(texts), add_special_tokens=False
+          )
+      ]
+    pieces = [[p for p in _DIGIT_RUNS.split(text) if p] for text in texts]
+    flat = [p for row in pieces for p in row]
+    encoded = iter(
+        self.tokenizer.encode_batch(flat, add_special_tokens=False)
+        if flat
+        else []
+    )
+    return [[i for _ in row for i in next(encoded).ids] for row in pieces]
+
+  def decode(self, ids) -> str:
+    return self.tokenizer.decode(
+        [int(i) for i in ids], skip_special_tokens=True
+    )
+
+
+def token_id(hf_config: dict, name: str):
+  """``bos_token_id`` / ``eos_token_id`` of config.json (first of a list)."""
+  value = hf_config.get(name)
+  if isinstance(value, (list, tuple)):
+    value = value[0] if value else None
+  return value
+
+
+class PretrainedLM:
+  """What `load` returns: the model, its tokenizer and its special ids."""
+
+  def __init__(self, path, model, tokenizer, hf_config):
+    self.path = path
+    self.model = model
+    self.tokenizer = tokenizer
+    self.hf_config = hf_config
+    self.digit_token_ids = np.asarray(model.digit_token_ids, np.int32)
+    self.eos_id = token_id(hf_config, "eos_token_id")
+    self.bos_id = token_id(hf_config, "bos_token_id")
+    if self.eos_id is None:
+      raise SnapshotError(f"{path}/config.json has no eos_token_id.")
+
+  @property
+  def vocab_size(self) -> int:
+    """The logits size (may exceed the tokenizer's vocabulary)."""
+    return self.model.config.vocab_size
+
+  def encode(self, text: str, *, split_digits: bool = False) -> list[int]:
+    return self.tokenizer.encode(text, split_digits=split_digits)
+
+  def logits(self, token_ids) -> jax.Array:
+    """float32 [B, T, V] logits of int [B, T] ids (causal, no padding mask)."""
+    token_ids = jnp.asarray(token_ids, jnp.int32)
+    if token_ids.ndim != 2:
+      raise ValueError(f"token_ids must be [B, T], got {token_ids.shape}.")
+    return _logits(self.model, token_ids)
+
+
+@nnx.jit
+def _logits(model, token_ids):
+  return model(token_ids)
+
+
+def load(
+    path: str, *, dtype: str = "float32", mesh: jax.sharding.Mesh | None = None
+) -> PretrainedLM:
+  """Loads a local Hugging Face Qwen2/2.5 or Llama 3 snapshot.
+
+  Args:
+    path: a directory with config.json, *.safetensors and tokenizer.json.
+    dtype: 'float32' or 'bfloat16' parameters (and computation).
+    mesh: shard the parameters over it (axes 'fsdp' and 'tp' at least, as
+      tunix's sharding rules name them); None puts them on one device.
+
+  Raises:
+    SnapshotError: a missing file, an unsupported architecture or config
+      field, a tensor the model lacks, or digits the tokenizer cannot spell.
+  """
+  path = os.path.abspath(os.path.expanduser(path))
+  if not os.path.isdir(path):
+    raise SnapshotError(
+        f"pretrained snapshot {path} is not a directory; pass the "
+        "directory of a local Hugging Face snapshot."
+    )
+  hf_config = read_json(os.path.join(path, "config.json"), "config")
+  kind, config = model_config(hf_config, dtype=dtype)
+  tokenizer = Tokenizer(path)
+  if not any(name.endswith(".safetensors") for name in os.listdir(path)):
+    raise SnapshotError(f"no *.safetensors weights in {path}.")
+  lm = _load_weights(kind, path, config, mesh, DTYPES[dtype])
+  digits = tokenizer.digit_token_ids
+  if int(digits.max()) >= config.vocab_size:
+    raise SnapshotError(
+        f"digit ids {digits.tolist()} reach past the model's "
+        f"{config.vocab_size} logits."
+    )
+  return PretrainedLM(path, CausalLM(lm, kind, digits), tokenizer, hf_config)
+
+
+def expected_tensors(kind: str, config) -> list[str]:
+  """The Hugging Face tensor names the model needs from the snapshot."""
+  names = ["model.embed_tokens.weight", "model.norm.weight"]
+  tied = config.use_tied_embedding if kind == "qwen2" else config.weight_tying
+  if not tied:
+    names.append("lm_head.weight")
+  per_layer = (
+      [f"self_attn.{p}_proj.weight" for p in "qkvo"]
+      + [f"mlp.{p}_proj.weight" for p in ("gate", "up", "down")]
+      + [
+          "input_layernorm.weight",
+          "post_attention_layernorm.weight",
+      ]
+  )
+  if kind == "qwen2":
+    per_layer += [f"self_attn.{p}_proj.bias" for p in "qkv"]
+  for layer in range(config.num_layers):
+    names += [f"model.layers.{layer}.{name}" for name in per_layer]
+  return names
+
+
+def snapshot_tensors(path: str) -> set[str]:
+  """The tensor names in a snapshot's *.safetensors (headers only)."""
+  from safetensors import safe_open  # pylint: disable=g-import-not-at-top
+
+  names = set()
+  for file in sorted(os.listdir(path)):
+    if file.endswith(".safetensors"):
+      with safe_open(os.path.join(path, file), framework="numpy") as f:
+        names.update(f.keys())
+  return names
+
+
+def _load_weights(kind, path, config, mesh, dtype):
+  """The tunix model with the snapshot's tensors; SnapshotError if any lack."""
+  missing = [
+      name
+      for name in expected_tensors(kind, config)
+      if name not in snapshot_tensors(path)
+  ]
+  if missing:
+    raise SnapshotError(
+        f"{path}: {len(missing)} tensor(s) the {kind} model needs are "
+        f"missing from the safetensors files: {', '.join(missing[:5])}"
+        f"{' ...' if len(missing) > 5 else ''}."
+    )
+  params = tunix_module(f"{'qwen2' if kind == 'qwen2' else 'llama3'}.params")
+  with _tunix_flags():
+    return params.create_model_from_safe_tensors(
+        path, config, mesh=mesh, dtype=dtype
+    )
+
+
+@functools.cache
+def cached_tokenizer(path: str) -> Tokenizer:
+  """One `Tokenizer` per snapshot path, for the input pipeline."""
+  return Tokenizer(path)
+
+
+def cached_config(path: str) -> dict:
+  return read_json(os.path.join(path, "config.json"), "config")

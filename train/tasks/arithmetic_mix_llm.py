@@ -1,0 +1,302 @@
+"""arithmetic_mix on a pretrained Hugging Face LLM (NTIL paper, Table 3).
+
+The same data as `train.tasks.arithmetic_mix` (prepared by
+``python -m train.prepare_data``), encoded with the snapshot's own tokenizer
+(``config.pretrained``) into ``[BOS] template(question) answer EOS``: the
+prompt is ``config.prompt_template`` with the question in place of
+``{question}``, and only the answer and its EOS are scored. BOS is prepended
+for Llama (which was trained with it), not for Qwen2.
+
+With ``config.split_digits``, every digit of the prompt and the answer is
+its own token. Llama 3 writes numbers in 1-3 digit tokens, and the numeric
+losses score only single-digit tokens (the authors' code does the same), so
+without it most of a Llama answer gets no numeric loss; the share scored is
+logged when training starts (`digit_coverage`).
+
+Beyond the task interface of train/tasks/__init__.py this module defines the
+optional hooks ``make_mesh``, ``create_model`` and ``codec``.
+"""
+
+import functools
+import os
+
+from absl import logging
+import jax
+from jax.sharding import AxisType
+import numpy as np
+
+from train import input_pipeline
+from train import pretrained
+from train.tasks import arithmetic_mix
+
+NAME = arithmetic_mix.NAME
+prepare = arithmetic_mix.prepare
+dataset_config_name = arithmetic_mix.dataset_config_name
+check_data = arithmetic_mix.check_data
+score_answers = arithmetic_mix.score_answers
+summarize = arithmetic_mix.summarize
+headline = arithmetic_mix.headline
+MESH_AXES = ("data", "fsdp", "tp")
+
+
+def check_config(config) -> None:
+  """ValueError for a missing or unsupported snapshot or a bad template."""
+  if not config.pretrained:
+    raise ValueError(
+        "no model: pass --config.pretrained=DIR, the directory of a local "
+        "Hugging Face snapshot (config.json, *.safetensors, tokenizer.json)."
+    )
+  if not os.path.isdir(config.pretrained):
+    raise ValueError(
+        f"pretrained snapshot {config.pretrained} is not a directory."
+    )
+  hf_config = pretrained.cached_config(config.pretrained)
+  pretrained.model_config(hf_config, dtype=config.dtype)
+  pretrained.cached_tokenizer(os.path.abspath(config.pretrained))
+  if pretrained.token_id(hf_config, "eos_token_id") is None:
+    raise ValueError(f"{config.pretrained}/config.json has no eos_token_id.")
+  if config.prompt_template.count("{question}") != 1:
+    raise ValueError(
+        "prompt_template must hold '{question}' exactly once, got "
+        f"{config.prompt_template!r}."
+    )
+  if config.tp < 1 or jax.device_count() % (config.fsdp * config.tp):
+    raise ValueError(
+        f"fsdp={config.fsdp} x tp={config.tp} must divide the "
+        f"{jax.device_count()} devices."
+    )
+
+
+# ----------------------------------------------------------------------------
+# Model hooks.
+
+
+def make_mesh(config) -> jax.sharding.Mesh:
+  """('data', 'fsdp', 'tp'), Auto: the axis names of tunix's shardings."""
+  devices = jax.device_count()
+  return jax.make_mesh(
+      (devices // (config.fsdp * config.tp), config.fsdp, config.tp),
+      MESH_AXES,
+      axis_types=(AxisType.Auto,) * 3,
+  )
+
+
+def create_model(config, mesh):
+  """The snapshot's model (a `pretrained.CausalLM`), sharded over ``mesh``."""
+  return pretrained.load(config.pretrained, dtype=config.dtype, mesh=mesh).model
+
+
+class Codec:
+  """What decoding needs: EOS and pad ids, and ids -> text up to EOS."""
+
+  def __init__(self, config):
+    hf_config = pretrained.cached_config(config.pretrained)
+    self.tokenizer = _tokenizer(config)
+    self.eos_id = int(pretrained.token_id(hf_config, "eos_token_id"))
+    self.pad_id = self.eos_id
+
+  def decode(self, ids) -> str:
+    ids = [int(i) for i in ids]
+    if self.eos_id in ids:
+      ids = ids[: ids.index(self.eos_id)]
+    return self.tokenizer.decode(ids).strip()
+
+
+def codec(config) -> Codec:
+  return Codec(config)
+
+
+# ----------------------------------------------------------------------------
+# Encoding.
+
+
+def _tokenizer(config) -> pretrained.Tokenizer:
+  return pretrained.cached_tokenizer(os.path.abspath(config.pretrained))
+
+
+def _bos(config) -> list[int]:
+  hf_config = pretrained.cached_config(config.pretrained)
+  bos = pretrained.token_id(hf_config, "bos_token_id")
+  if pretrained.family(hf_config) == "llama" and bos is not None:
+    return [int(bos)]
+  return []
+
+
+def prompt_length(config) -> int:
+  """P, the padded prompt length: an upper bound on its tokens.
+
+  Byte-level BPE gives at most one token per ASCII character, and
+  mathematics_dataset's text is ASCII; `encode_batch` checks it anyway.
+  """
+  template = config.prompt_template.replace("{question}", "")
+  return len(_bos(config)) + len(template.encode()) + config.max_question_len
+
+
+def sequence_length(config) -> int:
+  """L, the length of ``inputs`` and ``targets`` (prompt, answer, EOS - 1)."""
+  return prompt_length(config) + config.max_answer_len
+
+
+def encode_prompts(config, questions):
+  """int32 [B, P] right-padded prompts and their lengths [B]."""
+  tokenizer = _tokenizer(config)
+  texts = [config.prompt_template.format(question=q) for q in questions]
+  rows = tokenizer.encode_batch(texts, split_digits=config.split_digits)
+  rows = [_bos(config) + row for row in rows]
+  return _pad(rows, prompt_length(config), Codec(config).pad_id, "prompt")
+
+
+def _pad(rows, width, pad_id, what):
+  out = np.full((len(rows), width), pad_id, np.int32)
+  lengths = np.asarray([len(row) for row in rows], np.int32)
+  if lengths.size and lengths.max() > width:
+    raise ValueError(
+        f"a {what} has {lengths.max()} tokens, more than the {width} its "
+        "maximum length allows (non-ASCII text?)."
+    )
+  for index, row in enumerate(rows):
+    out[index, : len(row)] = row
+  return out, lengths
+
+
+def encode_examples(config, questions, answers) -> dict:
+  """A training batch: ``inputs``, ``targets``, ``loss_mask``, ``digit_mask``.
+
+  Each [B, L]; the loss mask covers the answer tokens and the EOS after
+  them, the digit mask the answer tokens that are single digits.
+  """
+  tokenizer = _tokenizer(config)
+  eos = Codec(config).eos_id
+  prompts, prompt_lengths = encode_prompts(config, questions)
+  answer_rows = tokenizer.encode_batch(
+      list(answers), split_digits=config.split_digits
+  )
+  width = sequence_length(config) + 1
+  rows = [
+      list(prompt[:length]) + answer + [eos]
+      for prompt, length, answer in zip(prompts, prompt_lengths, answer_rows)
+  ]
+  sequences, _ = _pad(rows, width, eos, "question and answer")
+  columns = np.arange(width)
+  answer_lengths = np.asarray([len(a) for a in answer_rows])
+  start = prompt_lengths[:, None]
+  end = start + answer_lengths[:, None]  # the EOS column
+  is_answer = (columns >= start) & (columns < end)
+  is_digit = np.isin(sequences, _digit_ids(config))
+  return {
+      "inputs": sequences[:, :-1],
+      "targets": sequences[:, 1:],
+      "loss_mask": ((columns >= start) & (columns <= end))[:, 1:],
+      "digit_mask": (is_answer & is_digit)[:, 1:],
+  }
+
+
+def _digit_ids(config):
+  return _tokenizer(config).digit_token_ids
+
+
+def digit_coverage(tokenizer, answers, *, split_digits: bool) -> float:
+  """The share of the answers' digit characters in single-digit tokens.
+
+  That is the share the numeric losses score; the rest sit in multi-digit
+  tokens, which get cross-entropy only.
+  """
+  digit_ids = set(tokenizer.digit_token_ids.tolist())
+  rows = tokenizer.encode_batch(list(answers), split_digits=split_digits)
+  scored = sum(sum(i in digit_ids for i in row) for row in rows)
+  total = sum(sum(c.isdigit() for c in answer) for answer in answers)
+  return scored / max(total, 1)
+
+
+# ----------------------------------------------------------------------------
+# The task's data.
+
+
+def _encode_records(records, *, config):
+  questions, answers = zip(*map(input_pipeline.decode_record, records))
+  return encode_examples(config, questions, answers)
+
+
+def _usable(config, split):
+  source = input_pipeline.load_split(
+      config.data_dir, split, config_name=config.dataset_config or None
+  )
+  usable = input_pipeline.fitting_indices(
+      source,
+      max_question_len=config.max_question_len,
+      max_answer_len=config.max_answer_len,
+  )
+  return source, usable
+
+
+def log_digit_coverage(config, source, usable, count=2000) -> dict:
+  """Logs (and returns) `digit_coverage` of up to ``count`` train answers."""
+  records = source.__getitems__([int(i) for i in usable[:count]])
+  answers = [input_pipeline.decode_record(r)[1] for r in records]
+  tokenizer = _tokenizer(config)
+  shares = {
+      split: digit_coverage(tokenizer, answers, split_digits=split)
+      for split in (False, True)
+  }
+  logging.info(
+      "the numeric loss scores %.1f%% of answer digits with "
+      "split_digits=%s (%.1f%% with split_digits=%s), over %d answers",
+      100 * shares[config.split_digits],
+      config.split_digits,
+      100 * shares[not config.split_digits],
+      not config.split_digits,
+      len(answers),
+  )
+  return shares
+
+
+def train_iterator(config, *, process_index=None, process_count=None):
+  """Checkpointable iterator over this host's train batches (shuffled)."""
+  process_index, process_count = input_pipeline.resolve_process(
+      process_index, process_count
+  )
+  input_pipeline.check_worker_count(config.worker_count)
+  source, usable = _usable(config, "train")
+  log_digit_coverage(config, source, usable)
+  dataset = input_pipeline.host_batches(
+      source,
+      usable,
+      functools.partial(_encode_records, config=config),
+      global_batch_size=config.batch_size,
+      seed=config.seed,
+      process_index=process_index,
+      process_count=process_count,
+  )
+  return input_pipeline.iterate(dataset, worker_count=config.worker_count)
+
+
+def eval_batches(config, *, process_index=None, process_count=None):
+  """This host's test batches: right-padded prompts and the answers."""
+  process_index, process_count = input_pipeline.resolve_process(
+      process_index, process_count
+  )
+  batch_size = input_pipeline.per_host_batch_size(
+      config.eval_batch_size, process_count
+  )
+  source, usable = _usable(config, "test")
+  if config.eval_examples:
+    usable = usable[: config.eval_examples]
+  for records, _ in input_pipeline.host_eval_records(
+      source,
+      usable,
+      global_batch_size=config.eval_batch_size,
+      process_index=process_index,
+      process_count=process_count,
+  ):
+    pairs = [input_pipeline.decode_record(r) for r in records]
+    padding = batch_size - len(pairs)
+    questions = [q for q, _ in pairs] + [""] * padding
+    answers = [a for _, a in pairs] + [""] * padding
+    prompts, lengths = encode_prompts(config, questions)
+    yield {
+        "prompts": prompts,
+        "prompt_lengths": lengths,
+        "questions": questions,
+        "answers": answers,
+        "valid": np.arange(batch_size) < len(pairs),
+    }
