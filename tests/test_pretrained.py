@@ -386,3 +386,42 @@ def test_resume_equals_straight_run(data_dir, tmp_path):
   want = logged(str(tmp_path / "straight"))
   assert sorted(want) == list(range(1, 7))
   assert logged(str(tmp_path / "resumed")) == want
+
+
+def test_fsdp_over_four_devices_equals_one(data_dir, tmp_path):
+  """Parameters sharded over fsdp=2 of 4 CPU devices: the same losses."""
+  config = make_config(data_dir, "llama3_tiny", train_steps=3)
+  train.train_and_evaluate(config, str(tmp_path / "one"))
+  script = f"""
+import json, sys
+import jax
+from absl import flags
+from configs import arithmetic_mix_llm
+from train import train
+from train.tasks import arithmetic_mix_llm as task
+config = arithmetic_mix_llm.get_config("ntil")
+config.update(json.loads(sys.argv[1]))
+mesh = task.make_mesh(config)
+model = task.create_model(config, mesh)
+shard = model.lm.embedder.input_embedding.value.addressable_shards[0]
+print("SHARD", shard.data.shape, model.lm.embedder.input_embedding.value.shape)
+train.train_and_evaluate(config, {str(tmp_path / "four")!r})
+"""
+  overrides = {k: v for k, v in config.items()}
+  overrides["fsdp"] = 2
+  result = subprocess.run(
+      [sys.executable, "-c", script, json.dumps(overrides)],
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=600,
+      env=dict(
+          os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4"
+      ),
+  )
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "SHARD (1408, 16) (1408, 32)" in result.stdout  # split over fsdp
+  one, four = logged(str(tmp_path / "one")), logged(str(tmp_path / "four"))
+  assert sorted(four) == [1, 2, 3]
+  for step, loss in one.items():
+    assert four[step] == pytest.approx(loss, rel=1e-5)
