@@ -231,14 +231,11 @@ def test_missing_files_are_named(tmp_path):
 
 
 def test_missing_tensor_is_named(tmp_path):
-  from safetensors import numpy as safetensors_numpy  # pylint: disable=g-import-not-at-top
-
   path = copy_snapshot("llama3_tiny", tmp_path)
-  file = os.path.join(path, "model.safetensors")
-  tensors = safetensors_numpy.load_file(file)
-  del tensors["model.layers.1.mlp.up_proj.weight"]
-  safetensors_numpy.save_file(tensors, file)
-  with pytest.raises(pretrained.SnapshotError, match="missing"):
+  _edit_tensors(path, lambda t: t.pop("model.layers.1.mlp.up_proj.weight"))
+  with pytest.raises(
+      pretrained.SnapshotError, match="model.layers.1.mlp.up_proj.weight"
+  ):
     pretrained.load(path)
 
 
@@ -425,3 +422,46 @@ train.train_and_evaluate(config, {str(tmp_path / "four")!r})
   assert sorted(four) == [1, 2, 3]
   for step, loss in one.items():
     assert four[step] == pytest.approx(loss, rel=1e-5)
+
+
+def _edit_tensors(path, edit):
+  from safetensors import numpy as safetensors_numpy  # pylint: disable=g-import-not-at-top
+
+  file = os.path.join(path, "model.safetensors")
+  tensors = safetensors_numpy.load_file(file)
+  edit(tensors)
+  safetensors_numpy.save_file(tensors, file)
+
+
+def test_untied_qwen2_reads_its_lm_head(tmp_path):
+  """An untied Qwen2 whose lm_head is the embedding: the tied logits."""
+  path = copy_snapshot(
+      "qwen2_tiny", tmp_path, lambda c: c.update(tie_word_embeddings=False)
+  )
+  _edit_tensors(
+      path,
+      lambda t: t.update({"lm_head.weight": t["model.embed_tokens.weight"]}),
+  )
+  want = expected("qwen2_tiny")
+  lm = pretrained.load(path)
+  assert "lm_head" in vars(lm.model.lm)
+  got = np.asarray(lm.logits(want["ids"]))
+  np.testing.assert_allclose(got, want["logits"], atol=1e-4, rtol=1e-4)
+
+
+def test_tied_llama_equals_untied_with_a_copied_head(tmp_path):
+  untied = copy_snapshot("llama3_tiny", tmp_path / "untied")
+  _edit_tensors(
+      untied,
+      lambda t: t.update({"lm_head.weight": t["model.embed_tokens.weight"]}),
+  )
+  tied = copy_snapshot(
+      "llama3_tiny",
+      tmp_path / "tied",
+      lambda c: c.update(tie_word_embeddings=True),
+  )
+  _edit_tensors(tied, lambda t: t.pop("lm_head.weight"))
+  ids = expected("llama3_tiny")["ids"]
+  want = np.asarray(pretrained.load(untied).logits(ids))
+  got = np.asarray(pretrained.load(tied).logits(ids))
+  np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
