@@ -546,6 +546,28 @@ def train_iterator(
   return iterate(dataset, read_options=read_options, worker_count=worker_count)
 
 
+def task_train_iterator(
+    config, source, usable, encode, *, process_index=None, process_count=None
+):
+  """A task's train iterator over ``source[usable]``, encoded by ``encode``.
+
+  `host_batches` with ``config.batch_size`` and ``config.seed``, read ahead
+  by `iterate` with ``config.worker_count``.
+  """
+  process_index, process_count = resolve_process(process_index, process_count)
+  check_worker_count(config.worker_count)
+  dataset = host_batches(
+      source,
+      usable,
+      encode,
+      global_batch_size=config.batch_size,
+      seed=config.seed,
+      process_index=process_index,
+      process_count=process_count,
+  )
+  return iterate(dataset, worker_count=config.worker_count)
+
+
 def num_eval_batches(
     num_examples: int, global_batch_size: int, process_count: int
 ) -> int:

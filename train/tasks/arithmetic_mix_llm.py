@@ -252,22 +252,17 @@ def log_digit_coverage(config, source, usable, count=2000) -> dict:
 
 def train_iterator(config, *, process_index=None, process_count=None):
   """Checkpointable iterator over this host's train batches (shuffled)."""
-  process_index, process_count = input_pipeline.resolve_process(
-      process_index, process_count
-  )
   input_pipeline.check_worker_count(config.worker_count)
   source, usable = _usable(config, "train")
   log_digit_coverage(config, source, usable)
-  dataset = input_pipeline.host_batches(
+  return input_pipeline.task_train_iterator(
+      config,
       source,
       usable,
       functools.partial(_encode_records, config=config),
-      global_batch_size=config.batch_size,
-      seed=config.seed,
       process_index=process_index,
       process_count=process_count,
   )
-  return input_pipeline.iterate(dataset, worker_count=config.worker_count)
 
 
 def eval_batches(config, *, process_index=None, process_count=None):

@@ -443,20 +443,15 @@ def encode_records(records, *, max_answer_len: int) -> dict[str, np.ndarray]:
 
 def train_iterator(config, *, process_index=None, process_count=None):
   """Checkpointable iterator over this host's train batches (shuffled)."""
-  process_index, process_count = input_pipeline.resolve_process(
-      process_index, process_count
-  )
   source = _load(config, "train")
-  dataset = input_pipeline.host_batches(
+  return input_pipeline.task_train_iterator(
+      config,
       source,
       np.arange(len(source)),
       functools.partial(encode_records, max_answer_len=config.max_answer_len),
-      global_batch_size=config.batch_size,
-      seed=config.seed,
       process_index=process_index,
       process_count=process_count,
   )
-  return input_pipeline.iterate(dataset, worker_count=config.worker_count)
 
 
 def eval_batches(config, *, process_index=None, process_count=None):
