@@ -3,15 +3,19 @@
 Every loss in :mod:`ntil_jax.losses` reads the logits only through three small
 per-token statistics: the log-normalizer over the vocabulary, the label's
 logit and the ten digit logits (:class:`~ntil_jax.losses.TokenStatistics`).
-Here those are computed chunk by chunk along the sequence from
-``hidden @ unembedding``; each chunk is rematerialized in the backward pass
-(``jax.checkpoint`` inside ``lax.scan``), so the peak holds one block of
-about ``chunk_size`` tokens by ``V`` instead of the whole ``[B, T, V]``.
-The number logic then runs on the full ``[B, T, 10]`` digit logits, so numbers that cross
-chunk boundaries are handled exactly.
+Here the forward pass computes those chunk by chunk along the sequence from
+``hidden @ unembedding``, so the peak holds one block of about
+``chunk_size`` tokens by ``V`` instead of the whole ``[B, T, V]``. The
+backward pass (a custom VJP) recomputes the logits tile by tile, a tile
+spanning about as many tokens as vocabulary columns, turns each tile into its
+gradient in one elementwise pass and multiplies it into the gradients of the
+hidden states and of the unembedding. The number logic runs on the full
+``[B, T, 10]`` digit logits, so numbers that cross chunk boundaries are
+handled exactly.
 """
 
 import functools
+import math
 from typing import Optional
 
 import chex
@@ -65,6 +69,15 @@ def fused_token_statistics(
 ) -> losses.TokenStatistics:
   """:class:`~ntil_jax.losses.TokenStatistics` of ``hidden @ unembedding``.
 
+  The forward pass computes the logits chunk by chunk along the sequence.
+  The gradient is a custom VJP that walks tiles of about as many logits,
+  vocabulary columns by token positions: each tile's logits are recomputed,
+  turned into their gradient in one pass (softmax times the log-normalizer's
+  cotangent, plus the label's and digits' cotangents) and multiplied into
+  the hidden states' and the unembedding's gradients. A tile spans many
+  tokens and many columns, so neither the ``[D, V]`` nor the ``[B, T, D]``
+  gradient is re-added once per handful of tokens or columns.
+
   Args:
     hidden: ``[B, T, D]`` final hidden states.
     unembedding: ``[D, V]`` output projection.
@@ -72,7 +85,8 @@ def fused_token_statistics(
     digit_token_ids: ``[10]`` digit ids (``None``: 0..9).
     chunk_size: tokens per chunk (``None``: :func:`default_chunk_size`); a
       chunk covers ``max(1, chunk_size // B)`` positions of every row, so
-      the batch axis stays whole (and sharded, if it is).
+      the batch axis stays whole (and sharded, if it is). The backward
+      tiles hold about ``chunk_size * V`` logits each.
     mask: optional ``[B, T]`` bool, the positions whose statistics will be
       used; hidden states elsewhere are replaced by zeros (a ``where`` on the
       ``[B, T, D]`` hidden states), so NaN or inf there gives finite
@@ -90,35 +104,187 @@ def fused_token_statistics(
   batch, length, _ = hidden.shape
   if batch == 0 or length == 0:  # nothing to chunk: empty statistics
     return _chunk_statistics(hidden, labels, unembedding, digit_token_ids)
+  vocab_size = unembedding.shape[-1]
   if chunk_size is None:
-    chunk_size = default_chunk_size(unembedding.shape[-1])
+    chunk_size = default_chunk_size(vocab_size)
+  columns, traced_ids = losses._digit_columns(digit_token_ids, vocab_size)
+  return _statistics(
+      hidden, unembedding, labels, traced_ids, columns, int(chunk_size)
+  )
+
+
+def _digit_ids(columns, traced_ids):
+  return traced_ids if columns is None else np.asarray(columns)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _statistics(hidden, unembedding, labels, traced_ids, columns, chunk_size):
+  """:func:`fused_token_statistics` after its checks; custom VJP."""
+  return _statistics_fwd(
+      hidden, unembedding, labels, traced_ids, columns, chunk_size
+  )[0]
+
+
+def _statistics_fwd(
+    hidden, unembedding, labels, traced_ids, columns, chunk_size
+):
+  batch, length, _ = hidden.shape
   positions = max(1, min(chunk_size // batch, length))
   num_chunks = -(-length // positions)
   padded = num_chunks * positions
+  chunk_hidden, chunk_labels = hidden, labels
   if padded != length:
-    hidden = jnp.pad(hidden, ((0, 0), (0, padded - length), (0, 0)))
-    labels = jnp.pad(labels, ((0, 0), (0, padded - length)))
+    chunk_hidden = jnp.pad(hidden, ((0, 0), (0, padded - length), (0, 0)))
+    chunk_labels = jnp.pad(labels, ((0, 0), (0, padded - length)))
 
   def to_chunks(x):  # [B, T, ...] -> [num_chunks, B, chunk, ...]
     x = x.reshape((batch, num_chunks, positions) + x.shape[2:])
     return jnp.moveaxis(x, 1, 0)
 
-  body = jax.checkpoint(
-      functools.partial(
-          _chunk_statistics,
-          unembedding=unembedding,
-          digit_token_ids=digit_token_ids,
-      )
-  )
+  ids = _digit_ids(columns, traced_ids)
   stats = jax.lax.map(
-      lambda xs: body(*xs), (to_chunks(hidden), to_chunks(labels))
+      lambda xs: _chunk_statistics(*xs, unembedding, ids),
+      (to_chunks(chunk_hidden), to_chunks(chunk_labels)),
   )
 
   def from_chunks(x):  # [num_chunks, B, chunk, ...] -> [B, T, ...]
     x = jnp.moveaxis(x, 0, 1)
     return x.reshape((batch, padded) + x.shape[3:])[:, :length]
 
-  return jax.tree.map(from_chunks, stats)
+  stats = jax.tree.map(from_chunks, stats)
+  return stats, (hidden, unembedding, labels, traced_ids, stats.log_norm)
+
+
+def _tiles(length, vocab_size, batch, elements):
+  """Positions and columns per backward tile of about ``elements`` logits.
+
+  About as many tokens as columns (the gradients re-added per tile are
+  ``[B, positions, D]`` and ``[D, columns]``), and tiles that split each
+  axis evenly, so the last one overlaps the one before by little.
+  """
+  side = max(1, math.isqrt(elements))
+  positions = _even_split(length, max(1, side // batch))
+  columns = _even_split(vocab_size, max(1, elements // (batch * positions)))
+  return positions, columns
+
+
+def _even_split(total, most):
+  """The smallest size of ``ceil(total / most)`` near-equal parts."""
+  parts = -(-total // max(1, min(total, most)))
+  return -(-total // parts)
+
+
+def _slice(x, start, size, axis):
+  return jax.lax.dynamic_slice_in_dim(x, start, size, axis=axis)
+
+
+def _add_slice(x, update, start, axis):
+  """``x`` with ``update`` added at ``start`` along ``axis`` (in place)."""
+  current = _slice(x, start, update.shape[axis], axis)
+  return jax.lax.dynamic_update_slice_in_dim(x, current + update, start, axis)
+
+
+def _statistics_bwd(columns, chunk_size, residuals, cotangents):
+  hidden, unembedding, labels, traced_ids, log_norm = residuals
+  g_norm, g_label, g_digits = cotangents
+  batch, length, _ = hidden.shape
+  vocab_size = unembedding.shape[-1]
+  if traced_ids is not None:
+    valid_ids = losses._valid_ids(traced_ids, vocab_size)
+    g_digits = jnp.where(valid_ids, g_digits, 0.0)
+    digit_columns = jnp.clip(traced_ids, 0, vocab_size - 1)
+  else:
+    digit_columns = np.asarray(columns)
+  index = jnp.clip(labels, 0, vocab_size - 1).astype(jnp.int32)
+  # The label's and the digits' cotangents: 11 sparse entries per token.
+  sparse_columns = jnp.concatenate(
+      [
+          index[..., None],
+          jnp.zeros_like(index)[..., None] + digit_columns.astype(jnp.int32),
+      ],
+      axis=-1,
+  )
+  sparse_values = jnp.concatenate([g_label[..., None], g_digits], axis=-1)
+  positions, width = _tiles(length, vocab_size, batch, chunk_size * vocab_size)
+  # The last tile of each axis is shifted back to end at the edge; the part
+  # it shares with the tile before is masked out, never counted twice.
+  ragged_rows = length % positions != 0
+  ragged_columns = vocab_size % width != 0
+  hidden_type = jax.typeof(hidden)
+  unembedding_type = jax.typeof(unembedding)
+
+  def vocabulary_step(carry, j):
+    d_hidden, d_unembedding = carry
+    first = j * width
+    start_v = jnp.minimum(first, vocab_size - width)
+    w = _slice(unembedding, start_v, width, 1)
+    new_column = start_v + jnp.arange(width) >= first
+
+    def token_step(carry, t):
+      d_hidden, d_w = carry
+      first_t = t * positions
+      start_t = jnp.minimum(first_t, length - positions)
+      h = _slice(hidden, start_t, positions, 1)
+      logits = jnp.einsum(
+          "bcd,dv->bcv", h, w, preferred_element_type=jnp.float32
+      )
+      scale = _slice(g_norm, start_t, positions, 1)
+      if ragged_rows:
+        new_row = start_t + jnp.arange(positions) >= first_t
+        scale = jnp.where(new_row, scale, 0.0)
+      norm = _slice(log_norm, start_t, positions, 1)
+      grad = jnp.exp(logits - norm[..., None]) * scale[..., None]
+      if ragged_columns:
+        grad = jnp.where(new_column, grad, 0.0)
+      # Sparse entries in this tile's new columns (others are dropped).
+      local = _slice(sparse_columns, start_t, positions, 1) - start_v
+      keep = (local >= first - start_v) & (local < width)
+      if ragged_rows:
+        keep = keep & new_row[:, None]
+      grad = losses._add_to_columns(
+          grad,
+          jnp.where(keep, local, width),
+          _slice(sparse_values, start_t, positions, 1),
+          mode=jax.lax.GatherScatterMode.FILL_OR_DROP,
+      )
+      d_h = jnp.einsum(
+          "bcv,dv->bcd",
+          grad,
+          w.astype(jnp.float32),
+          out_sharding=hidden_type.sharding,
+      )
+      d_w = d_w + jnp.einsum(
+          "bcd,bcv->dv",
+          h.astype(jnp.float32),
+          grad,
+          out_sharding=jax.typeof(w).sharding,
+      )
+      return (_add_slice(d_hidden, d_h, start_t, 1), d_w), None
+
+    (d_hidden, d_w), _ = jax.lax.scan(
+        token_step,
+        (d_hidden, jnp.zeros_like(w, jnp.float32)),
+        jnp.arange(-(-length // positions)),
+    )
+    return (d_hidden, _add_slice(d_unembedding, d_w, start_v, 1)), None
+
+  (d_hidden, d_unembedding), _ = jax.lax.scan(
+      vocabulary_step,
+      (
+          jnp.zeros_like(hidden, jnp.float32),
+          jnp.zeros_like(unembedding, jnp.float32),
+      ),
+      jnp.arange(-(-vocab_size // width)),
+  )
+  return (
+      d_hidden.astype(hidden_type.dtype),
+      d_unembedding.astype(unembedding_type.dtype),
+      None,
+      None,
+  )
+
+
+_statistics.defvjp(_statistics_fwd, _statistics_bwd)
 
 
 def fused_numeric_loss(
@@ -140,8 +306,9 @@ def fused_numeric_loss(
   Equal to :func:`ntil_jax.numeric_token_loss` on
   ``logits = hidden @ unembedding`` (up to float rounding), without ever
   holding the ``[..., T, V]`` logits or their gradient: the peak holds one
-  block of about ``chunk_size`` tokens by ``V`` (a few copies of it in the
-  backward pass) besides the ``[D, V]`` gradient.
+  block of about ``chunk_size * V`` logits (a chunk of tokens by ``V``
+  forward, a tile of about as many tokens as columns backward; see
+  :func:`fused_token_statistics`) besides the ``[D, V]`` gradient.
 
   Args:
     hidden: ``[..., T, D]`` final hidden states (any float dtype; the logits

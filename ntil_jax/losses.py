@@ -14,6 +14,7 @@ References:
   Number Tokens for Language Models", ICML 2025.
 """
 
+import functools
 from typing import NamedTuple, Optional
 
 import chex
@@ -150,21 +151,184 @@ def token_statistics(
   """Reduces ``[..., T, V]`` logits to :class:`TokenStatistics` in float32.
 
   ``mask`` (bool ``[..., T]``, optional) marks the positions whose
-  statistics will be used; the logits elsewhere are replaced by zeros (a
-  ``where``), so that NaN or inf logits there give finite statistics and a
-  zero gradient.
+  statistics will be used; elsewhere the statistics are those of all-zero
+  logits (``log V``, 0 and zeros), so that NaN or inf logits there give
+  finite statistics and a zero gradient.
+
+  The forward pass reads the logits for the log-normalizer as optax's
+  cross-entropy does and picks the label's and the ten digit logits. The
+  gradient is a custom VJP: ``d log_norm * softmax(logits)`` in one
+  elementwise pass over ``[..., T, V]``, then the label's and the digits'
+  cotangents added in place by one scatter of 11 entries per token, instead
+  of autodiff's dense pass that recomputes the per-token arithmetic for
+  every logit. It equals autodiff of the plain formulation up to float
+  rounding. (Being a custom VJP, it supports reverse-mode differentiation
+  only, not ``jax.jvp``.)
   """
   logits = jnp.asarray(logits)
+  labels = jnp.asarray(labels)
+  columns, traced_ids = _digit_columns(digit_token_ids, logits.shape[-1])
   if mask is not None:
-    logits = jnp.where(jnp.asarray(mask, bool)[..., None], logits, 0)
-  vocab_size = logits.shape[-1]
-  index = jnp.clip(jnp.asarray(labels), 0, vocab_size - 1)[..., None]
-  label_logits = jnp.take_along_axis(logits, index, axis=-1)[..., 0]
-  return TokenStatistics(
-      log_norm=jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1),
-      label_logits=label_logits.astype(jnp.float32),
-      digit_logits=digit_logits(logits, digit_token_ids),
+    mask = jnp.asarray(mask, bool)
+  return _statistics(
+      logits,
+      labels,
+      mask,
+      traced_ids,
+      columns,
+      logits.dtype == jnp.float32,
   )
+
+
+def _digit_columns(digit_token_ids, vocab_size):
+  """``(columns, traced_ids)``: the ten digit columns, static or traced.
+
+  ``columns`` is a tuple of the column ids when they are known at trace time
+  (checked here), else None and ``traced_ids`` holds them as an array.
+  """
+  if digit_token_ids is None:
+    return tuple(range(NUM_DIGITS)), None
+  concrete = numbers.check_digit_token_ids(digit_token_ids, vocab_size)
+  if concrete is None:
+    return None, jnp.asarray(digit_token_ids)
+  return tuple(int(i) for i in concrete), None
+
+
+def _pick_digits(logits, columns, traced_ids):
+  """``[..., T, 10]`` digit logits and, for traced ids, their validity."""
+  if columns is not None:
+    start = columns[0]
+    if columns == tuple(range(start, start + NUM_DIGITS)):
+      return logits[..., start : start + NUM_DIGITS], None
+    return jnp.take(logits, np.asarray(columns), axis=-1), None
+  picked = jnp.take(logits, traced_ids, axis=-1, mode="clip")
+  return picked, _valid_ids(traced_ids, logits.shape[-1])
+
+
+def _valid_ids(traced_ids, vocab_size):
+  """Whether traced digit ids are distinct and in ``[0, vocab_size)``."""
+  in_range = jnp.all((traced_ids >= 0) & (traced_ids < vocab_size))
+  distinct = jnp.sum(traced_ids[:, None] == traced_ids[None, :]) == NUM_DIGITS
+  return in_range & distinct
+
+
+def _add_to_columns(
+    dense,
+    columns,
+    updates,
+    mode=jax.lax.GatherScatterMode.PROMISE_IN_BOUNDS,
+):
+  """``dense[..., t, columns[..., t, j]] += updates[..., t, j]``, in place.
+
+  A scatter whose batch dimensions are the token axes, so a sharded batch
+  stays sharded and the ``[..., T, V]`` operand is updated where it lies.
+  With ``mode=FILL_OR_DROP``, updates at columns outside ``[0, V)`` are
+  dropped.
+  """
+  token_axes = tuple(range(dense.ndim - 1))
+  dimension_numbers = jax.lax.ScatterDimensionNumbers(
+      update_window_dims=(),
+      inserted_window_dims=(dense.ndim - 1,),
+      scatter_dims_to_operand_dims=(dense.ndim - 1,),
+      operand_batching_dims=token_axes,
+      scatter_indices_batching_dims=token_axes,
+  )
+  return jax.lax.scatter_add(
+      dense,
+      columns[..., None],
+      updates.astype(dense.dtype),
+      dimension_numbers,
+      mode=mode,
+  )
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _statistics(logits, labels, mask, traced_ids, columns, keep_exp):
+  """:func:`token_statistics` with its one-pass VJP.
+
+  Args:
+    logits: ``[..., T, V]``.
+    labels: ``[..., T]`` integer ids.
+    mask: ``[..., T]`` bool or None.
+    traced_ids: ``[10]`` digit ids when ``columns`` is None, else None.
+    columns: static digit column ids (a tuple) or None.
+    keep_exp: keep the float32 ``exp(logits - max)`` for the backward pass
+      (float32 logits: it becomes the gradient in place, one exp per logit
+      as in optax's CE), else recompute it there (no float32 ``[..., V]``
+      copy of narrower logits).
+  """
+  return _statistics_fwd(logits, labels, mask, traced_ids, columns, keep_exp)[0]
+
+
+def _statistics_fwd(logits, labels, mask, traced_ids, columns, keep_exp):
+  vocab_size = logits.shape[-1]
+  x = logits.astype(jnp.float32)
+  # jax.nn.logsumexp step by step, so that the exponentials can be kept.
+  amax = jnp.max(x, axis=-1)
+  amax = jnp.where(jnp.isfinite(amax), amax, 0.0)
+  shifted = jnp.exp(x - amax[..., None])
+  sum_exp = jnp.sum(shifted, axis=-1)
+  log_norm = jnp.log(sum_exp) + amax
+  index = jnp.clip(labels, 0, vocab_size - 1)
+  label_logits = jnp.take_along_axis(logits, index[..., None], axis=-1)
+  label_logits = label_logits[..., 0].astype(jnp.float32)
+  digits, valid_ids = _pick_digits(logits, columns, traced_ids)
+  digits = digits.astype(jnp.float32)
+  if mask is not None:  # as if the logits there were zeros
+    log_norm = jnp.where(mask, log_norm, jnp.log(jnp.float32(vocab_size)))
+    label_logits = jnp.where(mask, label_logits, 0.0)
+    digits = jnp.where(mask[..., None], digits, 0.0)
+  if valid_ids is not None:
+    # Traced ids cannot be checked before run time: invalid ones give NaN.
+    digits = jnp.where(valid_ids, digits, jnp.nan)
+  stats = TokenStatistics(log_norm, label_logits, digits)
+  dense = (shifted, sum_exp) if keep_exp else (logits, log_norm)
+  return stats, (dense, index, mask, traced_ids, valid_ids)
+
+
+def _statistics_bwd(columns, keep_exp, residuals, cotangents):
+  (big, per_token), index, mask, traced_ids, valid_ids = residuals
+  g_norm, g_label, g_digits = cotangents
+  if mask is not None:
+    g_norm = jnp.where(mask, g_norm, 0.0)
+    g_label = jnp.where(mask, g_label, 0.0)
+    g_digits = jnp.where(mask[..., None], g_digits, 0.0)
+  if valid_ids is not None:
+    g_digits = jnp.where(valid_ids, g_digits, 0.0)
+  scale = g_norm / per_token if keep_exp else g_norm
+  # Materialized here: the [..., V] loop then reads one number per token
+  # instead of redoing the per-token arithmetic for every logit.
+  scale, g_label, g_digits = jax.lax.optimization_barrier(
+      (scale, g_label, g_digits)
+  )
+  if keep_exp:
+    dense = big * scale[..., None]
+  else:
+    dense = jnp.exp(big.astype(jnp.float32) - per_token[..., None])
+    dense = dense * scale[..., None]
+  if mask is not None:  # NaN or inf logits of unused tokens: 0, not NaN
+    dense = jnp.where(mask[..., None], dense, 0.0)
+  if not keep_exp:
+    dense = dense.astype(big.dtype)
+  if columns is not None:
+    digit_columns = jnp.zeros_like(index, jnp.int32)[..., None] + np.asarray(
+        columns, np.int32
+    )
+  else:
+    clipped = jnp.clip(traced_ids, 0, big.shape[-1] - 1).astype(jnp.int32)
+    digit_columns = jnp.zeros_like(index, jnp.int32)[..., None] + clipped
+  # The label's and the digits' cotangents: 11 entries per token.
+  grad = _add_to_columns(
+      dense,
+      jnp.concatenate(
+          [index.astype(jnp.int32)[..., None], digit_columns], axis=-1
+      ),
+      jnp.concatenate([g_label[..., None], g_digits], axis=-1),
+  )
+  return grad, None, None, None
+
+
+_statistics.defvjp(_statistics_fwd, _statistics_bwd)
 
 
 def _layout(labels, digit_mask, digit_token_ids, decimal_point_mask=None):

@@ -236,14 +236,19 @@ def number_layout(
   digits_right = (
       reverse_segmented_scan(jnp.add, digit_count, ends) - digit_count
   )
-  point_on_left = segmented_scan(jnp.logical_or, points, starts) & ~points
-  fractional = is_digit & point_on_left
-  frac_count = fractional.astype(jnp.int32)
-  places = jnp.where(
-      fractional,
-      -segmented_scan(jnp.add, frac_count, starts),
-      digits_right - reverse_segmented_scan(jnp.add, frac_count, ends),
-  )
+  if decimal_point_mask is None:
+    # No fractional digits: the three scans below would give digits_right,
+    # and XLA does not fold them away.
+    places = digits_right
+  else:
+    point_on_left = segmented_scan(jnp.logical_or, points, starts) & ~points
+    fractional = is_digit & point_on_left
+    frac_count = fractional.astype(jnp.int32)
+    places = jnp.where(
+        fractional,
+        -segmented_scan(jnp.add, frac_count, starts),
+        digits_right - reverse_segmented_scan(jnp.add, frac_count, ends),
+    )
   zero = jnp.zeros_like(digits_right)
   return NumberLayout(
       digit_values=jnp.where(is_digit, digit_values, 0),
