@@ -2,18 +2,28 @@ r"""Time and memory of the numeric losses, as ratios to optax cross-entropy.
 
     python -m benchmarks.run --out=benchmarks/results.json
 
-Two families, each measured in one run on one device:
+Two families, each measured in one process on one device:
 
 * **logits path**: value+grad w.r.t. ``[B, T, V]`` logits of optax CE alone
-  (the reference) and of ``CE + 0.3 * loss`` for each numeric loss;
+  (the reference), of ``ntil_jax.numeric_token_loss`` (``CE + 0.3 * loss``,
+  the function a train step calls) for each method, and of optax CE plus
+  ``0.3 * ntil_loss`` added by hand;
 * **from hidden states**: value+grad w.r.t. hidden ``[B, T, D]`` and the
-  unembedding ``[D, V]`` of CE + 0.3 * NTIL through the logits (``h @ W``
-  then the loss) and through ``ntil_jax.fused_numeric_loss``.
+  unembedding ``[D, V]`` of ``hidden @ W`` followed by optax CE (the
+  reference), of ``hidden @ W`` followed by ``numeric_token_loss`` and of
+  ``ntil_jax.fused_numeric_loss``, which never holds the ``[B, T, V]``
+  logits.
 
-Times are medians over interleaved repeats (each function once per round, in
-turn, so drifts in machine load hit all alike). Memory is XLA's plan for the
-compiled function (``memory_analysis()``: temp + output bytes), which does not
-depend on load. Ratios are to the first row of each family.
+Labels and masks are arguments of the compiled functions (as in training),
+not constants XLA could fold. Time estimator: the median over ``--blocks``
+blocks of each function's minimum over ``--per_block`` consecutive runs
+(``--hidden_blocks`` and ``--hidden_per_block`` for the second family), the
+functions taking turns within every block (the order rotated by one per
+block), so drifts in machine load hit all alike and a busy moment costs one
+block, not the estimate. Memory is XLA's plan for the compiled function
+(``memory_analysis()``: temp + output bytes), which does not depend on load.
+Ratios are to the first row of each family. Beyond ``--full_max_elements``
+logits only the core rows are timed.
 """
 
 import json
@@ -32,12 +42,22 @@ import ntil_jax
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("out", "benchmarks/results.json", "Where to write JSON.")
-flags.DEFINE_integer("repeats", 7, "Interleaved rounds per size.")
+flags.DEFINE_integer(
+    "blocks", 7, "Logits path: blocks per size (the median is taken)."
+)
+flags.DEFINE_integer(
+    "per_block",
+    3,
+    "Logits path: runs of each function per block (the minimum is taken).",
+)
+flags.DEFINE_integer("hidden_blocks", 5, "From hidden states: blocks.")
+flags.DEFINE_integer(
+    "hidden_per_block", 1, "From hidden states: runs per block."
+)
 flags.DEFINE_list(
     "sizes",
     None,
-    "N:V pairs, e.g. 2048:32768,8192:151936. Default: the full "
-    "grid on an accelerator, a CPU-sized subset on CPU.",
+    "N:V pairs, e.g. 2048:32768,8192:151936. Default: the full grid.",
 )
 flags.DEFINE_integer("seq_len", 512, "T; N tokens are laid out as [N/T, T].")
 flags.DEFINE_integer("hidden_dim", 256, "D for the from-hidden family.")
@@ -58,12 +78,28 @@ flags.DEFINE_float(
     "Budget for the largest-batch estimate (default: the "
     "device's memory, or 16 GiB on CPU).",
 )
+flags.DEFINE_integer(
+    "full_max_elements",
+    2**30,
+    "Beyond this N * V, time only optax CE and numeric_token_loss (ce, "
+    "ntil) on the logits path, and not the from-hidden family (on CPU a "
+    "run of those takes seconds to tens of seconds there).",
+)
 
 FULL_GRID = ((2048, 32768), (8192, 32768), (2048, 151936), (8192, 151936))
-# N=8192 x V=151936 needs ~15 GB of logits+grad in float32: too much for the
-# 2-core, 24 GiB CPU machines this project runs on.
-CPU_GRID = ((2048, 32768), (8192, 32768), (2048, 151936))
 LAM = 0.3
+ESTIMATOR = (
+    "median over {blocks} blocks of the per-block minimum of {per_block} "
+    "consecutive runs; in every block each function runs in turn, the "
+    "order rotated by one per block"
+)
+# Rows timed at every size; the others only up to --full_max_elements.
+CORE_ROWS = ("optax CE", "numeric_token_loss ce", "numeric_token_loss ntil")
+# The acceptance targets of numeric_token_loss(method="ntil") against optax
+# CE on the logits path (issue 12).
+TARGET_ROW = "numeric_token_loss ntil"
+TIME_TARGET = 1.03
+MEMORY_TARGET = 1.01
 
 
 def text_with_numbers(seed, batch, length, vocab, digit_fraction):
@@ -87,67 +123,102 @@ def text_with_numbers(seed, batch, length, vocab, digit_fraction):
   return labels, labels < 10
 
 
-def logits_family(labels, digit_mask):
-  ce = lambda z: optax.softmax_cross_entropy_with_integer_labels(z, labels)
-  family = {"optax CE": lambda z: ce(z).mean()}
-  for name, fn in (
-      ("CE + 0.3 NTIL", ntil_jax.ntil_loss),
-      ("CE + 0.3 EMD", ntil_jax.emd_loss),
-      ("CE + 0.3 NTL-MSE", ntil_jax.ntl_mse_loss),
-      ("CE + 0.3 soft-label CE", ntil_jax.soft_label_cross_entropy),
-  ):
-    family[name] = lambda z, fn=fn: (
-        ce(z) + LAM * fn(z, labels, digit_mask)
+def _optax_ce(logits, labels):
+  return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+
+
+def logits_family(core_only=False):
+  """Functions of (logits, labels, digit_mask), each a mean over tokens."""
+
+  def numeric(method, **kwargs):
+    return lambda z, labels, mask: ntil_jax.numeric_token_loss(
+        z, labels, digit_mask=mask, method=method, lam=LAM, **kwargs
     ).mean()
-  return {name: jax.jit(jax.value_and_grad(fn)) for name, fn in family.items()}
+
+  family = {
+      "optax CE": lambda z, labels, mask: _optax_ce(z, labels).mean(),
+      "numeric_token_loss ce": numeric("ce"),
+      TARGET_ROW: numeric("ntil"),
+      "numeric_token_loss ntil, reference weighting": numeric(
+          "ntil", weighting="reference"
+      ),
+      "numeric_token_loss emd": numeric("emd"),
+      "numeric_token_loss ntl_mse": numeric("ntl_mse"),
+      "numeric_token_loss soft_label": numeric("soft_label"),
+      "optax CE + 0.3 ntil_loss by hand": lambda z, labels, mask: (
+          _optax_ce(z, labels) + LAM * ntil_jax.ntil_loss(z, labels, mask)
+      ).mean(),
+  }
+  return {
+      name: jax.jit(jax.value_and_grad(f))
+      for name, f in family.items()
+      if name in CORE_ROWS or not core_only
+  }
 
 
-def hidden_family(labels, digit_mask, chunk_size):
-  def through_logits(h, w):
+def hidden_family(chunk_size):
+  """Functions of (hidden, unembedding, labels, digit_mask)."""
+
+  def optax_ce(h, w, labels, mask):
+    del mask
+    return _optax_ce(jnp.einsum("btd,dv->btv", h, w), labels).mean()
+
+  def through_logits(h, w, labels, mask):
     logits = jnp.einsum("btd,dv->btv", h, w)
     return ntil_jax.numeric_token_loss(
-        logits, labels, digit_mask=digit_mask, lam=LAM
+        logits, labels, digit_mask=mask, lam=LAM
     ).mean()
 
-  def fused(h, w):
+  def fused(h, w, labels, mask):
     return ntil_jax.fused_numeric_loss(
-        h, w, labels, digit_mask, lam=LAM, chunk_size=chunk_size
+        h, w, labels, mask, lam=LAM, chunk_size=chunk_size
     ).mean()
 
   grad = lambda f: jax.jit(jax.value_and_grad(f, argnums=(0, 1)))
   return {
-      "CE+NTIL via logits": grad(through_logits),
-      "CE+NTIL fused": grad(fused),
+      "hidden @ W + optax CE": grad(optax_ce),
+      "hidden @ W + numeric_token_loss ntil": grad(through_logits),
+      "fused_numeric_loss ntil": grad(fused),
   }
 
 
-def planned_bytes(fn, *args):
-  stats = fn.lower(*args).compile().memory_analysis()
+def planned_bytes(compiled):
+  stats = compiled.memory_analysis()
   return int(stats.temp_size_in_bytes + stats.output_size_in_bytes)
 
 
-def interleaved_median_seconds(fns, args, repeats):
-  for fn in fns.values():  # compile and warm up
+def interleaved_seconds(fns, args, blocks, per_block):
+  """Per function: (estimate, per-block minima); see ESTIMATOR."""
+  for fn in fns.values():  # warm up
     jax.block_until_ready(fn(*args))
-  samples = {name: [] for name in fns}
-  for _ in range(repeats):
-    for name, fn in fns.items():
-      start = time.perf_counter()
-      jax.block_until_ready(fn(*args))
-      samples[name].append(time.perf_counter() - start)
-  return {name: statistics.median(s) for name, s in samples.items()}
+  minima = {name: [] for name in fns}
+  names = list(fns)
+  for block in range(blocks):
+    # Each block starts one function later, so none always runs first.
+    shift = block % len(names)
+    for name in names[shift:] + names[:shift]:
+      fn = fns[name]
+      best = float("inf")
+      for _ in range(per_block):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        best = min(best, time.perf_counter() - start)
+      minima[name].append(best)
+  return {name: (statistics.median(m), m) for name, m in minima.items()}
 
 
-def measure(fns, args, repeats):
-  seconds = interleaved_median_seconds(fns, args, repeats)
-  memory = {name: planned_bytes(fn, *args) for name, fn in fns.items()}
+def measure(fns, args, blocks, per_block):
+  fns = {name: fn.lower(*args).compile() for name, fn in fns.items()}
+  memory = {name: planned_bytes(fn) for name, fn in fns.items()}
+  seconds = interleaved_seconds(fns, args, blocks, per_block)
   reference = next(iter(fns))
   return [
       dict(
           name=name,
-          seconds=seconds[name],
+          seconds=seconds[name][0],
+          block_minima=[round(s, 6) for s in seconds[name][1]],
           bytes=memory[name],
-          time_ratio=seconds[name] / seconds[reference],
+          time_ratio=seconds[name][0] / seconds[reference][0],
           memory_ratio=memory[name] / memory[reference],
       )
       for name in fns
@@ -161,9 +232,45 @@ def memory_budget_bytes():
   return stats.get("bytes_limit", 16 * 2**30)
 
 
+def available_host_bytes():
+  """MemAvailable of /proc/meminfo (None where there is none)."""
+  try:
+    with open("/proc/meminfo") as f:
+      for line in f:
+        if line.startswith("MemAvailable:"):
+          return int(line.split()[1]) * 1024
+  except OSError:
+    pass
+  return None
+
+
 def largest_tokens(rows, tokens, budget):
   """Tokens that fit in the budget, from the plan (linear in N, so scaled)."""
   return {row["name"]: int(budget / row["bytes"] * tokens) for row in rows}
+
+
+def target_check(rows):
+  row = next(r for r in rows if r["name"] == TARGET_ROW)
+  return dict(
+      time_ratio=row["time_ratio"],
+      memory_ratio=row["memory_ratio"],
+      time_target=TIME_TARGET,
+      memory_target=MEMORY_TARGET,
+      met=bool(
+          row["time_ratio"] <= TIME_TARGET
+          and row["memory_ratio"] <= MEMORY_TARGET
+      ),
+  )
+
+
+def print_rows(rows):
+  for row in rows:
+    print(
+        f"  {row['name']:46s} {row['seconds'] * 1e3:8.1f}ms "
+        f"{row['time_ratio']:6.3f} {row['bytes'] / 2**20:9.1f}MiB "
+        f"{row['memory_ratio']:6.3f}",
+        flush=True,
+    )
 
 
 def main(argv):
@@ -173,80 +280,117 @@ def main(argv):
   grid = (
       tuple(tuple(int(x) for x in s.split(":")) for s in FLAGS.sizes)
       if FLAGS.sizes
-      else (CPU_GRID if on_cpu else FULL_GRID)
+      else FULL_GRID
+  )
+  estimators = dict(
+      logits_path=ESTIMATOR.format(
+          blocks=FLAGS.blocks, per_block=FLAGS.per_block
+      ),
+      from_hidden=ESTIMATOR.format(
+          blocks=FLAGS.hidden_blocks, per_block=FLAGS.hidden_per_block
+      ),
   )
   results = dict(
       device=f"{device.platform}: {device.device_kind}",
       host=platform.node(),
       jax=jax.__version__,
-      repeats=FLAGS.repeats,
+      estimators=estimators,
       seq_len=FLAGS.seq_len,
       hidden_dim=FLAGS.hidden_dim,
       chunk_size=FLAGS.chunk_size,
       digit_fraction=FLAGS.digit_fraction,
-      skipped=([f"{n}:{v}" for n, v in FULL_GRID if (n, v) not in grid]),
+      full_max_elements=FLAGS.full_max_elements,
+      skipped=[],
       runs=[],
   )
   budget = memory_budget_bytes()
   print(
-      f"device: {results['device']}; median of {FLAGS.repeats} interleaved "
-      f"runs; memory = XLA plan (temp + output); "
-      f"{100 * FLAGS.digit_fraction:.0f}% digit labels"
+      f"device: {results['device']}; time: {estimators['logits_path']} "
+      f"(from hidden states: {FLAGS.hidden_blocks} blocks of "
+      f"{FLAGS.hidden_per_block}); memory: XLA plan (temp + output); "
+      f"{100 * FLAGS.digit_fraction:.0f}% digit labels",
+      flush=True,
   )
   for tokens, vocab in grid:
     batch = max(1, tokens // FLAGS.seq_len)
     length = tokens // batch
+    # Logits, their gradient and the random bits that make them.
+    needed = 3 * tokens * vocab * 4 + 2**31
+    available = available_host_bytes() if on_cpu else None
+    if available is not None and available < needed:
+      print(
+          f"\nN={tokens} V={vocab}: skipped, needs ~{needed / 2**30:.0f} GiB"
+          f" of host memory, {available / 2**30:.0f} GiB available"
+      )
+      results["skipped"].append(f"{tokens}:{vocab}")
+      continue
+    full = tokens * vocab <= FLAGS.full_max_elements
     labels, digit_mask = text_with_numbers(
         0, batch, length, vocab, FLAGS.digit_fraction
     )
-    rng = np.random.default_rng(1)
-    logits = jnp.asarray(
-        rng.standard_normal((batch, length, vocab)), jnp.float32
-    )
+    labels, digit_mask = jnp.asarray(labels), jnp.asarray(digit_mask)
+    key_logits, key_hidden, key_w = jax.random.split(jax.random.key(1), 3)
+    logits = jax.random.normal(key_logits, (batch, length, vocab), jnp.float32)
     logit_rows = measure(
-        logits_family(labels, digit_mask), (logits,), FLAGS.repeats
+        logits_family(core_only=not full),
+        (logits, labels, digit_mask),
+        FLAGS.blocks,
+        FLAGS.per_block,
     )
     del logits
-    hidden = jnp.asarray(
-        rng.standard_normal((batch, length, FLAGS.hidden_dim)), jnp.float32
-    )
-    unembedding = jnp.asarray(
-        rng.standard_normal((FLAGS.hidden_dim, vocab)) / FLAGS.hidden_dim**0.5,
-        jnp.float32,
-    )
-    hidden_rows = measure(
-        hidden_family(labels, digit_mask, FLAGS.chunk_size),
-        (hidden, unembedding),
-        FLAGS.repeats,
-    )
     run = dict(
         tokens=tokens,
         vocab=vocab,
         logits_path=logit_rows,
-        from_hidden=hidden_rows,
-        largest_tokens_in_budget=dict(
-            budget_bytes=int(budget),
-            **largest_tokens(hidden_rows, tokens, budget),
-        ),
+        target=target_check(logit_rows),
     )
-    results["runs"].append(run)
     print(f"\nN={tokens} V={vocab}")
-    print(f"  {'':28s} {'time':>9s} {'x CE':>6s} {'memory':>10s} {'x CE':>6s}")
-    for rows in (logit_rows, hidden_rows):
-      for row in rows:
-        print(
-            f"  {row['name']:28s} {row['seconds'] * 1e3:7.1f}ms "
-            f"{row['time_ratio']:6.2f} {row['bytes'] / 2**20:8.1f}MB "
-            f"{row['memory_ratio']:6.2f}"
-        )
-    fits = run["largest_tokens_in_budget"]
     print(
-        f"  largest N in {budget / 2**30:.0f} GiB (from the plan): "
-        f"via logits {fits['CE+NTIL via logits']}, fused "
-        f"{fits['CE+NTIL fused']}"
+        f"  {'value + grad of':46s} {'time':>10s} {'x ref':>6s} "
+        f"{'memory':>12s} {'x ref':>6s}"
     )
+    print_rows(logit_rows)
+    target = run["target"]
+    print(
+        f"  target {TARGET_ROW} <= {TIME_TARGET}x time, <= {MEMORY_TARGET}x "
+        f"memory: {target['time_ratio']:.3f}x / "
+        f"{target['memory_ratio']:.3f}x, "
+        f"{'met' if target['met'] else 'NOT met'}",
+        flush=True,
+    )
+    if full:
+      dim = FLAGS.hidden_dim
+      hidden = jax.random.normal(key_hidden, (batch, length, dim), jnp.float32)
+      unembedding = jax.random.normal(key_w, (dim, vocab), jnp.float32)
+      unembedding = unembedding / dim**0.5
+      hidden_rows = measure(
+          hidden_family(FLAGS.chunk_size),
+          (hidden, unembedding, labels, digit_mask),
+          FLAGS.hidden_blocks,
+          FLAGS.hidden_per_block,
+      )
+      del hidden, unembedding
+      run["from_hidden"] = hidden_rows
+      run["largest_tokens_in_budget"] = dict(
+          budget_bytes=int(budget),
+          **largest_tokens(hidden_rows, tokens, budget),
+      )
+      print_rows(hidden_rows)
+      fits = run["largest_tokens_in_budget"]
+      print(
+          f"  largest N in {budget / 2**30:.0f} GiB (from the plan): "
+          f"hidden @ W + optax CE {fits['hidden @ W + optax CE']}, fused "
+          f"{fits['fused_numeric_loss ntil']}",
+          flush=True,
+      )
+    else:
+      print(
+          f"  (N * V > {FLAGS.full_max_elements}: core rows only, from-hidden"
+          " family not measured)"
+      )
+    results["runs"].append(run)
   if results["skipped"]:
-    print(f"\nskipped on this device: {', '.join(results['skipped'])}")
+    print(f"\nskipped: {', '.join(results['skipped'])}")
   with open(FLAGS.out, "w") as f:
     json.dump(results, f, indent=1)
   print(f"wrote {FLAGS.out}")

@@ -1,0 +1,111 @@
+"""The benchmark scripts run end to end on tiny sizes and report what they say.
+
+Only structure and invariants are checked here (timings are noisy and belong
+to `make bench`): every row is recorded, the ratios are to the first row of
+each family, the target verdict agrees with the recorded ratios and the
+report renders the file.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+from absl.testing import absltest
+
+from benchmarks import report
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_module(module, *args):
+  result = subprocess.run(
+      [sys.executable, "-m", module, *args],
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=600,
+      check=False,
+  )
+  if result.returncode != 0:
+    raise AssertionError(f"{module} failed:\n{result.stderr[-3000:]}")
+  return result.stdout
+
+
+class BenchmarkTest(absltest.TestCase):
+
+  def test_run_writes_every_row_and_the_report_renders_it(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      out = os.path.join(tmp, "results.json")
+      stdout = run_module(
+          "benchmarks.run",
+          "--sizes=64:256,128:512",
+          "--seq_len=32",
+          "--hidden_dim=16",
+          "--blocks=2",
+          "--per_block=1",
+          "--hidden_blocks=1",
+          "--chunk_size=8",
+          f"--full_max_elements={64 * 256}",
+          f"--out={out}",
+      )
+      with open(out) as f:
+        results = json.load(f)
+    self.assertIn("median over 2 blocks", results["estimators"]["logits_path"])
+    self.assertEqual(
+        [(r["tokens"], r["vocab"]) for r in results["runs"]],
+        [(64, 256), (128, 512)],
+    )
+    small, large = results["runs"]
+    # Within --full_max_elements every row of both families; beyond, only
+    # the core rows.
+    self.assertLen(small["logits_path"], 8)
+    self.assertLen(small["from_hidden"], 3)
+    self.assertEqual(
+        [r["name"] for r in large["logits_path"]],
+        ["optax CE", "numeric_token_loss ce", "numeric_token_loss ntil"],
+    )
+    self.assertNotIn("from_hidden", large)
+    for run in results["runs"]:
+      for family in ("logits_path", "from_hidden"):
+        rows = run.get(family, [])
+        for row in rows:
+          self.assertGreater(row["seconds"], 0)
+          self.assertGreater(row["bytes"], 0)
+          self.assertLen(
+              row["block_minima"], 2 if family == "logits_path" else 1
+          )
+          self.assertAlmostEqual(
+              row["time_ratio"], row["seconds"] / rows[0]["seconds"]
+          )
+          self.assertAlmostEqual(
+              row["memory_ratio"], row["bytes"] / rows[0]["bytes"]
+          )
+      target = run["target"]
+      self.assertEqual(
+          target["met"],
+          target["time_ratio"] <= 1.03 and target["memory_ratio"] <= 1.01,
+      )
+    # In chunks of 8 tokens the fused path never plans the [N, V] logits:
+    # less memory than hidden @ W followed by optax CE.
+    fused = {r["name"]: r for r in small["from_hidden"]}
+    self.assertLess(fused["fused_numeric_loss ntil"]["memory_ratio"], 1.0)
+    self.assertIn("N=128 V=512", stdout)
+    lines = report.targets(results) + report.table(small) + report.table(large)
+    text = "\n".join(lines)
+    self.assertIn("| 64 x 256 |", text)
+    self.assertIn("not measured", text)
+    self.assertIn("fused_numeric_loss ntil (w.r.t. hidden and W)", text)
+
+  def test_number_logic_prints_every_method(self):
+    stdout = run_module(
+        "benchmarks.number_logic", "--tokens=64", "--vocab=256", "--seq_len=32"
+    )
+    for method in ("ce", "emd", "ntl_mse", "soft_label", "ntil"):
+      self.assertIn(f"number logic {method} ", stdout)
+    self.assertIn("% of optax CE", stdout)
+
+
+if __name__ == "__main__":
+  absltest.main()
