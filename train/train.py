@@ -284,6 +284,9 @@ def batch_loss(model, batch, config, key):
   images = batch.get("images")
   # A pretrained model's digits are its tokenizer's; ours are ids 0..9.
   digit_ids = getattr(model, "digit_token_ids", None)
+  # Unscored positions (padding, questions) are masked out of the
+  # statistics, so a NaN or inf output there cannot reach loss or gradient.
+  scored_mask = batch["loss_mask"]
   if config.fused_loss:
     stats = ntil_jax.fused_token_statistics(
         model.hidden_states(inputs, images),
@@ -291,9 +294,12 @@ def batch_loss(model, batch, config, key):
         targets,
         digit_token_ids=digit_ids,
         chunk_size=config.fused_chunk_size or None,
+        mask=scored_mask,
     )
   else:
-    stats = ntil_jax.token_statistics(model(inputs, images), targets, digit_ids)
+    stats = ntil_jax.token_statistics(
+        model(inputs, images), targets, digit_ids, mask=scored_mask
+    )
   shared = dict(
       vocab_size=model.config.vocab_size,
       loss_mask=batch["loss_mask"],
