@@ -19,7 +19,9 @@ logits on them, for the equality tests):
   ~260-entry vocabulary.
 * ``llama3_tiny``: Llama with untied embeddings and a tokenizer that writes
   numbers in 1-3 digit tokens (Llama 3's pre-tokenizer, with a merge for
-  every 2- and 3-digit string), and 1408 logits for ~1360 entries.
+  every 2- and 3-digit string), and 1408 logits for ~1360 entries; plus
+  ``expected_llama31.npz``, transformers' logits of the same weights with
+  Llama 3.1's RoPE scaling (``rope_type: llama3``).
 
 Everything is seeded: rerunning gives the same files.
 """
@@ -187,12 +189,50 @@ def build_llama3(directory):
   save(directory, model, tokenizer)
 
 
+# Llama 3.1's RoPE frequency scaling, with an original context at which the
+# tiny fixture's 4 frequencies (wavelengths 6.3, 167, 4443 and 118k
+# positions) fall in all three of its bands: kept (< 256 / 4), interpolated,
+# divided by the factor (> 256).
+LLAMA31_ROPE = dict(
+    rope_type="llama3",
+    rope_theta=500000.0,
+    factor=8.0,
+    low_freq_factor=1.0,
+    high_freq_factor=4.0,
+    original_max_position_embeddings=256,
+)
+
+
+def save_llama31_logits(directory):
+  """``expected_llama31.npz``: the llama3_tiny weights with Llama 3.1 RoPE.
+
+  transformers' logits of the first prompt when ``config.json`` says
+  ``rope_parameters=LLAMA31_ROPE``; the tests copy the snapshot, write that
+  config and compare. No second set of weights is stored.
+  """
+  model = transformers.LlamaForCausalLM.from_pretrained(
+      directory, rope_parameters=dict(LLAMA31_ROPE), torch_dtype=torch.float32
+  ).eval()
+  assert model.config.rope_parameters["rope_type"] == "llama3"
+  expected = np.load(os.path.join(directory, "expected.npz"))
+  ids = expected["ids"][:1, : int(expected["lengths"][0])]
+  with torch.no_grad():
+    logits = model(torch.tensor(ids, dtype=torch.long)).logits
+  np.savez_compressed(
+      os.path.join(directory, "expected_llama31.npz"),
+      ids=ids,
+      logits=logits.float().numpy(),
+      rope_parameters=json.dumps(LLAMA31_ROPE),
+  )
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--out", default="tests/fixtures/hf")
   args = parser.parse_args()
   build_qwen2(os.path.join(args.out, "qwen2_tiny"))
   build_llama3(os.path.join(args.out, "llama3_tiny"))
+  save_llama31_logits(os.path.join(args.out, "llama3_tiny"))
   print(f"wrote {args.out}/qwen2_tiny and {args.out}/llama3_tiny")
 
 

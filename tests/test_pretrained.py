@@ -92,6 +92,73 @@ def test_llama_uses_its_own_rope_base(tmp_path):
   assert np.abs(got - want["logits"]).max() > 1e-3
 
 
+def _llama31(layout):
+  """A config.json edit: Llama 3.1's RoPE scaling, in either layout."""
+  rope = json.loads(str(np.load(LLAMA31)["rope_parameters"]))
+
+  def edit(config):
+    if layout == "rope_parameters":  # transformers >= 5
+      config["rope_parameters"] = dict(rope)
+    else:  # as published Llama 3.1 snapshots write it
+      config.pop("rope_parameters")
+      config["rope_theta"] = rope.pop("rope_theta")
+      config["rope_scaling"] = rope
+
+  return edit
+
+
+LLAMA31 = FIXTURES / "llama3_tiny" / "expected_llama31.npz"
+
+
+@pytest.mark.parametrize("layout", ["rope_parameters", "rope_scaling"])
+def test_llama31_rope_scaling_equals_transformers(layout, tmp_path):
+  """Llama 3.1/3.2's scaled RoPE, which tunix 0.1.7 lacks, is applied."""
+  want = np.load(LLAMA31)
+  path = copy_snapshot("llama3_tiny", tmp_path, _llama31(layout))
+  lm = pretrained.load(path)
+  assert lm.model.rope_scaling == (8.0, 1.0, 4.0, 256.0)
+  got = np.asarray(lm.logits(want["ids"]))
+  np.testing.assert_allclose(got, want["logits"], atol=1e-4, rtol=1e-4)
+  # The scaling matters here: plain RoPE is far from these logits.
+  plain = expected("llama3_tiny")["logits"][:1, : want["ids"].shape[1]]
+  assert np.abs(plain - want["logits"]).max() > 1e-2
+
+
+def test_llama3_inverse_frequencies_bands():
+  # Wavelengths 6.3, 167, 4443, 118k positions against 256 / 4 and 256:
+  # kept, interpolated, divided by 8, divided by 8.
+  inverse = 1.0 / 5e5 ** (np.arange(0, 8, 2) / 8)
+  got = pretrained.llama3_inverse_frequencies(8, 5e5, (8.0, 1.0, 4.0, 256.0))
+  smooth = (256 / (2 * np.pi / inverse[1]) - 1.0) / (4.0 - 1.0)
+  want = [
+      inverse[0],
+      (1 - smooth) * inverse[1] / 8 + smooth * inverse[1],
+      inverse[2] / 8,
+      inverse[3] / 8,
+  ]
+  np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_llama31_greedy_decode_equals_recomputation(tmp_path):
+  path = copy_snapshot("llama3_tiny", tmp_path, _llama31("rope_parameters"))
+  check_greedy_decode(pretrained.load(path))
+
+
+def test_llama3_rope_scaling_is_refused_for_qwen2(tmp_path):
+  def edit(config):
+    config["rope_parameters"].update(
+        rope_type="llama3",
+        factor=8.0,
+        low_freq_factor=1.0,
+        high_freq_factor=4.0,
+        original_max_position_embeddings=256,
+    )
+
+  path = copy_snapshot("qwen2_tiny", tmp_path, edit)
+  with pytest.raises(pretrained.SnapshotError, match="Llama only"):
+    pretrained.load(path)
+
+
 def test_logits_vocabulary_exceeds_the_tokenizer(lm):
   assert lm.vocab_size > len(lm.tokenizer.vocab())
   assert lm.vocab_size == lm.hf_config["vocab_size"]
@@ -177,6 +244,10 @@ def reference_greedy(lm, prompt, steps, eos_id):
 
 
 def test_greedy_decode_equals_recomputation(lm):
+  check_greedy_decode(lm)
+
+
+def check_greedy_decode(lm):
   texts = ["Question: 3 + 4?\nAnswer: ", "Evaluate 12*(-3) + 100.", "7"]
   rows = [lm.encode(t) for t in texts]
   width = max(map(len, rows)) + 2  # right padding on every row
@@ -208,7 +279,22 @@ def test_greedy_decode_equals_recomputation(lm):
             lambda c: c["rope_parameters"].update(
                 rope_type="llama3", factor=8.0
             ),
-            "RoPE scaling 'llama3'",
+            "RoPE scaling 'llama3' without low_freq_factor, high_freq_factor,"
+            " original_max_position_embeddings",
+        ),
+        (
+            lambda c: c["rope_parameters"].update(
+                rope_type="llama3",
+                factor=8.0,
+                low_freq_factor=4.0,
+                high_freq_factor=4.0,
+                original_max_position_embeddings=256,
+            ),
+            "high_freq_factor > low_freq_factor",
+        ),
+        (
+            lambda c: c.update(rope_scaling=dict(type="dynamic", factor=2.0)),
+            "RoPE scaling 'dynamic'",
         ),
         (lambda c: c.pop("rope_parameters"), "rope_theta"),
         (lambda c: c.update(hidden_act="gelu"), "hidden_act"),

@@ -19,9 +19,9 @@ tokenizer's), and ``model.greedy_decode`` with a KV cache.
 config.json is mapped by hand (`model_config`): Qwen2 (q/k/v biases, tied or
 untied embeddings) and Llama (untied or tied, no biases). Both layouts of the
 RoPE base are read: a top-level ``rope_theta`` (published Qwen2.5 snapshots)
-and a ``rope_parameters`` dict (newer transformers). RoPE scaling (Llama 3.1
-and later) is refused: tunix's Llama3 applies plain RoPE, so its logits would
-not be the checkpoint's.
+and a ``rope_parameters`` dict (newer transformers). Llama 3.1/3.2's RoPE
+frequency scaling (``rope_type: llama3``) is applied here, as tunix's Llama3
+has only plain RoPE; other scalings are refused.
 """
 
 import contextlib
@@ -73,23 +73,67 @@ def tunix_module(name: str):
 
 
 @contextlib.contextmanager
-def _llama_rope_theta(theta: float):
-  """Makes tunix's Llama3 use the config's RoPE base while tracing.
+def _llama_rope(theta: float, scaling=None):
+  """Makes tunix's Llama3 use the config's RoPE while tracing.
 
   tunix 0.1.7's Llama3 attention calls ``apply_rope`` without
   ``rope_theta``, so every Llama ran with its default base 1e6 instead of
   the config's (Llama 3: 5e5), and its logits were not the checkpoint's
-  (1.4e-2 off on the test fixture; 8e-7 with this). The module's
-  ``apply_rope`` is swapped for one with the right base while the forward
+  (1.4e-2 off on the test fixture; 8e-7 with this). It has no RoPE scaling
+  either. The module's ``apply_rope`` is swapped for one with the right base
+  (and, given ``scaling``, Llama 3.1's scaled frequencies) while the forward
   pass is traced, and put back afterwards.
   """
   module = tunix_module("llama3.model")
   original = module.apply_rope
-  module.apply_rope = functools.partial(original, rope_theta=theta)
+  if scaling is None:
+    module.apply_rope = functools.partial(original, rope_theta=theta)
+  else:
+    module.apply_rope = functools.partial(
+        apply_scaled_rope, rope_theta=theta, scaling=scaling
+    )
   try:
     yield
   finally:
     module.apply_rope = original
+
+
+def llama3_inverse_frequencies(head_dim: int, theta: float, scaling):
+  """float32 ``[head_dim // 2]`` RoPE frequencies with Llama 3.1's scaling.
+
+  ``scaling`` is ``(factor, low_freq_factor, high_freq_factor,
+  original_max_position_embeddings)``. Frequencies whose wavelength is
+  shorter than ``context / high_freq_factor`` are kept, those longer than
+  ``context / low_freq_factor`` divided by ``factor``, and those between
+  interpolated (as transformers' ``rope_type="llama3"``).
+  """
+  factor, low, high, context = scaling
+  exponents = np.arange(0, head_dim, 2, dtype=np.float32) / head_dim
+  inverse = (1.0 / np.float32(theta) ** exponents).astype(np.float32)
+  wavelength = 2 * np.pi / inverse
+  smooth = (context / wavelength - low) / (high - low)
+  smoothed = (1 - smooth) * inverse / factor + smooth * inverse
+  scaled = np.where(
+      wavelength < context / high,
+      inverse,
+      np.where(wavelength > context / low, inverse / factor, smoothed),
+  )
+  return scaled.astype(np.float32)
+
+
+def apply_scaled_rope(inputs, positions, head_dim, rope_theta, scaling):
+  """tunix's ``apply_rope`` (halves layout) with Llama 3.1's frequencies."""
+  inverse = jnp.asarray(
+      llama3_inverse_frequencies(head_dim, rope_theta, scaling)
+  )
+  angles = positions[..., None].astype(jnp.float32) * inverse
+  angles = angles[..., None, :]  # [B, T, 1 (heads), head_dim // 2]
+  sin, cos = jnp.sin(angles), jnp.cos(angles)
+  first, second = jnp.split(inputs, 2, axis=-1)
+  out = jnp.concatenate(
+      [first * cos - second * sin, second * cos + first * sin], axis=-1
+  )
+  return out.astype(inputs.dtype)
 
 
 # ----------------------------------------------------------------------------
@@ -120,30 +164,67 @@ def family(hf_config: dict) -> str:
   return model_type
 
 
-def rope_theta(hf_config: dict) -> float:
-  """The RoPE base of either config layout; SnapshotError for scaled RoPE.
+ROPE_SCALING_KEYS = (
+    "factor",
+    "low_freq_factor",
+    "high_freq_factor",
+    "original_max_position_embeddings",
+)
 
-  Published Qwen2.5 snapshots have a top-level ``rope_theta`` (and
-  ``rope_scaling``); transformers >= 5 writes ``rope_parameters`` with
+
+def _rope_sources(hf_config: dict):
+  return (
+      hf_config.get("rope_parameters") or {},
+      hf_config.get("rope_scaling") or {},
+  )
+
+
+def rope_theta(hf_config: dict) -> float:
+  """The RoPE base of either config layout.
+
+  Published Qwen2.5 and Llama 3 snapshots have a top-level ``rope_theta``
+  (and ``rope_scaling``); transformers >= 5 writes ``rope_parameters`` with
   ``rope_theta`` and ``rope_type`` inside.
   """
-  parameters = hf_config.get("rope_parameters") or {}
-  scaling = hf_config.get("rope_scaling") or {}
-  for source in (parameters, scaling):
-    kind = source.get("rope_type", source.get("type", "default"))
-    if kind not in ("default", None):
-      raise SnapshotError(
-          f"RoPE scaling {kind!r} ({source}) is not supported: tunix's "
-          "models apply plain RoPE, so the logits would not be the "
-          "checkpoint's. Use a snapshot without rope scaling (Qwen2.5, "
-          "Llama 3 8B)."
-      )
+  parameters, _ = _rope_sources(hf_config)
   theta = parameters.get("rope_theta", hf_config.get("rope_theta"))
   if theta is None:
     raise SnapshotError(
         "config.json has neither rope_theta nor rope_parameters.rope_theta."
     )
   return float(theta)
+
+
+def rope_scaling(hf_config: dict):
+  """Llama 3.1's RoPE scaling as a tuple of ``ROPE_SCALING_KEYS``, or None.
+
+  Read from ``rope_scaling`` (published snapshots) or ``rope_parameters``
+  (transformers >= 5); any type other than ``default`` and ``llama3`` is a
+  SnapshotError.
+  """
+  found = None
+  for source in _rope_sources(hf_config):
+    kind = source.get("rope_type", source.get("type", "default"))
+    if kind in ("default", None):
+      continue
+    if kind != "llama3":
+      raise SnapshotError(
+          f"RoPE scaling {kind!r} ({source}) is not supported (only "
+          "'llama3', Llama 3.1/3.2's): the logits would not be the "
+          "checkpoint's."
+      )
+    missing = [k for k in ROPE_SCALING_KEYS if source.get(k) is None]
+    if missing:
+      raise SnapshotError(
+          f"RoPE scaling 'llama3' without {', '.join(missing)}: {source}"
+      )
+    found = tuple(float(source[k]) for k in ROPE_SCALING_KEYS)
+    if not found[0] > 0 or not found[2] > found[1] > 0 or not found[3] > 0:
+      raise SnapshotError(
+          "RoPE scaling 'llama3' needs factor > 0, high_freq_factor > "
+          f"low_freq_factor > 0 and a positive original context: {source}"
+      )
+  return found
 
 
 def _require(hf_config: dict, name: str) -> Any:
@@ -187,6 +268,10 @@ def model_config(hf_config: dict, *, dtype: str = "float32"):
   tied = bool(hf_config.get("tie_word_embeddings", False))
   if kind == "qwen2":
     qwen2 = tunix_module("qwen2.model")
+    if rope_scaling(hf_config) is not None:
+      raise SnapshotError(
+          "RoPE scaling 'llama3' is supported for Llama only, not qwen2."
+      )
     if hf_config.get("use_sliding_window"):
       raise SnapshotError("use_sliding_window=true is not supported.")
     return kind, qwen2.ModelConfig(
@@ -219,13 +304,15 @@ class CausalLM(nnx.Module):
     family: 'qwen2' or 'llama'.
     config: the tunix ModelConfig (``config.vocab_size`` is the logits size).
     digit_token_ids: the ten digit ids of the snapshot's tokenizer.
+    rope_scaling: Llama 3.1's RoPE scaling (:func:`rope_scaling`) or None.
   """
 
-  def __init__(self, lm, family_: str, digit_token_ids):
+  def __init__(self, lm, family_: str, digit_token_ids, rope_scaling_=None):
     self.lm = lm
     self.family = family_
     self.config = lm.config
     self.digit_token_ids = tuple(int(i) for i in digit_token_ids)
+    self.rope_scaling = rope_scaling_
 
   @property
   def compute_dtype(self):
@@ -252,7 +339,7 @@ class CausalLM(nnx.Module):
     ``mask`` is bool [B or 1, T, S] (S: T, or the cache length).
     """
     if self.family == "llama":
-      with _llama_rope_theta(self.config.rope_theta):
+      with _llama_rope(self.config.rope_theta, self.rope_scaling):
         return self._forward(tokens, positions, cache, mask)
     return self._forward(tokens, positions, cache, mask)
 
@@ -496,7 +583,8 @@ def load(
         f"digit ids {digits.tolist()} reach past the model's "
         f"{config.vocab_size} logits."
     )
-  return PretrainedLM(path, CausalLM(lm, kind, digits), tokenizer, hf_config)
+  model = CausalLM(lm, kind, digits, rope_scaling(hf_config))
+  return PretrainedLM(path, model, tokenizer, hf_config)
 
 
 def expected_tensors(kind: str, config) -> list[str]:
