@@ -8,29 +8,12 @@ report renders the file.
 
 import json
 import os
-import subprocess
-import sys
 import tempfile
 
 from absl.testing import absltest
 
 from benchmarks import report
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def run_module(module, *args):
-  result = subprocess.run(
-      [sys.executable, "-m", module, *args],
-      cwd=ROOT,
-      capture_output=True,
-      text=True,
-      timeout=600,
-      check=False,
-  )
-  if result.returncode != 0:
-    raise AssertionError(f"{module} failed:\n{result.stderr[-3000:]}")
-  return result.stdout
+from tests.test_experiments import run as run_module
 
 
 class BenchmarkTest(absltest.TestCase):
