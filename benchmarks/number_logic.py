@@ -6,7 +6,8 @@ r"""The number logic's own cost: value+grad from TokenStatistics alone.
 statistics (``[N]``, ``[N]``, ``[N, 10]``), so no ``[N, V]`` array is
 involved: what the numeric losses add on top of the vocabulary-wide work,
 printed as a share of optax CE's value+grad on ``[N, V]`` logits measured in
-the same run (same estimator as ``benchmarks.run``).
+the same run (the estimator and its flags ``--blocks``/``--per_block`` of
+``benchmarks.run``).
 """
 
 from absl import app
@@ -42,7 +43,11 @@ def statistics_family():
 
 def main(argv):
   del argv
-  print(f"estimator: {run.ESTIMATOR.format(blocks=7, per_block=3)}")
+  blocks, per_block = FLAGS.blocks, FLAGS.per_block
+  print(
+      "estimator: "
+      f"{run.ESTIMATOR.format(blocks=blocks, per_block=per_block)}"
+  )
   for tokens in (int(t) for t in FLAGS.tokens):
     batch = max(1, tokens // FLAGS.seq_len)
     length = tokens // batch
@@ -58,10 +63,12 @@ def main(argv):
         digit_logits=jax.random.normal(keys[3], (batch, length, 10)),
     )
     ce = {"optax CE": run.logits_family(core_only=True)["optax CE"]}
-    reference = run.interleaved_seconds(ce, (logits, labels, digit_mask), 7, 3)
+    reference = run.interleaved_seconds(
+        ce, (logits, labels, digit_mask), blocks, per_block
+    )
     reference = reference["optax CE"][0]
     seconds = run.interleaved_seconds(
-        statistics_family(), (stats, labels, digit_mask), 7, 3
+        statistics_family(), (stats, labels, digit_mask), blocks, per_block
     )
     print(
         f"\nN={tokens}: optax CE on [N, {FLAGS.vocab}] logits "

@@ -189,22 +189,15 @@ def _statistics_bwd(columns, chunk_size, residuals, cotangents):
   g_norm, g_label, g_digits = cotangents
   batch, length, _ = hidden.shape
   vocab_size = unembedding.shape[-1]
-  if traced_ids is not None:
-    valid_ids = losses._valid_ids(traced_ids, vocab_size)
-    g_digits = jnp.where(valid_ids, g_digits, 0.0)
-    digit_columns = jnp.clip(traced_ids, 0, vocab_size - 1)
-  else:
-    digit_columns = np.asarray(columns)
-  index = jnp.clip(labels, 0, vocab_size - 1).astype(jnp.int32)
   # The label's and the digits' cotangents: 11 sparse entries per token.
-  sparse_columns = jnp.concatenate(
-      [
-          index[..., None],
-          jnp.zeros_like(index)[..., None] + digit_columns.astype(jnp.int32),
-      ],
-      axis=-1,
+  sparse_columns, sparse_values = losses._sparse_cotangents(
+      jnp.clip(labels, 0, vocab_size - 1),
+      g_label,
+      g_digits,
+      columns,
+      traced_ids,
+      vocab_size,
   )
-  sparse_values = jnp.concatenate([g_label[..., None], g_digits], axis=-1)
   positions, width = _tiles(length, vocab_size, batch, chunk_size * vocab_size)
   # The last tile of each axis is shifted back to end at the edge; the part
   # it shares with the tile before is masked out, never counted twice.

@@ -117,16 +117,11 @@ def digit_logits(logits, digit_token_ids=None) -> chex.Array:
   at every digit instead of silently wrong.
   """
   logits = jnp.asarray(logits)
-  if digit_token_ids is None:
-    return logits[..., :NUM_DIGITS].astype(jnp.float32)
-  vocab_size = logits.shape[-1]
-  concrete = numbers.check_digit_token_ids(digit_token_ids, vocab_size)
-  ids = jnp.asarray(digit_token_ids if concrete is None else concrete)
-  picked = jnp.take(logits, ids, axis=-1, mode="clip").astype(jnp.float32)
-  if concrete is None:
-    in_range = jnp.all((ids >= 0) & (ids < vocab_size))
-    distinct = jnp.sum(ids[:, None] == ids[None, :]) == NUM_DIGITS
-    picked = jnp.where(in_range & distinct, picked, jnp.nan)
+  columns, traced_ids = _digit_columns(digit_token_ids, logits.shape[-1])
+  picked, valid_ids = _pick_digits(logits, columns, traced_ids)
+  picked = picked.astype(jnp.float32)
+  if valid_ids is not None:
+    picked = jnp.where(valid_ids, picked, jnp.nan)
   return picked
 
 
@@ -212,6 +207,26 @@ def _valid_ids(traced_ids, vocab_size):
   return in_range & distinct
 
 
+def _sparse_cotangents(index, g_label, g_digits, columns, traced_ids, vocab):
+  """The label's and the digits' cotangents as 11 (column, value) per token.
+
+  ``index``: ``[..., T]`` clipped label ids. Returns ``[..., T, 11]`` int32
+  columns and values, for :func:`_add_to_columns`. Invalid traced digit ids
+  (which made the digit logits NaN) get zero cotangents.
+  """
+  if columns is not None:
+    digit_columns = np.asarray(columns, np.int32)
+  else:
+    g_digits = jnp.where(_valid_ids(traced_ids, vocab), g_digits, 0.0)
+    digit_columns = jnp.clip(traced_ids, 0, vocab - 1).astype(jnp.int32)
+  index = index.astype(jnp.int32)[..., None]
+  sparse_columns = jnp.concatenate(
+      [index, jnp.zeros_like(index) + digit_columns], axis=-1
+  )
+  values = jnp.concatenate([g_label[..., None], g_digits], axis=-1)
+  return sparse_columns, values
+
+
 def _add_to_columns(
     dense,
     columns,
@@ -283,18 +298,16 @@ def _statistics_fwd(logits, labels, mask, traced_ids, columns, keep_exp):
     digits = jnp.where(valid_ids, digits, jnp.nan)
   stats = TokenStatistics(log_norm, label_logits, digits)
   dense = (shifted, sum_exp) if keep_exp else (logits, log_norm)
-  return stats, (dense, index, mask, traced_ids, valid_ids)
+  return stats, (dense, index, mask, traced_ids)
 
 
 def _statistics_bwd(columns, keep_exp, residuals, cotangents):
-  (big, per_token), index, mask, traced_ids, valid_ids = residuals
+  (big, per_token), index, mask, traced_ids = residuals
   g_norm, g_label, g_digits = cotangents
   if mask is not None:
     g_norm = jnp.where(mask, g_norm, 0.0)
     g_label = jnp.where(mask, g_label, 0.0)
     g_digits = jnp.where(mask[..., None], g_digits, 0.0)
-  if valid_ids is not None:
-    g_digits = jnp.where(valid_ids, g_digits, 0.0)
   scale = g_norm / per_token if keep_exp else g_norm
   # Materialized here: the [..., V] loop then reads one number per token
   # instead of redoing the per-token arithmetic for every logit.
@@ -310,21 +323,11 @@ def _statistics_bwd(columns, keep_exp, residuals, cotangents):
     dense = jnp.where(mask[..., None], dense, 0.0)
   if not keep_exp:
     dense = dense.astype(big.dtype)
-  if columns is not None:
-    digit_columns = jnp.zeros_like(index, jnp.int32)[..., None] + np.asarray(
-        columns, np.int32
-    )
-  else:
-    clipped = jnp.clip(traced_ids, 0, big.shape[-1] - 1).astype(jnp.int32)
-    digit_columns = jnp.zeros_like(index, jnp.int32)[..., None] + clipped
   # The label's and the digits' cotangents: 11 entries per token.
-  grad = _add_to_columns(
-      dense,
-      jnp.concatenate(
-          [index.astype(jnp.int32)[..., None], digit_columns], axis=-1
-      ),
-      jnp.concatenate([g_label[..., None], g_digits], axis=-1),
+  sparse_columns, values = _sparse_cotangents(
+      index, g_label, g_digits, columns, traced_ids, big.shape[-1]
   )
+  grad = _add_to_columns(dense, sparse_columns, values)
   return grad, None, None, None
 
 

@@ -63,7 +63,12 @@ def main():
             "data",
             "fsdp",
         ), got_tokens.sharding
-        assert len(got_grad.sharding.device_set) == 4
+        # The gradient (the custom VJP's scatter included) stays split
+        # over the batch, never gathered onto every device.
+        assert got_grad.sharding.spec[0] == (
+            "data",
+            "fsdp",
+        ), got_grad.sharding
       np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=method)
       np.testing.assert_allclose(
           got_tokens, want_tokens, rtol=1e-6, atol=1e-7, err_msg=method
