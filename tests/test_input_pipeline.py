@@ -1,4 +1,4 @@
-"""Tests for train/tokenizer.py, train/prepare_data.py and train/input_pipeline.py."""
+"""Tests for train/tokenizer.py, train/arithmetic_data.py and train/input_pipeline.py."""
 
 import collections
 import os
@@ -15,7 +15,7 @@ import pytest
 import tensorflow_datasets as tfds
 from absl import flags
 
-from train import input_pipeline, prepare_data, tokenizer
+from train import arithmetic_data, input_pipeline, tokenizer
 
 TRAIN_SIZE = 300
 TEST_SIZE = 100
@@ -26,7 +26,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
   path = tmp_path_factory.mktemp("data")
-  prepare_data.prepare(str(path), TRAIN_SIZE, TEST_SIZE, seed=SEED)
+  arithmetic_data.prepare(str(path), TRAIN_SIZE, TEST_SIZE, seed=SEED)
   return str(path)
 
 
@@ -213,12 +213,12 @@ def test_encode_prompt_is_right_padded():
   assert all(prompt[length:] == tokenizer.PAD_ID)
 
 
-# --- prepare_data ------------------------------------------------------------
+# --- arithmetic_data ---------------------------------------------------------
 
 
 def test_prepare_writes_tfds_dataset(data_dir):
   dataset_dir = input_pipeline.find_dataset_dir(data_dir)
-  assert dataset_dir.parent.name == prepare_data.config_name(
+  assert dataset_dir.parent.name == arithmetic_data.config_name(
       TRAIN_SIZE, TEST_SIZE, SEED
   )
   builder = tfds.builder_from_directory(dataset_dir)
@@ -236,10 +236,10 @@ def test_prepare_writes_tfds_dataset(data_dir):
 
 
 def test_prepare_is_deterministic_and_seed_dependent(data_dir, tmp_path):
-  same = prepare_data.prepare(
+  same = arithmetic_data.prepare(
       str(tmp_path / "same"), TRAIN_SIZE, TEST_SIZE, seed=SEED
   )
-  other = prepare_data.prepare(
+  other = arithmetic_data.prepare(
       str(tmp_path / "other"), TRAIN_SIZE, TEST_SIZE, seed=SEED + 1
   )
   original = input_pipeline.find_dataset_dir(data_dir)
@@ -249,7 +249,7 @@ def test_prepare_is_deterministic_and_seed_dependent(data_dir, tmp_path):
 
 
 def test_test_split_does_not_depend_on_train_size(data_dir, tmp_path):
-  smaller = prepare_data.prepare(str(tmp_path), 30, TEST_SIZE, seed=SEED)
+  smaller = arithmetic_data.prepare(str(tmp_path), 30, TEST_SIZE, seed=SEED)
   assert read_pairs(smaller, "test") == read_pairs(
       input_pipeline.find_dataset_dir(data_dir), "test"
   )
@@ -263,8 +263,8 @@ def test_prepare_reuses_existing_dataset(data_dir, monkeypatch):
   def fail(*args, **kwargs):
     raise AssertionError("regenerated an existing dataset")
 
-  monkeypatch.setattr(prepare_data, "generate_problems", fail)
-  path = prepare_data.prepare(data_dir, TRAIN_SIZE, TEST_SIZE, seed=SEED)
+  monkeypatch.setattr(arithmetic_data, "generate_problems", fail)
+  path = arithmetic_data.prepare(data_dir, TRAIN_SIZE, TEST_SIZE, seed=SEED)
   assert path == str(input_pipeline.find_dataset_dir(data_dir))
 
 
@@ -272,7 +272,7 @@ def test_generation_neither_uses_nor_disturbs_global_random_state():
   def problems_with_noise_in_between(noise_seed):
     # Code between problems (tfds's writer) may draw from the global generators.
     pairs = []
-    for pair in prepare_data.generate_problems("train", 12, seed=5):
+    for pair in arithmetic_data.generate_problems("train", 12, seed=5):
       pairs.append(pair)
       random.seed(noise_seed)
       np.random.seed(noise_seed)
@@ -284,7 +284,7 @@ def test_generation_neither_uses_nor_disturbs_global_random_state():
   expected = (random.random(), np.random.rand())
   random.seed(123)
   np.random.seed(123)
-  list(prepare_data.generate_problems("test", 5, seed=5))
+  list(arithmetic_data.generate_problems("test", 5, seed=5))
   assert (random.random(), np.random.rand()) == expected
 
 
@@ -301,8 +301,8 @@ def test_train_cycles_three_difficulties(monkeypatch):
 
     return [make(level) for level in range(3)]
 
-  monkeypatch.setattr(prepare_data, "train_problem_fns", fake_fns)
-  list(prepare_data.generate_problems("train", 7, seed=0))
+  monkeypatch.setattr(arithmetic_data, "train_problem_fns", fake_fns)
+  list(arithmetic_data.generate_problems("train", 7, seed=0))
   assert calls == [0, 1, 2, 0, 1, 2, 0]
 
 
@@ -310,10 +310,10 @@ def test_entropy_fn_matches_package():
   from mathematics_dataset import generate
 
   for level in range(3):
-    ours = prepare_data.make_entropy_fn(level, 3)((3.0, 9.0))
+    ours = arithmetic_data.make_entropy_fn(level, 3)((3.0, 9.0))
     theirs = generate._make_entropy_fn(level, 3)((3.0, 9.0))  # pylint: disable=protected-access
     assert ours == pytest.approx(theirs)
-  assert prepare_data.make_entropy_fn(1, 3)((0.0, 3.0)) == pytest.approx(
+  assert arithmetic_data.make_entropy_fn(1, 3)((0.0, 3.0)) == pytest.approx(
       (1.0, 2.0)
   )
 
@@ -325,14 +325,14 @@ def test_sample_problem_drops_too_long():
     question, answer = next(problems)
     return type("Problem", (), {"question": question, "answer": answer})()
 
-  assert prepare_data.sample_problem(problem_fn) == ("What is 1+1?", "2")
+  assert arithmetic_data.sample_problem(problem_fn) == ("What is 1+1?", "2")
 
 
 def test_prepare_rejects_bad_sizes(tmp_path):
   with pytest.raises(ValueError, match="must be positive"):
-    prepare_data.prepare(str(tmp_path), 0, 10)
+    arithmetic_data.prepare(str(tmp_path), 0, 10)
   with pytest.raises(ValueError, match="non-negative"):
-    prepare_data.prepare(str(tmp_path), 10, 10, seed=-1)
+    arithmetic_data.prepare(str(tmp_path), 10, 10, seed=-1)
 
 
 def test_cli_matches_python_function_in_another_process(tmp_path):
@@ -356,7 +356,7 @@ def test_cli_matches_python_function_in_another_process(tmp_path):
   )
   assert result.returncode == 0, result.stderr[-2000:]
   cli_dir = result.stdout.strip().splitlines()[-1]
-  in_process_dir = prepare_data.prepare(str(tmp_path / "py"), 30, 12, seed=4)
+  in_process_dir = arithmetic_data.prepare(str(tmp_path / "py"), 30, 12, seed=4)
   for split in ("train", "test"):
     assert read_pairs(cli_dir, split) == read_pairs(in_process_dir, split)
 
@@ -681,8 +681,8 @@ def test_empty_data_dir_argument_raises():
 
 
 def test_several_configs_need_a_name(data_dir, tmp_path):
-  prepare_data.prepare(str(tmp_path), 6, 3, seed=0)
-  prepare_data.prepare(str(tmp_path), 6, 3, seed=1)
+  arithmetic_data.prepare(str(tmp_path), 6, 3, seed=0)
+  arithmetic_data.prepare(str(tmp_path), 6, 3, seed=1)
   with pytest.raises(ValueError, match="pass config_name"):
     input_pipeline.find_dataset_dir(str(tmp_path))
   chosen = input_pipeline.find_dataset_dir(

@@ -21,7 +21,7 @@ import pytest
 
 from configs import arithmetic_mix_llm
 from train import pretrained
-from train import prepare_data
+from train import arithmetic_data
 from train import train
 from train.tasks import arithmetic_mix_llm as task
 
@@ -332,7 +332,7 @@ def test_missing_tensor_is_named(tmp_path):
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
   directory = tmp_path_factory.mktemp("data")
-  prepare_data.prepare(str(directory), train_size=64, test_size=16, seed=0)
+  arithmetic_data.prepare(str(directory), train_size=64, test_size=16, seed=0)
   return str(directory)
 
 

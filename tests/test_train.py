@@ -12,7 +12,7 @@ import time
 import pytest
 
 from configs import arithmetic_mix
-from train import prepare_data
+from train import arithmetic_data
 from train import train
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -21,7 +21,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
   directory = tmp_path_factory.mktemp("data")
-  prepare_data.prepare(str(directory), train_size=400, test_size=40, seed=0)
+  arithmetic_data.prepare(str(directory), train_size=400, test_size=40, seed=0)
   return str(directory)
 
 

@@ -26,14 +26,14 @@ from tests.test_train import make_config
 from tests.test_train import ROOT
 from tests.test_train import run_cli
 from train import logs
-from train import prepare_data
+from train import arithmetic_data
 from train import train
 
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
   directory = tmp_path_factory.mktemp("data")
-  prepare_data.prepare(str(directory), train_size=400, test_size=40, seed=0)
+  arithmetic_data.prepare(str(directory), train_size=400, test_size=40, seed=0)
   return str(directory)
 
 

@@ -25,7 +25,7 @@ import jax
 
 from configs import arithmetic_mix
 from experiments import common
-from train import prepare_data
+from train import arithmetic_data
 from train import logs
 from train import train
 
@@ -116,7 +116,7 @@ def cell_config(profile, method, seed, overrides, data_dir):
   settings = PROFILES[profile]
   config = arithmetic_mix.get_config(method)
   config.data_dir = data_dir
-  config.dataset_config = prepare_data.config_name(
+  config.dataset_config = arithmetic_data.config_name(
       settings["train_size"], settings["test_size"], 0
   )
   config.model = settings["model"]
@@ -178,7 +178,7 @@ def main(argv):
   del argv
   logs.quiet_terminal()
   settings = PROFILES[FLAGS.profile]
-  prepare_data.prepare(
+  arithmetic_data.prepare(
       FLAGS.data_dir, settings["train_size"], settings["test_size"]
   )
   runs = common.load_results(FLAGS.results)

@@ -1,7 +1,7 @@
 """arithmetic_mix: mathematics_dataset arithmetic__mixed (NTIL paper, Table 3).
 
 The task interface (see train/tasks/__init__.py) over the generation in
-`train.prepare_data` and the text pipeline in `train.input_pipeline`: a
+`train.arithmetic_data` and the text pipeline in `train.input_pipeline`: a
 question in, its exact answer (``-8/3``, ``12``) out, scored by exact match
 and by the numeric error of answers that parse.
 """
@@ -11,13 +11,13 @@ import math
 
 import numpy as np
 
+from train import arithmetic_data
 from train import input_pipeline
-from train import prepare_data
 from train import tokenizer
 
 NAME = input_pipeline.DATASET_NAME
-prepare = prepare_data.prepare
-dataset_config_name = prepare_data.config_name
+prepare = arithmetic_data.prepare
+dataset_config_name = arithmetic_data.config_name
 
 
 def check_config(config) -> None:

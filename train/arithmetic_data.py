@@ -1,0 +1,349 @@
+r"""Generates the arithmetic_mix dataset: mathematics_dataset arithmetic__mixed.
+
+Problems are generated in-process with the ``mathematics_dataset`` package, the
+way its own ``generate.py`` (and the TFDS ``math_dataset`` release built from
+it) does:
+
+* train: ``modules.train(entropy_fn)`` at the three difficulties
+  train-easy / train-medium / train-hard (``_make_entropy_fn(level, 3)``),
+  in equal thirds, interleaved easy, medium, hard, easy, ...;
+* test: ``modules.test()``, the 'interpolate' regime;
+* a problem whose question is longer than 160 characters or whose answer is
+  longer than 30 is dropped and drawn again (``generate.sample_from_module``).
+
+The result is a TFDS dataset in ``array_record`` format, readable without
+TensorFlow (``tfds.builder_from_directory(...).as_data_source()``), at::
+
+  DATA_DIR/arithmetic_mix/train{N}_test{M}_seed{S}/1.0.0/
+
+Generation runs at about 700 problems/s (train) and 400/s (test) on one core,
+logged every 10 s. It is deterministic for a seed, in a fresh process or not:
+each split draws from its own stream of Python's ``random`` and NumPy's global
+generator (what the package draws from), swapped in only while a problem is
+drawn, so the test split does not depend on ``train_size``; see
+`GlobalRngStreams`. A dataset that already exists is reused, not regenerated.
+
+The generator and its pinned ``sympy==1.5.1`` are the ``arithmetic-data``
+extra, imported only when problems are generated (`generate_problems`), so
+training and evaluation on data prepared elsewhere need neither, and the
+``train`` extra installs beside PyTorch (which needs a newer sympy). Usage::
+
+  python -m train.prepare_data --data_dir=data --train_size=100000 \
+      --test_size=1000 --seed=0
+"""
+
+import contextlib
+import dataclasses
+import importlib
+import random
+import time
+import unittest.mock
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import tensorflow_datasets as tfds
+from absl import logging
+from etils import epath
+from tensorflow_datasets.core import utils as tfds_utils
+
+from train import logs
+
+DATASET_NAME = "arithmetic_mix"
+MODULE_NAME = "arithmetic__mixed"
+VERSION = "1.0.0"
+# mathematics_dataset's generate_settings.MAX_QUESTION_LENGTH and
+# MAX_ANSWER_LENGTH (a test checks they still agree).
+MAX_QUESTION_LENGTH = 160
+MAX_ANSWER_LENGTH = 30
+NUM_TRAIN_DIFFICULTIES = 3  # train-easy, train-medium, train-hard.
+_SPLIT_STREAMS = {"train": 0, "test": 1}
+_LOG_EVERY_SECONDS = 10.0
+
+Problem = tuple[str, str]  # (question, answer)
+
+
+def _modules():
+  """mathematics_dataset's problem modules (the ``arithmetic-data`` extra)."""
+  try:
+    from mathematics_dataset.modules import modules  # pylint: disable=g-import-not-at-top
+  except ImportError as error:
+    raise ImportError(
+        "generating arithmetic_mix data needs the mathematics_dataset package "
+        f"({error}); install it with `pip install -e '.[arithmetic-data]'` "
+        "(it pins sympy==1.5.1: use a separate environment from PyTorch), or "
+        "prepare the data elsewhere and pass --config.data_dir."
+    ) from error
+  return modules
+
+
+def _sympy_assumptions():
+  # `sympy.core` is shadowed by a function of that name: import it by path.
+  return importlib.import_module("sympy.core.assumptions")
+
+
+def make_entropy_fn(
+    level: int, num_levels: int
+) -> Callable[[tuple[float, float]], tuple[float, float]]:
+  """Returns a function restricting an entropy range to difficulty ``level``.
+
+  Same as mathematics_dataset ``generate._make_entropy_fn`` (copied so that
+  importing this module does not define that script's absl flags): with
+  ``level=1, num_levels=3`` it maps ``(x, x + y)`` to ``(x + y/3, x + 2y/3)``.
+  """
+  if not 0 <= level < num_levels:
+    raise ValueError(f"level must be in [0, {num_levels}), got {level}.")
+  lower = level / num_levels
+  upper = (level + 1) / num_levels
+
+  def modify_entropy(range_: tuple[float, float]) -> tuple[float, float]:
+    length = range_[1] - range_[0]
+    return (range_[0] + lower * length, range_[0] + upper * length)
+
+  return modify_entropy
+
+
+def flatten_modules(
+    module_tree: dict, prefix: str | None = None
+) -> dict[str, Callable]:
+  """Flattens a nested module dict to ``{'arithmetic__mixed': fn, ...}`` as generate.py names them."""
+  flat = {}
+  for key, value in module_tree.items():
+    full_name = key if prefix is None else f"{prefix}__{key}"
+    if isinstance(value, dict):
+      flat.update(flatten_modules(value, full_name))
+    else:
+      flat[full_name] = value
+  return flat
+
+
+def train_problem_fns() -> list[Callable]:
+  """Returns the arithmetic__mixed problem functions for train-easy, -medium, -hard."""
+  return [
+      flatten_modules(
+          _modules().train(make_entropy_fn(level, NUM_TRAIN_DIFFICULTIES))
+      )[MODULE_NAME]
+      for level in range(NUM_TRAIN_DIFFICULTIES)
+  ]
+
+
+def interpolate_problem_fn() -> Callable:
+  """Returns the arithmetic__mixed problem function of the 'interpolate' test regime."""
+  return flatten_modules(_modules().test())[MODULE_NAME]
+
+
+def sample_problem(
+    problem_fn: Callable,
+    *,
+    max_question_length: int = MAX_QUESTION_LENGTH,
+    max_answer_length: int = MAX_ANSWER_LENGTH,
+) -> Problem:
+  """Draws problems until one fits the length limits (``generate.sample_from_module``)."""
+  while True:
+    problem = problem_fn()
+    question, answer = str(problem.question), str(problem.answer)
+    if (
+        len(question) <= max_question_length
+        and len(answer) <= max_answer_length
+    ):
+      return question, answer
+
+
+class GlobalRngStreams:
+  """A private stream for Python's and NumPy's global generators, swapped in only while used.
+
+  mathematics_dataset draws from both global generators, so they are what
+  has to be seeded. The stream's state is swapped in around each use and the
+  caller's state put back, so code running between problems (tfds's writer,
+  which calls `random`) neither disturbs the stream nor is disturbed by it.
+
+  While active, sympy's assumption system keeps its prerequisite order
+  instead of calling the global ``random.shuffle``: it does so only the first
+  time a fact is asked of a cached object, so the draws would otherwise depend
+  on what was generated earlier in the process (a second `prepare` in one
+  process would give different data).
+  """
+
+  def __init__(self, seed: int, stream: int):
+    python_seed, numpy_seed = np.random.SeedSequence(
+        seed, spawn_key=(stream,)
+    ).generate_state(2)
+    self._python_state = random.Random(int(python_seed)).getstate()
+    self._numpy_state = np.random.RandomState(int(numpy_seed)).get_state()
+
+  @contextlib.contextmanager
+  def active(self) -> Iterator[None]:
+    """Makes this stream the global generators' state for the duration of the block."""
+    outer_python_state, outer_numpy_state = (
+        random.getstate(),
+        np.random.get_state(),
+    )
+    random.setstate(self._python_state)
+    np.random.set_state(self._numpy_state)
+    try:
+      with unittest.mock.patch.object(
+          _sympy_assumptions(), "shuffle", _keep_order
+      ):
+        yield
+    finally:
+      self._python_state, self._numpy_state = (
+          random.getstate(),
+          np.random.get_state(),
+      )
+      random.setstate(outer_python_state)
+      np.random.set_state(outer_numpy_state)
+
+
+def _keep_order(items: list) -> None:
+  """Stands in for `random.shuffle` in sympy's assumptions: leaves ``items`` as they are."""
+  del items
+
+
+def _log_progress(split: str, done: int, total: int, start_time: float) -> None:
+  """Logs how many problems of ``split`` are done and the rate so far."""
+  elapsed = max(time.monotonic() - start_time, 1e-9)
+  logging.info(
+      "%s: %d/%d problems (%.0f problems/s)", split, done, total, done / elapsed
+  )
+
+
+def generate_problems(split: str, size: int, seed: int) -> Iterator[Problem]:
+  """Yields ``size`` (question, answer) pairs of ``split`` ('train' or 'test'), deterministic for ``seed``.
+
+  Train cycles through easy, medium and hard, so each is a third (the first
+  ones get the remainder). Progress is logged with absl every few seconds.
+  """
+  if split not in _SPLIT_STREAMS:
+    raise ValueError(
+        f"split must be one of {sorted(_SPLIT_STREAMS)}, got {split!r}."
+    )
+  problem_fns = (
+      train_problem_fns() if split == "train" else [interpolate_problem_fn()]
+  )
+  rngs = GlobalRngStreams(seed, _SPLIT_STREAMS[split])
+  start_time = last_log_time = time.monotonic()
+  for index in range(size):
+    with rngs.active():
+      problem = sample_problem(problem_fns[index % len(problem_fns)])
+    yield problem
+    if time.monotonic() - last_log_time > _LOG_EVERY_SECONDS:
+      _log_progress(split, index + 1, size, start_time)
+      last_log_time = time.monotonic()
+  _log_progress(split, size, size, start_time)
+
+
+@dataclasses.dataclass
+class ArithmeticMixConfig(tfds.core.BuilderConfig):
+  """Builder config: the split sizes and the seed that fix the dataset's content."""
+
+  train_size: int = 0
+  test_size: int = 0
+  seed: int = 0
+
+
+def config_name(train_size: int, test_size: int, seed: int) -> str:
+  """Returns the config (sub-directory) name for these sizes and seed, e.g. 'train1000_test100_seed0'."""
+  return f"train{train_size}_test{test_size}_seed{seed}"
+
+
+def make_config(
+    train_size: int, test_size: int, seed: int = 0
+) -> ArithmeticMixConfig:
+  """Returns the builder config for these sizes and seed, after checking them."""
+  if train_size <= 0 or test_size <= 0:
+    raise ValueError(
+        f"train_size and test_size must be positive, got train_size={train_size},"
+        f" test_size={test_size}."
+    )
+  if seed < 0:
+    raise ValueError(f"seed must be non-negative, got {seed}.")
+  return ArithmeticMixConfig(
+      name=config_name(train_size, test_size, seed),
+      description=f"arithmetic__mixed: {train_size} train, {test_size} test problems, seed {seed}.",
+      train_size=train_size,
+      test_size=test_size,
+      seed=seed,
+  )
+
+
+class ArithmeticMix(
+    logs.GeneratedDataMixin,
+    tfds.core.GeneratorBasedBuilder,
+    skip_registration=True,
+):
+  """mathematics_dataset arithmetic__mixed as (question, answer) text pairs.
+
+  Not registered by name (several modules may import this one); read it with
+  ``tfds.builder_from_directory``, which needs no class.
+  """
+
+  VERSION = tfds.core.Version(VERSION)
+  BUILDER_CONFIG_CLASS = ArithmeticMixConfig
+
+  # tfds's own lookup of this file needs the `importlib_resources` backport on
+  # Python >= 3.9 (tfds 4.9.10 bug) when the builder lives in a package.
+  @tfds_utils.classproperty
+  @classmethod
+  def code_path(cls) -> epath.Path:
+    return epath.Path(__file__)
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    return tfds.core.DatasetInfo(
+        builder=self,
+        description=(
+            "mathematics_dataset arithmetic__mixed problems: train from train-easy/medium/hard"
+            " in equal thirds, test from 'interpolate'."
+        ),
+        features=tfds.features.FeaturesDict(
+            {"question": tfds.features.Text(), "answer": tfds.features.Text()}
+        ),
+        supervised_keys=("question", "answer"),
+        # Keep generation order on disk; the input pipeline shuffles.
+        disable_shuffling=True,
+        homepage="https://github.com/google-deepmind/mathematics_dataset",
+        # Saved as metadata.json so readers can check what they load.
+        metadata=tfds.core.MetadataDict(
+            module=MODULE_NAME,
+            train_size=self.builder_config.train_size,
+            test_size=self.builder_config.test_size,
+            seed=self.builder_config.seed,
+            max_question_length=MAX_QUESTION_LENGTH,
+            max_answer_length=MAX_ANSWER_LENGTH,
+        ),
+    )
+
+  def _split_generators(self, dl_manager):
+    del dl_manager  # Nothing to download.
+    config = self.builder_config
+    return {
+        "train": self._generate_examples(
+            "train", config.train_size, config.seed
+        ),
+        "test": self._generate_examples("test", config.test_size, config.seed),
+    }
+
+  def _generate_examples(self, split: str, size: int, seed: int):
+    for index, (question, answer) in enumerate(
+        generate_problems(split, size, seed)
+    ):
+      yield index, {"question": question, "answer": answer}
+
+
+def prepare(
+    data_dir: str, train_size: int, test_size: int, seed: int = 0
+) -> str:
+  """Generates the dataset under ``data_dir`` unless it already exists.
+
+  Returns:
+    The dataset's directory, ``data_dir/arithmetic_mix/<config>/1.0.0``.
+  """
+  builder = ArithmeticMix(
+      data_dir=data_dir,
+      config=make_config(train_size, test_size, seed),
+      file_format="array_record",
+  )
+  if builder.is_prepared():
+    logging.info("Reusing existing dataset at %s", builder.data_dir)
+  else:
+    builder.download_and_prepare()
+    logging.info("Wrote dataset to %s", builder.data_dir)
+  return str(builder.data_dir)
