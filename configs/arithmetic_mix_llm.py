@@ -10,8 +10,10 @@ after the colon, one per loss method::
 ``SNAPSHOT`` is a local Hugging Face directory (config.json, *.safetensors,
 tokenizer.json); nothing is downloaded. Defaults are the paper's: lr 1e-5,
 lam 0.3, alpha = beta = sigma = 0.2, 'sum' weighting (see README). The loss
-is computed from hidden states by default (``fused_loss``): at V = 151,936
-the [N, V] logits are the memory peak.
+path is chosen by ``fused_loss="auto"``: the logits path (XLA's matmul + CE,
+the faster one on a GPU) unless the float32 [N, V] logits and their gradient
+would take over a quarter of a device's memory, then the fused path from
+hidden states (`train.step.use_fused_loss`; ``True``/``False`` force one).
 """
 
 import ml_collections
@@ -40,7 +42,8 @@ def get_config(method: str = "ntil") -> ml_collections.ConfigDict:
   config.weight_decay = 0.0
   config.batch_size = 32
   config.train_steps = 3000
-  config.fused_loss = True
+  with config.ignore_type():  # a string field here: True, False or 'auto'
+    config.fused_loss = "auto"
 
   config.eval_batch_size = 64
   config.eval_examples = 1000

@@ -1,4 +1,4 @@
-"""train.batch_loss: unscored positions cannot reach the loss or gradient.
+"""train.step.batch_loss: unscored positions cannot reach the loss or gradient.
 
 A model may put NaN or inf at positions the batch does not score (padding,
 question tokens); the trainer masks them out of the token statistics, on the
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from configs import arithmetic_mix
-from train import train
+from train import step
 
 VOCAB, DIM, BATCH, LENGTH = 24, 8, 2, 10
 
@@ -67,7 +67,7 @@ def test_nan_outputs_at_unscored_positions(fused, method):
   unscored = ~np.asarray(batch["loss_mask"])
 
   def loss(h, w, poison):
-    value, _ = train.batch_loss(FakeModel(h, w, poison), batch, config, None)
+    value, _ = step.batch_loss(FakeModel(h, w, poison), batch, config, None)
     return value
 
   grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))

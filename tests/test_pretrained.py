@@ -20,8 +20,9 @@ import numpy as np
 import pytest
 
 from configs import arithmetic_mix_llm
-from train import pretrained
 from train import arithmetic_data
+from train import checks
+from train import pretrained
 from train import train
 from train.tasks import arithmetic_mix_llm as task
 
@@ -402,7 +403,7 @@ def test_config_errors_are_one_line(data_dir):
       (dict(dtype="float16"), "dtype"),
   ]:
     with pytest.raises(train.ConfigError, match=message):
-      train.check_config(make_config(data_dir, **overrides))
+      checks.check_config(make_config(data_dir, **overrides))
 
 
 # ----------------------------------------------------------------------------

@@ -25,8 +25,10 @@ from tests.test_train import logged
 from tests.test_train import make_config
 from tests.test_train import ROOT
 from tests.test_train import run_cli
-from train import logs
 from train import arithmetic_data
+from train import checkpoints
+from train import logs
+from train import rundir
 from train import train
 
 
@@ -199,13 +201,13 @@ def test_sigterm_during_a_hung_save_ends_at_once(
   monkeypatch.setattr(ocp.CheckpointManager, "save", hang)
   config = make_config(data_dir, train_steps=6, checkpoint_every_steps=2)
   timer = threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGTERM))
-  original = train.save_checkpoint
+  original = checkpoints.save_checkpoint
 
   def save_then_signal(*args, **kwargs):
     timer.start()  # signal arrives while the save hangs
     return original(*args, **kwargs)
 
-  monkeypatch.setattr(train, "save_checkpoint", save_then_signal)
+  monkeypatch.setattr(checkpoints, "save_checkpoint", save_then_signal)
   started = time.perf_counter()
   with pytest.raises(train.Interrupted) as raised:
     train.train_and_evaluate(config, str(tmp_path))
@@ -257,7 +259,7 @@ def test_non_finite_checkpoint_is_moved_aside(
   # A trainer without the check saves a NaN state at step 6 (as silent
   # corruption of the files would).
   with monkeypatch.context() as patch:
-    patch.setattr(train, "_check_finite", lambda *args: None)
+    patch.setattr(train, "check_finite", lambda *args: None)
     train.train_and_evaluate(
         make_config(data_dir, train_steps=6, learning_rate=1e30, **overrides),
         str(tmp_path),
@@ -277,7 +279,7 @@ def test_non_finite_checkpoint_is_moved_aside(
 
 
 def test_second_run_on_a_workdir_is_refused(data_dir, tmp_path):
-  with train.WorkdirLock(str(tmp_path)):
+  with rundir.WorkdirLock(str(tmp_path)):
     with pytest.raises(
         train.ConfigError,
         match=f"in use by another run \\(pid {os.getpid()}\\)",
@@ -291,8 +293,8 @@ def test_lock_of_a_live_process_and_of_a_dead_one(data_dir, tmp_path):
       [
           sys.executable,
           "-c",
-          "import sys, time; from train import train; "
-          "lock = train.WorkdirLock(sys.argv[1]).__enter__(); "
+          "import sys, time; from train import rundir; "
+          "lock = rundir.WorkdirLock(sys.argv[1]).__enter__(); "
           "print('locked', flush=True); time.sleep(600)",
           str(tmp_path),
       ],

@@ -55,7 +55,7 @@ class TerminalFilter(pylogging.Filter):
       return False
     if record.exc_info and f"{os.sep}orbax{os.sep}" in record.pathname:
       # A traceback from one of orbax's threads: the trainer reports it as
-      # one error line (train.StopOnSignal.fail); the traceback is in
+      # one error line (train.signals.StopOnSignal.fail); the traceback is in
       # train.log.
       return False
     message = record.getMessage()

@@ -1,0 +1,92 @@
+"""train.step: which loss path ``fused_loss`` picks, and its checks."""
+
+import ml_collections
+import pytest
+
+from configs import arithmetic_mix
+from configs import arithmetic_mix_llm
+from train import checks
+from train import errors
+from train import step
+
+GIB = 2**30
+
+
+@pytest.mark.parametrize(
+    "value, mode",
+    [
+        (True, True),
+        (False, False),
+        ("auto", "auto"),
+        ("AUTO", "auto"),
+        ("True", True),
+        (" false ", False),
+    ],
+)
+def test_fused_mode_accepts_bools_and_their_spellings(value, mode):
+  assert step.fused_mode(value) is mode or step.fused_mode(value) == mode
+
+
+@pytest.mark.parametrize("value", ["yes", "", 1, None, 0.5])
+def test_fused_mode_refuses_anything_else(value):
+  with pytest.raises(ValueError, match="fused_loss must be True, False or"):
+    step.fused_mode(value)
+
+
+def test_logits_bytes_per_device_by_hand():
+  # 8192 tokens x 151,936 logits x (4 bytes logits + 4 bytes gradient).
+  assert step.logits_bytes_per_device(8192, 151936, 1) == 8192 * 151936 * 8
+  # Split over 8 devices, rounded up to whole tokens.
+  assert step.logits_bytes_per_device(8193, 100, 8) == 1025 * 100 * 8
+
+
+def _config(fused_loss):
+  config = ml_collections.ConfigDict()
+  config.fused_loss = fused_loss
+  return config
+
+
+def test_auto_takes_the_logits_path_where_they_fit():
+  # Qwen2.5's V at batch 64 x 128 tokens on an 80 GiB device: 10 GB of
+  # logits and gradient, under a quarter of the device.
+  assert not step.use_fused_loss(
+      _config("auto"), 64 * 128, 151936, devices=1, memory=80 * GIB
+  )
+
+
+def test_auto_takes_the_fused_path_where_they_do_not():
+  # Four times the tokens: 40 GB, over a quarter of 80 GiB.
+  assert step.use_fused_loss(
+      _config("auto"), 4 * 64 * 128, 151936, devices=1, memory=80 * GIB
+  )
+  # ... unless the batch is split over enough devices.
+  assert not step.use_fused_loss(
+      _config("auto"), 4 * 64 * 128, 151936, devices=4, memory=80 * GIB
+  )
+
+
+@pytest.mark.parametrize("forced", [True, False])
+def test_true_and_false_ignore_memory(forced):
+  for memory in (1, 10**15):
+    assert (
+        step.use_fused_loss(
+            _config(forced), 4096, 151936, devices=1, memory=memory
+        )
+        is forced
+    )
+
+
+def test_device_memory_is_positive():
+  assert step.device_memory_bytes() > 2**20
+
+
+def test_llm_config_defaults_to_auto():
+  assert arithmetic_mix_llm.get_config("ntil").fused_loss == "auto"
+
+
+def test_bad_fused_loss_is_a_config_error():
+  config = arithmetic_mix.get_config("ntil")
+  with config.ignore_type():
+    config.fused_loss = "sometimes"
+  with pytest.raises(errors.ConfigError, match="fused_loss must be"):
+    checks.check_config(config)

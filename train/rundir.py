@@ -1,0 +1,147 @@
+"""A run's directory: its lock, metrics.jsonl and predictions.jsonl.
+
+Checkpoints live under ``workdir/checkpoints`` (`train.checkpoints`), the
+log under ``workdir/train.log`` (`train.logs`).
+"""
+
+import errno
+import fcntl
+import json
+import os
+
+from absl import logging
+import jax
+
+from train import errors
+
+
+def probe_writable(directory: str) -> None:
+  """Creates and removes a file in ``directory``; OSError if it cannot."""
+  probe = os.path.join(directory, f".write-probe-{os.getpid()}")
+  os.close(os.open(probe, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644))
+  os.remove(probe)
+
+
+class WorkdirLock:
+  """An exclusive lock on a workdir, so that two runs never share one.
+
+  ``flock`` on ``workdir/.lock``: the kernel releases it when the holding
+  process exits, however it exits, so a lock left by a dead run is never
+  stale. The file holds the holder's pid, for the error message.
+  """
+
+  def __init__(self, workdir: str):
+    self.path = os.path.join(workdir, ".lock")
+    self.fd = None
+
+  def __enter__(self):
+    fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as error:
+      holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+      os.close(fd)
+      if error.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+        raise
+      raise errors.ConfigError(
+          f"workdir {os.path.dirname(self.path)} is in use by another run "
+          f"(pid {holder}); wait for it to end or use another "
+          "--workdir."
+      ) from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    self.fd = fd
+    return self
+
+  def __exit__(self, *exc):
+    if self.fd is not None:
+      os.close(self.fd)  # releases the lock
+      self.fd = None
+
+
+class MetricsWriter:
+  """metrics.jsonl (one JSON object per line) and TensorBoard, on host 0.
+
+  Each record is one ``write`` of one line to a file opened for appending,
+  so a crash cannot leave half of it; a torn last line left by an older
+  writer (or a full disk) is dropped with a warning when the run resumes.
+  """
+
+  def __init__(self, workdir, resume_step):
+    self.enabled = jax.process_index() == 0
+    self.path = os.path.join(workdir, "metrics.jsonl")
+    self.tensorboard = None
+    if not self.enabled:
+      return
+    os.makedirs(workdir, exist_ok=True)
+    # Records past the restored step were made by a run that then stopped
+    # before checkpointing them; they are replayed now, so drop them.
+    kept = [
+        json.dumps(record) + "\n"
+        for record in read_metrics(self.path)
+        if record["step"] <= resume_step
+    ]
+    with open(self.path + ".tmp", "w") as f:
+      f.writelines(kept)
+    os.replace(self.path + ".tmp", self.path)
+    from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+
+    self.tensorboard = SummaryWriter(
+        os.path.join(workdir, "tensorboard"), purge_step=resume_step + 1
+    )
+
+  def write(self, step, **values):
+    if not self.enabled:
+      return
+    line = json.dumps(dict(step=int(step), **values)) + "\n"
+    fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+      os.write(fd, line.encode())
+    finally:
+      os.close(fd)
+    for name, value in values.items():
+      if isinstance(value, (int, float)):
+        self.tensorboard.add_scalar(name, value, step)
+    self.tensorboard.flush()
+
+  def close(self):
+    if self.tensorboard is not None:
+      self.tensorboard.close()
+
+
+def read_metrics(path) -> list[dict]:
+  """The records of a metrics.jsonl; a torn line is dropped with a warning."""
+  if not os.path.exists(path):
+    return []
+  records = []
+  with open(path) as f:
+    for number, line in enumerate(f, 1):
+      try:
+        records.append(json.loads(line))
+      except json.JSONDecodeError:
+        logging.warning(
+            "%s: dropping torn line %d (%r).", path, number, line[:60]
+        )
+  return records
+
+
+def write_predictions(workdir, step, predictions):
+  """predictions.jsonl: (test index, answer, prediction) of the final eval.
+
+  With several hosts it holds process 0's share of the test split.
+  """
+  path = os.path.join(workdir, "predictions.jsonl")
+  with open(path + ".tmp", "w") as f:
+    for index, answer, prediction in predictions:
+      record = dict(
+          step=step, index=int(index), answer=answer, prediction=prediction
+      )
+      f.write(json.dumps(record) + "\n")
+  os.replace(path + ".tmp", path)
+
+
+def read_predictions(workdir) -> list[str]:
+  """The final eval's predictions (predictions.jsonl), in test order."""
+  with open(os.path.join(workdir, "predictions.jsonl")) as f:
+    records = sorted((json.loads(line) for line in f), key=lambda r: r["index"])
+  return [r["prediction"] for r in records]

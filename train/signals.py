@@ -1,0 +1,96 @@
+"""Signals and background failures, turned into a clean stop of the loop.
+
+SIGTERM/SIGINT set a flag the loop reads, so it checkpoints and stops; where
+it cannot read it, or for a second signal, `errors.Interrupted` is raised.
+A checkpoint write that fails in one of orbax's threads (which log the
+error and swallow it) stops the run the same way.
+"""
+
+import _thread
+import contextlib
+import logging as pylogging
+import os
+import signal
+
+from absl import logging
+
+from train import errors
+
+
+class StopOnSignal:
+  """Turns SIGTERM/SIGINT into a flag, so the loop can checkpoint and stop.
+
+  Where the loop cannot look at the flag (inside a checkpoint save, or when
+  a signal comes a second time), the handler raises :class:`errors.Interrupted`
+  instead, so the process always ends within seconds. A checkpoint write
+  that fails in one of orbax's threads is reported the same way
+  (:meth:`fail`), as a :class:`errors.TrainingError`: orbax itself would wait out
+  a 300 s barrier for the thread that died.
+  """
+
+  def __init__(self):
+    self.signum = None
+    self.failure = None
+    self.blocking = False  # set around waits the loop cannot break out of
+    self._previous = {}
+    for sig in (signal.SIGTERM, signal.SIGINT):
+      try:
+        self._previous[sig] = signal.signal(sig, self._handle)
+      except ValueError:  # not the main thread
+        pass
+
+  @property
+  def requested(self) -> bool:
+    return self.signum is not None
+
+  def fail(self, error: BaseException) -> None:
+    """From any thread: stops the run with ``error`` as its reason."""
+    if self.failure is None:
+      self.failure = error
+      if self._previous:
+        _thread.interrupt_main(signal.SIGINT)  # wakes a blocked main thread
+
+  def check(self) -> None:
+    """Raises the failure reported by :meth:`fail`, if any."""
+    if self.failure is not None:
+      raise errors.TrainingError(
+          "writing a checkpoint failed ("
+          f"{type(self.failure).__name__}: {errors.first_line(self.failure)}); "
+          "the run stops. Free the checkpoint directory and rerun to resume "
+          "from the last checkpoint."
+      ) from self.failure
+
+  def _handle(self, signum, frame):
+    del frame
+    self.check()
+    if self.blocking or self.requested:
+      self.signum = signum
+      raise errors.Interrupted(signum)
+    logging.warning("signal %d: checkpointing and stopping.", signum)
+    self.signum = signum
+
+  def restore(self):
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)
+
+
+class _BackgroundFailures(pylogging.Handler):
+  """Passes errors that orbax's threads log (and swallow) to ``stop.fail``."""
+
+  def __init__(self, stop: StopOnSignal):
+    super().__init__(pylogging.ERROR)
+    self.stop = stop
+
+  def emit(self, record):
+    if record.exc_info and f"{os.sep}orbax{os.sep}" in record.pathname:
+      self.stop.fail(record.exc_info[1])
+
+
+@contextlib.contextmanager
+def watch_background_failures(stop: StopOnSignal):
+  handler = _BackgroundFailures(stop)
+  pylogging.getLogger().addHandler(handler)
+  try:
+    yield
+  finally:
+    pylogging.getLogger().removeHandler(handler)
