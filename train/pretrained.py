@@ -587,6 +587,26 @@ def load(
   return PretrainedLM(path, model, tokenizer, hf_config)
 
 
+def random_model(
+    hf_config: dict,
+    *,
+    dtype: str = "float32",
+    digit_token_ids=tuple(range(10)),
+    seed: int = 0,
+) -> CausalLM:
+  """A model of a config.json's shape with random weights (benchmarks).
+
+  Nothing is read or downloaded: a Qwen2.5-1.5B-shaped model is a dict of
+  its config.json's fields away.
+  """
+  kind, config = model_config(hf_config, dtype=dtype)
+  module = tunix_module(f"{'qwen2' if kind == 'qwen2' else 'llama3'}.model")
+  model_class = module.Qwen2 if kind == "qwen2" else module.Llama3
+  with _tunix_flags():
+    lm = model_class(config, rngs=nnx.Rngs(seed))
+  return CausalLM(lm, kind, digit_token_ids, rope_scaling(hf_config))
+
+
 def expected_tensors(kind: str, config) -> list[str]:
   """The Hugging Face tensor names the model needs from the snapshot."""
   names = ["model.embed_tokens.weight", "model.norm.weight"]

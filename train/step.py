@@ -184,11 +184,14 @@ def batch_loss(model, batch, config, key):
   )
 
 
-def make_train_step(config):
-  """The jit-compiled step: (model, optimizer, batch, step) -> metrics."""
+def train_step_fn(config):
+  """The step, not yet compiled: (model, optimizer, batch, step) -> metrics.
+
+  Updates ``model`` and ``optimizer`` in place (NNX); `make_train_step`
+  compiles it for the trainer, benchmarks/step.py as a pure function.
+  """
   base_key = jax.random.key(config.seed + 1)
 
-  @nnx.jit(donate_argnums=(0, 1))
   def train_step(model, optimizer, batch, step):
     key = jax.random.fold_in(base_key, step)
     grad_fn = nnx.value_and_grad(batch_loss, has_aux=True)
@@ -198,3 +201,8 @@ def make_train_step(config):
     return metrics
 
   return train_step
+
+
+def make_train_step(config):
+  """The jit-compiled step: (model, optimizer, batch, step) -> metrics."""
+  return nnx.jit(train_step_fn(config), donate_argnums=(0, 1))

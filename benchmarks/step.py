@@ -1,0 +1,279 @@
+r"""Time and memory of one whole train step: CE vs NTIL, logits vs fused path.
+
+    python -m benchmarks.step --out=benchmarks/results_step.json      # CPU
+    python -m benchmarks.step --model=qwen2.5-1.5b --dtype=bfloat16 \
+        --batch_size=64 --seq_len=128 --out=benchmarks/results_step_gpu.json
+
+The step is the trainer's own (`train.step.train_step_fn`: forward, loss,
+backward, clipping and the adamw update), compiled as a pure function of the
+model and optimizer state, on a synthetic batch (random tokens, the last
+half of each row scored, 30% of the scored labels digits). Four variants:
+``method`` ce or ntil, each on the logits path (``fused_loss=False``) and
+the fused path from hidden states (``fused_loss=True``).
+
+Models: this project's decoders (``--model=tiny|small|base|large``) or a
+Hugging Face architecture built with random weights from its config.json
+fields (``--model=qwen2.5-1.5b``: D=1536, 28 layers, V=151,936; nothing is
+downloaded; needs the ``llm`` extra).
+
+Reported per variant: steps/s and tokens/s (median over ``--blocks`` blocks
+of each variant's best of ``--per_block`` steps, variants taking turns in
+every block, the order rotated), XLA's planned temporary memory of the
+compiled step (``memory_analysis().temp_size_in_bytes``) and, on a GPU, the
+allocator's peak. Ratios: NTIL step time over CE step time on each path
+(target: at most 1.02), and the fused over the logits path.
+"""
+
+import json
+import platform
+import statistics
+import time
+
+from absl import app
+from absl import flags
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from configs import arithmetic_mix
+from train import models
+from train import tokenizer
+from train import step as step_lib
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string(
+    "model", "tiny", "tiny|small|base|large|qwen2.5-1.5b|qwen2-tiny"
+)
+flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute.")
+flags.DEFINE_integer("batch_size", 16, "Sequences per step.")
+flags.DEFINE_integer("seq_len", 64, "Tokens per sequence.")
+flags.DEFINE_integer("blocks", 5, "Blocks (the median is taken).")
+flags.DEFINE_integer("per_block", 3, "Steps per variant and block (best).")
+flags.DEFINE_list(
+    "variants",
+    ["ce:logits", "ntil:logits", "ce:fused", "ntil:fused"],
+    "method:path pairs to time.",
+)
+flags.DEFINE_string("out", "", "Write the results as JSON here.")
+
+# Qwen2.5-1.5B's config.json fields that shape the model.
+QWEN25_15B = dict(
+    model_type="qwen2",
+    hidden_size=1536,
+    intermediate_size=8960,
+    num_hidden_layers=28,
+    num_attention_heads=12,
+    num_key_value_heads=2,
+    vocab_size=151936,
+    rope_theta=1000000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+)
+# The same architecture at test size (the tests' smoke run).
+QWEN2_TINY = dict(
+    QWEN25_15B,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=320,
+)
+HF_MODELS = {"qwen2.5-1.5b": QWEN25_15B, "qwen2-tiny": QWEN2_TINY}
+DIGIT_FRACTION = 0.3
+
+
+def build_model(name, dtype, seq_len):
+  """(model, vocab size, digit ids) with random weights."""
+  if name in HF_MODELS:
+    from train import pretrained  # pylint: disable=g-import-not-at-top
+
+    hf_config = HF_MODELS[name]
+    # Qwen2.5's tokenizer spells '0'..'9' as ids 15..24.
+    digits = tuple(range(15, 25))
+    model = pretrained.random_model(
+        hf_config, dtype=dtype, digit_token_ids=digits
+    )
+    return model, hf_config["vocab_size"], digits
+  config = models.model_config(
+      name, dtype=dtype, vocab_size=tokenizer.VOCAB_SIZE, max_len=seq_len
+  )
+  model = models.create_model(config, nnx.Rngs(params=0))
+  return model, config.vocab_size, tuple(range(10))
+
+
+def synthetic_batch(batch_size, seq_len, vocab_size, digit_ids, seed=0):
+  """Random tokens; the second half of each row scored, 30% digits there."""
+  rng = np.random.default_rng(seed)
+  tokens = rng.integers(0, vocab_size, (batch_size, seq_len + 1))
+  scored = np.zeros((batch_size, seq_len), bool)
+  scored[:, seq_len // 2 :] = True
+  digit = scored & (rng.random((batch_size, seq_len)) < DIGIT_FRACTION)
+  tokens[:, 1:][digit] = rng.choice(np.asarray(digit_ids), digit.sum())
+  return dict(
+      inputs=jnp.asarray(tokens[:, :-1], jnp.int32),
+      targets=jnp.asarray(tokens[:, 1:], jnp.int32),
+      loss_mask=jnp.asarray(scored),
+      digit_mask=jnp.asarray(digit),
+  )
+
+
+def compile_variant(model, optimizer, batch, method, fused):
+  """A pure jitted step (state, batch) -> (state, metrics), compiled."""
+  config = arithmetic_mix.get_config(method)
+  config.fused_loss = fused
+  body = step_lib.train_step_fn(config)
+  graphdef, state = nnx.split((model, optimizer))
+
+  @jax.jit
+  def pure_step(state, batch):
+    model, optimizer = nnx.merge(graphdef, state)
+    metrics = body(model, optimizer, batch, 0)
+    return nnx.state((model, optimizer)), metrics
+
+  compiled = pure_step.lower(state, batch).compile()
+  return compiled, state
+
+
+def planned_temp_bytes(compiled):
+  analysis = compiled.memory_analysis()
+  return int(analysis.temp_size_in_bytes) if analysis is not None else None
+
+
+def peak_bytes():
+  try:
+    stats = jax.local_devices()[0].memory_stats() or {}
+  except (NotImplementedError, RuntimeError):
+    stats = {}
+  return stats.get("peak_bytes_in_use")
+
+
+def time_once(compiled, state, batch):
+  start = time.perf_counter()
+  _, metrics = compiled(state, batch)
+  jax.block_until_ready(metrics)
+  return time.perf_counter() - start
+
+
+def measure(compiled_variants, batch, blocks, per_block):
+  """{name: median over blocks of the best of per_block runs} (seconds)."""
+  names = list(compiled_variants)
+  for name in names:  # warm up: first runs allocate
+    time_once(*compiled_variants[name], batch)
+  best = {name: [] for name in names}
+  for block in range(blocks):
+    order = names[block % len(names) :] + names[: block % len(names)]
+    for name in order:
+      runs = [
+          time_once(*compiled_variants[name], batch) for _ in range(per_block)
+      ]
+      best[name].append(min(runs))
+  return {name: statistics.median(times) for name, times in best.items()}
+
+
+def run(model_name, dtype, batch_size, seq_len, variants, blocks, per_block):
+  """The results dict (also what --out writes)."""
+  model, vocab_size, digit_ids = build_model(model_name, dtype, seq_len)
+  optimizer = nnx.Optimizer(
+      model,
+      step_lib.make_optimizer(arithmetic_mix.get_config("ce")),
+      wrt=nnx.Param,
+  )
+  batch = synthetic_batch(batch_size, seq_len, vocab_size, digit_ids)
+  compiled, memory = {}, {}
+  for variant in variants:
+    method, path = variant.split(":")
+    if method not in ("ce", "ntil") or path not in ("logits", "fused"):
+      raise app.UsageError(f"variant {variant!r}: use ce|ntil:logits|fused")
+    compiled[variant] = compile_variant(
+        model, optimizer, batch, method, path == "fused"
+    )
+    memory[variant] = planned_temp_bytes(compiled[variant][0])
+  seconds = measure(compiled, batch, blocks, per_block)
+  tokens = batch_size * seq_len
+  device = jax.devices()[0]
+  rows = {
+      variant: dict(
+          seconds=seconds[variant],
+          steps_per_second=1.0 / seconds[variant],
+          tokens_per_second=tokens / seconds[variant],
+          planned_temp_bytes=memory[variant],
+      )
+      for variant in variants
+  }
+  ratios = {}
+  for path in ("logits", "fused"):
+    if f"ce:{path}" in rows and f"ntil:{path}" in rows:
+      ratios[f"ntil/ce time, {path} path"] = (
+          seconds[f"ntil:{path}"] / seconds[f"ce:{path}"]
+      )
+  for method in ("ce", "ntil"):
+    if f"{method}:logits" in rows and f"{method}:fused" in rows:
+      ratios[f"fused/logits time, {method}"] = (
+          seconds[f"{method}:fused"] / seconds[f"{method}:logits"]
+      )
+  return dict(
+      model=model_name,
+      parameters=models.count_params(model),
+      vocab_size=vocab_size,
+      dtype=dtype,
+      batch_size=batch_size,
+      seq_len=seq_len,
+      blocks=blocks,
+      per_block=per_block,
+      estimator=(
+          "median over blocks of each variant's best of per_block steps, "
+          "variants interleaved, order rotated per block"
+      ),
+      device=f"{device.platform}:{device.device_kind} x{jax.device_count()}",
+      jax_version=jax.__version__,
+      host=platform.node(),
+      peak_bytes_in_use=peak_bytes(),
+      rows=rows,
+      ratios=ratios,
+  )
+
+
+def markdown(results) -> str:
+  lines = [
+      f"One train step, {results['model']} ({results['parameters']:,} "
+      f"parameters, V={results['vocab_size']:,}), {results['dtype']}, "
+      f"batch {results['batch_size']} x {results['seq_len']} tokens, on "
+      f"{results['device']} (jax {results['jax_version']}):",
+      "",
+      "| variant | ms/step | steps/s | tokens/s | XLA temp MiB |",
+      "|---|---|---|---|---|",
+  ]
+  for variant, row in results["rows"].items():
+    temp = row["planned_temp_bytes"]
+    lines.append(
+        f"| {variant} | {1e3 * row['seconds']:.2f} | "
+        f"{row['steps_per_second']:.2f} | {row['tokens_per_second']:,.0f} | "
+        f"{'' if temp is None else f'{temp / 2**20:.1f}'} |"
+    )
+  lines.append("")
+  for name, value in results["ratios"].items():
+    lines.append(f"* {name}: {value:.3f}")
+  return "\n".join(lines)
+
+
+def main(argv):
+  del argv
+  results = run(
+      FLAGS.model,
+      FLAGS.dtype,
+      FLAGS.batch_size,
+      FLAGS.seq_len,
+      FLAGS.variants,
+      FLAGS.blocks,
+      FLAGS.per_block,
+  )
+  print(markdown(results))
+  if FLAGS.out:
+    with open(FLAGS.out, "w") as f:
+      json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+  app.run(main)

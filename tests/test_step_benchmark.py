@@ -1,0 +1,37 @@
+"""benchmarks/step.py at smoke size: every variant runs and is recorded."""
+
+import json
+
+import pytest
+
+from tests.test_experiments import run as run_module
+
+VARIANTS = ("ce:logits", "ntil:logits", "ce:fused", "ntil:fused")
+
+
+@pytest.mark.parametrize("model", ["tiny", "qwen2-tiny"])
+def test_step_benchmark_smoke(tmp_path, model):
+  out = tmp_path / "step.json"
+  output = run_module(
+      "benchmarks.step",
+      f"--model={model}",
+      "--batch_size=4",
+      "--seq_len=16",
+      "--blocks=1",
+      "--per_block=1",
+      f"--out={out}",
+  )
+  results = json.loads(out.read_text())
+  assert results["model"] == model
+  assert set(results["rows"]) == set(VARIANTS)
+  for row in results["rows"].values():
+    assert row["seconds"] > 0
+    assert row["tokens_per_second"] == pytest.approx(4 * 16 / row["seconds"])
+  assert set(results["ratios"]) == {
+      "ntil/ce time, logits path",
+      "ntil/ce time, fused path",
+      "fused/logits time, ce",
+      "fused/logits time, ntil",
+  }
+  assert results["device"].startswith("cpu")
+  assert "| ntil:fused |" in output
