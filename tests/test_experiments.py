@@ -1,6 +1,7 @@
 """The experiment runner resumes, records every cell, and the report renders."""
 
 import json
+import math
 import pathlib
 import subprocess
 import sys
@@ -79,9 +80,24 @@ def test_clock_grid_pairs_seeds_and_report_renders(tmp_path):
   run("experiments.clock_time.run", *common)
   runs = json.loads((tmp_path / "results.json").read_text())["runs"]
   # smoke: 5 methods x 2 seeds, 2 controls x 2 seeds, 3 ablations + 4
-  # sweeps + 2 long x 1 seed; finished runs are not run again.
-  assert len(runs) == 10 + 4 + 9 and runs[:2] == first
+  # sweeps + 2 long x 1 seed; the same 5 x 2 and 2 x 2 at the converged
+  # budget and a CE check x 2 seeds; finished runs are not run again.
+  assert len(runs) == 10 + 4 + 9 + 10 + 4 + 2 and runs[:2] == first
   assert {r["steps"] for r in runs if r["group"] == "long"} == {4}
+  assert {
+      r["steps"]
+      for r in runs
+      if r["group"] in ("converged", "converged_control")
+  } == {8}
+  assert {r["steps"] for r in runs if r["group"] == "convergence_check"} == {16}
+  converged = {
+      (r["method"], r["seed"]) for r in runs if r["group"] == "converged"
+  }
+  assert converged == {
+      (m, s)
+      for m in ("ce", "emd", "ntl_mse", "soft_label", "ntil")
+      for s in (0, 1)
+  }
   assert len({r["config_hash"] for r in runs}) == len(runs)
   variants = {(r["variant"], r["method"]) for r in runs}
   assert {
@@ -95,7 +111,7 @@ def test_clock_grid_pairs_seeds_and_report_renders(tmp_path):
     assert record["num_test_examples"] == 16
     assert len(record["predictions"]) == 16
     assert 0 <= record["mean_time_gap_minutes"] <= 360
-    # Evals every 2 steps: at 2, and at 4 for the twice-as-long runs.
+    # Evals every 2 steps, up to the run's last.
     assert record["curves"]["eval_steps"] == list(
         range(2, record["steps"] + 1, 2)
     )
@@ -113,11 +129,38 @@ def test_clock_grid_pairs_seeds_and_report_renders(tmp_path):
       "NTIL, Exp off",
       "NTIL, lambda = 1.0",
       "Qwen2-VL (2b)",
+      "## Two regimes",
+      "steps to 50% exact",
+      "final exact match %",
+      "## Converged budget (8 steps)",
+      "Doubling the budget again (16 steps, CE only)",
   ):
     assert label in report, label
-  for name in ("main.png", "curves.png", "paired.png", "predictions.png"):
+  for name in (
+      "main.png",
+      "main_600.png",
+      "curves.png",
+      "paired.png",
+      "paired_600.png",
+      "predictions.png",
+  ):
     assert (tmp_path / "plots" / name).stat().st_size > 1000
   # The table's numbers are those of results.json.
   ntil = [r for r in runs if r["variant"] == "main" and r["method"] == "ntil"]
   gap = sum(r["mean_time_gap_minutes"] for r in ntil) / len(ntil)
   assert "| CE + NTIL | 2 | " in report and f"{gap:.2f} ±" in report
+
+
+def test_learning_speed_metrics_by_hand():
+  from experiments.clock_time import report  # pylint: disable=g-import-not-at-top
+
+  run_record = dict(
+      curves=dict(
+          eval_steps=[150, 300, 450, 600], exact_match=[0, 0.2, 0.6, 0.8]
+      )
+  )
+  # 50% is crossed between step 300 (20%) and 450 (60%): 300 + 150 * 0.75.
+  assert report.steps_to(run_record) == 412.5
+  assert math.isnan(report.steps_to(run_record, threshold=0.9))
+  # Trapezoids from (0, 0): 0 + 15 + 60 + 105 = 180 over 600 steps.
+  assert report.curve_area(run_record) == 0.3
