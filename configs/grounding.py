@@ -1,7 +1,7 @@
 """grounding: the box of the object a text query names in a rendered scene.
 
   python -m train.prepare_data --task=grounding --data_dir=DIR \
-      --train_size=20000 --test_size=1000
+      --train_size=5000 --test_size=1000
   python -m train.main --config=configs/grounding.py:ntil --workdir=W \
       --config.data_dir=DIR
 
@@ -13,8 +13,11 @@ train/tasks/grounding.py.
 
 Image: 48 x 48 RGB, read by a patch encoder (12 x 12 patches with x/y
 coordinate channels, 16 image tokens). The defaults are the budget of the
-CPU experiment (experiments/grounding); see its results.md for the pilots
-that chose it.
+CPU experiment (experiments/grounding, budget.md): the tiny decoder
+(0.17M parameters), 1,200 steps of 128 scenes from 5,000 train scenes (1,000
+for grounding_single), about 4-5 minutes on one CPU core; there CE's test
+Acc@0.5 levels off (about a third for grounding, two thirds for
+grounding_single) because the scenes are used up, not the schedule.
 """
 
 import ml_collections
