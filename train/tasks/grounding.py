@@ -265,22 +265,16 @@ class GroundingTask:
   def model_fields(self, config) -> dict:
     """The `models.model_config` fields this task fixes.
 
-    The encoder comes from the config's ``image_encoder``, ``patch_size``
-    and ``image_channels``; pixels are RGB.
+    The encoder comes from the config's ``image_encoder`` and ``patch_size``
+    (configs/grounding.py; a patch encoder of 12 x 12 patches if absent) and
+    ``image_channels``; pixels are RGB.
     """
-    fields = dict(
-        image_size=config.image_size,
+    encoder = dict(
         image_channels=tuple(int(c) for c in config.image_channels),
-        image_encoder=config.image_encoder,
-        pixel_channels=scenes.PIXEL_CHANNELS,
-        patch_size=config.patch_size,
+        image_encoder=config.get("image_encoder", "patch"),
+        patch_size=config.get("patch_size", 12),
     )
-    num_image_tokens = models.num_image_tokens(
-        config.image_size,
-        fields["image_channels"],
-        image_encoder=config.image_encoder,
-        patch_size=config.patch_size,
-    )
+    num_image_tokens = models.num_image_tokens(config.image_size, **encoder)
     return dict(
         vocab_size=tokenizer.VOCAB_SIZE,
         max_len=num_image_tokens
@@ -288,7 +282,9 @@ class GroundingTask:
             config.max_question_len, config.max_answer_len
         )
         + 1,
-        **fields,
+        image_size=config.image_size,
+        pixel_channels=scenes.PIXEL_CHANNELS,
+        **encoder,
     )
 
   def encode_records(self, records, *, config) -> dict[str, np.ndarray]:
