@@ -164,3 +164,66 @@ def test_learning_speed_metrics_by_hand():
   assert math.isnan(report.steps_to(run_record, threshold=0.9))
   # Trapezoids from (0, 0): 0 + 15 + 60 + 105 = 180 over 600 steps.
   assert report.curve_area(run_record) == 0.3
+
+
+def test_grounding_grid_pairs_seeds_and_report_renders(tmp_path):
+  common = [
+      f"--results={tmp_path / 'results.json'}",
+      f"--runs_dir={tmp_path / 'runs'}",
+      f"--data_dir={tmp_path / 'data'}",
+      "--profile=smoke",
+  ]
+  run(
+      "experiments.grounding.run",
+      *common,
+      "--groups=main,control,multi",
+      "--max_runs=2",
+  )
+  first = json.loads((tmp_path / "results.json").read_text())["runs"]
+  assert [(r["method"], r["seed"]) for r in first] == [("ce", 0), ("emd", 0)]
+  run("experiments.grounding.run", *common, "--groups=main,control,multi")
+  runs = json.loads((tmp_path / "results.json").read_text())["runs"]
+  # smoke: 5 methods x 2 seeds, 2 controls x 2 seeds, 5 methods x 1 seed
+  # on grounding_multi; finished runs are not run again.
+  assert len(runs) == 10 + 4 + 5 and runs[:2] == first
+  assert len({r["config_hash"] for r in runs}) == len(runs)
+  assert {r["task"] for r in runs} == {"grounding", "grounding_multi"}
+  assert {("ntil_reference", "ntil"), ("main", "emd")} <= {
+      (r["variant"], r["method"]) for r in runs
+  }
+  for record in runs:
+    assert record["num_test_examples"] == 16
+    assert len(record["predictions"]) == 16
+    assert record["curves"]["eval_steps"] == [2]
+    if record["task"] == "grounding":
+      assert 0 <= record["acc_at_50"] <= 1
+      assert 0 <= record["mean_coordinate_error"] <= 48
+    else:
+      assert 0 <= record["f1_at_50"] <= 1
+  run(
+      "experiments.grounding.report",
+      f"--results={tmp_path / 'results.json'}",
+      f"--out_dir={tmp_path}",
+  )
+  report = (tmp_path / "results.md").read_text()
+  for label in (
+      "| CE |",
+      "| CE + NTIL |",
+      "CE, digit tokens weighted 1 + 0.3",
+      "Qwen2-VL (2b)",
+      "on another object",
+      "F1@0.5 %",
+  ):
+    assert label in report, label
+  for task in ("grounding", "grounding_multi"):
+    for name in ("main", "curves", "paired", "predictions"):
+      assert (tmp_path / "plots" / f"{task}_{name}.png").stat().st_size > 1000
+  # The table's numbers are those of results.json.
+  ntil = [
+      100 * r["acc_at_50"]
+      for r in runs
+      if r["task"] == "grounding"
+      and r["variant"] == "main"
+      and r["method"] == "ntil"
+  ]
+  assert f"| CE + NTIL | 2 | {sum(ntil) / 2:.1f} ±" in report

@@ -59,11 +59,18 @@ class ModelConfig:
     dtype: compute dtype of the matmuls (softmax, norms and logits are float32).
     param_dtype: storage dtype of the parameters.
     dropout_rate: dropout on each residual branch while `model.train()`.
-    image_size: side S of square grayscale images given as a prefix (0: a
-      text-only model). A `ImageEncoder` turns each image into
-      ``num_image_tokens`` tokens that precede the text tokens.
-    image_channels: channels of the encoder's hidden conv layers; each conv
-      (and the last, to ``embed_dim``) halves the image side.
+    image_size: side S of square images given as a prefix (0: a text-only
+      model). The image encoder turns each image into ``num_image_tokens``
+      tokens that precede the text tokens.
+    image_channels: the encoder's hidden widths: for ``'conv'``, channels of
+      its hidden conv layers (each conv, and the last to ``embed_dim``,
+      halves the image side); for ``'patch'``, hidden layers of the MLP
+      applied to each patch (``()``: one linear map).
+    image_encoder: ``'conv'`` (`ImageEncoder`: stride-2 convs) or
+      ``'patch'`` (`PatchEncoder`: one token per patch, with coordinates).
+    pixel_channels: channels C of each pixel: 1 for grayscale images
+      [B, S, S]; more (e.g. 3 for RGB) for images [B, S, S, C].
+    patch_size: side P of the `PatchEncoder`'s patches (P divides S).
   """
 
   vocab_size: int
@@ -78,11 +85,25 @@ class ModelConfig:
   dropout_rate: float = 0.0
   image_size: int = 0
   image_channels: tuple[int, ...] = (16, 32, 64)
+  image_encoder: str = "conv"
+  pixel_channels: int = 1
+  patch_size: int = 12
 
   @property
   def num_image_tokens(self) -> int:
     """K, the image tokens before the text (0 for a text-only model)."""
-    return num_image_tokens(self.image_size, self.image_channels)
+    return num_image_tokens(
+        self.image_size,
+        self.image_channels,
+        image_encoder=self.image_encoder,
+        patch_size=self.patch_size,
+    )
+
+  @property
+  def image_shape(self) -> tuple[int, ...]:
+    """One image's shape: (S, S) for grayscale, (S, S, C) otherwise."""
+    side = (self.image_size, self.image_size)
+    return side if self.pixel_channels == 1 else (*side, self.pixel_channels)
 
   def __post_init__(self):
     for name in (
@@ -110,12 +131,43 @@ class ModelConfig:
       raise ValueError(
           f"dropout_rate must be in [0, 1), got {self.dropout_rate}."
       )
+    if self.image_encoder not in IMAGE_ENCODERS:
+      raise ValueError(
+          f"image_encoder must be one of {IMAGE_ENCODERS}, got "
+          f"{self.image_encoder!r}."
+      )
+    if self.pixel_channels < 1:
+      raise ValueError(
+          f"pixel_channels must be >= 1, got {self.pixel_channels}."
+      )
+    if self.image_encoder == "patch" and (
+        self.patch_size < 1 or self.image_size % self.patch_size
+    ):
+      raise ValueError(
+          f"patch_size must divide image_size, got {self.patch_size} and "
+          f"{self.image_size}."
+      )
 
 
-def num_image_tokens(image_size: int, image_channels) -> int:
-  """K for `ImageEncoder`: the side S halved by each of its convs, squared."""
+IMAGE_ENCODERS = ("conv", "patch")
+
+
+def num_image_tokens(
+    image_size: int,
+    image_channels,
+    *,
+    image_encoder: str = "conv",
+    patch_size: int = 12,
+) -> int:
+  """K, the image tokens of an image of side ``image_size``.
+
+  `ImageEncoder` ('conv'): the side halved by each of its convs, squared;
+  `PatchEncoder` ('patch'): ``(image_size / patch_size) ** 2``.
+  """
   if not image_size:
     return 0
+  if image_encoder == "patch":
+    return (image_size // patch_size) ** 2
   return (-(-image_size // 2 ** (len(image_channels) + 1))) ** 2
 
 
@@ -458,8 +510,14 @@ class Block(nnx.Module):
     return x + self.dropout(self.mlp(self.mlp_norm(x))), cache
 
 
+def _scaled_pixels(images: jax.Array, pixel_channels: int) -> jax.Array:
+  """[B, S, S] or [B, S, S, C] pixels in [0, 255] -> float32 [B, S, S, C]."""
+  x = images.astype(jnp.float32) / 127.5 - 1.0
+  return x[..., None] if pixel_channels == 1 else x
+
+
 class ImageEncoder(nnx.Module):
-  """Grayscale images [B, S, S] -> K = (S / 2^n)^2 tokens [B, K, D].
+  """Images [B, S, S] (or [B, S, S, C]) -> K = (S / 2^n)^2 tokens [B, K, D].
 
   A stack of 3x3 stride-2 convolutions with GELU (channels
   ``image_channels``, then ``embed_dim``), read out row by row, plus a learned
@@ -468,7 +526,11 @@ class ImageEncoder(nnx.Module):
   """
 
   def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
-    channels = (1, *config.image_channels, config.embed_dim)
+    channels = (
+        config.pixel_channels,
+        *config.image_channels,
+        config.embed_dim,
+    )
     self.kernels = nnx.List(
         [
             _param(
@@ -501,10 +563,11 @@ class ImageEncoder(nnx.Module):
         (None, FSDP_AXIS),
     )
     self.dtype = config.dtype
+    self.pixel_channels = config.pixel_channels
 
   def __call__(self, images: jax.Array) -> jax.Array:
-    """uint8 or float [B, S, S] pixels in [0, 255] -> float32 [B, K, D]."""
-    x = (images.astype(jnp.float32) / 127.5 - 1.0)[..., None]
+    """uint8 or float pixels in [0, 255] -> float32 [B, K, D]."""
+    x = _scaled_pixels(images, self.pixel_channels)
     for index, (kernel, bias) in enumerate(zip(self.kernels, self.biases)):
       x = jax.lax.conv_general_dilated(
           x.astype(self.dtype),
@@ -521,11 +584,106 @@ class ImageEncoder(nnx.Module):
     return tokens + _gathered(self.grid_embedding[...]).astype(jnp.float32)
 
 
+class PatchEncoder(nnx.Module):
+  """Images [B, S, S] (or [B, S, S, C]) -> K = (S / P)^2 tokens [B, K, D].
+
+  Pixels are scaled from [0, 255] to [-1, 1] and given two more channels,
+  their x and y coordinates in the image, also in [-1, 1]. Each P x P patch
+  (``patch_size``; patches read row by row) of ``P * P * (C + 2)`` values is
+  mapped to D by an MLP (hidden widths ``image_channels``, GELU; ``()`` is
+  one linear map), plus a learned embedding per patch. The first layer is a
+  [P, P, C + 2, W] kernel applied with stride P.
+
+  Localising an object to the pixel needs its edges where they are: a
+  patch's features see every pixel at its position in the patch, and the
+  coordinate channels tell the token where in the image the patch is.
+  """
+
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    self.patch_size = p = config.patch_size
+    self.pixel_channels = config.pixel_channels
+    widths = (None, *config.image_channels, config.embed_dim)
+    self.kernels = nnx.List(
+        [
+            _param(
+                _kernel_init(in_axis=tuple(range(len(shape) - 1)), out_axis=-1),
+                rngs.params(),
+                shape,
+                config.param_dtype,
+                (None,) * (len(shape) - 1) + (FSDP_AXIS,),
+            )
+            for shape in (  # [P, P, C + 2, W], then [W, W'] per layer
+                (p, p, config.pixel_channels + 2, widths[1]),
+                *zip(widths[1:-1], widths[2:]),
+            )
+        ]
+    )
+    self.biases = nnx.List(
+        [
+            _param(
+                nnx.initializers.zeros,
+                rngs.params(),
+                (w,),
+                config.param_dtype,
+                (None,),
+            )
+            for w in widths[1:]
+        ]
+    )
+    self.patch_embedding = _param(
+        nnx.initializers.normal(0.02),
+        rngs.params(),
+        (config.num_image_tokens, config.embed_dim),
+        config.param_dtype,
+        (None, FSDP_AXIS),
+    )
+    self.dtype = config.dtype
+
+  def _embed_patches(self, x: jax.Array, kernel: jax.Array) -> jax.Array:
+    """[B, S, S, C] by a [P, P, C, W] kernel -> [B, K, W]: a P-strided conv."""
+    x = jax.lax.conv_general_dilated(
+        x.astype(self.dtype),
+        kernel,
+        window_strides=(self.patch_size, self.patch_size),
+        padding="VALID",
+        dimension_numbers=("NHWC", "HWIO", "NHWC"),
+        preferred_element_type=jnp.float32,
+    )
+    return x.reshape(x.shape[0], -1, x.shape[-1])
+
+  def __call__(self, images: jax.Array) -> jax.Array:
+    """uint8 or float pixels in [0, 255] -> float32 [B, K, D]."""
+    pixels = _scaled_pixels(images, self.pixel_channels)
+    size, channels = images.shape[1], self.pixel_channels
+    coordinates = jnp.linspace(-1.0, 1.0, size, dtype=jnp.float32)
+    x_channel = jnp.broadcast_to(coordinates[None, :], (size, size))
+    grid = jnp.stack([x_channel, x_channel.T], axis=-1)[None]  # x, y
+    # The first layer is linear, so the coordinate channels' part of it is
+    # the same for every image: [K, W], added to the pixels' part [B, K, W]
+    # (rather than concatenated to a batch-sharded input).
+    first = _gathered(self.kernels[0][...]).astype(self.dtype)
+    x = self._embed_patches(pixels, first[:, :, :channels])
+    x = x + self._embed_patches(grid, first[:, :, channels:])[0]
+    for index, (kernel, bias) in enumerate(zip(self.kernels, self.biases)):
+      if index:
+        x = jnp.einsum(
+            "bkf,fw->bkw",
+            x.astype(self.dtype),
+            _gathered(kernel[...]).astype(self.dtype),
+            preferred_element_type=jnp.float32,
+        )
+      x = x + _gathered(bias[...]).astype(jnp.float32)
+      if index < len(self.kernels) - 1:
+        x = jax.nn.gelu(x)
+    return x + _gathered(self.patch_embedding[...]).astype(jnp.float32)
+
+
 class Transformer(nnx.Module):
   """Decoder-only transformer: tokens [B, L] -> logits [B, L, V].
 
-  With ``config.image_size`` set, every call also takes ``images`` [B, S, S]:
-  their `ImageEncoder` tokens occupy positions 0..K-1 and the text positions
+  With ``config.image_size`` set, every call also takes ``images`` [B, S, S]
+  (or [B, S, S, C]): their encoder's tokens (`ImageEncoder` or
+  `PatchEncoder`) occupy positions 0..K-1 and the text positions
   K.., so the text attends to the image. Outputs (hidden states, logits)
   cover the text positions only, and ``positions`` given to `extend` count
   text tokens, as without an image.
@@ -544,8 +702,9 @@ class Transformer(nnx.Module):
         config.param_dtype,
         (None, FSDP_AXIS),
     )
+    encoder = PatchEncoder if config.image_encoder == "patch" else ImageEncoder
     self.image_encoder = (
-        ImageEncoder(config, rngs=rngs) if config.image_size else None
+        encoder(config, rngs=rngs) if config.image_size else None
     )
     self.blocks = nnx.List(
         [Block(config, rngs=rngs) for _ in range(config.num_layers)]
@@ -594,11 +753,11 @@ class Transformer(nnx.Module):
       )
     prefix = None
     if images is not None:
-      size = self.config.image_size
-      if images.shape != (tokens.shape[0], size, size):
+      expected = (tokens.shape[0], *self.config.image_shape)
+      if images.shape != expected:
         raise ValueError(
-            f"images must be [B, {size}, {size}] with B = "
-            f"{tokens.shape[0]}, got {images.shape}."
+            f"images must be [B, {', '.join(map(str, expected[1:]))}] with "
+            f"B = {tokens.shape[0]}, got {images.shape}."
         )
       prefix = self.image_encoder(images)
     positions = jnp.broadcast_to(
@@ -757,7 +916,8 @@ def greedy_decode(
     max_new_tokens: N, the number of tokens generated per row.
     eos_id: the token that ends a row.
     pad_id: the token emitted after EOS.
-    images: [B, S, S] image prefixes, for a model with ``image_size``.
+    images: [B, S, S] (or [B, S, S, C]) image prefixes, for a model with
+      ``image_size``.
 
   Returns:
     int32 [B, N] generated tokens (EOS included, pad after it).

@@ -124,3 +124,85 @@ def plot_clock_predictions(
   fig.savefig(out_path, dpi=90)
   plt.close(fig)
   return out_path
+
+
+# Edge colours of drawn boxes, in the order of the ``boxes`` dict; none is
+# a colour of the grounding scenes' objects (red, green, blue, yellow).
+BOX_COLORS = ("white", "magenta", "cyan", "orange")
+
+
+def _draw_box(axis, box, color, linestyle):
+  """An inclusive pixel box (x1, y1, x2, y2) around its pixels."""
+  from matplotlib import patches  # pylint: disable=g-import-not-at-top
+
+  x1, y1, x2, y2 = box
+  axis.add_patch(
+      patches.Rectangle(
+          (x1 - 0.5, y1 - 0.5),
+          x2 - x1 + 1,
+          y2 - y1 + 1,
+          fill=False,
+          edgecolor=color,
+          linestyle=linestyle,
+          linewidth=1.2,
+      )
+  )
+
+
+def plot_scene_grid(
+    images, titles, boxes, out_path, *, columns=8, notes=None, title=""
+):
+  """RGB scenes, each titled, with boxes drawn on them; saved as a PNG.
+
+  Args:
+    images: [N] uint8 [S, S, 3] images.
+    titles: [N] titles (the queries).
+    boxes: {label: [N] lists of boxes (x1, y1, x2, y2), inclusive pixels,
+      None for an unreadable one}; the first label's boxes are drawn solid,
+      the others dashed, each in its colour of `BOX_COLORS` (legend below).
+    out_path: the PNG to write.
+    columns: scenes per row.
+    notes: optional [N] lines of text under each scene.
+    title: the figure's title.
+  """
+  rows = -(-len(images) // columns)
+  height = 1.5 + (0.3 if notes else 0.0)
+  fig, axes = plt.subplots(
+      rows,
+      columns,
+      figsize=(1.5 * columns, height * rows + 0.4),
+      squeeze=False,
+  )
+  for axis in axes.flat:
+    axis.axis("off")
+  for n, (axis, image) in enumerate(zip(axes.flat, images)):
+    axis.imshow(np.asarray(image), interpolation="nearest")
+    side = np.asarray(image).shape[0]  # a margin keeps edge boxes visible
+    axis.set_xlim(-1.5, side + 0.5)
+    axis.set_ylim(side + 0.5, -1.5)
+    axis.set_xticks([])
+    axis.set_yticks([])
+    axis.set_title(titles[n], fontsize=8)
+    for k, (label, per_image) in enumerate(boxes.items()):
+      for box in per_image[n]:
+        if box is not None:
+          _draw_box(axis, box, BOX_COLORS[k], "-" if k == 0 else "--")
+    if notes:
+      axis.text(
+          0.5,
+          -0.06,
+          notes[n],
+          transform=axis.transAxes,
+          ha="center",
+          va="top",
+          fontsize=6,
+      )
+  legend = ", ".join(
+      f"{label}: {BOX_COLORS[k]}{'' if k == 0 else ' dashed'}"
+      for k, label in enumerate(boxes)
+  )
+  fig.suptitle(f"{title}{' ' if title else ''}(boxes: {legend})", fontsize=9)
+  fig.tight_layout()
+  fig.savefig(out_path, dpi=90)
+  plt.close(fig)
+  return out_path

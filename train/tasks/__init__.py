@@ -14,7 +14,8 @@ The trainer (train/train.py) never names a task; it looks one up by
 * ``train_iterator(config, *, process_index=None, process_count=None)``: a
   checkpointable grain iterator over this host's rows of each global batch,
   dicts with ``inputs``, ``targets``, ``loss_mask``, ``digit_mask`` [B, L]
-  (see `train.input_pipeline`) and, for image tasks, ``images`` [B, S, S].
+  (see `train.input_pipeline`) and, for image tasks, ``images`` [B, S, S]
+  (grayscale) or [B, S, S, C].
 * ``eval_batches(config, ...)``: this host's test batches, dicts with
   ``prompts`` [B, P], ``prompt_lengths`` [B], ``answers``, ``questions``,
   ``valid`` [B] and optionally ``images`` and ``indices``.
@@ -39,6 +40,9 @@ TASKS = {
     "arithmetic_mix": "train.tasks.arithmetic_mix",
     "arithmetic_mix_llm": "train.tasks.arithmetic_mix_llm",
     "clock_time": "train.tasks.clock_time",
+    "grounding": "train.tasks.grounding",
+    "grounding_multi": "train.tasks.grounding_multi",
+    "grounding_single": "train.tasks.grounding_single",
 }
 
 

@@ -1,0 +1,16 @@
+"""grounding_multi: configs/grounding.py with ``task='grounding_multi'``.
+
+  python -m train.main --config=configs/grounding_multi.py:ntil --workdir=W \
+      --config.data_dir=DIR
+"""
+
+import ml_collections
+
+from configs import grounding
+
+METHODS = grounding.METHODS
+
+
+def get_config(method: str = "ntil") -> ml_collections.ConfigDict:
+  """Returns the config for one loss ``method``."""
+  return grounding.get_config(method, task="grounding_multi")

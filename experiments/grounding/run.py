@@ -1,0 +1,174 @@
+r"""The grounding comparison: every method paired by seed, controls, ablations.
+
+  python -m experiments.grounding.run                     # the CPU grid
+  python -m experiments.grounding.run --groups=main       # main table only
+  python -m experiments.grounding.report                  # results.md, plots
+
+Trains the same model from scratch on the same rendered scenes with each
+loss and seed. A seed fixes the initialisation and the data order, so the
+runs of one seed differ only by their loss (paired). Groups, in run order
+(experiments/grounding/grid.py):
+
+* ``main`` (task ``grounding``, the paper's Table 1): CE, CE + EMD,
+  CE + NTL-MSE, CE + soft labels, CE + NTIL;
+* ``control`` (``grounding``): CE with weight 1 + lambda on digit tokens
+  (``ce_digit_weighted``) and NTIL with the authors' scaling
+  (``ntil_reference``);
+* ``ablation`` (``grounding``, the paper's Table 6): NTIL without
+  place-value weighting (``exp_off``, sigma=0), relative deviation
+  (``rel_off``) or magnitude deviation (``mag_off``);
+* ``single`` (``grounding_single``): the five methods on one-object scenes;
+* ``multi`` (``grounding_multi``, the paper's Table 2): the five methods on
+  every-box-of-a-colour answers, F1 at IoU 0.5.
+
+Each finished run is appended to ``results.json`` at once (with its test
+predictions and curves), so an interrupted grid resumes where it stopped (a
+half-trained run resumes from its checkpoint); runs whose config hash is
+already recorded are skipped.
+"""
+
+import os
+
+from absl import app
+from absl import flags
+from absl import logging
+import jax
+
+from configs import grounding
+from experiments import common
+from experiments.grounding import grid as grid_lib
+from train import logs
+from train import tasks
+from train import train
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FLAGS = flags.FLAGS
+flags.DEFINE_enum(
+    "profile", "cpu", ["cpu", "smoke"], "Grid size (smoke: seconds, for tests)."
+)
+flags.DEFINE_list(
+    "groups",
+    list(grid_lib.GROUPS),
+    "Which parts of the grid to run, in this order.",
+)
+flags.DEFINE_string(
+    "results",
+    os.path.join(HERE, "results.json"),
+    "Results file (one record per finished run).",
+)
+flags.DEFINE_string(
+    "runs_dir",
+    os.path.join(HERE, "runs"),
+    "Work directories of the runs (not in git).",
+)
+flags.DEFINE_string("data_dir", "data", "Rendered scenes.")
+flags.DEFINE_integer("max_runs", 0, "Stop after this many new runs (0: all).")
+
+
+def run_config(profile, task, method, seed, overrides, data_dir):
+  """The config of one cell."""
+  settings = grid_lib.PROFILES[profile]
+  config = grounding.get_config(method, task=task)
+  config.data_dir = data_dir
+  config.dataset_config = tasks.get(task).dataset_config_name(
+      settings["train_size"][task], settings["test_size"], 0
+  )
+  config.train_steps = settings["train_steps"]
+  config.batch_size = settings["batch_size"]
+  config.seed = seed
+  config.log_every_steps = min(25, settings["train_steps"])
+  config.eval_every_steps = settings["eval_every_steps"]
+  config.checkpoint_every_steps = settings["train_steps"] // 2 or 1
+  config.eval_examples = 0  # the whole test split
+  config.eval_batch_size = min(250, settings["test_size"])
+  config.num_samples = 0
+  for name, value in overrides.items():
+    config[name] = value
+  return config
+
+
+def run_name(group, task, variant, method, seed):
+  if variant == "main":
+    return f"{task}-{method}-s{seed}"
+  return f"{task}-{variant}-s{seed}"
+
+
+def run_one(profile, group, task, variant, method, seed, overrides, digest):
+  config = run_config(profile, task, method, seed, overrides, FLAGS.data_dir)
+  name = run_name(group, task, variant, method, seed)
+  workdir = os.path.join(FLAGS.runs_dir, profile, name)
+  result, wall_seconds = common.train_once(config, workdir)
+  evaluation = result["eval"]
+  device = jax.devices()[0]
+  return dict(
+      name=name,
+      group=group,
+      task=task,
+      variant=variant,
+      method=method,
+      seed=seed,
+      overrides=overrides,
+      profile=profile,
+      model=config.model,
+      steps=result["step"],
+      batch_size=config.batch_size,
+      **{metric: evaluation[metric] for metric in grid_lib.METRICS[task]},
+      num_test_examples=evaluation["num_examples"],
+      final_train_loss=result["train"]["loss"],
+      final_train_ce=result["train"]["ce"],
+      wall_seconds=wall_seconds,
+      device=f"{device.platform}:{device.device_kind} x{jax.device_count()}",
+      config_hash=digest,
+      curves=common.curves(
+          os.path.join(workdir, "metrics.jsonl"), grid_lib.CURVE_METRICS[task]
+      ),
+      predictions=train.read_predictions(workdir),
+  )
+
+
+def main(argv):
+  del argv
+  logs.quiet_terminal()
+  settings = grid_lib.PROFILES[FLAGS.profile]
+  unknown = sorted(set(FLAGS.groups) - set(grid_lib.GROUPS))
+  if unknown:
+    raise app.UsageError(
+        f"unknown groups {unknown}; use some of {list(grid_lib.GROUPS)}."
+    )
+  for task in dict.fromkeys(grid_lib.GROUPS[g][0] for g in FLAGS.groups):
+    tasks.get(task).prepare(
+        FLAGS.data_dir, settings["train_size"][task], settings["test_size"]
+    )
+  cells = grid_lib.grid(FLAGS.profile)
+  todo = [(group, *cell) for group in FLAGS.groups for cell in cells[group]]
+
+  def configure(cell):
+    _, task, _, method, seed, overrides = cell
+    config = run_config(
+        FLAGS.profile, task, method, seed, overrides, FLAGS.data_dir
+    )
+    return common.config_hash(
+        config, FLAGS.profile, grid_lib.PROFILES[FLAGS.profile]
+    )
+
+  def execute(cell, digest):
+    return run_one(FLAGS.profile, *cell, digest)
+
+  def describe(record):
+    if record["task"] == "grounding_multi":
+      score = f"F1@0.5 {100 * record['f1_at_50']:.1f}%"
+    else:
+      score = (
+          f"Acc@0.5 {100 * record['acc_at_50']:.1f}%, mean coordinate "
+          f"error {record['mean_coordinate_error']:.2f} px"
+      )
+    return f"{record['name']}: {score}"
+
+  common.run_grid(
+      todo, configure, execute, describe, FLAGS.results, max_runs=FLAGS.max_runs
+  )
+  logging.info("now: python -m experiments.grounding.report")
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,86 @@
+"""Runs paired by seed: means, paired differences, t-tests, markdown tables.
+
+The same arithmetic as experiments/clock_time/report.py (which keeps its own
+copy), for the reports that came after it.
+"""
+
+import collections
+
+import numpy as np
+from scipy import stats
+
+
+def mean_std(values):
+  """Mean and sample standard deviation (nan for one value)."""
+  values = np.asarray(values, float)
+  return values.mean(), (
+      values.std(ddof=1) if len(values) > 1 else float("nan")
+  )
+
+
+def fmt(values, digits):
+  """``'mean ± sd'`` with ``digits`` decimals."""
+  mean, std = mean_std(values)
+  return f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def group_runs(runs, main_variant="main"):
+  """{variant, or method for main runs: {seed: run}}."""
+  grouped = collections.defaultdict(dict)
+  for run in runs:
+    key = run["method"] if run["variant"] == main_variant else run["variant"]
+    grouped[key][run["seed"]] = run
+  return grouped
+
+
+def paired(runs, reference, metric, scale, higher_better):
+  """Paired difference to ``reference`` on the seeds both have, or None.
+
+  Args:
+    runs: {seed: run record} of the runs compared.
+    reference: {seed: run record} they are compared with.
+    metric: the record field.
+    scale: multiplies the values (100 for percentages).
+    higher_better: which sign of the difference counts as better.
+
+  Returns:
+    dict(n, mean, std, better, t, p): the number of common seeds, mean and
+    sd of the differences, the seeds where ``runs`` is better, and a
+    two-sided paired t-test (nan with one seed or identical differences).
+  """
+  seeds = sorted(set(runs) & set(reference))
+  if not seeds:
+    return None
+  diffs = np.array(
+      [scale * (runs[s][metric] - reference[s][metric]) for s in seeds]
+  )
+  better = int(np.sum(diffs > 0 if higher_better else diffs < 0))
+  if len(seeds) > 1 and np.std(diffs) > 0:
+    result = stats.ttest_rel(
+        [scale * runs[s][metric] for s in seeds],
+        [scale * reference[s][metric] for s in seeds],
+    )
+    t, p = float(result.statistic), float(result.pvalue)
+  else:
+    t = p = float("nan")
+  mean, std = mean_std(diffs)
+  return dict(n=len(seeds), mean=mean, std=std, better=better, t=t, p=p)
+
+
+def paired_cells(runs, reference, metric, scale, higher_better, digits):
+  """Three table cells: ``Δ ± sd``, ``better/n`` and ``t (p = ...)``."""
+  d = paired(runs, reference, metric, scale, higher_better)
+  if d is None:
+    return ["–"] * 3
+  std = "" if np.isnan(d["std"]) else f" ± {d['std']:.{digits}f}"
+  test = "–" if np.isnan(d["t"]) else f"{d['t']:+.2f} (p = {d['p']:.3f})"
+  return [f"{d['mean']:+.{digits}f}{std}", f"{d['better']}/{d['n']}", test]
+
+
+def table(head, rows):
+  """Markdown table lines from a header and rows of cells."""
+  return [
+      "| " + " | ".join(head) + " |",
+      "|" + "---|" * len(head),
+      *("| " + " | ".join(row) + " |" for row in rows),
+  ]
