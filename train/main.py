@@ -1,4 +1,4 @@
-r"""Train on a task: arithmetic_mix or clock_time.
+r"""Train on a task (train/tasks: arithmetic_mix, clock_time, grounding, ...).
 
   python -m train.prepare_data --data_dir=data --train_size=20000 --test_size=1000
   python -m train.main --config=configs/arithmetic_mix.py:ntil --workdir=W \
