@@ -277,11 +277,13 @@ def _statistics(logits, labels, mask, traced_ids, columns, keep_exp):
 
 def _statistics_fwd(logits, labels, mask, traced_ids, columns, keep_exp):
   vocab_size = logits.shape[-1]
-  x = logits.astype(jnp.float32)
   # jax.nn.logsumexp step by step, so that the exponentials can be kept.
-  amax = jnp.max(x, axis=-1)
+  # The maximum is exact in any dtype: taken on the logits as they are, so
+  # that narrower logits are widened only inside the exp's pass, never
+  # written out as a float32 [..., V] copy.
+  amax = jnp.max(logits, axis=-1).astype(jnp.float32)
   amax = jnp.where(jnp.isfinite(amax), amax, 0.0)
-  shifted = jnp.exp(x - amax[..., None])
+  shifted = jnp.exp(logits.astype(jnp.float32) - amax[..., None])
   sum_exp = jnp.sum(shifted, axis=-1)
   log_norm = jnp.log(sum_exp) + amax
   index = jnp.clip(labels, 0, vocab_size - 1)
