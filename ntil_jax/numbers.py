@@ -163,9 +163,7 @@ def _scan_steps(length):
   """``(distance, [j for the j * distance < length])`` of every step."""
   distance = 1
   while distance < length:
-    yield distance, [
-        j for j in range(1, SCAN_RADIX) if j * distance < length
-    ]
+    yield distance, [j for j in range(1, SCAN_RADIX) if j * distance < length]
     distance *= SCAN_RADIX
 
 
@@ -188,6 +186,40 @@ def _segment_offsets(boundaries, reverse):
 
 
 def _segmented_scans(scans, boundaries, reverse) -> tuple:
+  """The scans, in the form that suits the default backend.
+
+  A CPU runs ``lax.associative_scan``'s many small ops at little cost each
+  and its O(T) work is the least; on a GPU or TPU every op is a kernel
+  launch of microseconds however small its ``[..., T]`` operands, so
+  :func:`_radix_scans` does the same in a few wide ops.
+  """
+  if jax.default_backend() == "cpu":
+    return _associative_scans(scans, boundaries, reverse)
+  return _radix_scans(scans, boundaries, reverse)
+
+
+def _associative_scans(scans, boundaries, reverse) -> tuple:
+  """Segmented scans by ``lax.associative_scan`` (O(T) work)."""
+  ops = tuple(op for op, _ in scans)
+
+  def combine(left, right):
+    left_values, left_start = left
+    right_values, right_start = right
+    values = tuple(
+        jnp.where(right_start, r, op(l, r))
+        for op, l, r in zip(ops, left_values, right_values)
+    )
+    return values, left_start | right_start
+
+  flip = (lambda x: jnp.flip(x, axis=-1)) if reverse else (lambda x: x)
+  values = tuple(flip(jnp.asarray(v)) for _, v in scans)
+  scanned, _ = jax.lax.associative_scan(
+      combine, (values, flip(boundaries)), axis=-1
+  )
+  return tuple(flip(x) for x in scanned)
+
+
+def _radix_scans(scans, boundaries, reverse) -> tuple:
   """Segmented scans in ``ceil(log_8(T))`` elementwise steps.
 
   At step ``k`` every position combines its value with those ``d``, ``2d``,
@@ -196,9 +228,8 @@ def _segmented_scans(scans, boundaries, reverse) -> tuple:
   ``8d`` positions (Hillis and Steele's scan, radix 8); whether they lie in
   it is one comparison with the position's offset in its segment. A scan
   is then one elementwise op per step (3 at T = 512) where
-  ``lax.associative_scan`` emits dozens of small ones, and on a GPU each op
-  costs microseconds however small. O(T log T) work, on ``[..., T]``
-  arrays only.
+  ``lax.associative_scan`` emits dozens of small ones. O(T log T) work, on
+  ``[..., T]`` arrays only.
   """
   values = tuple(jnp.asarray(v) for _, v in scans)
   length = boundaries.shape[-1]
@@ -389,9 +420,7 @@ def _segmented_sums_fwd(values, starts, ends):
 
 
 def _segmented_sums_bwd(ends, cotangents):
-  grads = reverse_segmented_scans(
-      tuple((jnp.add, c) for c in cotangents), ends
-  )
+  grads = reverse_segmented_scans(tuple((jnp.add, c) for c in cotangents), ends)
   return grads, None, None
 
 
