@@ -7,7 +7,9 @@ statistics (``[N]``, ``[N]``, ``[N, 10]``), so no ``[N, V]`` array is
 involved: what the numeric losses add on top of the vocabulary-wide work,
 printed as a share of optax CE's value+grad on ``[N, V]`` logits measured in
 the same run (the estimator and its flags ``--blocks``/``--per_block`` of
-``benchmarks.run``).
+``benchmarks.run``), with the number of ops of each optimized program (on a
+GPU, kernel launches, whose latency a small op pays in full) and of optax
+CE's.
 """
 
 from absl import app
@@ -41,6 +43,10 @@ def statistics_family():
   return {f"number logic {m}": from_statistics(m) for m in METHODS}
 
 
+def compiled(fns, args):
+  return {name: fn.lower(*args).compile() for name, fn in fns.items()}
+
+
 def main(argv):
   del argv
   blocks, per_block = FLAGS.blocks, FLAGS.per_block
@@ -63,21 +69,24 @@ def main(argv):
         digit_logits=jax.random.normal(keys[3], (batch, length, 10)),
     )
     ce = {"optax CE": run.logits_family(core_only=True)["optax CE"]}
+    ce = compiled(ce, (logits, labels, digit_mask))
     reference = run.interleaved_seconds(
         ce, (logits, labels, digit_mask), blocks, per_block
     )
     reference = reference["optax CE"][0]
+    family = compiled(statistics_family(), (stats, labels, digit_mask))
     seconds = run.interleaved_seconds(
-        statistics_family(), (stats, labels, digit_mask), blocks, per_block
+        family, (stats, labels, digit_mask), blocks, per_block
     )
     print(
         f"\nN={tokens}: optax CE on [N, {FLAGS.vocab}] logits "
-        f"{reference * 1e3:.1f} ms"
+        f"{reference * 1e3:.1f} ms, {run.launched_ops(ce['optax CE'])} ops"
     )
     for name, (estimate, _) in seconds.items():
       print(
           f"  {name:24s} {estimate * 1e3:7.2f} ms "
-          f"{100 * estimate / reference:5.2f}% of optax CE"
+          f"{100 * estimate / reference:5.2f}% of optax CE, "
+          f"{run.launched_ops(family[name])} ops"
       )
 
 

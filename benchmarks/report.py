@@ -15,21 +15,42 @@ FAMILIES = (
 )
 
 
-def table(run):
+def setting(results):
+  """Device, dtype, D and jax version of a results file, for a heading."""
+  return (
+      f"{results['device']}, {results.get('dtype', 'float32')}, "
+      f"D={results['hidden_dim']}, jax {results['jax']}"
+  )
+
+
+def _accessed(row):
+  ratio = row.get("bytes_accessed_ratio")
+  return "-" if ratio is None else f"{ratio:.3f}"
+
+
+def table(run, results):
   lines = [
-      f"### N={run['tokens']}, V={run['vocab']}",
+      f"### N={run['tokens']}, V={run['vocab']} ({setting(results)})",
       "",
-      "| value + grad of | time | x reference | planned memory | x reference |",
-      "|---|---|---|---|---|",
+      "| value + grad of | time | x reference | planned memory | x reference "
+      "| bytes accessed x reference | ops |",
+      "|---|---|---|---|---|---|---|",
   ]
   for family, note in FAMILIES:
     for row in run.get(family, ()):
       lines.append(
           f"| {row['name']} ({note}) | {row['seconds'] * 1e3:.1f} ms "
           f"| {row['time_ratio']:.3f} | {row['bytes'] / 2**20:.1f} MiB"
-          f" | {row['memory_ratio']:.3f} |"
+          f" | {row['memory_ratio']:.3f} | {_accessed(row)} "
+          f"| {'-' if row.get('ops') is None else row['ops']} |"
       )
   lines.append("")
+  chunk = results.get("chunk_size") or results.get(
+      "default_chunk_sizes", {}
+  ).get(f"{run['tokens']}:{run['vocab']}")
+  if chunk and "from_hidden" in run:
+    source = "--chunk_size" if results.get("chunk_size") else "the default"
+    lines += [f"Fused path: chunks of {chunk} tokens ({source}).", ""]
   fits = run.get("largest_tokens_in_budget")
   if fits:
     lines += [
@@ -50,10 +71,12 @@ def table(run):
 
 def targets(results):
   lines = [
+      f"Targets on {setting(results)}:",
+      "",
       "| N x V | numeric_token_loss ntil: time x optax CE | memory x optax "
-      "CE | target (time / memory) | fused_numeric_loss ntil: time / "
-      "memory x (hidden @ W + optax CE) |",
-      "|---|---|---|---|---|",
+      "CE | bytes accessed x optax CE | target (time / memory) | "
+      "fused_numeric_loss ntil: time / memory x (hidden @ W + optax CE) |",
+      "|---|---|---|---|---|---|",
   ]
   for run in results["runs"]:
     target = run["target"]
@@ -74,9 +97,18 @@ def targets(results):
         if fused
         else "not measured"
     )
+    row = next(
+        (
+            r
+            for r in run["logits_path"]
+            if r["name"] == "numeric_token_loss ntil"
+        ),
+        {},
+    )
     lines.append(
         f"| {run['tokens']} x {run['vocab']} | {target['time_ratio']:.3f} "
-        f"| {target['memory_ratio']:.3f} | {verdict} | {fused_text} |"
+        f"| {target['memory_ratio']:.3f} | {_accessed(row)} | {verdict} "
+        f"| {fused_text} |"
     )
   return lines + [""]
 
@@ -90,7 +122,13 @@ def main():
       "is measured in one process, its functions interleaved; ratios are "
       "to the family's first row: optax CE on the logits, and "
       "`hidden @ W` followed by optax CE from hidden states. Memory is "
-      "XLA's plan for the compiled function (temp + output bytes).",
+      "XLA's plan for the compiled function (temp + output bytes); bytes "
+      "accessed is XLA's count of the bytes the compiled function reads "
+      "and writes (`cost_analysis()`) and ops the number of ops (on a GPU, "
+      "kernel launches) of the optimized program: proxies that do not "
+      "depend on load, left out (-) for programs with a loop, whose body "
+      "XLA counts once. Every table names the device, dtype, D and jax version it was "
+      "measured with.",
       "",
   ]
   for path in sorted(glob.glob(os.path.join(HERE, "results*.json"))):
@@ -98,9 +136,9 @@ def main():
       results = json.load(f)
     estimators = results["estimators"]
     lines += [
-        f"## {os.path.basename(path)}: {results['device']}, "
+        f"## {os.path.basename(path)}: {setting(results)}, "
         f"{100 * results['digit_fraction']:.0f}% digit labels, "
-        f"T={results['seq_len']}, D={results['hidden_dim']}",
+        f"T={results['seq_len']}",
         "",
         f"Time estimator, logits path: {estimators['logits_path']}. From "
         f"hidden states: {estimators['from_hidden']}.",
@@ -114,7 +152,7 @@ def main():
       ]
     lines += targets(results)
     for run in results["runs"]:
-      lines += table(run)
+      lines += table(run, results)
   with open(os.path.join(HERE, "results.md"), "w") as f:
     f.write("\n".join(lines) + "\n")
   print(f"wrote {os.path.join(HERE, 'results.md')}")

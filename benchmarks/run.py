@@ -14,20 +14,27 @@ Two families, each measured in one process on one device:
   ``ntil_jax.fused_numeric_loss``, which never holds the ``[B, T, V]``
   logits.
 
-Labels and masks are arguments of the compiled functions (as in training),
-not constants XLA could fold. Time estimator: the median over ``--blocks``
+Logits, hidden states and the unembedding are in ``--dtype`` (float32 or
+bfloat16; the losses compute in float32 whatever it is). Labels and masks
+are arguments of the compiled functions (as in training), not constants XLA
+could fold. Time estimator: the median over ``--blocks``
 blocks of each function's minimum over ``--per_block`` consecutive runs
 (``--hidden_blocks`` and ``--hidden_per_block`` for the second family), the
 functions taking turns within every block (the order rotated by one per
 block), so drifts in machine load hit all alike and a busy moment costs one
 block, not the estimate. Memory is XLA's plan for the compiled function
-(``memory_analysis()``: temp + output bytes), which does not depend on load.
+(``memory_analysis()``: temp + output bytes), which does not depend on load;
+so do XLA's count of the bytes the compiled function reads and writes
+(``cost_analysis()``, recorded as ``bytes_accessed``) and the number of ops
+(kernels, on a GPU) of the optimized program (``ops``), both for programs
+without a loop (XLA counts a loop's body once; the fused path gets none).
 Ratios are to the first row of each family. Beyond ``--full_max_elements``
 logits only the core rows are timed.
 """
 
 import json
 import platform
+import re
 import statistics
 import time
 
@@ -61,11 +68,17 @@ flags.DEFINE_list(
 )
 flags.DEFINE_integer("seq_len", 512, "T; N tokens are laid out as [N/T, T].")
 flags.DEFINE_integer("hidden_dim", 256, "D for the from-hidden family.")
+flags.DEFINE_enum(
+    "dtype",
+    "float32",
+    ["float32", "bfloat16"],
+    "dtype of the logits, hidden states and unembedding.",
+)
 flags.DEFINE_integer(
     "chunk_size",
     None,
     "Fused path: tokens per chunk "
-    "(default: ntil_jax.fused.default_chunk_size(V)).",
+    "(default: ntil_jax.default_chunk_size for the backend).",
 )
 flags.DEFINE_float(
     "digit_fraction",
@@ -187,6 +200,40 @@ def planned_bytes(compiled):
   return int(stats.temp_size_in_bytes + stats.output_size_in_bytes)
 
 
+# Instructions that launch nothing: they name, bundle or reinterpret buffers.
+_NO_OPS = ("parameter", "constant", "tuple", "get-tuple-element", "bitcast")
+
+
+def launched_ops(compiled):
+  """Ops of the optimized program's entry (fusions, dots, scatters, ...).
+
+  Each is one kernel launch on a GPU, whose latency matters for the small
+  ``[N]`` and ``[N, 10]`` ops of the number logic. None for a program with a
+  loop (its body's ops run once per trip).
+  """
+  text = compiled.as_text()
+  if "while(" in text:
+    return None
+  entry = text[text.index("\nENTRY ") :].split("\n}")[0].splitlines()[1:]
+  pattern = re.compile(r" = (?:\([^)]*\)|\S+) ([\w-]+)\(")
+  opcodes = [pattern.search(line) for line in entry]
+  return sum(m is not None and m.group(1) not in _NO_OPS for m in opcodes)
+
+
+def accessed_bytes(compiled):
+  """XLA's count of bytes read and written; None for a program with a loop.
+
+  ``cost_analysis()`` counts a while loop's body once, not once per trip.
+  """
+  if "while(" in compiled.as_text():
+    return None
+  analysis = compiled.cost_analysis()
+  if isinstance(analysis, (list, tuple)):  # older jax: one dict per program
+    analysis = analysis[0]
+  accessed = (analysis or {}).get("bytes accessed")
+  return None if accessed is None else int(accessed)
+
+
 def interleaved_seconds(fns, args, blocks, per_block):
   """Per function: (estimate, per-block minima); see ESTIMATOR."""
   for fn in fns.values():  # warm up
@@ -210,8 +257,11 @@ def interleaved_seconds(fns, args, blocks, per_block):
 def measure(fns, args, blocks, per_block):
   fns = {name: fn.lower(*args).compile() for name, fn in fns.items()}
   memory = {name: planned_bytes(fn) for name, fn in fns.items()}
+  accessed = {name: accessed_bytes(fn) for name, fn in fns.items()}
+  ops = {name: launched_ops(fn) for name, fn in fns.items()}
   seconds = interleaved_seconds(fns, args, blocks, per_block)
   reference = next(iter(fns))
+  reference_accessed = accessed[reference]
   return [
       dict(
           name=name,
@@ -220,6 +270,13 @@ def measure(fns, args, blocks, per_block):
           bytes=memory[name],
           time_ratio=seconds[name][0] / seconds[reference][0],
           memory_ratio=memory[name] / memory[reference],
+          bytes_accessed=accessed[name],
+          ops=ops[name],
+          bytes_accessed_ratio=(
+              None
+              if accessed[name] is None or not reference_accessed
+              else accessed[name] / reference_accessed
+          ),
       )
       for name in fns
   ]
@@ -265,10 +322,13 @@ def target_check(rows):
 
 def print_rows(rows):
   for row in rows:
+    accessed = row["bytes_accessed_ratio"]
+    accessed = "-" if accessed is None else f"{accessed:.3f}"
+    ops = "-" if row["ops"] is None else row["ops"]
     print(
         f"  {row['name']:46s} {row['seconds'] * 1e3:8.1f}ms "
         f"{row['time_ratio']:6.3f} {row['bytes'] / 2**20:9.1f}MiB "
-        f"{row['memory_ratio']:6.3f}",
+        f"{row['memory_ratio']:6.3f} {accessed:>8s} {ops:>5}",
         flush=True,
     )
 
@@ -277,6 +337,7 @@ def main(argv):
   del argv
   device = jax.devices()[0]
   on_cpu = device.platform == "cpu"
+  dtype = jnp.dtype(FLAGS.dtype)
   grid = (
       tuple(tuple(int(x) for x in s.split(":")) for s in FLAGS.sizes)
       if FLAGS.sizes
@@ -292,12 +353,16 @@ def main(argv):
   )
   results = dict(
       device=f"{device.platform}: {device.device_kind}",
+      backend=jax.default_backend(),
+      device_kind=device.device_kind,
       host=platform.node(),
       jax=jax.__version__,
+      dtype=FLAGS.dtype,
       estimators=estimators,
       seq_len=FLAGS.seq_len,
       hidden_dim=FLAGS.hidden_dim,
       chunk_size=FLAGS.chunk_size,
+      default_chunk_sizes={},
       digit_fraction=FLAGS.digit_fraction,
       full_max_elements=FLAGS.full_max_elements,
       skipped=[],
@@ -305,7 +370,8 @@ def main(argv):
   )
   budget = memory_budget_bytes()
   print(
-      f"device: {results['device']}; time: {estimators['logits_path']} "
+      f"device: {results['device']}, jax {jax.__version__}, {FLAGS.dtype}; "
+      f"time: {estimators['logits_path']} "
       f"(from hidden states: {FLAGS.hidden_blocks} blocks of "
       f"{FLAGS.hidden_per_block}); memory: XLA plan (temp + output); "
       f"{100 * FLAGS.digit_fraction:.0f}% digit labels",
@@ -315,7 +381,7 @@ def main(argv):
     batch = max(1, tokens // FLAGS.seq_len)
     length = tokens // batch
     # Logits, their gradient and the random bits that make them.
-    needed = 3 * tokens * vocab * 4 + 2**31
+    needed = tokens * vocab * (4 + 2 * dtype.itemsize) + 2**31
     available = available_host_bytes() if on_cpu else None
     if available is not None and available < needed:
       print(
@@ -330,7 +396,7 @@ def main(argv):
     )
     labels, digit_mask = jnp.asarray(labels), jnp.asarray(digit_mask)
     key_logits, key_hidden, key_w = jax.random.split(jax.random.key(1), 3)
-    logits = jax.random.normal(key_logits, (batch, length, vocab), jnp.float32)
+    logits = jax.random.normal(key_logits, (batch, length, vocab), dtype)
     logit_rows = measure(
         logits_family(core_only=not full),
         (logits, labels, digit_mask),
@@ -347,7 +413,7 @@ def main(argv):
     print(f"\nN={tokens} V={vocab}")
     print(
         f"  {'value + grad of':46s} {'time':>10s} {'x ref':>6s} "
-        f"{'memory':>12s} {'x ref':>6s}"
+        f"{'memory':>12s} {'x ref':>6s} {'bytes x':>8s} {'ops':>5s}"
     )
     print_rows(logit_rows)
     target = run["target"]
@@ -360,9 +426,12 @@ def main(argv):
     )
     if full:
       dim = FLAGS.hidden_dim
-      hidden = jax.random.normal(key_hidden, (batch, length, dim), jnp.float32)
+      hidden = jax.random.normal(key_hidden, (batch, length, dim), dtype)
       unembedding = jax.random.normal(key_w, (dim, vocab), jnp.float32)
-      unembedding = unembedding / dim**0.5
+      unembedding = (unembedding / dim**0.5).astype(dtype)
+      results["default_chunk_sizes"][f"{tokens}:{vocab}"] = (
+          ntil_jax.default_chunk_size(vocab, num_tokens=tokens)
+      )
       hidden_rows = measure(
           hidden_family(FLAGS.chunk_size),
           (hidden, unembedding, labels, digit_mask),

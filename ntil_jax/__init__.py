@@ -19,6 +19,7 @@ from ntil_jax.losses import soft_digit_targets
 from ntil_jax.losses import soft_label_cross_entropy
 from ntil_jax.numbers import number_layout
 from ntil_jax.numbers import NumberLayout
+from ntil_jax.fused import default_chunk_size
 from ntil_jax.fused import fused_numeric_loss
 from ntil_jax.fused import fused_token_statistics
 from ntil_jax.losses import loss_from_statistics
@@ -30,6 +31,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "cross_entropy",
+    "default_chunk_size",
     "digit_logits",
     "digit_token_ids",
     "emd_loss",

@@ -12,6 +12,11 @@ gradient in one elementwise pass and multiplies it into the gradients of the
 hidden states and of the unembedding. The number logic runs on the full
 ``[B, T, 10]`` digit logits, so numbers that cross chunk boundaries are
 handled exactly.
+
+The vocabulary-wide matmuls take the inputs' dtype (bf16 stays bf16) and
+accumulate in float32 (``preferred_element_type``), as XLA's own
+``hidden @ W`` does; the block size depends on the backend
+(:func:`default_chunk_size`).
 """
 
 import functools
@@ -34,13 +39,59 @@ def _chunk_statistics(hidden, labels, unembedding, digit_token_ids):
   return losses.token_statistics(logits, labels, digit_token_ids)
 
 
-# Default block: about 4M float32 logits (16 MiB) whatever the vocabulary.
+# CPU: a block of about 4M float32 logits (16 MiB) whatever the vocabulary.
 DEFAULT_BLOCK_ELEMENTS = 2**22
+# GPU and TPU: a float32 logits block of at most 512 MiB, in whole multiples
+# of 256 tokens.
+ACCELERATOR_BLOCK_BYTES = 2**29
+ACCELERATOR_TOKEN_MULTIPLE = 256
+# GPU and TPU: backward tiles span whole multiples of 128 columns.
+ACCELERATOR_COLUMN_MULTIPLE = 128
 
 
-def default_chunk_size(vocab_size: int) -> int:
-  """Tokens per chunk so that one block holds ~4M logits."""
-  return max(1, DEFAULT_BLOCK_ELEMENTS // vocab_size)
+def default_chunk_size(
+    vocab_size: int,
+    *,
+    num_tokens: Optional[int] = None,
+    backend: Optional[str] = None,
+) -> int:
+  """Tokens per chunk of the fused path, for a backend.
+
+  On ``"cpu"`` a block holds about ``DEFAULT_BLOCK_ELEMENTS`` (4M) float32
+  logits, a cache-sized block: on this project's 2-core CPU it measured
+  fastest (issue 12), and at ``V = 151936`` it is 27 tokens. On a GPU or TPU
+  such a block makes skinny matmuls that leave the chip idle (27 tokens at
+  ``V = 151936`` cost 9.7x ``hidden @ W`` + optax CE on an H100, issue 18),
+  so any other backend gets as many tokens as fit a float32 logits block of
+  ``ACCELERATOR_BLOCK_BYTES`` (512 MiB), rounded down to a multiple of
+  ``ACCELERATOR_TOKEN_MULTIPLE`` (256, a whole number of matmul tiles) and
+  at least that multiple: 768 tokens at ``V = 151936``, 4096 at
+  ``V = 32768``. The block is float32 whatever the inputs' dtype, since the
+  logits are accumulated in float32.
+
+  Args:
+    vocab_size: ``V``, the unembedding's columns.
+    num_tokens: if given, the chunk is capped at it (a batch smaller than
+      one block is one block).
+    backend: ``"cpu"``, ``"gpu"``, ``"tpu"``, ...; ``None``:
+      ``jax.default_backend()``.
+
+  Returns:
+    A positive int, tokens per chunk.
+  """
+  if vocab_size < 1:
+    raise ValueError(f"vocab_size must be >= 1, got {vocab_size}.")
+  if backend is None:
+    backend = jax.default_backend()
+  if backend == "cpu":
+    chunk = max(1, DEFAULT_BLOCK_ELEMENTS // vocab_size)
+  else:
+    chunk = ACCELERATOR_BLOCK_BYTES // (4 * vocab_size)
+    chunk -= chunk % ACCELERATOR_TOKEN_MULTIPLE
+    chunk = max(ACCELERATOR_TOKEN_MULTIPLE, chunk)
+  if num_tokens is not None:
+    chunk = max(1, min(chunk, num_tokens))
+  return chunk
 
 
 def _check_chunk_size(chunk_size) -> None:
@@ -71,29 +122,32 @@ def fused_token_statistics(
 
   The forward pass computes the logits chunk by chunk along the sequence.
   The gradient is a custom VJP that walks tiles of about as many logits,
-  vocabulary columns by token positions: each tile's logits are recomputed,
-  turned into their gradient in one pass (softmax times the log-normalizer's
-  cotangent, plus the label's and digits' cotangents) and multiplied into
-  the hidden states' and the unembedding's gradients. A tile spans many
-  tokens and many columns, so neither the ``[D, V]`` nor the ``[B, T, D]``
-  gradient is re-added once per handful of tokens or columns.
+  vocabulary columns by token positions: each tile's logits are recomputed
+  and turned into their gradient in one elementwise pass (softmax times the
+  log-normalizer's cotangent, plus the label's and the digits' cotangents
+  in their columns), cast to the inputs' dtype and multiplied into the
+  hidden states' and the unembedding's gradients (float32 accumulation). A
+  tile spans many tokens and many columns, so neither the ``[D, V]`` nor
+  the ``[B, T, D]`` gradient is re-added once per handful of tokens or
+  columns.
 
   Args:
     hidden: ``[B, T, D]`` final hidden states.
     unembedding: ``[D, V]`` output projection.
     labels: ``[B, T]`` integer labels.
     digit_token_ids: ``[10]`` digit ids (``None``: 0..9).
-    chunk_size: tokens per chunk (``None``: :func:`default_chunk_size`); a
-      chunk covers ``max(1, chunk_size // B)`` positions of every row, so
-      the batch axis stays whole (and sharded, if it is). The backward
-      tiles hold about ``chunk_size * V`` logits each.
+    chunk_size: tokens per chunk (``None``: :func:`default_chunk_size` for
+      the default backend); a chunk covers about ``chunk_size // B``
+      positions of every row, so the batch axis stays whole (and sharded,
+      if it is). The backward tiles hold about ``chunk_size * V`` logits
+      each.
     mask: optional ``[B, T]`` bool, the positions whose statistics will be
       used; hidden states elsewhere are replaced by zeros (a ``where`` on the
       ``[B, T, D]`` hidden states), so NaN or inf there gives finite
       statistics and a zero gradient.
 
   Returns:
-    TokenStatistics with ``[B, T]`` / ``[B, T, 10]`` fields.
+    TokenStatistics with ``[B, T]`` / ``[B, T, 10]`` float32 fields.
   """
   _check_chunk_size(chunk_size)
   hidden = jnp.asarray(hidden)
@@ -105,11 +159,24 @@ def fused_token_statistics(
   if batch == 0 or length == 0:  # nothing to chunk: empty statistics
     return _chunk_statistics(hidden, labels, unembedding, digit_token_ids)
   vocab_size = unembedding.shape[-1]
+  backend = jax.default_backend()
   if chunk_size is None:
-    chunk_size = default_chunk_size(vocab_size)
+    chunk_size = default_chunk_size(
+        vocab_size, num_tokens=batch * length, backend=backend
+    )
+  column_multiple = 1 if backend == "cpu" else ACCELERATOR_COLUMN_MULTIPLE
+  tile = _tiles(
+      length, vocab_size, batch, chunk_size * vocab_size, column_multiple
+  )
   columns, traced_ids = losses._digit_columns(digit_token_ids, vocab_size)
   return _statistics(
-      hidden, unembedding, labels, traced_ids, columns, int(chunk_size)
+      hidden,
+      unembedding,
+      labels,
+      traced_ids,
+      columns,
+      _even_split(length, max(1, chunk_size // batch)),
+      tile,
   )
 
 
@@ -117,54 +184,65 @@ def _digit_ids(columns, traced_ids):
   return traced_ids if columns is None else np.asarray(columns)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
-def _statistics(hidden, unembedding, labels, traced_ids, columns, chunk_size):
-  """:func:`fused_token_statistics` after its checks; custom VJP."""
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _statistics(hidden, unembedding, labels, traced_ids, columns, rows, tile):
+  """:func:`fused_token_statistics` after its checks; custom VJP.
+
+  ``rows``: positions of each row per forward chunk; ``tile``: positions and
+  columns per backward tile (:func:`_tiles`).
+  """
   return _statistics_fwd(
-      hidden, unembedding, labels, traced_ids, columns, chunk_size
+      hidden, unembedding, labels, traced_ids, columns, rows, tile
   )[0]
 
 
 def _statistics_fwd(
-    hidden, unembedding, labels, traced_ids, columns, chunk_size
+    hidden, unembedding, labels, traced_ids, columns, rows, tile
 ):
-  batch, length, _ = hidden.shape
-  positions = max(1, min(chunk_size // batch, length))
-  num_chunks = -(-length // positions)
-  padded = num_chunks * positions
-  chunk_hidden, chunk_labels = hidden, labels
-  if padded != length:
-    chunk_hidden = jnp.pad(hidden, ((0, 0), (0, padded - length), (0, 0)))
-    chunk_labels = jnp.pad(labels, ((0, 0), (0, padded - length)))
-
-  def to_chunks(x):  # [B, T, ...] -> [num_chunks, B, chunk, ...]
-    x = x.reshape((batch, num_chunks, positions) + x.shape[2:])
-    return jnp.moveaxis(x, 1, 0)
-
+  del tile  # backward only
+  length = hidden.shape[1]
   ids = _digit_ids(columns, traced_ids)
-  stats = jax.lax.map(
-      lambda xs: _chunk_statistics(*xs, unembedding, ids),
-      (to_chunks(chunk_hidden), to_chunks(chunk_labels)),
+
+  # The last chunk is shifted back to end at the edge; the positions it
+  # shares with the chunk before are computed twice, to the same values.
+  def chunk_step(stats, i):
+    start = jnp.minimum(i * rows, length - rows)
+    chunk = _chunk_statistics(
+        _slice(hidden, start, rows, 1),
+        _slice(labels, start, rows, 1),
+        unembedding,
+        ids,
+    )
+    stats = jax.tree.map(
+        lambda s, c: jax.lax.dynamic_update_slice_in_dim(s, c, start, 1),
+        stats,
+        chunk,
+    )
+    return stats, None
+
+  # Sharded as the hidden states are (the statistics' chunks are).
+  per_token = jnp.zeros_like(hidden[..., 0], jnp.float32)
+  empty = losses.TokenStatistics(
+      per_token,
+      per_token,
+      per_token[..., None] + jnp.zeros(losses.NUM_DIGITS, jnp.float32),
   )
-
-  def from_chunks(x):  # [num_chunks, B, chunk, ...] -> [B, T, ...]
-    x = jnp.moveaxis(x, 0, 1)
-    return x.reshape((batch, padded) + x.shape[3:])[:, :length]
-
-  stats = jax.tree.map(from_chunks, stats)
+  stats, _ = jax.lax.scan(chunk_step, empty, jnp.arange(-(-length // rows)))
   return stats, (hidden, unembedding, labels, traced_ids, stats.log_norm)
 
 
-def _tiles(length, vocab_size, batch, elements):
+def _tiles(length, vocab_size, batch, elements, column_multiple=1):
   """Positions and columns per backward tile of about ``elements`` logits.
 
   About as many tokens as columns (the gradients re-added per tile are
   ``[B, positions, D]`` and ``[D, columns]``), and tiles that split each
-  axis evenly, so the last one overlaps the one before by little.
+  axis evenly, so the last one overlaps the one before by little. Columns
+  are rounded up to a multiple of ``column_multiple`` (at most ``V``).
   """
   side = max(1, math.isqrt(elements))
   positions = _even_split(length, max(1, side // batch))
   columns = _even_split(vocab_size, max(1, elements // (batch * positions)))
+  columns = min(vocab_size, -(-columns // column_multiple) * column_multiple)
   return positions, columns
 
 
@@ -184,34 +262,35 @@ def _add_slice(x, update, start, axis):
   return jax.lax.dynamic_update_slice_in_dim(x, current + update, start, axis)
 
 
-def _statistics_bwd(columns, chunk_size, residuals, cotangents):
+def _statistics_bwd(columns, rows, tile, residuals, cotangents):
+  del rows  # forward only
   hidden, unembedding, labels, traced_ids, log_norm = residuals
   g_norm, g_label, g_digits = cotangents
-  batch, length, _ = hidden.shape
+  length = hidden.shape[1]
   vocab_size = unembedding.shape[-1]
-  # The label's and the digits' cotangents: 11 sparse entries per token.
-  sparse_columns, sparse_values = losses._sparse_cotangents(
-      jnp.clip(labels, 0, vocab_size - 1),
-      g_label,
-      g_digits,
-      columns,
-      traced_ids,
-      vocab_size,
-  )
-  positions, width = _tiles(length, vocab_size, batch, chunk_size * vocab_size)
+  positions, width = tile
+  # bf16 inputs give bf16 matmul operands; float32 accumulates them.
+  compute_dtype = jnp.result_type(hidden.dtype, unembedding.dtype)
+  hidden_sharding = jax.typeof(hidden).sharding
+  labels = jnp.clip(labels, 0, vocab_size - 1).astype(jnp.int32)
+  if columns is None:  # invalid traced ids made the digit logits NaN
+    g_digits = jnp.where(
+        losses._valid_ids(traced_ids, vocab_size), g_digits, 0.0
+    )
+    digit_columns = jnp.clip(traced_ids, 0, vocab_size - 1)
+  else:
+    digit_columns = columns
   # The last tile of each axis is shifted back to end at the edge; the part
   # it shares with the tile before is masked out, never counted twice.
   ragged_rows = length % positions != 0
   ragged_columns = vocab_size % width != 0
-  hidden_type = jax.typeof(hidden)
-  unembedding_type = jax.typeof(unembedding)
+  column = jnp.arange(width)
 
   def vocabulary_step(carry, j):
     d_hidden, d_unembedding = carry
     first = j * width
     start_v = jnp.minimum(first, vocab_size - width)
     w = _slice(unembedding, start_v, width, 1)
-    new_column = start_v + jnp.arange(width) >= first
 
     def token_step(carry, t):
       d_hidden, d_w = carry
@@ -222,34 +301,43 @@ def _statistics_bwd(columns, chunk_size, residuals, cotangents):
           "bcd,dv->bcv", h, w, preferred_element_type=jnp.float32
       )
       scale = _slice(g_norm, start_t, positions, 1)
+      label = _slice(labels, start_t, positions, 1) - start_v
+      label_scale = _slice(g_label, start_t, positions, 1)
+      digit_scales = _slice(g_digits, start_t, positions, 1)
       if ragged_rows:
         new_row = start_t + jnp.arange(positions) >= first_t
         scale = jnp.where(new_row, scale, 0.0)
+        label_scale = jnp.where(new_row, label_scale, 0.0)
+        digit_scales = jnp.where(new_row[:, None], digit_scales, 0.0)
       norm = _slice(log_norm, start_t, positions, 1)
+      # One elementwise pass: softmax times d log_norm, plus the label's
+      # and the ten digits' cotangents in their columns (11 compares per
+      # logit, no scatter).
       grad = jnp.exp(logits - norm[..., None]) * scale[..., None]
-      if ragged_columns:
-        grad = jnp.where(new_column, grad, 0.0)
-      # Sparse entries in this tile's new columns (others are dropped).
-      local = _slice(sparse_columns, start_t, positions, 1) - start_v
-      keep = (local >= first - start_v) & (local < width)
-      if ragged_rows:
-        keep = keep & new_row[:, None]
-      grad = losses._add_to_columns(
-          grad,
-          jnp.where(keep, local, width),
-          _slice(sparse_values, start_t, positions, 1),
-          mode=jax.lax.GatherScatterMode.FILL_OR_DROP,
+      grad = grad + jnp.where(
+          column == label[..., None], label_scale[..., None], 0.0
       )
+      for k in range(losses.NUM_DIGITS):
+        grad = grad + jnp.where(
+            column == digit_columns[k] - start_v,
+            digit_scales[..., k, None],
+            0.0,
+        )
+      if ragged_columns:
+        grad = jnp.where(column >= first - start_v, grad, 0.0)
+      grad = grad.astype(compute_dtype)
       d_h = jnp.einsum(
           "bcv,dv->bcd",
           grad,
-          w.astype(jnp.float32),
-          out_sharding=hidden_type.sharding,
+          w,
+          preferred_element_type=jnp.float32,
+          out_sharding=hidden_sharding,
       )
       d_w = d_w + jnp.einsum(
           "bcd,bcv->dv",
-          h.astype(jnp.float32),
+          h,
           grad,
+          preferred_element_type=jnp.float32,
           out_sharding=jax.typeof(w).sharding,
       )
       return (_add_slice(d_hidden, d_h, start_t, 1), d_w), None
@@ -259,22 +347,17 @@ def _statistics_bwd(columns, chunk_size, residuals, cotangents):
         (d_hidden, jnp.zeros_like(w, jnp.float32)),
         jnp.arange(-(-length // positions)),
     )
+    # Each column's gradient is complete here: rounded once to W's dtype
+    # (the shared columns of a shifted last tile add exact zeros).
+    d_w = d_w.astype(d_unembedding.dtype)
     return (d_hidden, _add_slice(d_unembedding, d_w, start_v, 1)), None
 
   (d_hidden, d_unembedding), _ = jax.lax.scan(
       vocabulary_step,
-      (
-          jnp.zeros_like(hidden, jnp.float32),
-          jnp.zeros_like(unembedding, jnp.float32),
-      ),
+      (jnp.zeros_like(hidden, jnp.float32), jnp.zeros_like(unembedding)),
       jnp.arange(-(-vocab_size // width)),
   )
-  return (
-      d_hidden.astype(hidden_type.dtype),
-      d_unembedding.astype(unembedding_type.dtype),
-      None,
-      None,
-  )
+  return d_hidden.astype(hidden.dtype), d_unembedding, None, None
 
 
 _statistics.defvjp(_statistics_fwd, _statistics_bwd)
@@ -304,8 +387,9 @@ def fused_numeric_loss(
   :func:`fused_token_statistics`) besides the ``[D, V]`` gradient.
 
   Args:
-    hidden: ``[..., T, D]`` final hidden states (any float dtype; the logits
-      are accumulated in float32).
+    hidden: ``[..., T, D]`` final hidden states (any float dtype; the
+      matmuls take the inputs' dtype and accumulate the logits and the
+      gradients in float32).
     unembedding: ``[D, V]`` output projection (``logits = hidden @ W``).
     labels: ``[..., T]`` integer ids; ids outside ``[0, V)`` score 0.
     digit_mask: ``[..., T]`` bool, where numbers may be (``None``: all).
@@ -314,8 +398,9 @@ def fused_numeric_loss(
     method: ``"ntil"``, ``"emd"``, ``"ntl_mse"``, ``"soft_label"`` or ``"ce"``.
     weighting: ``"sum"`` or ``"reference"`` (see ``numeric_token_loss``).
     digit_token_ids: ``[10]`` digit ids (``None``: 0..9).
-    chunk_size: tokens per chunk (a positive int); ``None`` picks ~4M logits
-      per block.
+    chunk_size: tokens per chunk (a positive int); ``None``:
+      :func:`default_chunk_size` (about 4M logits per block on CPU, a
+      512 MiB float32 block on GPU and TPU).
     **loss_kwargs: keyword arguments of the numeric loss.
 
   Returns:

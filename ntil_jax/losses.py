@@ -159,6 +159,13 @@ def token_statistics(
   every logit. It equals autodiff of the plain formulation up to float
   rounding. (Being a custom VJP, it supports reverse-mode differentiation
   only, not ``jax.jvp``.)
+
+  The float32 ``exp(logits - max)`` of the forward pass is kept for the
+  backward pass for float32 logits, and on CPU for any logits (XLA's CPU
+  backend writes a float32 copy of narrower logits for the reductions
+  anyway, so keeping the exponentials costs no memory and saves an exp per
+  logit); narrower logits on a GPU or TPU have them recomputed, so that no
+  float32 ``[..., V]`` buffer outlives the forward pass.
   """
   logits = jnp.asarray(logits)
   labels = jnp.asarray(labels)
@@ -171,7 +178,7 @@ def token_statistics(
       mask,
       traced_ids,
       columns,
-      logits.dtype == jnp.float32,
+      logits.dtype == jnp.float32 or jax.default_backend() == "cpu",
   )
 
 
@@ -268,20 +275,22 @@ def _statistics(logits, labels, mask, traced_ids, columns, keep_exp):
     traced_ids: ``[10]`` digit ids when ``columns`` is None, else None.
     columns: static digit column ids (a tuple) or None.
     keep_exp: keep the float32 ``exp(logits - max)`` for the backward pass
-      (float32 logits: it becomes the gradient in place, one exp per logit
-      as in optax's CE), else recompute it there (no float32 ``[..., V]``
-      copy of narrower logits).
+      (it becomes the gradient in place, one exp per logit as in optax's
+      CE), else recompute it there (no float32 ``[..., V]`` residual for
+      narrower logits).
   """
   return _statistics_fwd(logits, labels, mask, traced_ids, columns, keep_exp)[0]
 
 
 def _statistics_fwd(logits, labels, mask, traced_ids, columns, keep_exp):
   vocab_size = logits.shape[-1]
-  x = logits.astype(jnp.float32)
   # jax.nn.logsumexp step by step, so that the exponentials can be kept.
-  amax = jnp.max(x, axis=-1)
+  # The maximum is exact in any dtype: taken on the logits as they are, so
+  # that narrower logits are widened only inside the exp's pass, never
+  # written out as a float32 [..., V] copy.
+  amax = jnp.max(logits, axis=-1).astype(jnp.float32)
   amax = jnp.where(jnp.isfinite(amax), amax, 0.0)
-  shifted = jnp.exp(x - amax[..., None])
+  shifted = jnp.exp(logits.astype(jnp.float32) - amax[..., None])
   sum_exp = jnp.sum(shifted, axis=-1)
   log_norm = jnp.log(sum_exp) + amax
   index = jnp.clip(labels, 0, vocab_size - 1)
@@ -298,11 +307,13 @@ def _statistics_fwd(logits, labels, mask, traced_ids, columns, keep_exp):
     digits = jnp.where(valid_ids, digits, jnp.nan)
   stats = TokenStatistics(log_norm, label_logits, digits)
   dense = (shifted, sum_exp) if keep_exp else (logits, log_norm)
-  return stats, (dense, index, mask, traced_ids)
+  # A scalar of the logits' dtype, the gradient's.
+  like = jnp.zeros((), logits.dtype)
+  return stats, (dense, index, mask, traced_ids, like)
 
 
 def _statistics_bwd(columns, keep_exp, residuals, cotangents):
-  (big, per_token), index, mask, traced_ids = residuals
+  (big, per_token), index, mask, traced_ids, like = residuals
   g_norm, g_label, g_digits = cotangents
   if mask is not None:
     g_norm = jnp.where(mask, g_norm, 0.0)
@@ -321,8 +332,7 @@ def _statistics_bwd(columns, keep_exp, residuals, cotangents):
     dense = dense * scale[..., None]
   if mask is not None:  # NaN or inf logits of unused tokens: 0, not NaN
     dense = jnp.where(mask[..., None], dense, 0.0)
-  if not keep_exp:
-    dense = dense.astype(big.dtype)
+  dense = dense.astype(like.dtype)
   # The label's and the digits' cotangents: 11 entries per token.
   sparse_columns, values = _sparse_cotangents(
       index, g_label, g_digits, columns, traced_ids, big.shape[-1]

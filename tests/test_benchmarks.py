@@ -11,7 +11,9 @@ import os
 import tempfile
 
 from absl.testing import absltest
+import jax
 
+import ntil_jax
 from benchmarks import report
 from tests.test_experiments import run as run_module
 
@@ -65,6 +67,13 @@ class BenchmarkTest(absltest.TestCase):
           self.assertAlmostEqual(
               row["memory_ratio"], row["bytes"] / rows[0]["bytes"]
           )
+          if family == "logits_path":  # no loop: XLA's counts hold
+            self.assertGreater(row["bytes_accessed"], 0)
+            self.assertGreater(row["ops"], 0)
+            self.assertAlmostEqual(
+                row["bytes_accessed_ratio"],
+                row["bytes_accessed"] / rows[0]["bytes_accessed"],
+            )
       target = run["target"]
       self.assertEqual(
           target["met"],
@@ -76,12 +85,57 @@ class BenchmarkTest(absltest.TestCase):
     fused = {r["name"]: r for r in small["from_hidden"]}
     self.assertLess(fused["fused_numeric_loss ntil"]["memory_ratio"], 1.0)
     self.assertIn("N=128 V=512", stdout)
-    lines = report.targets(results) + report.table(small) + report.table(large)
+    # The fused path loops over chunks, whose body XLA's cost analysis
+    # counts once: no bytes-accessed figure for it.
+    self.assertIsNone(fused["fused_numeric_loss ntil"]["bytes_accessed"])
+    self.assertIsNone(fused["fused_numeric_loss ntil"]["ops"])
+    lines = (
+        report.targets(results)
+        + report.table(small, results)
+        + report.table(large, results)
+    )
     text = "\n".join(lines)
     self.assertIn("| 64 x 256 |", text)
     self.assertIn("<= 1.03 / <= 1.01: ", text)
     self.assertIn("not measured", text)
     self.assertIn("fused_numeric_loss ntil (w.r.t. hidden and W)", text)
+
+  def test_bfloat16_run_records_its_setting(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      out = os.path.join(tmp, "results.json")
+      stdout = run_module(
+          "benchmarks.run",
+          "--dtype=bfloat16",
+          "--hidden_dim=24",
+          "--sizes=64:256",
+          "--seq_len=32",
+          "--blocks=1",
+          "--per_block=1",
+          "--hidden_blocks=1",
+          f"--out={out}",
+      )
+      with open(out) as f:
+        results = json.load(f)
+    device = jax.devices()[0]
+    self.assertEqual(results["dtype"], "bfloat16")
+    self.assertEqual(results["hidden_dim"], 24)
+    self.assertEqual(results["backend"], jax.default_backend())
+    self.assertEqual(results["device_kind"], device.device_kind)
+    self.assertEqual(results["jax"], jax.__version__)
+    self.assertEqual(
+        results["default_chunk_sizes"],
+        {"64:256": ntil_jax.default_chunk_size(256, num_tokens=64)},
+    )
+    self.assertIn("bfloat16", stdout)
+    (run,) = results["runs"]
+    self.assertLen(run["logits_path"], 8)
+    self.assertLen(run["from_hidden"], 3)
+    text = "\n".join(report.targets(results) + report.table(run, results))
+    setting = f"{results['device']}, bfloat16, D=24, jax {jax.__version__}"
+    self.assertIn(f"Targets on {setting}", text)
+    self.assertIn(f"### N=64, V=256 ({setting})", text)
+    chunk = results["default_chunk_sizes"]["64:256"]
+    self.assertIn(f"chunks of {chunk} tokens (the default)", text)
 
   def test_number_logic_prints_every_method(self):
     stdout = run_module(
@@ -92,7 +146,7 @@ class BenchmarkTest(absltest.TestCase):
         "--blocks=2",
     )
     for method in ("ce", "emd", "ntl_mse", "soft_label", "ntil"):
-      self.assertIn(f"number logic {method} ", stdout)
+      self.assertRegex(stdout, rf"number logic {method} .*, \d+ ops")
     self.assertIn("% of optax CE", stdout)
     self.assertIn("median over 2 blocks", stdout)
 

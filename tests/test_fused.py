@@ -1,5 +1,8 @@
 """The fused path equals the logits path, values and gradients."""
 
+import re
+from unittest import mock
+
 from absl.testing import absltest
 from absl.testing import parameterized
 import jax
@@ -7,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import ntil_jax
+from ntil_jax import fused as fused_lib
 from tests.test_losses import PERMUTED_IDS, random_case
 
 jax.config.update("jax_default_matmul_precision", "highest")
@@ -155,6 +159,169 @@ class FusedTest(parameterized.TestCase):
       ntil_jax.fused_numeric_loss(
           hidden, unembedding, labels, mask, chunk_size=0
       )
+
+
+class ChunkSizeTest(parameterized.TestCase):
+
+  @parameterized.parameters(
+      # CPU: about 4M float32 logits per block.
+      ("cpu", 151936, 27),
+      ("cpu", 32768, 128),
+      ("cpu", 2**23, 1),
+      # GPU and TPU: a 512 MiB float32 block, in multiples of 256 tokens,
+      # at least 256.
+      ("gpu", 151936, 768),
+      ("gpu", 32768, 4096),
+      ("tpu", 151936, 768),
+      ("tpu", 256000, 512),
+      ("gpu", 2**22, 256),
+  )
+  def test_rule_per_backend(self, backend, vocab_size, want):
+    got = fused_lib.default_chunk_size(vocab_size, backend=backend)
+    self.assertEqual(got, want)
+    if backend != "cpu":
+      self.assertEqual(got % 256, 0)
+      self.assertLessEqual(
+          got * vocab_size * 4, max(2**29, 256 * vocab_size * 4)
+      )
+
+  def test_capped_by_the_tokens(self):
+    self.assertEqual(
+        fused_lib.default_chunk_size(32768, num_tokens=1000, backend="gpu"),
+        1000,
+    )
+    self.assertEqual(
+        fused_lib.default_chunk_size(32768, num_tokens=100, backend="cpu"),
+        100,
+    )
+    self.assertEqual(
+        fused_lib.default_chunk_size(32768, num_tokens=10**6, backend="gpu"),
+        4096,
+    )
+
+  def test_default_backend(self):
+    self.assertEqual(
+        fused_lib.default_chunk_size(151936),
+        fused_lib.default_chunk_size(
+            151936, backend=jax.default_backend()
+        ),
+    )
+    with self.assertRaisesRegex(ValueError, "vocab_size"):
+      fused_lib.default_chunk_size(0)
+
+  @parameterized.parameters(None, 8)
+  def test_accelerator_geometry_equals_logits_path(self, chunk_size):
+    # With jax reporting a GPU, tiles span whole multiples of 128 columns
+    # and the default chunk covers every token; the values and gradients
+    # are still the logits path's.
+    case = hidden_case(6, 2, 37, 16, 300)
+    # chunk_size=8: three tiles of 19 positions by 128 columns, the last
+    # ones shifted back to end at the edges.
+    self.assertEqual(fused_lib._tiles(37, 300, 2, 8 * 300, 128), (19, 128))
+    with mock.patch.object(jax, "default_backend", return_value="gpu"):
+      (want, want_grads), (got, got_grads) = both_paths(
+          "ntil", *case, chunk_size=chunk_size
+      )
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+    for g, w in zip(got_grads, want_grads):
+      np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-5)
+
+
+def _bfloat16_case(dim):
+  hidden, unembedding, labels, digit_mask = hidden_case(7, 2, 24, dim, 160)
+  return (
+      jnp.asarray(hidden, jnp.bfloat16),
+      jnp.asarray(unembedding, jnp.bfloat16),
+      labels,
+      digit_mask,
+  )
+
+
+def _tensor_types(signature):
+  """``[(shape, dtype)]`` of every ``tensor<AxBxdtype>`` in a signature."""
+  types = []
+  for spec in re.findall(r"tensor<([^>]*)>", signature):
+    *dims, dtype = spec.split("x")
+    types.append((tuple(int(d) for d in dims), dtype))
+  return types
+
+
+class BFloat16Test(parameterized.TestCase):
+
+  def test_vocabulary_wide_matmuls_take_bfloat16(self):
+    # D = 48 is no other dimension of the program, so every tensor with a
+    # 48 is the hidden states, the unembedding, a slice of either or their
+    # gradient. The lowered program is read, before XLA's CPU backend
+    # rewrites bf16 dots for its own kernels.
+    dim = 48
+    hidden, unembedding, labels, digit_mask = _bfloat16_case(dim)
+
+    def loss(h, w):
+      return ntil_jax.fused_numeric_loss(
+          h, w, labels, digit_mask, chunk_size=16
+      ).mean()
+
+    text = (
+        jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
+        .lower(hidden, unembedding)
+        .as_text()
+    )
+    dots = [
+        _tensor_types(line.split(" : ")[-1])
+        for line in text.splitlines()
+        if "stablehlo.dot_general" in line
+    ]
+    wide = [d for d in dots if any(dim in shape for shape, _ in d[:2])]
+    # Forward logits, recomputed logits, d hidden and d W.
+    self.assertLen(wide, 4, dots)
+    for (lhs, rhs, out) in wide:
+      self.assertEqual((lhs[1], rhs[1], out[1]), ("bf16", "bf16", "f32"))
+    upcasts = [
+        types
+        for line in text.splitlines()
+        if "stablehlo.convert" in line
+        for types in [_tensor_types(line.split(" : ")[-1])]
+        if types[0][1] == "bf16"
+        and types[-1][1] == "f32"
+        and dim in types[0][0]
+    ]
+    self.assertEqual(upcasts, [])
+
+  def test_gradients_close_to_float32(self):
+    hidden, unembedding, labels, digit_mask = _bfloat16_case(32)
+    loss_mask = labels >= 0
+
+    def loss(h, w):
+      return ntil_jax.fused_numeric_loss(
+          h, w, labels, digit_mask, loss_mask=loss_mask, chunk_size=16
+      ).sum()
+
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1)))
+    got = grad(hidden, unembedding)
+    self.assertEqual([g.dtype for g in got], [jnp.bfloat16] * 2)
+    # The exact gradient: float32 of the same (bf16-valued) inputs.
+    h32, w32 = hidden.astype(jnp.float32), unembedding.astype(jnp.float32)
+    exact = grad(h32, w32)
+    # ... and the gradient G of the loss w.r.t. the float32 logits.
+    logits_grad = jax.grad(
+        lambda z: ntil_jax.numeric_token_loss(
+            z, labels, loss_mask=loss_mask, digit_mask=digit_mask
+        ).sum()
+    )(jnp.einsum("btd,dv->btv", h32, w32))
+    # bf16 keeps 8 bits, so the path rounds twice, each time by at most
+    # 2**-9 relative: G before the two matmuls (an error of at most
+    # 2**-9 * |G| @ |W|^T in d hidden, 2**-9 * |H|^T @ |G| in d W) and the
+    # float32 result at the end (2**-9 * |exact|). Allowed: twice that.
+    bounds = (
+        jnp.einsum("btv,dv->btd", jnp.abs(logits_grad), jnp.abs(w32)),
+        jnp.einsum("btd,btv->dv", jnp.abs(h32), jnp.abs(logits_grad)),
+    )
+    for g, e, bound in zip(got, exact, bounds):
+      error = np.abs(np.asarray(g, np.float32) - np.asarray(e))
+      allowed = 2 * 2.0**-9 * (np.asarray(bound) + np.abs(np.asarray(e)))
+      self.assertTrue(np.all(error <= allowed), np.max(error - allowed))
+      # Not vacuous: the bound is well below the gradient's own size.
+      self.assertLess(np.median(allowed), 0.1 * np.abs(e).max())
 
 
 if __name__ == "__main__":

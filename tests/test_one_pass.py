@@ -10,6 +10,7 @@ the digit logits by plain indexing).
 """
 
 import functools
+from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -193,8 +194,12 @@ class GradientEqualityTest(parameterized.TestCase):
     assert_close(got, want)
     np.testing.assert_array_equal(got[labels == vocab_size + 3], 0.0)
 
-  @parameterized.parameters("ce", "soft_label", "ntil")
-  def test_bfloat16_logits(self, method):
+  @parameterized.product(
+      method=("ce", "soft_label", "ntil"),
+      # The CPU keeps the float32 exponentials, a GPU recomputes them.
+      backend=("cpu", "gpu"),
+  )
+  def test_bfloat16_logits(self, method, backend):
     logits, labels, digit_mask = random_case(66, batch=2, length=16, vocab=40)
     logits = jnp.asarray(logits, jnp.bfloat16)
     weights = token_weights(labels)
@@ -211,7 +216,8 @@ class GradientEqualityTest(parameterized.TestCase):
         method=method,
     )
     grad = jax.jit(jax.grad(functools.partial(total, ours)))
-    got = grad(logits)
+    with mock.patch.object(jax, "default_backend", return_value=backend):
+      got = grad(logits)
     self.assertEqual(got.dtype, jnp.bfloat16)
     # The exact gradient: float32 autodiff of the same (bfloat16) values.
     exact = grad(logits.astype(jnp.float32))
@@ -231,9 +237,12 @@ class GradientEqualityTest(parameterized.TestCase):
           np.asarray(candidate, np.float32), exact, rtol=0, atol=tolerance
       )
 
-  @parameterized.parameters(True, False)
-  def test_unscored_nan_logits(self, keep_exp):
+  @parameterized.product(
+      keep_exp=(True, False), dtype=(jnp.float32, jnp.bfloat16)
+  )
+  def test_unscored_nan_logits(self, keep_exp, dtype):
     logits, labels, _ = random_case(67, batch=2, length=12, vocab=24)
+    logits = np.asarray(jnp.asarray(logits, dtype))
     mask = np.random.default_rng(68).random(labels.shape) < 0.6
     poisoned = logits.copy()
     poisoned[~mask] = np.nan
@@ -256,6 +265,7 @@ class GradientEqualityTest(parameterized.TestCase):
     clean_value, clean_grad = gradient(logits)
     for v, c in zip(value, clean_value):
       np.testing.assert_array_equal(v, c)
+    self.assertEqual(grad.dtype, dtype)
     self.assertTrue(np.isfinite(grad).all())
     np.testing.assert_array_equal(grad[~mask], 0.0)
     np.testing.assert_array_equal(grad, clean_grad)
@@ -306,13 +316,16 @@ class FusedGradientTest(parameterized.TestCase):
       assert_close(got, want)
 
 
-class MemoryTest(absltest.TestCase):
+class MemoryTest(parameterized.TestCase):
 
-  def test_no_more_memory_than_optax_cross_entropy(self):
+  @parameterized.parameters(jnp.float32, jnp.bfloat16)
+  def test_no_more_memory_than_optax_cross_entropy(self, dtype):
     # XLA's plan (deterministic, not a timing): the gradient of CE + NTIL
-    # needs no [N, V] buffer beyond the one optax's CE needs.
+    # needs no [N, V] buffer beyond the one optax's CE needs (bf16 on CPU:
+    # the float32 exponentials kept stand where XLA's float32 copy of the
+    # logits would).
     shapes = (
-        jax.ShapeDtypeStruct((4, 128, 32768), jnp.float32),
+        jax.ShapeDtypeStruct((4, 128, 32768), dtype),
         jax.ShapeDtypeStruct((4, 128), jnp.int32),
         jax.ShapeDtypeStruct((4, 128), jnp.bool_),
     )
