@@ -35,6 +35,7 @@ format: install
 
 bench: install
 	$(PY) -m benchmarks.run --out=benchmarks/results.json
+	$(PY) -m benchmarks.step --out=benchmarks/step_results.json
 	$(PY) -m benchmarks.report
 
 experiments: install
