@@ -43,7 +43,9 @@ from train import step as step_lib
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string(
-    "model", "tiny", "tiny|small|base|large|qwen2.5-1.5b|qwen2-tiny|qwen2-wide-vocab"
+    "model",
+    "tiny",
+    "tiny|small|base|large|qwen2.5-1.5b|qwen2-tiny|qwen2-wide-vocab",
 )
 flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute.")
 flags.DEFINE_integer("batch_size", 16, "Sequences per step.")
