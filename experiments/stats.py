@@ -19,8 +19,10 @@ def mean_std(values):
 
 
 def fmt(values, digits):
-  """``'mean ± sd'`` with ``digits`` decimals."""
+  """``'mean ± sd'`` with ``digits`` decimals (one value: the value alone)."""
   mean, std = mean_std(values)
+  if np.isnan(std):
+    return f"{mean:.{digits}f}"
   return f"{mean:.{digits}f} ± {std:.{digits}f}"
 
 
@@ -33,33 +35,41 @@ def group_runs(runs, main_variant="main"):
   return grouped
 
 
+def value(run, metric):
+  """A recorded metric (a key) or one derived from the run (a function)."""
+  return metric(run) if callable(metric) else run[metric]
+
+
 def paired(runs, reference, metric, scale, higher_better):
   """Paired difference to ``reference`` on the seeds both have, or None.
 
   Args:
     runs: {seed: run record} of the runs compared.
     reference: {seed: run record} they are compared with.
-    metric: the record field.
+    metric: the record field, or a function of the record.
     scale: multiplies the values (100 for percentages).
     higher_better: which sign of the difference counts as better.
 
   Returns:
-    dict(n, mean, std, better, t, p): the number of common seeds, mean and
-    sd of the differences, the seeds where ``runs`` is better, and a
-    two-sided paired t-test (nan with one seed or identical differences).
+    dict(n, mean, std, better, t, p): the number of common seeds where both
+    values are finite, mean and sd of the differences, the seeds where
+    ``runs`` is better, and a two-sided paired t-test (nan with one seed or
+    identical differences). None without such seeds.
   """
-  seeds = sorted(set(runs) & set(reference))
+  seeds = [
+      s
+      for s in sorted(set(runs) & set(reference))
+      if np.isfinite(value(runs[s], metric))
+      and np.isfinite(value(reference[s], metric))
+  ]
   if not seeds:
     return None
-  diffs = np.array(
-      [scale * (runs[s][metric] - reference[s][metric]) for s in seeds]
-  )
+  ours = np.array([scale * value(runs[s], metric) for s in seeds])
+  theirs = np.array([scale * value(reference[s], metric) for s in seeds])
+  diffs = ours - theirs
   better = int(np.sum(diffs > 0 if higher_better else diffs < 0))
   if len(seeds) > 1 and np.std(diffs) > 0:
-    result = stats.ttest_rel(
-        [scale * runs[s][metric] for s in seeds],
-        [scale * reference[s][metric] for s in seeds],
-    )
+    result = stats.ttest_rel(ours, theirs)
     t, p = float(result.statistic), float(result.pvalue)
   else:
     t = p = float("nan")

@@ -19,9 +19,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 import numpy as np
-from scipy import stats
 
 from configs import clock_time
+from experiments import stats as stats_lib
 from experiments.clock_time import grid
 from train import plots
 from train.tasks import clock_time as task
@@ -88,18 +88,6 @@ PAIRED = (
 )
 
 
-def mean_std(values):
-  values = np.asarray(values, float)
-  return values.mean(), (
-      values.std(ddof=1) if len(values) > 1 else float("nan")
-  )
-
-
-def fmt(values, digits):
-  mean, std = mean_std(values)
-  return f"{mean:.{digits}f} ± {std:.{digits}f}"
-
-
 EARLY, CONVERGED = "budget=600", "converged"
 CHECK = "ce_8x_steps"
 
@@ -131,11 +119,6 @@ def group_runs(runs, regime=EARLY):
   return grouped
 
 
-def value(run, metric):
-  """A recorded metric (a key) or one derived from the run (a function)."""
-  return metric(run) if callable(metric) else run[metric]
-
-
 def steps_to(run, threshold=0.5):
   """The step where exact match first reaches ``threshold`` (NaN if never).
 
@@ -161,38 +144,6 @@ def curve_area(run):
   return float(area / steps[-1])
 
 
-def paired(runs, reference, metric, scale, higher_better):
-  """Paired difference to ``reference`` on the seeds both have, or None."""
-  seeds = [
-      s
-      for s in sorted(set(runs) & set(reference))
-      if np.isfinite(value(runs[s], metric))
-      and np.isfinite(value(reference[s], metric))
-  ]
-  if not seeds:
-    return None
-  ours = np.array([scale * value(runs[s], metric) for s in seeds])
-  theirs = np.array([scale * value(reference[s], metric) for s in seeds])
-  diffs = ours - theirs
-  better = int(np.sum(diffs > 0 if higher_better else diffs < 0))
-  if len(seeds) > 1 and np.std(diffs) > 0:
-    result = stats.ttest_rel(ours, theirs)
-    t, p = float(result.statistic), float(result.pvalue)
-  else:
-    t = p = float("nan")
-  mean, std = mean_std(diffs)
-  return dict(n=len(seeds), mean=mean, std=std, better=better, t=t, p=p)
-
-
-def paired_cells(runs, reference, metric, scale, higher_better, digits):
-  d = paired(runs, reference, metric, scale, higher_better)
-  if d is None:
-    return ["–"] * 3
-  std = "" if np.isnan(d["std"]) else f" ± {d['std']:.{digits}f}"
-  test = "–" if np.isnan(d["t"]) else f"{d['t']:+.2f} (p = {d['p']:.3f})"
-  return [f"{d['mean']:+.{digits}f}{std}", f"{d['better']}/{d['n']}", test]
-
-
 def main_table(grouped):
   head = ["method", "seeds"] + [label for _, label, *_ in COLUMNS]
   lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -202,7 +153,7 @@ def main_table(grouped):
     runs = list(grouped[method].values())
     cells = [LABELS[method], str(len(runs))]
     for metric, _, scale, digits, _ in COLUMNS:
-      cells.append(fmt([scale * r[metric] for r in runs], digits))
+      cells.append(stats_lib.fmt([scale * r[metric] for r in runs], digits))
     lines.append("| " + " | ".join(cells) + " |")
   return lines
 
@@ -220,7 +171,7 @@ def paired_table(grouped, rows, reference_key):
     runs = grouped[key]
     cells = [label, str(len(set(runs) & set(reference)))]
     for metric, _, scale, higher in PAIRED:
-      cells += paired_cells(
+      cells += stats_lib.paired_cells(
           runs, reference, metric, scale, higher, 2 if scale == 1 else 1
       )
     lines.append("| " + " | ".join(cells) + " |")
@@ -240,8 +191,8 @@ def variant_table(grouped, keys):
     label = LABELS.get(key) or VARIANT_LABELS[key]
     lines.append(
         f"| {label} | {len(runs)} | "
-        f"{fmt([100 * r['exact_match'] for r in runs], 1)} | "
-        f"{fmt([r['mean_time_gap_minutes'] for r in runs], 2)} |"
+        f"{stats_lib.fmt([100 * r['exact_match'] for r in runs], 1)} | "
+        f"{stats_lib.fmt([r['mean_time_gap_minutes'] for r in runs], 2)} |"
     )
   return lines
 
@@ -253,7 +204,7 @@ def plot_main(grouped, path, title):
     for i, method in enumerate(methods):
       runs = [grouped[method][s] for s in sorted(grouped[method])]
       values = [scale * r[metric] for r in runs]
-      mean, std = mean_std(values)
+      mean, std = stats_lib.mean_std(values)
       ax.bar(
           i,
           mean,
@@ -311,7 +262,7 @@ def plot_paired(grouped, path, title):
       (
           k,
           [
-              paired(grouped[k], reference, metric, scale, higher)
+              stats_lib.paired(grouped[k], reference, metric, scale, higher)
               for metric, _, scale, higher in PAIRED
           ],
       )
@@ -506,7 +457,7 @@ def reading(grouped):
     for method in METHODS:
       if method == "ce" or method not in grouped:
         continue
-      d = paired(grouped[method], reference, metric, scale, higher)
+      d = stats_lib.paired(grouped[method], reference, metric, scale, higher)
       if d is None or np.isnan(d["p"]):
         continue
       direction = "better" if (d["mean"] > 0) == higher else "worse"
@@ -571,11 +522,11 @@ def regime_table(groupings, columns, rows):
     for _, metric, scale, digits, higher, regime in columns:
       grouped = groupings[regime]
       runs = grouped.get(key, {})
-      values = [scale * value(r, metric) for r in runs.values()]
+      values = [scale * stats_lib.value(r, metric) for r in runs.values()]
       values = [v for v in values if np.isfinite(v)]
-      cells.append(fmt(values, digits) if values else "–")
+      cells.append(stats_lib.fmt(values, digits) if values else "–")
       d = (
-          paired(runs, grouped.get("ce", {}), metric, scale, higher)
+          stats_lib.paired(runs, grouped.get("ce", {}), metric, scale, higher)
           if key != "ce"
           else None
       )
