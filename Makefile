@@ -41,6 +41,8 @@ bench: install
 experiments: install
 	$(PY) -m experiments.clock_time.run
 	$(PY) -m experiments.clock_time.report
+	$(PY) -m experiments.grounding.run
+	$(PY) -m experiments.grounding.report
 	$(PY) -m experiments.arithmetic_mix.run
 	$(PY) -m experiments.arithmetic_mix.report
 

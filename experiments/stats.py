@@ -87,6 +87,52 @@ def paired_cells(runs, reference, metric, scale, higher_better, digits):
   return [f"{d['mean']:+.{digits}f}{std}", f"{d['better']}/{d['n']}", test]
 
 
+def reading(grouped, metrics, methods, labels):
+  """Plain statements computed from the numbers (no adjectives chosen).
+
+  Args:
+    grouped: {method: {seed: run}}; ``'ce'`` is the reference.
+    metrics: (field, name, scale, higher_better) per metric.
+    methods: the methods in table order.
+    labels: {method: its name in the text}.
+
+  Returns:
+    Markdown list lines: per metric, the ranking by mean over seeds, then
+    each method's paired difference to CE with its verdict.
+  """
+  lines = []
+  reference = grouped.get("ce", {})
+  present = [m for m in methods if m in grouped]
+  for metric, name, scale, higher in metrics:
+    means = {
+        m: scale * np.mean([r[metric] for r in grouped[m].values()])
+        for m in present
+    }
+    ranked = sorted(present, key=lambda m: -means[m] if higher else means[m])
+    lines.append(
+        f"- Ranking by {name.split(' (')[0]} (mean over seeds, best first): "
+        + ", ".join(f"{labels[m]} {means[m]:.2f}" for m in ranked)
+        + "."
+    )
+    for method in present:
+      if method == "ce":
+        continue
+      d = paired(grouped[method], reference, metric, scale, higher)
+      if d is None or np.isnan(d["p"]):
+        continue
+      direction = "better" if (d["mean"] > 0) == higher else "worse"
+      verdict = (
+          f"{direction} than CE at p = {d['p']:.3f}"
+          if d["p"] < 0.05
+          else f"not distinguishable from CE (p = {d['p']:.2f})"
+      )
+      lines.append(
+          f"  - {labels[method]}: {d['mean']:+.2f} on {name}, better on "
+          f"{d['better']}/{d['n']} seeds: {verdict}."
+      )
+  return lines
+
+
 def table(head, rows):
   """Markdown table lines from a header and rows of cells."""
   return [

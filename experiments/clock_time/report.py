@@ -435,44 +435,6 @@ def plot_predictions(grouped, path, title, count=18):
   return len(differ)
 
 
-def reading(grouped):
-  """Plain statements computed from the numbers (no adjectives chosen)."""
-  lines = []
-  reference = grouped.get("ce", {})
-  for metric, label, scale, higher in PAIRED:
-    ranked = sorted(
-        (m for m in METHODS if m in grouped),
-        key=lambda m: -np.mean([r[metric] for r in grouped[m].values()])
-        * (1 if higher else -1),
-    )
-    lines.append(
-        f"- Ranking by {label} (mean over seeds): "
-        + ", ".join(
-            f"{LABELS[m]} "
-            f"{scale * np.mean([r[metric] for r in grouped[m].values()]):.2f}"
-            for m in ranked
-        )
-        + "."
-    )
-    for method in METHODS:
-      if method == "ce" or method not in grouped:
-        continue
-      d = stats_lib.paired(grouped[method], reference, metric, scale, higher)
-      if d is None or np.isnan(d["p"]):
-        continue
-      direction = "better" if (d["mean"] > 0) == higher else "worse"
-      verdict = (
-          f"{direction} than CE at p = {d['p']:.3f}"
-          if d["p"] < 0.05
-          else f"not distinguishable from CE (p = {d['p']:.2f})"
-      )
-      lines.append(
-          f"  - {LABELS[method]}: {d['mean']:+.2f} on {label}, "
-          f"better on {d['better']}/{d['n']} seeds: {verdict}."
-      )
-  return lines
-
-
 def ce_budget_sentence(grouped):
   """Where CE landed, seed by seed (the budget's check)."""
   runs = grouped.get("ce", {})
@@ -600,7 +562,7 @@ def regime_sections(grouped, title, out_dir, suffix, labels):
       "",
       *paired_table(grouped, [(m, LABELS[m]) for m in METHODS], "ce"),
       "",
-      *reading(grouped),
+      *stats_lib.reading(grouped, PAIRED, METHODS, LABELS),
       "",
       f"![paired differences, {title}](plots/paired{suffix}.png)",
       "",

@@ -194,44 +194,6 @@ def variant_table(task, grouped, keys):
   return stats.table(head, rows)
 
 
-def reading(task, grouped):
-  """Plain statements computed from the numbers."""
-  lines = []
-  reference = grouped.get("ce", {})
-  for metric, name, scale, higher in paired_metrics(task):
-    ranked = sorted(
-        (m for m in METHODS if m in grouped),
-        key=lambda m: -np.mean([r[metric] for r in grouped[m].values()])
-        * (1 if higher else -1),
-    )
-    lines.append(
-        f"- Ranking by {name.split(' (')[0]} (mean over seeds, best first): "
-        + ", ".join(
-            f"{LABELS[m]} "
-            f"{scale * np.mean([r[metric] for r in grouped[m].values()]):.2f}"
-            for m in ranked
-        )
-        + "."
-    )
-    for method in METHODS:
-      if method == "ce" or method not in grouped:
-        continue
-      d = stats.paired(grouped[method], reference, metric, scale, higher)
-      if d is None or np.isnan(d["p"]):
-        continue
-      direction = "better" if (d["mean"] > 0) == higher else "worse"
-      verdict = (
-          f"{direction} than CE at p = {d['p']:.3f}"
-          if d["p"] < 0.05
-          else f"not distinguishable from CE (p = {d['p']:.2f})"
-      )
-      lines.append(
-          f"  - {LABELS[method]}: {d['mean']:+.2f} on {name}, better on "
-          f"{d['better']}/{d['n']} seeds: {verdict}."
-      )
-  return lines
-
-
 def ce_budget_sentence(task, grouped):
   """Where CE landed, seed by seed, and whether its curve had flattened."""
   runs = grouped.get("ce", {})
@@ -498,7 +460,7 @@ def task_section(task, runs, out_dir):
       "",
       *paired_table(task, grouped, METHODS, "ce"),
       "",
-      *reading(task, grouped),
+      *stats.reading(grouped, paired_metrics(task), METHODS, LABELS),
       "",
       f"![paired differences](plots/{task}_paired.png)",
       "",
