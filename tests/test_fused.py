@@ -202,9 +202,7 @@ class ChunkSizeTest(parameterized.TestCase):
   def test_default_backend(self):
     self.assertEqual(
         fused_lib.default_chunk_size(151936),
-        fused_lib.default_chunk_size(
-            151936, backend=jax.default_backend()
-        ),
+        fused_lib.default_chunk_size(151936, backend=jax.default_backend()),
     )
     with self.assertRaisesRegex(ValueError, "vocab_size"):
       fused_lib.default_chunk_size(0)
@@ -274,7 +272,7 @@ class BFloat16Test(parameterized.TestCase):
     wide = [d for d in dots if any(dim in shape for shape, _ in d[:2])]
     # Forward logits, recomputed logits, d hidden and d W.
     self.assertLen(wide, 4, dots)
-    for (lhs, rhs, out) in wide:
+    for lhs, rhs, out in wide:
       self.assertEqual((lhs[1], rhs[1], out[1]), ("bf16", "bf16", "f32"))
     upcasts = [
         types
