@@ -43,10 +43,8 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import tensorflow_datasets as tfds
 from absl import logging
-from etils import epath
-from tensorflow_datasets.core import utils as tfds_utils
 
-from train import logs
+from train import generated_data
 
 DATASET_NAME = "arithmetic_mix"
 MODULE_NAME = "arithmetic__mixed"
@@ -265,11 +263,7 @@ def make_config(
   )
 
 
-class ArithmeticMix(
-    logs.GeneratedDataMixin,
-    tfds.core.GeneratorBasedBuilder,
-    skip_registration=True,
-):
+class ArithmeticMix(generated_data.GeneratedBuilder, skip_registration=True):
   """mathematics_dataset arithmetic__mixed as (question, answer) text pairs.
 
   Not registered by name (several modules may import this one); read it with
@@ -281,10 +275,6 @@ class ArithmeticMix(
 
   # tfds's own lookup of this file needs the `importlib_resources` backport on
   # Python >= 3.9 (tfds 4.9.10 bug) when the builder lives in a package.
-  @tfds_utils.classproperty
-  @classmethod
-  def code_path(cls) -> epath.Path:
-    return epath.Path(__file__)
 
   def _info(self) -> tfds.core.DatasetInfo:
     return tfds.core.DatasetInfo(

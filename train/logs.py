@@ -77,21 +77,6 @@ def quiet_terminal() -> None:
   tfds.disable_progress_bar()
 
 
-class GeneratedDataMixin:
-  """For TFDS builders of data generated here: no "downloaded" banners.
-
-  TFDS prints "Downloading and preparing dataset ..." and "Dataset ...
-  downloaded and prepared ..." to stdout for every builder; ours download
-  nothing, so the banners become log lines.
-  """
-
-  def _log_download_bytes(self):
-    logging.info("generating %s into %s", self.name, self.data_dir)
-
-  def _log_download_done(self):
-    file_only("generated %s in %s", self.name, self.data_dir)
-
-
 @contextlib.contextmanager
 def log_file(directory: str, process_index: int = 0):
   """Copies every record of INFO and above to ``directory/train.log``.

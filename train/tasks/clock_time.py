@@ -32,13 +32,11 @@ import re
 import time
 
 from absl import logging
-from etils import epath
 import numpy as np
 import tensorflow_datasets as tfds
-from tensorflow_datasets.core import utils as tfds_utils
 
 from train import input_pipeline
-from train import logs
+from train import generated_data
 from train import models
 from train import tokenizer
 
@@ -269,11 +267,7 @@ def config_name(train_size: int, test_size: int, seed: int = 0) -> str:
   return f"train{train_size}_test{test_size}_seed{seed}"
 
 
-class ClockTime(
-    logs.GeneratedDataMixin,
-    tfds.core.GeneratorBasedBuilder,
-    skip_registration=True,
-):
+class ClockTime(generated_data.GeneratedBuilder, skip_registration=True):
   """Rendered analog clocks and their ``H_MM`` labels.
 
   Not registered by name; read it with ``tfds.builder_from_directory``.
@@ -281,11 +275,6 @@ class ClockTime(
 
   VERSION = tfds.core.Version(VERSION)
   BUILDER_CONFIG_CLASS = ClockTimeConfig
-
-  @tfds_utils.classproperty
-  @classmethod
-  def code_path(cls) -> epath.Path:
-    return epath.Path(__file__)
 
   def _info(self) -> tfds.core.DatasetInfo:
     return tfds.core.DatasetInfo(

@@ -33,13 +33,11 @@ import functools
 import os
 
 from absl import logging
-from etils import epath
 import numpy as np
 import tensorflow_datasets as tfds
-from tensorflow_datasets.core import utils as tfds_utils
 
 from train import input_pipeline
-from train import logs
+from train import generated_data
 from train import models
 from train import tokenizer
 from train.tasks import boxes
@@ -64,11 +62,7 @@ def config_name(train_size: int, test_size: int, seed: int = 0) -> str:
   return f"train{train_size}_test{test_size}_seed{seed}"
 
 
-class _SceneBuilder(
-    logs.GeneratedDataMixin,
-    tfds.core.GeneratorBasedBuilder,
-    skip_registration=True,
-):
+class _SceneBuilder(generated_data.GeneratedBuilder, skip_registration=True):
   """Scenes of one `scenes.Variant` (``VARIANT``), with query and answer.
 
   Not registered by name; read it with ``tfds.builder_from_directory``.
@@ -77,11 +71,6 @@ class _SceneBuilder(
   VERSION = tfds.core.Version(VERSION)
   BUILDER_CONFIG_CLASS = GroundingConfig
   VARIANT: scenes.Variant
-
-  @tfds_utils.classproperty
-  @classmethod
-  def code_path(cls) -> epath.Path:
-    return epath.Path(__file__)
 
   def _info(self) -> tfds.core.DatasetInfo:
     return tfds.core.DatasetInfo(
