@@ -9,11 +9,121 @@ import subprocess
 import sys
 import time
 
+from absl import flags
 from absl import logging
 import jax
 
 from train import plots
 from train import train
+
+
+def define_grid_flags(here: str, groups: list[str], data_help: str) -> None:
+  """Defines the flags of a task grid's ``run.py`` (clock_time, grounding).
+
+  Args:
+    here: the experiment's folder (results.json and runs/ go there).
+    groups: the grid's groups, in their default run order.
+    data_help: what ``--data_dir`` holds.
+  """
+  flags.DEFINE_enum(
+      "profile",
+      "cpu",
+      ["cpu", "smoke"],
+      "Grid size (smoke: seconds, for tests).",
+  )
+  flags.DEFINE_list(
+      "groups", groups, "Which parts of the grid to run, in this order."
+  )
+  flags.DEFINE_string(
+      "results",
+      os.path.join(here, "results.json"),
+      "Results file (one record per finished run).",
+  )
+  flags.DEFINE_string(
+      "runs_dir",
+      os.path.join(here, "runs"),
+      "Work directories of the runs (not in git).",
+  )
+  flags.DEFINE_string("data_dir", "data", data_help)
+  flags.DEFINE_integer("max_runs", 0, "Stop after this many new runs (0: all).")
+  flags.DEFINE_integer(
+      "workers",
+      1,
+      "Processes running the grid at once, one XLA thread each (2 on a "
+      "2-core machine trains about twice as fast as 1).",
+  )
+
+
+def cell_config(config, settings, dataset_config, seed, overrides, data_dir):
+  """``config`` set up for one cell of a task grid: data, schedule, seed.
+
+  Args:
+    config: the method's config (from the task's ``configs`` module).
+    settings: the grid profile (train_steps, batch_size, test_size,
+      eval_every_steps).
+    dataset_config: the name of the rendered data's TFDS config.
+    seed: initialisation and data order.
+    overrides: the cell's config changes (controls, ablations).
+    data_dir: where the data is.
+
+  Returns:
+    ``config``, changed in place.
+  """
+  config.data_dir = data_dir
+  config.dataset_config = dataset_config
+  config.train_steps = settings["train_steps"]
+  config.batch_size = settings["batch_size"]
+  config.seed = seed
+  config.log_every_steps = min(25, settings["train_steps"])
+  config.eval_every_steps = settings["eval_every_steps"]
+  config.checkpoint_every_steps = settings["train_steps"] // 2 or 1
+  config.eval_examples = 0  # the whole test split
+  config.eval_batch_size = min(250, settings["test_size"])
+  config.num_samples = 0
+  for name, value in overrides.items():
+    config[name] = value
+  return config
+
+
+def run_record(
+    config, workdir, digest, metrics, curve_metrics, *, profile, **identity
+):
+  """Trains one cell (resuming if it can) and returns its results record.
+
+  Args:
+    config: the cell's config (`cell_config`).
+    workdir: the run's work directory.
+    digest: the cell's `config_hash`.
+    metrics: the final eval metrics to record.
+    curve_metrics: the eval metrics to record per eval step.
+    profile: the grid profile's name.
+    **identity: what names the cell (name, group, variant, method, seed,
+      overrides, ...), first in the record.
+
+  Returns:
+    The record: identity, final metrics, train loss, timing, device, curves
+    and the test predictions.
+  """
+  result, wall_seconds = train_once(config, workdir)
+  evaluation = result["eval"]
+  device = jax.devices()[0]
+  return dict(
+      **identity,
+      profile=profile,
+      model=config.model,
+      steps=result["step"],
+      batch_size=config.batch_size,
+      **{metric: evaluation[metric] for metric in metrics},
+      num_test_examples=evaluation["num_examples"],
+      final_train_loss=result["train"]["loss"],
+      final_train_ce=result["train"]["ce"],
+      wall_seconds=wall_seconds,
+      device=f"{device.platform}:{device.device_kind} x{jax.device_count()}",
+      xla_flags=os.environ.get("XLA_FLAGS", ""),
+      config_hash=digest,
+      curves=curves(os.path.join(workdir, "metrics.jsonl"), curve_metrics),
+      predictions=train.read_predictions(workdir),
+  )
 
 
 def config_hash(config, profile, settings) -> str:

@@ -31,22 +31,17 @@ import sys
 from absl import app
 from absl import flags
 from absl import logging
-import jax
 
 from configs import clock_time
 from experiments import common
 from experiments.clock_time import grid as grid_lib
 from train import logs
-from train import train
 from train.tasks import clock_time as task
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FLAGS = flags.FLAGS
-flags.DEFINE_enum(
-    "profile", "cpu", ["cpu", "smoke"], "Grid size (smoke: seconds, for tests)."
-)
-flags.DEFINE_list(
-    "groups",
+common.define_grid_flags(
+    HERE,
     [
         "converged",
         "converged_control",
@@ -57,47 +52,23 @@ flags.DEFINE_list(
         "long",
         "convergence_check",
     ],
-    "Which parts of the grid to run, in this order.",
-)
-flags.DEFINE_string(
-    "results",
-    os.path.join(HERE, "results.json"),
-    "Results file (one record per finished run).",
-)
-flags.DEFINE_string(
-    "runs_dir",
-    os.path.join(HERE, "runs"),
-    "Work directories of the runs (not in git).",
-)
-flags.DEFINE_string("data_dir", "data", "Rendered clocks.")
-flags.DEFINE_integer("max_runs", 0, "Stop after this many new runs (0: all).")
-flags.DEFINE_integer(
-    "workers",
-    1,
-    "Processes running the grid at once, one XLA thread each (2 on a "
-    "2-core machine trains about twice as fast as 1).",
+    "Rendered clocks.",
 )
 
 
 def run_config(profile, method, seed, overrides, data_dir):
   settings = grid_lib.PROFILES[profile]
-  config = clock_time.get_config(method)
-  config.data_dir = data_dir
-  config.dataset_config = task.config_name(
+  dataset_config = task.config_name(
       settings["train_size"], settings["test_size"], 0
   )
-  config.train_steps = settings["train_steps"]
-  config.batch_size = settings["batch_size"]
-  config.seed = seed
-  config.log_every_steps = min(25, settings["train_steps"])
-  config.eval_every_steps = settings["eval_every_steps"]
-  config.checkpoint_every_steps = settings["train_steps"] // 2 or 1
-  config.eval_examples = 0  # the whole test split
-  config.eval_batch_size = min(250, settings["test_size"])
-  config.num_samples = 0
-  for name, value in overrides.items():
-    config[name] = value
-  return config
+  return common.cell_config(
+      clock_time.get_config(method),
+      settings,
+      dataset_config,
+      seed,
+      overrides,
+      data_dir,
+  )
 
 
 def run_one(profile, group, variant, method, seed, overrides, digest):
@@ -107,12 +78,12 @@ def run_one(profile, group, variant, method, seed, overrides, digest):
       if group in ("main", "converged")
       else (f"{variant}-s{seed}")
   )
-  workdir = os.path.join(FLAGS.runs_dir, profile, name)
-  result, wall_seconds = common.train_once(config, workdir)
-  evaluation = result["eval"]
-  predictions = train.read_predictions(workdir)
-  device = jax.devices()[0]
-  return dict(
+  return common.run_record(
+      config,
+      os.path.join(FLAGS.runs_dir, profile, name),
+      digest,
+      grid_lib.METRICS,
+      ("exact_match", "mean_time_gap_minutes"),
       name=name,
       group=group,
       variant=variant,
@@ -120,22 +91,6 @@ def run_one(profile, group, variant, method, seed, overrides, digest):
       seed=seed,
       overrides=overrides,
       profile=profile,
-      model=config.model,
-      steps=result["step"],
-      batch_size=config.batch_size,
-      **{metric: evaluation[metric] for metric in grid_lib.METRICS},
-      num_test_examples=evaluation["num_examples"],
-      final_train_loss=result["train"]["loss"],
-      final_train_ce=result["train"]["ce"],
-      wall_seconds=wall_seconds,
-      device=f"{device.platform}:{device.device_kind} x{jax.device_count()}",
-      xla_flags=os.environ.get("XLA_FLAGS", ""),
-      config_hash=digest,
-      curves=common.curves(
-          os.path.join(workdir, "metrics.jsonl"),
-          ("exact_match", "mean_time_gap_minutes"),
-      ),
-      predictions=predictions,
   )
 
 

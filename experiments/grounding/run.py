@@ -33,65 +33,32 @@ import sys
 from absl import app
 from absl import flags
 from absl import logging
-import jax
 
 from configs import grounding
 from experiments import common
 from experiments.grounding import grid as grid_lib
 from train import logs
 from train import tasks
-from train import train
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FLAGS = flags.FLAGS
-flags.DEFINE_enum(
-    "profile", "cpu", ["cpu", "smoke"], "Grid size (smoke: seconds, for tests)."
-)
-flags.DEFINE_list(
-    "groups",
-    list(grid_lib.GROUPS),
-    "Which parts of the grid to run, in this order.",
-)
-flags.DEFINE_string(
-    "results",
-    os.path.join(HERE, "results.json"),
-    "Results file (one record per finished run).",
-)
-flags.DEFINE_string(
-    "runs_dir",
-    os.path.join(HERE, "runs"),
-    "Work directories of the runs (not in git).",
-)
-flags.DEFINE_string("data_dir", "data", "Rendered scenes.")
-flags.DEFINE_integer("max_runs", 0, "Stop after this many new runs (0: all).")
-flags.DEFINE_integer(
-    "workers",
-    1,
-    "Processes running the grid at once, one XLA thread each (2 on a "
-    "2-core machine trains about twice as fast as 1).",
-)
+common.define_grid_flags(HERE, list(grid_lib.GROUPS), "Rendered scenes.")
 
 
 def run_config(profile, task, method, seed, overrides, data_dir):
   """The config of one cell."""
   settings = grid_lib.PROFILES[profile]
-  config = grounding.get_config(method, task=task)
-  config.data_dir = data_dir
-  config.dataset_config = tasks.get(task).dataset_config_name(
+  dataset_config = tasks.get(task).dataset_config_name(
       settings["train_size"][task], settings["test_size"], 0
   )
-  config.train_steps = settings["train_steps"]
-  config.batch_size = settings["batch_size"]
-  config.seed = seed
-  config.log_every_steps = min(25, settings["train_steps"])
-  config.eval_every_steps = settings["eval_every_steps"]
-  config.checkpoint_every_steps = settings["train_steps"] // 2 or 1
-  config.eval_examples = 0  # the whole test split
-  config.eval_batch_size = min(250, settings["test_size"])
-  config.num_samples = 0
-  for name, value in overrides.items():
-    config[name] = value
-  return config
+  return common.cell_config(
+      grounding.get_config(method, task=task),
+      settings,
+      dataset_config,
+      seed,
+      overrides,
+      data_dir,
+  )
 
 
 def run_name(group, task, variant, method, seed):
@@ -103,11 +70,12 @@ def run_name(group, task, variant, method, seed):
 def run_one(profile, group, task, variant, method, seed, overrides, digest):
   config = run_config(profile, task, method, seed, overrides, FLAGS.data_dir)
   name = run_name(group, task, variant, method, seed)
-  workdir = os.path.join(FLAGS.runs_dir, profile, name)
-  result, wall_seconds = common.train_once(config, workdir)
-  evaluation = result["eval"]
-  device = jax.devices()[0]
-  return dict(
+  return common.run_record(
+      config,
+      os.path.join(FLAGS.runs_dir, profile, name),
+      digest,
+      grid_lib.METRICS[task],
+      grid_lib.CURVE_METRICS[task],
       name=name,
       group=group,
       task=task,
@@ -116,21 +84,6 @@ def run_one(profile, group, task, variant, method, seed, overrides, digest):
       seed=seed,
       overrides=overrides,
       profile=profile,
-      model=config.model,
-      steps=result["step"],
-      batch_size=config.batch_size,
-      **{metric: evaluation[metric] for metric in grid_lib.METRICS[task]},
-      num_test_examples=evaluation["num_examples"],
-      final_train_loss=result["train"]["loss"],
-      final_train_ce=result["train"]["ce"],
-      wall_seconds=wall_seconds,
-      device=f"{device.platform}:{device.device_kind} x{jax.device_count()}",
-      xla_flags=os.environ.get("XLA_FLAGS", ""),
-      config_hash=digest,
-      curves=common.curves(
-          os.path.join(workdir, "metrics.jsonl"), grid_lib.CURVE_METRICS[task]
-      ),
-      predictions=train.read_predictions(workdir),
   )
 
 
