@@ -144,9 +144,15 @@ def load_results(path):
 
 
 def save_results(path, runs):
+  """Writes ``{"runs": [...]}`` with one run per line.
+
+  One compact line per run keeps the file small (the curves and predictions
+  are long lists) and a new run a one-line diff.
+  """
   temporary = path + ".tmp"
+  lines = ",\n".join(json.dumps(run, separators=(",", ":")) for run in runs)
   with open(temporary, "w") as f:
-    json.dump(dict(runs=runs), f, indent=1)
+    f.write('{"runs": [\n' + lines + "\n]}\n")
   os.replace(temporary, path)  # never a half-written file
 
 

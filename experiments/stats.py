@@ -40,6 +40,15 @@ def value(run, metric):
   return metric(run) if callable(metric) else run[metric]
 
 
+def curve_area(run, metric="exact_match"):
+  """Mean ``metric`` over training: the area under its learning curve
+  (trapezoids, from 0 at step 0) divided by the number of steps."""
+  steps = np.array([0] + list(run["curves"]["eval_steps"]), float)
+  values = np.array([0.0] + list(run["curves"][metric]))
+  area = np.sum(np.diff(steps) * (values[1:] + values[:-1]) / 2)
+  return float(area / steps[-1])
+
+
 def paired(runs, reference, metric, scale, higher_better):
   """Paired difference to ``reference`` on the seeds both have, or None.
 

@@ -6,6 +6,8 @@ import pathlib
 import subprocess
 import sys
 
+from experiments import common as results_io
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -183,9 +185,9 @@ def test_grounding_grid_pairs_seeds_and_report_renders(tmp_path):
   assert [(r["method"], r["seed"]) for r in first] == [("ce", 0), ("emd", 0)]
   run("experiments.grounding.run", *common, "--groups=main,control,multi")
   runs = json.loads((tmp_path / "results.json").read_text())["runs"]
-  # smoke: 5 methods x 2 seeds, 2 controls x 2 seeds, 5 methods x 1 seed
+  # smoke: 5 methods x 2 seeds, 2 controls x 2 seeds, 5 methods x 2 seeds
   # on grounding_multi; finished runs are not run again.
-  assert len(runs) == 10 + 4 + 5 and runs[:2] == first
+  assert len(runs) == 10 + 4 + 10 and runs[:2] == first
   assert len({r["config_hash"] for r in runs}) == len(runs)
   assert {r["task"] for r in runs} == {"grounding", "grounding_multi"}
   assert {("ntil_reference", "ntil"), ("main", "emd")} <= {
@@ -194,7 +196,7 @@ def test_grounding_grid_pairs_seeds_and_report_renders(tmp_path):
   for record in runs:
     assert record["num_test_examples"] == 16
     assert len(record["predictions"]) == 16
-    assert record["curves"]["eval_steps"] == [2]
+    assert record["curves"]["eval_steps"] == [1, 2]
     if record["task"] == "grounding":
       assert 0 <= record["acc_at_50"] <= 1
       assert 0 <= record["mean_coordinate_error"] <= 48
@@ -227,3 +229,31 @@ def test_grounding_grid_pairs_seeds_and_report_renders(tmp_path):
       and r["method"] == "ntil"
   ]
   assert f"| CE + NTIL | 2 | {sum(ntil) / 2:.1f} ±" in report
+  # Early in training: NTIL - CE at the first eval, paired by seed.
+  first_eval = {
+      (r["method"], r["seed"]): 100 * r["curves"]["acc_at_50"][0]
+      for r in runs
+      if r["task"] == "grounding" and r["variant"] == "main"
+  }
+  early = report.split("### Early in training")[1].split("###")[0]
+  delta = sum(first_eval["ntil", s] - first_eval["ce", s] for s in (0, 1)) / 2
+  assert "Acc@0.5 at step 1" in early
+  assert f"| CE + NTIL | 2 | {delta:+.1f}" in early
+
+
+def test_results_file_is_one_line_per_run_and_round_trips(tmp_path):
+  path = str(tmp_path / "results.json")
+  runs = [
+      dict(name="a", curves=dict(steps=[1, 2], loss=[0.5, 0.25])),
+      dict(name="b", predictions=["01,02,03,04", "x"], value=float("nan")),
+  ]
+  results_io.save_results(path, runs)
+  lines = pathlib.Path(path).read_text().splitlines()
+  assert len(lines) == 2 + len(runs)  # the opening, a line per run, the end
+  loaded = results_io.load_results(path)
+  assert loaded[0] == runs[0]
+  assert loaded[1]["predictions"] == runs[1]["predictions"]
+  assert math.isnan(loaded[1]["value"])
+  results_io.save_results(path, loaded + [dict(name="c")])
+  assert [r["name"] for r in results_io.load_results(path)] == ["a", "b", "c"]
+  assert not pathlib.Path(path + ".tmp").exists()

@@ -135,13 +135,8 @@ def steps_to(run, threshold=0.5):
   return float("nan")
 
 
-def curve_area(run):
-  """Mean exact match over training: the area under the learning curve
-  (trapezoids, from 0 at step 0) divided by the number of steps."""
-  steps = np.array([0] + list(run["curves"]["eval_steps"]), float)
-  values = np.array([0.0] + list(run["curves"]["exact_match"]))
-  area = np.sum(np.diff(steps) * (values[1:] + values[:-1]) / 2)
-  return float(area / steps[-1])
+# Mean exact match over training (the area under the learning curve / steps).
+curve_area = stats_lib.curve_area
 
 
 def main_table(grouped):
