@@ -83,8 +83,9 @@ def test_clock_grid_pairs_seeds_and_report_renders(tmp_path):
   runs = json.loads((tmp_path / "results.json").read_text())["runs"]
   # smoke: 5 methods x 2 seeds, 2 controls x 2 seeds, 3 ablations + 4
   # sweeps + 2 long x 1 seed; the same 5 x 2 and 2 x 2 at the converged
-  # budget and a CE check x 2 seeds; finished runs are not run again.
-  assert len(runs) == 10 + 4 + 9 + 10 + 4 + 2 and runs[:2] == first
+  # budget and a CE and NTIL check x 2 seeds; finished runs are not run
+  # again.
+  assert len(runs) == 10 + 4 + 9 + 10 + 4 + 4 and runs[:2] == first
   assert {r["steps"] for r in runs if r["group"] == "long"} == {4}
   assert {
       r["steps"]
@@ -135,7 +136,9 @@ def test_clock_grid_pairs_seeds_and_report_renders(tmp_path):
       "steps to 50% exact",
       "final exact match %",
       "## Converged budget (8 steps)",
-      "Doubling the budget again (16 steps, CE only)",
+      "Doubling the budget again (16 steps), CE:",
+      "Doubling the budget again (16 steps), CE + NTIL:",
+      "NTIL - CE on the same seed, at the converged budget -> at twice it",
   ):
     assert label in report, label
   for name in (

@@ -38,7 +38,9 @@ METRICS = (
 # 2,400 steps and 2-3 points over the last quarter of a 2,400-step run
 # (pilot, seeds 0 and 2); see results.md for the check at 8x.
 CONVERGED_FACTOR = 4
-CHECK_FACTOR = 8  # CE alone, two seeds: what doubling the budget again adds
+# CE and NTIL, two seeds: what doubling the budget again adds, and whether
+# the converged gap between them holds.
+CHECK_FACTOR = 8
 # variant -> (method, config overrides), per group.
 VARIANTS = {
     "control": {
@@ -89,8 +91,14 @@ def grid(profile):
       for variant, (method, overrides) in VARIANTS["control"].items()
   ]
   cells["convergence_check"] = [
-      ("ce_8x_steps", "ce", seed, dict(train_steps=CHECK_FACTOR * steps))
+      (
+          f"{method}_8x_steps",
+          method,
+          seed,
+          dict(train_steps=CHECK_FACTOR * steps),
+      )
       for seed in settings["main_seeds"][:2]
+      for method in ("ce", "ntil")
   ]
   for group, variants in VARIANTS.items():
     seeds = (

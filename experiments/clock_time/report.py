@@ -57,6 +57,7 @@ VARIANT_LABELS = {
     "ce_2x_steps": "CE, twice the steps",
     "ntil_2x_steps": "CE + NTIL, twice the steps",
     "ce_8x_steps": "CE, 8x the steps (convergence check)",
+    "ntil_8x_steps": "CE + NTIL, 8x the steps (convergence check)",
 }
 LONG = ("ce_2x_steps", "ntil_2x_steps")
 # The NTIL paper's Table 4 (fine-tuned MLLMs on the TIME photographs):
@@ -89,13 +90,17 @@ PAIRED = (
 
 
 EARLY, CONVERGED = "budget=600", "converged"
-CHECK = "ce_8x_steps"
+CHECKS = ("ce_8x_steps", "ntil_8x_steps")  # method_8x_steps
 
 
 def regime_of(run) -> str:
   """'converged' for the 4x-budget runs and the 8x check, else 'budget=600'."""
   variant = run["variant"]
-  if variant in (CONVERGED, CHECK) or variant.endswith("_converged"):
+  if (
+      variant == CONVERGED
+      or variant in CHECKS
+      or variant.endswith("_converged")
+  ):
     return CONVERGED
   return EARLY
 
@@ -250,7 +255,7 @@ def plot_curves(grouped, path, mark_step=None):
 def plot_paired(grouped, path, title):
   """Paired differences of every run type to CE: exact match and gap."""
   keys = [m for m in METHODS if m != "ce" and m in grouped] + [
-      k for k in VARIANT_LABELS if k in grouped and k not in (*LONG, CHECK)
+      k for k in VARIANT_LABELS if k in grouped and k not in (*LONG, *CHECKS)
   ]
   reference = grouped.get("ce", {})
   rows = [
@@ -522,16 +527,39 @@ def convergence_lines(converged):
       )
       + f"; mean gain {np.mean([b - a for *_, a, b in gains]):.1f} points."
   )
-  check = converged.get(CHECK, {})
-  pairs = sorted(set(check) & set(ce))
-  if pairs:
+  for check_key in CHECKS:
+    method = check_key.removesuffix("_8x_steps")
+    check, base = converged.get(check_key, {}), converged.get(method, {})
+    pairs = sorted(set(check) & set(base))
+    if not pairs:
+      continue
     lines.append(
-        f"Doubling the budget again ({check[pairs[0]]['steps']} steps, CE "
-        "only): "
+        f"Doubling the budget again ({check[pairs[0]]['steps']} steps), "
+        f"{LABELS[method]}: "
         + "; ".join(
-            f"seed {s}: {100 * ce[s]['exact_match']:.1f}% -> "
+            f"seed {s}: {100 * base[s]['exact_match']:.1f}% -> "
             f"{100 * check[s]['exact_match']:.1f}% "
-            f"({100 * (check[s]['exact_match'] - ce[s]['exact_match']):+.1f})"
+            f"({100 * (check[s]['exact_match'] - base[s]['exact_match']):+.1f})"
+            for s in pairs
+        )
+        + "."
+    )
+  ce_check, ntil_check = (converged.get(k, {}) for k in CHECKS)
+  ntil = converged.get("ntil", {})
+  pairs = sorted(set(ce_check) & set(ntil_check) & set(ce) & set(ntil))
+  if pairs:
+
+    def lead(ce_runs, ntil_runs, seed):
+      return 100 * (
+          ntil_runs[seed]["exact_match"] - ce_runs[seed]["exact_match"]
+      )
+
+    lines.append(
+        "NTIL - CE on the same seed, at the converged budget -> at twice "
+        "it: "
+        + "; ".join(
+            f"seed {s}: {lead(ce, ntil, s):+.1f} -> "
+            f"{lead(ce_check, ntil_check, s):+.1f} points"
             for s in pairs
         )
         + "."
