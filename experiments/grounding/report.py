@@ -240,8 +240,7 @@ def early_table(task, grouped):
       "",
       "The same paired comparison on the learning curve rather than the "
       f"last evaluation (CE, mean over seeds: {absolute}). A lead here is "
-      "faster learning, a "
-      "different claim from a better trained model.",
+      "faster learning, a different claim from a better trained model.",
       "",
       *stats.table(head, rows),
       "",
