@@ -42,8 +42,7 @@ def get_config(method: str = "ntil") -> ml_collections.ConfigDict:
   config.weight_decay = 0.0
   config.batch_size = 32
   config.train_steps = 3000
-  with config.ignore_type():  # a string field here: True, False or 'auto'
-    config.fused_loss = "auto"
+  config.fused_loss = "auto"
 
   config.eval_batch_size = 64
   config.eval_examples = 1000

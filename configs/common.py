@@ -4,9 +4,39 @@ A task config (configs/arithmetic_mix.py, configs/clock_time.py) starts from
 `base_config(method)` and sets ``task``, the data fields and its defaults.
 """
 
+from absl import flags
 import ml_collections
+from ml_collections import config_flags
 
 METHODS = ("ce", "emd", "ntl_mse", "soft_label", "ntil")
+_FUSED_MODES = {"auto": "auto", "true": True, "false": False}
+
+
+def fused_mode(value):
+  """``config.fused_loss`` as True, False or 'auto'; ValueError otherwise.
+
+  Accepts bools and the strings 'auto', 'true', 'false' in any case.
+  """
+  if isinstance(value, bool):
+    return value
+  if isinstance(value, str) and value.strip().lower() in _FUSED_MODES:
+    return _FUSED_MODES[value.strip().lower()]
+  raise ValueError(f"fused_loss must be True, False or 'auto', got {value!r}.")
+
+
+class _FusedLossParser(flags.ArgumentParser):
+  """``--config.fused_loss=True|False|auto`` on the command line."""
+
+  def parse(self, argument):
+    return fused_mode(argument)
+
+  def flag_type(self):
+    return "True, False or 'auto'"
+
+
+# fused_loss is the one config field of type `object` (a bool or 'auto'), so
+# config_flags parses it with this parser.
+config_flags.register_flag_parser_for_type(object, _FusedLossParser())
 
 
 def check_method(method: str) -> str:
@@ -66,7 +96,9 @@ def base_config(method: str) -> ml_collections.ConfigDict:
   # Control: CE with weight (1 + digit_ce_weight) on digit tokens, for
   # method 'ce' only ("more gradient on digits" without ordinal structure).
   config.digit_ce_weight = 0.0
-  config.fused_loss = False  # CE+loss from hidden states, no [N, V] logits
+  # CE+loss from hidden states, no [N, V] logits: True, False or "auto" (the
+  # fused path only where the logits would not fit; train.step).
+  config.fused_loss = ml_collections.FieldReference(False, field_type=object)
   config.fused_chunk_size = 0  # tokens per chunk; 0 means automatic
 
   # Parallelism: mesh ('data', 'fsdp'); fsdp=1 is pure data parallelism.

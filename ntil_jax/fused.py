@@ -109,6 +109,31 @@ def _check_chunk_size(chunk_size) -> None:
     raise ValueError(f"chunk_size must be >= 1, got {chunk_size}.")
 
 
+def _check_fused_inputs(hidden, unembedding, labels, digit_token_ids, masks):
+  """Raises ValueError as :func:`ntil_jax.numeric_token_loss` would.
+
+  Checks the shapes and dtypes of ``hidden [..., T, D]``, ``unembedding
+  [D, V]`` and the ``(name, mask)`` pairs in ``masks``, the labels and the
+  digit ids against a logits shape that is never built; all at trace time.
+  """
+  if hidden.ndim < 2 or unembedding.ndim != 2:
+    raise ValueError(
+        f"hidden must be [..., T, D] and unembedding [D, V], got "
+        f"{hidden.shape} and {unembedding.shape}."
+    )
+  if hidden.shape[-1] != unembedding.shape[0]:
+    raise ValueError(
+        f"hidden {hidden.shape} and unembedding "
+        f"{unembedding.shape} disagree on D."
+    )
+  for name, x in (("hidden", hidden), ("unembedding", unembedding)):
+    losses._check_logits_dtype(x, name)
+  logits_shape = jax.ShapeDtypeStruct(
+      hidden.shape[:-1] + unembedding.shape[1:], jnp.float32
+  )
+  losses._check_inputs(logits_shape, labels, None, digit_token_ids, masks)
+
+
 def fused_token_statistics(
     hidden,
     unembedding,
@@ -148,13 +173,29 @@ def fused_token_statistics(
 
   Returns:
     TokenStatistics with ``[B, T]`` / ``[B, T, 10]`` float32 fields.
+
+  Raises:
+    ValueError: for hidden states that are not ``[B, T, D]``, an
+      unembedding that is not ``[D, V]`` (with the same ``D``), non-float
+      hidden states or unembedding, labels or ``mask`` not ``[B, T]``,
+      non-integer labels, digit ids out of ``[0, V)`` (the default ids 0..9
+      need ``V >= 10``), or a bad ``chunk_size``.
   """
   _check_chunk_size(chunk_size)
   hidden = jnp.asarray(hidden)
   unembedding = jnp.asarray(unembedding)
   labels = jnp.asarray(labels)
+  if hidden.ndim != 3:
+    raise ValueError(
+        f"hidden must be [B, T, D] (rank 3), got shape {hidden.shape}."
+    )
+  mask = None if mask is None else jnp.asarray(mask)
+  _check_fused_inputs(
+      hidden, unembedding, labels, digit_token_ids, (("mask", mask),)
+  )
   if mask is not None:
     hidden = jnp.where(jnp.asarray(mask, bool)[..., None], hidden, 0)
+  hidden, unembedding = _vary_alike(hidden, unembedding)
   batch, length, _ = hidden.shape
   if batch == 0 or length == 0:  # nothing to chunk: empty statistics
     return _chunk_statistics(hidden, labels, unembedding, digit_token_ids)
@@ -177,6 +218,22 @@ def fused_token_statistics(
       columns,
       _even_split(length, max(1, chunk_size // batch)),
       tile,
+  )
+
+
+def _vary_alike(*arrays):
+  """The arrays, each varying over the manual axes that any one varies over.
+
+  Inside ``shard_map`` a replicated unembedding meets batch-sharded hidden
+  states: autodiff would cast it to varying where they meet (and sum its
+  gradient over the shards); the custom VJP's carries and cotangents need
+  that cast made before it. Outside ``shard_map`` nothing varies.
+  """
+  varying = [jax.typeof(x).mat.varying for x in arrays]
+  union = frozenset().union(*varying)
+  return tuple(
+      jax.lax.pcast(x, tuple(sorted(union - v)), to="varying")
+      for x, v in zip(arrays, varying)
   )
 
 
@@ -375,6 +432,7 @@ def fused_numeric_loss(
     weighting: str = "sum",
     digit_token_ids=None,
     chunk_size: Optional[int] = None,
+    decimal_point_mask=None,
     **loss_kwargs,
 ) -> chex.Array:
   r"""Per-token ``CE + lam * numeric loss`` from hidden states.
@@ -401,6 +459,9 @@ def fused_numeric_loss(
     chunk_size: tokens per chunk (a positive int); ``None``:
       :func:`default_chunk_size` (about 4M logits per block on CPU, a
       512 MiB float32 block on GPU and TPU).
+    decimal_point_mask: optional ``[..., T]`` bool, true at decimal-point
+      labels that join integer and fractional digits into one number (see
+      :func:`ntil_jax.numeric_token_loss`).
     **loss_kwargs: keyword arguments of the numeric loss.
 
   Returns:
@@ -411,25 +472,15 @@ def fused_numeric_loss(
   hidden = jnp.asarray(hidden)
   unembedding = jnp.asarray(unembedding)
   labels = jnp.asarray(labels)
-  if hidden.ndim < 2 or unembedding.ndim != 2:
-    raise ValueError(
-        f"hidden must be [..., T, D] and unembedding [D, V], got "
-        f"{hidden.shape} and {unembedding.shape}."
-    )
-  if hidden.shape[-1] != unembedding.shape[0]:
-    raise ValueError(
-        f"hidden {hidden.shape} and unembedding "
-        f"{unembedding.shape} disagree on D."
-    )
-  # Shape checks of labels and masks, against a logits shape never built.
-  logits_shape = jax.ShapeDtypeStruct(
-      hidden.shape[:-1] + unembedding.shape[1:], jnp.float32
-  )
   masks = tuple(
       (n, None if m is None else jnp.asarray(m))
-      for n, m in (("digit_mask", digit_mask), ("loss_mask", loss_mask))
+      for n, m in (
+          ("digit_mask", digit_mask),
+          ("loss_mask", loss_mask),
+          ("decimal_point_mask", decimal_point_mask),
+      )
   )
-  losses._check_inputs(logits_shape, labels, None, digit_token_ids, masks)
+  _check_fused_inputs(hidden, unembedding, labels, digit_token_ids, masks)
   losses.check_method(method, weighting, loss_kwargs, lam=lam)
   _check_chunk_size(chunk_size)
 
@@ -464,6 +515,7 @@ def fused_numeric_loss(
       lam=lam,
       weighting=weighting,
       digit_token_ids=digit_token_ids,
+      decimal_point_mask=flatten_batch(decimal_point_mask),
       **loss_kwargs,
   )
   return per_token.reshape(labels.shape)

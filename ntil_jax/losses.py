@@ -35,12 +35,18 @@ _LN10 = float(np.log(10.0))
 
 
 def _check_inputs(logits, labels, digit_mask, digit_token_ids, extra_masks=()):
-  """Raises ValueError on shapes or dtypes that cannot be right."""
+  """Raises ValueError on shapes or dtypes that cannot be right.
+
+  ``logits`` may be a ``jax.ShapeDtypeStruct`` (the fused path checks
+  against logits it never builds). Everything checked is static: nothing
+  is left to run time.
+  """
   logits = jnp.asarray(logits) if not hasattr(logits, "shape") else logits
   if logits.ndim < 2:
     raise ValueError(
         f"logits must be [..., T, V] (rank >= 2), got shape {logits.shape}."
     )
+  _check_logits_dtype(logits)
   if tuple(labels.shape) != tuple(logits.shape[:-1]):
     raise ValueError(
         f"labels shape {labels.shape} must equal logits shape without the "
@@ -49,19 +55,33 @@ def _check_inputs(logits, labels, digit_mask, digit_token_ids, extra_masks=()):
   if not jnp.issubdtype(labels.dtype, jnp.integer):
     raise ValueError(f"labels must be integer token ids, got {labels.dtype}.")
   for name, mask in (("digit_mask", digit_mask),) + tuple(extra_masks):
-    if mask is not None and tuple(mask.shape) != tuple(labels.shape):
+    if mask is not None and tuple(jnp.shape(mask)) != tuple(labels.shape):
       raise ValueError(
-          f"{name} shape {mask.shape} must equal labels shape {labels.shape}."
+          f"{name} shape {jnp.shape(mask)} must equal labels shape "
+          f"{labels.shape}."
       )
-  vocab_size = logits.shape[-1]
+  _check_digit_ids(digit_token_ids, logits.shape[-1])
+
+
+def _check_logits_dtype(logits, name="logits") -> None:
+  if not jnp.issubdtype(logits.dtype, jnp.floating):
+    raise ValueError(f"{name} must be floating point, got {logits.dtype}.")
+
+
+def _check_digit_ids(digit_token_ids, vocab_size):
+  """Checks digit ids (``None``: 0..9) against a vocabulary of ``V`` tokens.
+
+  Returns what :func:`numbers.check_digit_token_ids` returns (``None`` for
+  the default ids).
+  """
   if digit_token_ids is None:
     if vocab_size < NUM_DIGITS:
       raise ValueError(
           f"default digit ids 0..9 need a vocabulary of >= 10, got V="
           f"{vocab_size}; pass digit_token_ids."
       )
-    return
-  numbers.check_digit_token_ids(digit_token_ids, vocab_size)
+    return None
+  return numbers.check_digit_token_ids(digit_token_ids, vocab_size)
 
 
 # Allowed values of the loss parameters: (test, description).
@@ -112,11 +132,17 @@ def digit_logits(logits, digit_token_ids=None) -> chex.Array:
   """The logits of the ten digit tokens, ``[..., T, 10]``, in float32.
 
   Concrete ``digit_token_ids`` are checked (ValueError if repeated or out of
-  ``[0, V)``). Traced ids cannot be checked before run time: if any is
-  repeated or out of ``[0, V)``, every digit logit is NaN, so the loss is NaN
-  at every digit instead of silently wrong.
+  ``[0, V)``, as are the default ids 0..9 when ``V < 10``, and logits that
+  are not floating point). Traced ids cannot be checked before run time: if
+  any is repeated or out of ``[0, V)``, every digit logit is NaN, so the
+  loss is NaN at every digit instead of silently wrong.
   """
   logits = jnp.asarray(logits)
+  if logits.ndim < 1:
+    raise ValueError(
+        f"logits must be [..., V] (rank >= 1), got shape {logits.shape}."
+    )
+  _check_logits_dtype(logits)
   columns, traced_ids = _digit_columns(digit_token_ids, logits.shape[-1])
   picked, valid_ids = _pick_digits(logits, columns, traced_ids)
   picked = picked.astype(jnp.float32)
@@ -166,9 +192,16 @@ def token_statistics(
   anyway, so keeping the exponentials costs no memory and saves an exp per
   logit); narrower logits on a GPU or TPU have them recomputed, so that no
   float32 ``[..., V]`` buffer outlives the forward pass.
+
+  Raises:
+    ValueError: for labels or ``mask`` not shaped like the logits without
+      their last axis, non-integer labels, non-float logits, or digit ids
+      out of ``[0, V)`` (the default ids 0..9 need ``V >= 10``).
   """
   logits = jnp.asarray(logits)
   labels = jnp.asarray(labels)
+  mask = None if mask is None else jnp.asarray(mask)
+  _check_inputs(logits, labels, None, digit_token_ids, (("mask", mask),))
   columns, traced_ids = _digit_columns(digit_token_ids, logits.shape[-1])
   if mask is not None:
     mask = jnp.asarray(mask, bool)
@@ -188,9 +221,9 @@ def _digit_columns(digit_token_ids, vocab_size):
   ``columns`` is a tuple of the column ids when they are known at trace time
   (checked here), else None and ``traced_ids`` holds them as an array.
   """
+  concrete = _check_digit_ids(digit_token_ids, vocab_size)
   if digit_token_ids is None:
     return tuple(range(NUM_DIGITS)), None
-  concrete = numbers.check_digit_token_ids(digit_token_ids, vocab_size)
   if concrete is None:
     return None, jnp.asarray(digit_token_ids)
   return tuple(int(i) for i in concrete), None
@@ -344,24 +377,53 @@ def _statistics_bwd(columns, keep_exp, residuals, cotangents):
 _statistics.defvjp(_statistics_fwd, _statistics_bwd)
 
 
-def _layout(labels, digit_mask, digit_token_ids, decimal_point_mask=None):
-  return numbers.number_layout(
-      labels,
-      digit_mask,
+def _asarrays(*arrays):
+  """``jnp.asarray`` of each array; ``None`` stays ``None``."""
+  return tuple(None if x is None else jnp.asarray(x) for x in arrays)
+
+
+def _number_loss(
+    numeric_fn,
+    stats: TokenStatistics,
+    labels,
+    digit_mask,
+    digit_token_ids,
+    decimal_point_mask=None,
+    **loss_kwargs,
+):
+  """``numeric_fn(stats, layout, **loss_kwargs)`` on whole sequences.
+
+  The number logic scans along T, and a number may cross the shards of a
+  sequence split over an ``Explicit`` mesh axis: its inputs are made whole
+  along T (:func:`numbers.whole_sequence`: the labels, the masks, the
+  ``[..., T]`` and ``[..., T, 10]`` statistics, never ``[..., T, V]``
+  logits) and the per-token result is split along T as ``labels`` are.
+  """
+  position_axis = labels.ndim - 1
+  whole = functools.partial(numbers.whole_sequence, axis=position_axis)
+  whole_stats = TokenStatistics(
+      *(None if field is None else whole(field) for field in stats)
+  )
+  layout = numbers.number_layout(
+      whole(labels),
+      None if digit_mask is None else whole(digit_mask),
       digit_token_ids=digit_token_ids,
-      decimal_point_mask=decimal_point_mask,
+      decimal_point_mask=(
+          None if decimal_point_mask is None else whole(decimal_point_mask)
+      ),
+  )
+  result = numeric_fn(whole_stats, layout, **loss_kwargs)
+  return jax.tree.map(
+      lambda x: numbers.split_like(x, labels, position_axis), result
   )
 
 
 def _prepare(
     logits, labels, digit_mask, digit_token_ids, decimal_point_mask=None
 ):
-  """Validates inputs; returns (digit logits, layout)."""
-  logits = jnp.asarray(logits)
-  labels = jnp.asarray(labels)
-  digit_mask = None if digit_mask is None else jnp.asarray(digit_mask)
-  decimal_point_mask = (
-      None if decimal_point_mask is None else jnp.asarray(decimal_point_mask)
+  """Validates inputs; returns them as arrays, and the digit logits."""
+  logits, labels, digit_mask, decimal_point_mask = _asarrays(
+      logits, labels, digit_mask, decimal_point_mask
   )
   _check_inputs(
       logits,
@@ -370,8 +432,13 @@ def _prepare(
       digit_token_ids,
       (("decimal_point_mask", decimal_point_mask),),
   )
-  layout = _layout(labels, digit_mask, digit_token_ids, decimal_point_mask)
-  return digit_logits(logits, digit_token_ids), layout
+  return (
+      logits,
+      labels,
+      digit_mask,
+      decimal_point_mask,
+      digit_logits(logits, digit_token_ids),
+  )
 
 
 def _digit_distance(layout) -> chex.Array:
@@ -488,7 +555,7 @@ def _number_deviations(predicted, layout):
 
 
 def _ntil_parts(
-    digit_logits_,
+    stats: TokenStatistics,
     layout,
     *,
     sigma: float = 0.2,
@@ -496,7 +563,7 @@ def _ntil_parts(
     key: Optional[chex.PRNGKey] = None,
     noise_scale: float = 0.01,
 ) -> NTILComponents:
-  digit_logits_ = _digits_in_numbers(digit_logits_, layout)
+  digit_logits_ = _digits_in_numbers(stats.digit_logits, layout)
   probs = jax.nn.softmax(digit_logits_, axis=-1)
   emd = jnp.sum(probs * _digit_distance(layout), axis=-1)
   exponent = layout.digits_right.astype(jnp.float32)
@@ -524,7 +591,7 @@ def _ntil(
     beta: float = 0.2,
     **kwargs,
 ):
-  parts = _ntil_parts(stats.digit_logits, layout, **kwargs)
+  parts = _ntil_parts(stats, layout, **kwargs)
   return (
       parts.weights * parts.emd
       + alpha * parts.relative
@@ -552,11 +619,8 @@ def _soft_label(
   return _masked(-jnp.sum(targets * log_probs, -1), layout.is_digit)
 
 
-def _digit_statistics(logits, digit_logits_, needs_log_norm=False):
+def _digit_statistics(digit_logits_, log_norm=None):
   """Token statistics for losses that read only the digit logits."""
-  log_norm = None
-  if needs_log_norm:
-    log_norm = jax.nn.logsumexp(jnp.asarray(logits).astype(jnp.float32), -1)
   return TokenStatistics(
       log_norm=log_norm, label_logits=None, digit_logits=digit_logits_
   )
@@ -579,12 +643,16 @@ def ntil_components(
   Arguments are those of :func:`ntil_loss`. Returns :class:`NTILComponents`.
   """
   check_parameters(sigma=sigma, tau=tau, noise_scale=noise_scale)
-  digit_logits_, layout = _prepare(
+  _, labels, digit_mask, decimal_point_mask, digit_logits_ = _prepare(
       logits, labels, digit_mask, digit_token_ids, decimal_point_mask
   )
-  return _ntil_parts(
-      digit_logits_,
-      layout,
+  return _number_loss(
+      _ntil_parts,
+      _digit_statistics(digit_logits_),
+      labels,
+      digit_mask,
+      digit_token_ids,
+      decimal_point_mask,
       sigma=sigma,
       tau=tau,
       key=key,
@@ -662,12 +730,16 @@ def ntil_loss(
   check_parameters(
       sigma=sigma, alpha=alpha, beta=beta, tau=tau, noise_scale=noise_scale
   )
-  digit_logits_, layout = _prepare(
+  _, labels, digit_mask, decimal_point_mask, digit_logits_ = _prepare(
       logits, labels, digit_mask, digit_token_ids, decimal_point_mask
   )
-  return _ntil(
-      _digit_statistics(logits, digit_logits_),
-      layout,
+  return _number_loss(
+      _ntil,
+      _digit_statistics(digit_logits_),
+      labels,
+      digit_mask,
+      digit_token_ids,
+      decimal_point_mask,
       sigma=sigma,
       alpha=alpha,
       beta=beta,
@@ -693,8 +765,16 @@ def emd_loss(
   Wasserstein variant NTL-WAS of the Number Token Loss paper. Arguments and
   result as in :func:`ntil_loss`.
   """
-  digit_logits_, layout = _prepare(logits, labels, digit_mask, digit_token_ids)
-  return _emd(_digit_statistics(logits, digit_logits_), layout)
+  _, labels, digit_mask, _, digit_logits_ = _prepare(
+      logits, labels, digit_mask, digit_token_ids
+  )
+  return _number_loss(
+      _emd,
+      _digit_statistics(digit_logits_),
+      labels,
+      digit_mask,
+      digit_token_ids,
+  )
 
 
 def ntl_mse_loss(
@@ -707,8 +787,16 @@ def ntl_mse_loss(
   with :math:`p_t` the softmax over the ten digit logits (Zausinger et al.,
   2025). Arguments and result as in :func:`ntil_loss`.
   """
-  digit_logits_, layout = _prepare(logits, labels, digit_mask, digit_token_ids)
-  return _ntl_mse(_digit_statistics(logits, digit_logits_), layout)
+  _, labels, digit_mask, _, digit_logits_ = _prepare(
+      logits, labels, digit_mask, digit_token_ids
+  )
+  return _number_loss(
+      _ntl_mse,
+      _digit_statistics(digit_logits_),
+      labels,
+      digit_mask,
+      digit_token_ids,
+  )
 
 
 def soft_digit_targets(digit_values, *, eta: float, width: float):
@@ -749,13 +837,25 @@ def soft_label_cross_entropy(
   in :func:`ntil_loss`; ``eta`` in ``[0, 1]``, ``width > 0``.
   """
   check_parameters(eta=eta, width=width)
-  logits = jnp.asarray(logits)
-  digit_logits_, layout = _prepare(logits, labels, digit_mask, digit_token_ids)
+  logits, labels, digit_mask, _, digit_logits_ = _prepare(
+      logits, labels, digit_mask, digit_token_ids
+  )
+  is_digit, _ = numbers.match_digits(labels, digit_token_ids)
+  if digit_mask is not None:
+    is_digit = is_digit & digit_mask.astype(bool)
   # Logits outside numbers are zeroed so that NaN/inf there gives no NaN
   # gradient through the log-normalizer.
-  in_numbers = jnp.where(layout.is_digit[..., None], logits, 0)
-  stats = _digit_statistics(in_numbers, digit_logits_, needs_log_norm=True)
-  return _soft_label(stats, layout, eta=eta, width=width)
+  in_numbers = jnp.where(is_digit[..., None], logits, 0)
+  log_norm = jax.nn.logsumexp(in_numbers.astype(jnp.float32), -1)
+  return _number_loss(
+      _soft_label,
+      _digit_statistics(digit_logits_, log_norm),
+      labels,
+      digit_mask,
+      digit_token_ids,
+      eta=eta,
+      width=width,
+  )
 
 
 def cross_entropy(logits, labels, loss_mask=None) -> chex.Array:
@@ -822,6 +922,7 @@ def numeric_token_loss(
     lam: float = 0.3,
     weighting: str = "sum",
     digit_token_ids=None,
+    decimal_point_mask=None,
     **loss_kwargs,
 ) -> chex.Array:
   r"""Cross-entropy on every scored token plus ``lam`` times a numeric loss.
@@ -850,6 +951,11 @@ def numeric_token_loss(
     lam: its weight (``>= 0``).
     weighting: ``"sum"`` or ``"reference"``.
     digit_token_ids: ``[10]`` digit token ids (``None``: 0..9).
+    decimal_point_mask: optional ``[..., T]`` bool, true at decimal-point
+      labels that join integer and fractional digits into one number (see
+      :func:`ntil_loss`). It changes only where numbers begin and end, so
+      only NTIL's place values and number deviations; the per-digit losses
+      of the other methods are the same with or without it.
     **loss_kwargs: keyword arguments of the numeric loss (``sigma``,
       ``alpha``, ``key``, ``eta``, ...; see ``LOSS_KEYWORDS``).
 
@@ -861,11 +967,18 @@ def numeric_token_loss(
   Raises:
     ValueError: as :func:`check_method`, and for bad shapes or digit ids.
   """
-  logits = jnp.asarray(logits)
-  labels = jnp.asarray(labels)
-  loss_mask = None if loss_mask is None else jnp.asarray(loss_mask)
+  logits, labels, loss_mask, decimal_point_mask = _asarrays(
+      logits, labels, loss_mask, decimal_point_mask
+  )
   _check_inputs(
-      logits, labels, digit_mask, digit_token_ids, (("loss_mask", loss_mask),)
+      logits,
+      labels,
+      digit_mask,
+      digit_token_ids,
+      (
+          ("loss_mask", loss_mask),
+          ("decimal_point_mask", decimal_point_mask),
+      ),
   )
   check_method(method, weighting, loss_kwargs, lam=lam)
   stats = token_statistics(
@@ -884,6 +997,7 @@ def numeric_token_loss(
       lam=lam,
       weighting=weighting,
       digit_token_ids=digit_token_ids,
+      decimal_point_mask=decimal_point_mask,
       **loss_kwargs,
   )
 
@@ -944,6 +1058,7 @@ def loss_from_statistics(
     lam: float = 0.3,
     weighting: str = "sum",
     digit_token_ids=None,
+    decimal_point_mask=None,
     **loss_kwargs,
 ) -> chex.Array:
   """:func:`numeric_token_loss` from precomputed :class:`TokenStatistics`.
@@ -952,18 +1067,60 @@ def loss_from_statistics(
   so they compute the same loss by construction. For a zero gradient where
   the logits of unscored positions are NaN or inf, compute ``stats`` with
   ``token_statistics(..., mask=...)`` of the scored positions.
+
+  Args:
+    stats: :class:`TokenStatistics` of the logits, ``log_norm`` and
+      ``label_logits`` shaped like ``labels``, ``digit_logits`` like
+      ``labels`` plus a last axis of 10.
+    labels: ``[..., T]`` integer ids; ids outside ``[0, vocab_size)`` score 0.
+    vocab_size: ``V``, the logits' vocabulary size.
+    loss_mask: as in :func:`numeric_token_loss`.
+    digit_mask: as in :func:`numeric_token_loss`.
+    method: as in :func:`numeric_token_loss`.
+    lam: as in :func:`numeric_token_loss`.
+    weighting: as in :func:`numeric_token_loss`.
+    digit_token_ids: as in :func:`numeric_token_loss`.
+    decimal_point_mask: as in :func:`numeric_token_loss`.
+    **loss_kwargs: as in :func:`numeric_token_loss`.
+
+  Returns:
+    ``[..., T]`` float32 per-token loss.
+
+  Raises:
+    ValueError: as :func:`numeric_token_loss`, for a ``vocab_size`` that is
+      no positive int, and for statistics not shaped like ``labels`` or not
+      floating point.
   """
   check_method(method, weighting, loss_kwargs, lam=lam)
-  labels = jnp.asarray(labels)
+  labels, loss_mask, digit_mask, decimal_point_mask = _asarrays(
+      labels, loss_mask, digit_mask, decimal_point_mask
+  )
+  _check_statistics(stats, labels, vocab_size)
+  _check_inputs(
+      jax.ShapeDtypeStruct(labels.shape + (vocab_size,), jnp.float32),
+      labels,
+      digit_mask,
+      digit_token_ids,
+      (
+          ("loss_mask", loss_mask),
+          ("decimal_point_mask", decimal_point_mask),
+      ),
+  )
   scored = _scored(labels, vocab_size, loss_mask)
   ce = _masked(stats.log_norm - stats.label_logits, scored)
   numeric_fn = _FROM_STATISTICS[method]
   if numeric_fn is None:
     return ce
-  mask = (
-      scored if digit_mask is None else scored & jnp.asarray(digit_mask, bool)
+  mask = scored if digit_mask is None else scored & digit_mask.astype(bool)
+  aux = _number_loss(
+      numeric_fn,
+      stats,
+      labels,
+      mask,
+      digit_token_ids,
+      decimal_point_mask,
+      **loss_kwargs,
   )
-  aux = numeric_fn(stats, _layout(labels, mask, digit_token_ids), **loss_kwargs)
   if weighting == "reference":
     aux_total = jnp.sum(aux)
     ratio = jnp.where(
@@ -973,3 +1130,29 @@ def loss_from_statistics(
     )
     aux = jax.lax.stop_gradient(ratio) * aux
   return ce + lam * aux
+
+
+def _check_statistics(stats, labels, vocab_size) -> None:
+  """Raises ValueError unless ``stats`` fit ``labels`` and ``vocab_size``."""
+  if isinstance(vocab_size, (bool, np.bool_)) or not isinstance(
+      vocab_size, (int, np.integer)
+  ):
+    raise ValueError(
+        f"vocab_size must be a positive int, got {vocab_size!r} "
+        f"({type(vocab_size).__name__})."
+    )
+  if vocab_size < 1:
+    raise ValueError(f"vocab_size must be a positive int, got {vocab_size}.")
+  shapes = {
+      "log_norm": labels.shape,
+      "label_logits": labels.shape,
+      "digit_logits": labels.shape + (NUM_DIGITS,),
+  }
+  for name, shape in shapes.items():
+    field = jnp.asarray(getattr(stats, name))
+    if field.shape != shape:
+      raise ValueError(
+          f"stats.{name} shape {field.shape} must be {shape} (labels shape "
+          f"{labels.shape}{' + (10,)' if name == 'digit_logits' else ''})."
+      )
+    _check_logits_dtype(field, f"stats.{name}")

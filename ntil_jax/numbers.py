@@ -3,6 +3,7 @@
 Everything here works along the last (sequence) axis with segmented scans, so
 the cost is O(T log T) elementwise work per row, there is no O(T^2) tensor, and
 rows are independent (a batch sharded over a mesh needs no communication).
+A sequence sharded along T is made whole first (:func:`whole_sequence`).
 
 Vocabulary: a *number* is a maximal run of consecutive positions whose label is
 one of the ten digit tokens and whose ``digit_mask`` is true. Any other label
@@ -47,6 +48,44 @@ class NumberLayout(NamedTuple):
   ends: chex.Array
   digits_right: chex.Array
   places: chex.Array
+
+
+def _spec(x) -> tuple:
+  """The mesh axes each axis of ``x`` is split over (explicit sharding)."""
+  spec = tuple(getattr(jax.typeof(x).sharding, "spec", ()))
+  return spec + (None,) * (jnp.ndim(x) - len(spec))
+
+
+def whole_sequence(x, axis: int = -1):
+  """``x`` with its sequence ``axis`` whole on every device that holds it.
+
+  Numbers may cross the shards of a sequence split over a mesh axis of type
+  ``Explicit``, and the segmented scans here run along the whole axis: the
+  per-token arrays they read are gathered along T, other axes stay split.
+  A no-op where ``axis`` is not explicitly split (``Auto`` axes, where XLA
+  places the collectives itself, or no mesh).
+  """
+  spec = list(_spec(x))
+  if not spec or spec[axis] is None:
+    return x
+  spec[axis] = None
+  sharding = jax.typeof(x).sharding
+  return jax.sharding.reshard(x, sharding.update(spec=jax.P(*spec)))
+
+
+def split_like(x, like, axis: int = -1):
+  """``x`` with its ``axis`` split over the mesh as ``like``'s is.
+
+  Undoes :func:`whole_sequence` (each device keeps its part, no
+  communication); the other axes are left as they are.
+  """
+  spec = list(_spec(x))
+  split = _spec(like)[axis] if spec else None
+  if not spec or spec[axis] == split:
+    return x
+  spec[axis] = split
+  sharding = jax.typeof(x).sharding
+  return jax.sharding.reshard(x, sharding.update(spec=jax.P(*spec)))
 
 
 def check_digit_token_ids(digit_token_ids, vocab_size=None):

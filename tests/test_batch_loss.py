@@ -10,6 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import ntil_jax
+
 from configs import arithmetic_mix
 from train import step
 
@@ -83,3 +85,50 @@ def test_nan_outputs_at_unscored_positions(fused, method):
   np.testing.assert_allclose(dh, clean_dh, rtol=1e-5, atol=1e-7)
   assert np.all(np.asarray(dh)[unscored] == 0)
   assert np.abs(np.asarray(dh)[~unscored]).sum() > 0
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_decimal_points_join_numbers(fused):
+  """'3.25' is one number with places 0, -1, -2, not the integer 325."""
+  config = arithmetic_mix.get_config("ntil")
+  config.fused_loss = fused
+  point = 11  # the fake model's '.' token
+  # Answers "3.25" and "40.9" after a three-token question, then padding.
+  targets = np.array(
+      [
+          [20, 21, 22, 3, point, 2, 5, 12, 12, 12],
+          [20, 21, 22, 4, 0, point, 9, 12, 12, 12],
+      ],
+      np.int32,
+  )
+  loss_mask = np.zeros((BATCH, LENGTH), bool)
+  loss_mask[:, 3:8] = True
+  batch = dict(
+      inputs=jnp.asarray(targets),
+      targets=jnp.asarray(targets),
+      loss_mask=jnp.asarray(loss_mask),
+      digit_mask=jnp.asarray(targets < 10),
+  )
+  rng = np.random.default_rng(2)
+  hidden = rng.normal(size=(BATCH, LENGTH, DIM)).astype(np.float32)
+  unembedding = rng.normal(size=(DIM, VOCAB)).astype(np.float32)
+  model = FakeModel(hidden, unembedding, np.zeros((BATCH, LENGTH), bool))
+  model.decimal_point_token_id = point
+  value, metrics = step.batch_loss(model, batch, config, None)
+
+  logits = hidden @ unembedding
+  ce = ntil_jax.cross_entropy(logits, targets, loss_mask)
+  kwargs = dict(sigma=config.sigma, alpha=config.alpha, beta=config.beta)
+  kwargs.update(tau=config.tau, noise_scale=config.gumbel_noise)
+  digits = loss_mask & (targets < 10)
+  decimal = ntil_jax.ntil_loss(
+      logits, targets, digits, decimal_point_mask=targets == point, **kwargs
+  )
+  integer = ntil_jax.ntil_loss(logits, targets, digits, **kwargs)
+  want = (ce.sum() + config.lam * decimal.sum()) / loss_mask.sum()
+  np.testing.assert_allclose(value, want, rtol=1e-5)
+  np.testing.assert_allclose(
+      metrics["numeric"], decimal.sum() / digits.sum(), rtol=1e-5
+  )
+  # The decimals change the loss: "3.25" scored as 325 would differ.
+  assert abs(float(decimal.sum()) - float(integer.sum())) > 1e-3

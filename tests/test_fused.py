@@ -127,6 +127,30 @@ class FusedTest(parameterized.TestCase):
     for g, w in zip(got_grads, want_grads):
       np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-5)
 
+  @parameterized.parameters("ntil", "emd")
+  def test_decimal_points_equal_logits_path(self, method):
+    hidden, unembedding, labels, mask = hidden_case(8, 2, 30, 8, 24)
+    # Points at some non-digit labels, many between two digits.
+    point = (labels >= 10) & (
+        np.random.default_rng(8).random(labels.shape) < 0.5
+    )
+    (want, want_grads), (got, got_grads) = both_paths(
+        method,
+        hidden,
+        unembedding,
+        labels,
+        mask,
+        chunk_size=16,
+        decimal_point_mask=point,
+    )
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    for g, w in zip(got_grads, want_grads):
+      np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+    with self.assertRaisesRegex(ValueError, r"decimal_point_mask shape"):
+      ntil_jax.fused_numeric_loss(
+          hidden, unembedding, labels, mask, decimal_point_mask=point[:1]
+      )
+
   def test_peak_memory_is_a_fraction_of_the_logits_path(self):
     # XLA's planned memory (deterministic, not a timing): one chunk of logits
     # instead of all of them.

@@ -6,6 +6,7 @@ that two ways of calling ntil_jax agree).
 """
 
 from fractions import Fraction
+import functools
 import math
 
 from absl.testing import absltest
@@ -707,6 +708,265 @@ class UnscoredNaNTest(parameterized.TestCase):
     )
     self.assertTrue(all(np.isfinite(g).all() for g in grads))
     np.testing.assert_array_equal(grads[0][unscored], 0.0)
+
+
+# ----------------------------------------------------------------------------
+# The low-level API checks its inputs as the losses do.
+
+
+def _low_level_case(vocab=12):
+  rng = np.random.default_rng(2)
+  logits = rng.standard_normal((2, 5, vocab)).astype(np.float32)
+  labels = np.array([[1, 2, 3, 11, 4], [5, 6, 11, 7, 8]]) % vocab
+  hidden = rng.standard_normal((2, 5, 4)).astype(np.float32)
+  unembedding = rng.standard_normal((4, vocab)).astype(np.float32)
+  return logits, labels, hidden, unembedding
+
+
+def _bad_low_level_calls():
+  """``(name, fn, args, kwargs, pattern)``: ``fn(*args, **kwargs)`` raises.
+
+  ``args`` and ``kwargs`` hold arrays only (traced by ``jax.eval_shape``);
+  static arguments are bound into ``fn``.
+  """
+  logits, labels, hidden, unembedding = _low_level_case()
+  small_logits, small_labels, small_hidden, small_unembedding = _low_level_case(
+      vocab=5
+  )
+  stats = ntil_jax.token_statistics(logits, labels)
+  mask = np.ones(labels.shape, bool)
+  bad_ids = np.arange(5, 15)
+  token_statistics = ntil_jax.token_statistics
+  digit_logits = ntil_jax.digit_logits
+  fused = ntil_jax.fused_token_statistics
+  from_stats = functools.partial(ntil_jax.loss_from_statistics, vocab_size=12)
+  as_int = lambda x: x.astype(np.int32)
+  as_float = lambda x: x.astype(np.float32)
+  vocab_5 = r"vocabulary of >= 10.*V=5"
+  ids_12 = r"digit_token_ids.*out of range.*V=12"
+  return (
+      # token_statistics
+      (
+          "stats_vocab_5",
+          token_statistics,
+          (small_logits, small_labels),
+          {},
+          vocab_5,
+      ),
+      (
+          "stats_ids_out_of_range",
+          functools.partial(token_statistics, digit_token_ids=bad_ids),
+          (logits, labels),
+          {},
+          ids_12,
+      ),
+      (
+          "stats_labels_shape",
+          token_statistics,
+          (logits, labels[:, :3]),
+          {},
+          r"labels shape \(2, 3\)",
+      ),
+      (
+          "stats_mask_shape",
+          token_statistics,
+          (logits, labels),
+          dict(mask=mask[:1]),
+          r"\bmask shape \(1, 5\)",
+      ),
+      (
+          "stats_float_labels",
+          token_statistics,
+          (logits, as_float(labels)),
+          {},
+          r"labels must be integer",
+      ),
+      (
+          "stats_int_logits",
+          token_statistics,
+          (as_int(logits), labels),
+          {},
+          r"logits must be floating",
+      ),
+      # digit_logits
+      ("digits_vocab_5", digit_logits, (small_logits,), {}, vocab_5),
+      (
+          "digits_ids_out_of_range",
+          functools.partial(digit_logits, digit_token_ids=bad_ids),
+          (logits,),
+          {},
+          ids_12,
+      ),
+      (
+          "digits_int_logits",
+          digit_logits,
+          (as_int(logits),),
+          {},
+          r"logits must be floating",
+      ),
+      # loss_from_statistics
+      (
+          "from_stats_vocab_5",
+          functools.partial(ntil_jax.loss_from_statistics, vocab_size=5),
+          (stats, labels),
+          {},
+          vocab_5,
+      ),
+      (
+          "from_stats_ids_out_of_range",
+          functools.partial(from_stats, digit_token_ids=bad_ids),
+          (stats, labels),
+          {},
+          ids_12,
+      ),
+      (
+          "from_stats_vocab_not_int",
+          functools.partial(ntil_jax.loss_from_statistics, vocab_size=12.0),
+          (stats, labels),
+          {},
+          r"vocab_size must be a positive int",
+      ),
+      (
+          "from_stats_labels_shape",
+          from_stats,
+          (stats, labels[:, :3]),
+          {},
+          r"stats\.log_norm shape \(2, 5\)",
+      ),
+      (
+          "from_stats_float_labels",
+          from_stats,
+          (stats, as_float(labels)),
+          {},
+          r"labels must be integer",
+      ),
+      (
+          "from_stats_loss_mask",
+          from_stats,
+          (stats, labels),
+          dict(loss_mask=mask[:, :3]),
+          r"loss_mask shape \(2, 3\)",
+      ),
+      (
+          "from_stats_digit_mask",
+          from_stats,
+          (stats, labels),
+          dict(digit_mask=mask[:1]),
+          r"digit_mask shape \(1, 5\)",
+      ),
+      (
+          "from_stats_decimal_point_mask",
+          from_stats,
+          (stats, labels),
+          dict(decimal_point_mask=mask[:1]),
+          r"decimal_point_mask shape",
+      ),
+      (
+          "from_stats_label_logits",
+          from_stats,
+          (stats._replace(label_logits=stats.label_logits[:, :3]), labels),
+          {},
+          r"stats\.label_logits shape \(2, 3\)",
+      ),
+      (
+          "from_stats_digit_logits",
+          from_stats,
+          (stats._replace(digit_logits=stats.digit_logits[..., :9]), labels),
+          {},
+          r"stats\.digit_logits shape \(2, 5, 9\)",
+      ),
+      (
+          "from_stats_int_statistics",
+          from_stats,
+          (stats._replace(log_norm=as_int(stats.log_norm)), labels),
+          {},
+          r"stats\.log_norm must be floating",
+      ),
+      # fused_token_statistics
+      (
+          "fused_vocab_5",
+          fused,
+          (small_hidden, small_unembedding, small_labels),
+          {},
+          vocab_5,
+      ),
+      (
+          "fused_ids_out_of_range",
+          functools.partial(fused, digit_token_ids=bad_ids),
+          (hidden, unembedding, labels),
+          {},
+          ids_12,
+      ),
+      (
+          "fused_labels_shape",
+          fused,
+          (hidden, unembedding, labels[:, :3]),
+          {},
+          r"labels shape \(2, 3\)",
+      ),
+      (
+          "fused_mask_shape",
+          fused,
+          (hidden, unembedding, labels),
+          dict(mask=mask[:1]),
+          r"\bmask shape \(1, 5\)",
+      ),
+      (
+          "fused_float_labels",
+          fused,
+          (hidden, unembedding, as_float(labels)),
+          {},
+          r"labels must be integer",
+      ),
+      (
+          "fused_int_hidden",
+          fused,
+          (as_int(hidden), unembedding, labels),
+          {},
+          r"hidden must be floating",
+      ),
+      (
+          "fused_hidden_rank",
+          fused,
+          (hidden[0], unembedding, labels[0]),
+          {},
+          r"hidden must be \[B, T, D\]",
+      ),
+      (
+          "fused_d_mismatch",
+          fused,
+          (hidden, unembedding[:3], labels),
+          {},
+          r"disagree on D",
+      ),
+  )
+
+
+class LowLevelInputTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(*_bad_low_level_calls())
+  def test_bad_input_names_the_argument(self, fn, args, kwargs, pattern):
+    with self.assertRaisesRegex(ValueError, pattern):
+      fn(*args, **kwargs)
+
+  @parameterized.named_parameters(*_bad_low_level_calls())
+  def test_checked_at_trace_time(self, fn, args, kwargs, pattern):
+    # Static shapes and dtypes: refused while tracing, before any run.
+    with self.assertRaisesRegex(ValueError, pattern):
+      jax.eval_shape(fn, *args, **kwargs)
+
+  def test_good_input_is_accepted(self):
+    logits, labels, hidden, unembedding = _low_level_case()
+    stats = ntil_jax.token_statistics(logits, labels)
+    self.assertEqual(ntil_jax.digit_logits(logits).shape, (2, 5, 10))
+    per_token = ntil_jax.loss_from_statistics(
+        stats, labels, vocab_size=np.int64(12)
+    )
+    self.assertEqual(per_token.shape, labels.shape)
+    fused = ntil_jax.fused_token_statistics(hidden, unembedding, labels)
+    want = ntil_jax.token_statistics(hidden @ unembedding, labels)
+    for got, expected in zip(fused, want):
+      np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
 
 
 if __name__ == "__main__":

@@ -439,6 +439,107 @@ class CombinedLossTest(parameterized.TestCase):
     np.testing.assert_allclose(combined, 1.5 * single, rtol=1e-5, atol=1e-6)
 
 
+def decimal_case(seed, batch=3, length=40, vocab=14):
+  """Digits 0..9, points (token 10) and fillers; some unscored positions."""
+  rng = np.random.default_rng(seed)
+  labels = rng.choice([0, 1, 2, 5, 9, 3, 10, 10, 11, 12], (batch, length))
+  labels = np.where(rng.random(labels.shape) < 0.05, -100, labels)
+  logits = rng.standard_normal((batch, length, vocab)).astype(np.float32)
+  digit_mask = rng.random(labels.shape) < 0.95
+  loss_mask = rng.random(labels.shape) < 0.9
+  return logits, labels, digit_mask, loss_mask, labels == 10
+
+
+class DecimalPointTest(parameterized.TestCase):
+  """``decimal_point_mask`` through numeric_token_loss and its statistics."""
+
+  def test_numeric_token_loss_is_ce_plus_ntil(self):
+    logits, labels, digit_mask, loss_mask, point = decimal_case(60)
+    scored = loss_mask & (labels >= 0)
+
+    def combined(z):
+      return ntil_jax.numeric_token_loss(
+          z,
+          labels,
+          loss_mask=loss_mask,
+          digit_mask=digit_mask,
+          lam=0.3,
+          decimal_point_mask=point,
+      )
+
+    def separate(z):
+      return ntil_jax.cross_entropy(
+          z, labels, loss_mask
+      ) + 0.3 * ntil_jax.ntil_loss(
+          z, labels, digit_mask & scored, decimal_point_mask=point
+      )
+
+    np.testing.assert_allclose(
+        combined(logits), separate(logits), rtol=1e-6, atol=1e-6
+    )
+    grad = lambda fn: jax.grad(lambda z: fn(z).sum())(logits)
+    np.testing.assert_allclose(
+        grad(combined), grad(separate), rtol=1e-5, atol=1e-6
+    )
+    # "3.25" is no longer scored as the integer 325.
+    integers = ntil_jax.numeric_token_loss(
+        logits, labels, loss_mask=loss_mask, digit_mask=digit_mask, lam=0.3
+    )
+    self.assertGreater(np.abs(combined(logits) - integers).max(), 1e-3)
+
+  @parameterized.parameters("ce", "emd", "ntl_mse", "soft_label")
+  def test_other_methods_score_each_digit_alike(self, method):
+    logits, labels, digit_mask, loss_mask, point = decimal_case(61)
+    fn = lambda **kw: ntil_jax.numeric_token_loss(
+        logits,
+        labels,
+        loss_mask=loss_mask,
+        digit_mask=digit_mask,
+        method=method,
+        **kw,
+    )
+    np.testing.assert_array_equal(fn(decimal_point_mask=point), fn())
+
+  def test_loss_from_statistics_takes_it(self):
+    logits, labels, digit_mask, loss_mask, point = decimal_case(62)
+    stats = ntil_jax.token_statistics(logits, labels, mask=loss_mask)
+    got = ntil_jax.loss_from_statistics(
+        stats,
+        labels,
+        vocab_size=logits.shape[-1],
+        loss_mask=loss_mask,
+        digit_mask=digit_mask,
+        decimal_point_mask=point,
+    )
+    want = ntil_jax.numeric_token_loss(
+        logits,
+        labels,
+        loss_mask=loss_mask,
+        digit_mask=digit_mask,
+        decimal_point_mask=point,
+    )
+    np.testing.assert_array_equal(got, want)
+
+  def test_none_is_the_default(self):
+    logits, labels, digit_mask, loss_mask, _ = decimal_case(63)
+    fn = lambda **kw: ntil_jax.numeric_token_loss(
+        logits, labels, loss_mask=loss_mask, digit_mask=digit_mask, **kw
+    )
+    np.testing.assert_array_equal(fn(decimal_point_mask=None), fn())
+
+  def test_shape_is_checked(self):
+    logits, labels, digit_mask, _, point = decimal_case(64)
+    with self.assertRaisesRegex(ValueError, r"decimal_point_mask shape"):
+      ntil_jax.numeric_token_loss(
+          logits, labels, digit_mask=digit_mask, decimal_point_mask=point[:1]
+      )
+    stats = ntil_jax.token_statistics(logits, labels)
+    with self.assertRaisesRegex(ValueError, r"decimal_point_mask shape"):
+      ntil_jax.loss_from_statistics(
+          stats, labels, vocab_size=14, decimal_point_mask=point[:, :5]
+      )
+
+
 class BadInputTest(parameterized.TestCase):
 
   def test_shapes(self):

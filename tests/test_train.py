@@ -198,16 +198,26 @@ def _free_port():
     return s.getsockname()[1]
 
 
-def test_four_devices_equal_one(data_dir, tmp_path):
-  config = make_config(data_dir, train_steps=4, fsdp=2)
+def test_four_devices_equal_one(data_dir, tmp_path, caplog):
+  config = make_config(data_dir, train_steps=4, fsdp=2, lr_decay_steps=6)
   run_cli(config, tmp_path / "four", env={"JAX_NUM_CPU_DEVICES": "4"})
   train.train_and_evaluate(
-      make_config(data_dir, train_steps=4), str(tmp_path / "one")
+      make_config(data_dir, train_steps=4, lr_decay_steps=6),
+      str(tmp_path / "one"),
   )
   one, four = logged(str(tmp_path / "one")), logged(str(tmp_path / "four"))
   assert sorted(four) == [1, 2, 3, 4]
   for step in one:
     assert four[step] == pytest.approx(one[step], rel=1e-5, abs=1e-6)
+  # Saved FSDP-sharded over 4 devices, resumed on 1: the digest, computed
+  # on the devices, does not depend on the sharding.
+  resumed = train.train_and_evaluate(
+      make_config(data_dir, train_steps=6, lr_decay_steps=6),
+      str(tmp_path / "four"),
+  )
+  assert resumed["step"] == 6
+  assert "unreadable" not in caplog.text
+  assert sorted(logged(str(tmp_path / "four"))) == list(range(1, 7))
 
 
 def test_two_processes_equal_one(data_dir, tmp_path):

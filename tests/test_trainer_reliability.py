@@ -7,6 +7,7 @@ non-zero exit, good checkpoints kept, no hang, no library noise.
 
 import contextlib
 import fcntl
+import json
 import logging
 import os
 import pathlib
@@ -17,6 +18,7 @@ import sys
 import threading
 import time
 
+import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
@@ -88,6 +90,13 @@ def assert_one_error(result, message, returncode=2):
         ("learning_rate", 0.0, "learning_rate must be > 0"),
         ("learning_rate", -1e-3, "learning_rate must be > 0"),
         ("dtype", "float8", "unknown dtype 'float8'"),
+        ("lam", float("nan"), "must be finite numbers, got lam=nan"),
+        ("learning_rate", float("inf"), "got learning_rate=inf"),
+        ("tau", 0.0, "tau must be > 0"),
+        ("sigma", -2.0, "sigma must be > -1"),
+        ("soft_label_eta", 1.5, "soft_label_eta must be in [0, 1]"),
+        ("soft_label_width", 0.0, "soft_label_width must be > 0"),
+        ("gumbel_noise", -0.1, "gumbel_noise must be >= 0"),
     ],
 )
 def test_bad_number_refused_before_compiling(
@@ -138,11 +147,56 @@ def test_read_only_workdir(data_dir, tmp_path, monkeypatch):
         (["--workdir="], "--workdir is empty"),
         (["--config.eval_batch_size=0"], "eval_batch_size must be >= 1"),
         (["--config.dtype=float8"], "unknown dtype"),
+        (["--config.lam=nan"], "must be finite numbers, got lam=nan"),
+        (["--config.fused_loss=sometimes"], "fused_loss must be True, False"),
     ],
 )
 def test_bad_config_cli_one_line(data_dir, tmp_path, flags, message):
   result = run_cli(make_config(data_dir), tmp_path, *flags, check=False)
   assert_one_error(result, message)
+
+
+def _strict_json(line):
+  def refuse(constant):
+    raise ValueError(f"non-strict JSON constant {constant}")
+
+  return json.loads(line, parse_constant=refuse)
+
+
+def test_lam_zero_logs_finite_strict_json(data_dir, tmp_path):
+  config = make_config(data_dir, train_steps=2, lam=0.0)
+  result = train.train_and_evaluate(config, str(tmp_path))
+  records = [
+      _strict_json(line)
+      for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
+  ]
+  assert [r["step"] for r in records] == [1, 2]
+  for record in records:  # CE alone is trained; the numeric loss is logged
+    assert record["loss"] == record["ce"]
+    assert np.isfinite(record["numeric"]) and record["numeric"] > 0
+  assert result["train"]["numeric"] == records[-1]["numeric"]
+
+
+def test_non_finite_metric_is_written_as_null(tmp_path, caplog):
+  writer = rundir.MetricsWriter(str(tmp_path), 0)
+  writer.write(3, loss=1.5, exact_match=float("nan"), gap=float("inf"))
+  writer.close()
+  (line,) = (tmp_path / "metrics.jsonl").read_text().splitlines()
+  assert _strict_json(line) == dict(
+      step=3, loss=1.5, exact_match=None, gap=None
+  )
+  assert "metric exact_match is nan at step 3" in caplog.text
+
+
+def test_fused_loss_auto_on_a_task_config_cli(data_dir, tmp_path):
+  result = run_cli(
+      make_config(data_dir, train_steps=2),
+      tmp_path,
+      "--config.fused_loss=auto",
+  )
+  assert "Traceback" not in result.stderr
+  assert rundir.read_config_record(str(tmp_path))["fused_loss"] == "auto"
+  assert sorted(logged(str(tmp_path))) == [1, 2]
 
 
 def test_checkpoints_path_is_a_file_cli(data_dir, tmp_path):
@@ -236,12 +290,15 @@ def test_diverging_run_stops_and_keeps_good_checkpoints(data_dir, tmp_path):
       log_every_steps=100,
       learning_rate=1e30,
   )
+  # A changed learning rate resumes only without the run's config record.
+  (tmp_path / rundir.CONFIG_RECORD).unlink()
   with pytest.raises(
       train.TrainingError, match=r"non-finite loss=nan.* at step 6.*step 3"
   ):
     train.train_and_evaluate(diverging, str(tmp_path))
   assert os.listdir(tmp_path / "checkpoints") == ["3"]
   # The good checkpoint still resumes.
+  (tmp_path / rundir.CONFIG_RECORD).unlink()
   resumed = train.train_and_evaluate(
       make_config(data_dir, train_steps=6, warmup_steps=0, lr_decay_steps=12),
       str(tmp_path),
@@ -257,7 +314,9 @@ def test_non_finite_checkpoint_is_moved_aside(
       make_config(data_dir, train_steps=3, **overrides), str(tmp_path)
   )
   # A trainer without the check saves a NaN state at step 6 (as silent
-  # corruption of the files would).
+  # corruption of the files would). A changed learning rate resumes only
+  # without the run's config record.
+  (tmp_path / rundir.CONFIG_RECORD).unlink()
   with monkeypatch.context() as patch:
     patch.setattr(train, "check_finite", lambda *args: None)
     train.train_and_evaluate(
@@ -265,6 +324,7 @@ def test_non_finite_checkpoint_is_moved_aside(
         str(tmp_path),
     )
   assert sorted(os.listdir(tmp_path / "checkpoints")) == ["3", "6"]
+  (tmp_path / rundir.CONFIG_RECORD).unlink()
   resumed = train.train_and_evaluate(
       make_config(data_dir, train_steps=9, **overrides), str(tmp_path)
   )

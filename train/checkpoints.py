@@ -1,10 +1,18 @@
 """Checkpoints: the model, optimizer and data iterator saved together.
 
-orbax saves asynchronously; a save that cannot be written stops the run at
-once (`save_checkpoint`), and a checkpoint that cannot be read or holds NaN
-or inf is moved aside with one warning (`restore_latest`).
+Each checkpoint proves its content twice: beside the state and the data
+iterator's position orbax writes a digest of both (`digests`), in the same
+atomic save, and a restore recomputes it; once the save has completed, a
+SHA-256 of every file it wrote goes into ``<step>/files.sha256``
+(`seal_finished`), checked before a restore reads anything. orbax saves asynchronously; a
+save that cannot be written stops the run at once (`save_checkpoint`).
+`restore_latest` tells a checkpoint saved for another model or optimizer
+(refused: `errors.ConfigError`, nothing touched) from a damaged one (an
+unreadable file, a digest that does not match, NaN or inf: moved aside with
+one warning, and the previous one tried).
 """
 
+import hashlib
 import os
 import shutil
 
@@ -15,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
+from train import digests
 from train import errors
 from train import rundir
 
@@ -22,6 +31,11 @@ from train import rundir
 def checkpoint_manager(workdir, config) -> ocp.CheckpointManager:
   return ocp.CheckpointManager(
       os.path.join(os.path.abspath(workdir), "checkpoints"),
+      item_handlers=dict(
+          state=ocp.StandardCheckpointHandler(),
+          train_iter=grain.checkpoint.CheckpointHandler(),
+          digest=ocp.JsonCheckpointHandler(),
+      ),
       options=ocp.CheckpointManagerOptions(
           max_to_keep=config.keep_checkpoints,
           create=True,
@@ -33,20 +47,31 @@ def checkpoint_manager(workdir, config) -> ocp.CheckpointManager:
 def save_checkpoint(manager, step, model, optimizer, train_iter, *, wait=False):
   """Starts an async save of step ``step``; TrainingError if it cannot.
 
+  The digest of the state and of the iterator's position is computed from
+  what is being saved and written in the same save, so a checkpoint and its
+  digest are committed (or lost) together.
+
   A directory that cannot be written makes orbax wait out a 300 s barrier
   in a background thread, so a probe write goes first: a failed save stops
   the run at once with the reason.
   """
   directory = str(manager.directory)
   try:
+    manager.wait_until_finished()  # orbax would wait for it anyway
+    seal_finished(manager)
     if jax.process_index() == 0:
       rundir.probe_writable(directory)
     state = nnx.to_pure_dict(nnx.state((model, optimizer)))
+    digest = dict(
+        state=digests.tree_digest(state),
+        train_iter=digests.iterator_digests(train_iter),
+    )
     manager.save(
         step,
         args=ocp.args.Composite(
             state=ocp.args.StandardSave(state),
             train_iter=grain.checkpoint.CheckpointSave(train_iter),
+            digest=ocp.args.JsonSave(digest),
         ),
         force=True,
     )
@@ -63,6 +88,71 @@ def save_checkpoint(manager, step, model, optimizer, train_iter, *, wait=False):
     ) from error
 
 
+FILE_DIGESTS = "files.sha256"
+
+
+def _file_digests(checkpoint: str) -> dict:
+  """``{relative path: SHA-256}`` of every file under ``checkpoint``."""
+  found = {}
+  for root, _, names in os.walk(checkpoint):
+    for name in names:
+      path = os.path.join(root, name)
+      relative = os.path.relpath(path, checkpoint)
+      if relative == FILE_DIGESTS:
+        continue
+      sha = hashlib.sha256()
+      with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+          sha.update(block)
+      found[relative] = sha.hexdigest()
+  return found
+
+
+def seal_finished(manager) -> None:
+  """Writes ``files.sha256`` into every finished checkpoint that lacks it.
+
+  Call once no save is in flight (after ``wait_until_finished``). Process 0
+  hashes the files of every host (checkpoints live on a shared filesystem).
+  """
+  if jax.process_index() != 0:
+    return
+  directory = str(manager.directory)
+  # Not manager.all_steps(): on several hosts it is a collective.
+  for step in rundir.saved_steps(os.path.dirname(directory)):
+    checkpoint = os.path.join(directory, str(step))
+    path = os.path.join(checkpoint, FILE_DIGESTS)
+    if os.path.exists(path):
+      continue
+    lines = [
+        f"{sha}  {name}\n"
+        for name, sha in sorted(_file_digests(checkpoint).items())
+    ]
+    with open(path + ".tmp", "w") as f:
+      f.writelines(lines)
+    os.replace(path + ".tmp", path)
+
+
+def _check_files(manager, step) -> None:
+  """Damaged if a file differs from ``files.sha256`` (when there is one)."""
+  checkpoint = os.path.join(str(manager.directory), str(step))
+  path = os.path.join(checkpoint, FILE_DIGESTS)
+  if not os.path.exists(path):
+    return  # the run stopped between the save and its seal
+  try:
+    with open(path) as f:
+      want = dict(
+          reversed(line.rstrip("\n").split("  ", 1)) for line in f if line
+      )
+  except (OSError, ValueError, UnicodeDecodeError) as error:
+    raise Damaged(f"its {FILE_DIGESTS} is unreadable") from error
+  got = _file_digests(checkpoint)
+  bad = sorted(n for n in want if got.get(n) != want[n])
+  if bad:
+    raise Damaged(
+        f"{len(bad)} file(s) differ from {FILE_DIGESTS}, e.g. {bad[0]}"
+    )
+
+
 def all_finite(tree) -> bool:
   """Whether every floating-point leaf of ``tree`` is finite."""
   leaves = [
@@ -73,12 +163,136 @@ def all_finite(tree) -> bool:
   return all(bool(jnp.isfinite(x).all()) for x in leaves)
 
 
-def restore_latest(manager, model, optimizer, train_iter, workdir) -> int:
+class Damaged(Exception):
+  """A checkpoint whose files do not hold what was saved."""
+
+
+def _layout(tree) -> dict:
+  """``{path: (shape, dtype)}`` of a tree of arrays or array metadata."""
+  leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+  return {
+      jax.tree_util.keystr(path).replace("'", ""): (
+          tuple(leaf.shape),
+          str(jnp.dtype(leaf.dtype)),
+      )
+      for path, leaf in leaves
+  }
+
+
+def layout_mismatch(saved, target) -> str | None:
+  """How a checkpoint's arrays differ from the model's (None if alike)."""
+  saved, target = _layout(saved), _layout(target)
+  if saved == target:
+    return None
+  missing = sorted(set(target) - set(saved))
+  extra = sorted(set(saved) - set(target))
+  changed = sorted(p for p in set(saved) & set(target) if saved[p] != target[p])
+  parts = []
+  if changed:
+    path = changed[0]
+    parts.append(
+        f"{len(changed)} array(s) differ, e.g. {path} is "
+        f"{saved[path][0]} {saved[path][1]} there and "
+        f"{target[path][0]} {target[path][1]} here"
+    )
+  if missing:
+    parts.append(f"{len(missing)} array(s) missing there, e.g. {missing[0]}")
+  if extra:
+    parts.append(f"{len(extra)} array(s) not in this model, e.g. {extra[0]}")
+  return "; ".join(parts)
+
+
+def _saved_layout(manager, step):
+  """The saved state's array metadata; Damaged if it cannot be read."""
+  try:
+    metadata = manager.item_metadata(step)["state"]
+  except Exception as error:  # pylint: disable=broad-except
+    raise Damaged(
+        f"{type(error).__name__}: {errors.first_line(error)}"
+    ) from error
+  if metadata is None:
+    raise Damaged("its state has no metadata")
+  return metadata
+
+
+def _restore(manager, step, target, train_iter):
+  """Restores ``step``: (state, step had a digest); Damaged if it is bad."""
+  try:
+    restored = manager.restore(
+        step,
+        args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(target),
+            train_iter=grain.checkpoint.CheckpointRestore(train_iter),
+        ),
+    )
+  except Exception as error:  # pylint: disable=broad-except
+    raise Damaged(
+        f"{type(error).__name__}: {errors.first_line(error)}"
+    ) from error
+  state = restored["state"]
+  saved_digest = _saved_digest(manager, step)
+  if saved_digest is not None:
+    bad = digests.tree_mismatches(state, saved_digest.get("state", {}))
+    if bad:
+      raise Damaged(
+          f"its content does not match its digest ({len(bad)} array(s), "
+          f"e.g. {bad[0]})"
+      )
+    if not digests.iterator_matches(train_iter, saved_digest.get("train_iter")):
+      raise Damaged("its data-iterator state does not match its digest")
+  if not all_finite(state):
+    raise Damaged("it holds NaN or inf values")
+  return state, saved_digest is not None
+
+
+def _saved_digest(manager, step):
+  """The digest saved with ``step``; None for a checkpoint saved without."""
+  path = os.path.join(str(manager.directory), str(step), "digest")
+  if not os.path.exists(path):
+    return None
+  try:
+    return manager.restore(
+        step, args=ocp.args.Composite(digest=ocp.args.JsonRestore())
+    )["digest"]
+  except Exception as error:  # pylint: disable=broad-except
+    raise Damaged(
+        f"its digest is unreadable ({type(error).__name__})"
+    ) from error
+
+
+def _move_aside(manager, workdir, step, reason):
+  logging.warning(
+      "checkpoint %d is unreadable (%s); moved aside to corrupt-%d, falling "
+      "back to the previous one.",
+      step,
+      reason,
+      step,
+  )
+  if jax.process_index() == 0:
+    directory = os.path.join(workdir, "checkpoints")
+    shutil.move(
+        os.path.join(directory, str(step)),
+        os.path.join(directory, f"corrupt-{step}"),
+    )
+  manager.reload()
+
+
+def restore_latest(
+    manager, model, optimizer, train_iter, workdir, *, require_digest=False
+) -> int:
   """Restores the newest good checkpoint; returns its step (0 if none).
 
-  A checkpoint that fails to restore, or holds a non-finite value, is moved
-  aside (``corrupt-<step>``, kept for inspection) with one warning line, and
-  the previous one is tried.
+  A checkpoint that fails to restore, whose content does not match its
+  digest, or that holds a non-finite value, is moved aside
+  (``corrupt-<step>``, kept for inspection) with one warning line, and the
+  previous one is tried. With ``require_digest`` (a run that recorded its
+  config, so saved every checkpoint with a digest) a checkpoint without a
+  digest counts as damaged; else it is restored unverified, with a warning.
+
+  Raises:
+    ConfigError: a checkpoint holds arrays of other shapes or names than
+      the model and optimizer built from this config: it was saved for
+      another config and is left untouched.
   """
   state = nnx.state((model, optimizer))
   target = jax.tree.map(
@@ -87,34 +301,34 @@ def restore_latest(manager, model, optimizer, train_iter, workdir) -> int:
   steps = sorted(manager.all_steps(), reverse=True)
   for step in steps:
     try:
-      restored = manager.restore(
-          step,
-          args=ocp.args.Composite(
-              state=ocp.args.StandardRestore(target),
-              train_iter=grain.checkpoint.CheckpointRestore(train_iter),
-          ),
-      )
-      if not all_finite(restored["state"]):
-        raise ValueError("it holds NaN or inf values")
-    except Exception as error:  # pylint: disable=broad-except
-      logging.warning(
-          "checkpoint %d is unreadable (%s: %s); moved aside to "
-          "corrupt-%d, falling back to the previous one.",
-          step,
-          type(error).__name__,
-          errors.first_line(error),
-          step,
-      )
-      if jax.process_index() == 0:
-        directory = os.path.join(workdir, "checkpoints")
-        shutil.move(
-            os.path.join(directory, str(step)),
-            os.path.join(directory, f"corrupt-{step}"),
+      _check_files(manager, step)
+      mismatch = layout_mismatch(_saved_layout(manager, step), target)
+      if mismatch:
+        raise errors.ConfigError(
+            f"checkpoint {step} in {manager.directory} was saved for another "
+            f"model or optimizer ({mismatch}); rerun with that run's config "
+            "to resume it, or pass --start_over to move it aside and start "
+            "afresh."
         )
-      manager.reload()
+      restored, verified = _restore(manager, step, target, train_iter)
+      if require_digest and not verified:
+        raise Damaged("it has no digest")
+    except Damaged as damage:
+      _move_aside(manager, workdir, step, damage)
       continue
-    nnx.replace_by_pure_dict(state, restored["state"])
+    if not verified:
+      logging.warning(
+          "checkpoint %d has no digest (saved by an older version): "
+          "restored unverified.",
+          step,
+      )
+    nnx.replace_by_pure_dict(state, restored)
     nnx.update((model, optimizer), state)
+    logging.info(
+        "restored checkpoint %d (%s)",
+        step,
+        os.path.join(str(manager.directory), str(step)),
+    )
     return step
   if steps:
     logging.warning(

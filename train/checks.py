@@ -3,6 +3,7 @@
 Each check raises `errors.ConfigError` with one line that says what to do.
 """
 
+import math
 import os
 
 import jax
@@ -52,7 +53,42 @@ _NON_NEGATIVE = (
 )
 
 
+# Loss parameters in the config, as ntil_jax's parameter checks name them.
+_LOSS_PARAMETERS = dict(
+    sigma="sigma",
+    alpha="alpha",
+    beta="beta",
+    tau="tau",
+    gumbel_noise="noise_scale",
+    soft_label_eta="eta",
+    soft_label_width="width",
+)
+
+
+def _non_finite_fields(config, prefix=""):
+  """Names of the config's float fields (nested too) that are NaN or inf."""
+  found = []
+  for name, value in config.items():
+    if hasattr(value, "items"):
+      found += _non_finite_fields(value, f"{prefix}{name}.")
+    elif isinstance(value, float) and not math.isfinite(value):
+      found.append(f"{prefix}{name}={value}")
+  return found
+
+
 def _check_numbers(config) -> None:
+  bad = _non_finite_fields(config)
+  if bad:
+    raise errors.ConfigError(
+        f"config fields must be finite numbers, got {', '.join(bad)}."
+    )
+  for name, parameter in _LOSS_PARAMETERS.items():
+    try:  # every method's, so that a bad value never waits for a switch
+      ntil_jax.losses.check_parameters(**{parameter: config[name]})
+    except ValueError as error:
+      raise errors.ConfigError(
+          str(error).replace(parameter, name, 1)
+      ) from error
   for name in _POSITIVE:
     if config[name] < 1:
       raise errors.ConfigError(f"{name} must be >= 1, got {config[name]}.")
@@ -154,3 +190,76 @@ def check_workdir(workdir: str) -> str:
         f"workdir {workdir} is not writable " f"({error.strerror or error})."
     ) from error
   return workdir
+
+
+# Fields a run may change when it resumes: the schedule's length and the
+# cadence of logs, evals and saves, and how the same computation is laid out
+# (the fused loss, FSDP). Any other change would resume a different run.
+RESUMABLE_FIELDS = (
+    "train_steps",
+    "lr_decay_steps",
+    "log_every_steps",
+    "eval_every_steps",
+    "eval_examples",
+    "eval_batch_size",
+    "checkpoint_every_steps",
+    "keep_checkpoints",
+    "num_samples",
+    "fused_loss",
+    "fused_chunk_size",
+    "fsdp",
+)
+_ABSENT = "<absent>"
+
+
+def _show(value) -> str:
+  return _ABSENT if value is _ABSENT else repr(value)
+
+
+def config_changes(recorded: dict, config) -> tuple[list, list]:
+  """``(resumable, refused)``: (field, recorded, now) for every change."""
+  now = rundir.config_record(config)
+  resumable, refused = [], []
+  for name in sorted(set(recorded) | set(now)):
+    old, new = recorded.get(name, _ABSENT), now.get(name, _ABSENT)
+    if old == new:
+      continue
+    (resumable if name in RESUMABLE_FIELDS else refused).append(
+        (name, old, new)
+    )
+  return resumable, refused
+
+
+def check_resumable(config, workdir) -> list:
+  """The resumable changes from the run recorded in ``workdir``.
+
+  Reads only: a refused workdir is left byte for byte as it was.
+
+  Returns:
+    ``[(field, recorded, now)]`` for the fields in `RESUMABLE_FIELDS` that
+    changed; empty when the workdir holds no checkpoint or no record.
+
+  Raises:
+    ConfigError: any other field changed (each named with both values).
+  """
+  if not rundir.saved_steps(workdir):
+    return []  # nothing to resume: a new run
+  recorded = rundir.read_config_record(workdir)
+  if recorded is None:
+    return []  # saved before runs recorded their config
+  resumable, refused = config_changes(recorded, config)
+  if not refused:
+    return resumable
+  shown = "; ".join(f"{n}: {_show(o)} -> {_show(v)}" for n, o, v in refused)
+  why = ""
+  if any(name == "worker_count" for name, _, _ in refused):
+    why = (
+        " (the data iterator's saved position restores only under the "
+        "worker_count it was saved with)"
+    )
+  raise errors.ConfigError(
+      f"workdir {workdir} holds a run with another config ({shown}){why}; "
+      "nothing was changed. Rerun with the recorded values to resume it (see "
+      f"{os.path.join(workdir, rundir.CONFIG_RECORD)}), or pass --start_over "
+      "to move the old run aside and start afresh."
+  )

@@ -9,7 +9,10 @@ r"""Train on a task (train/tasks: arithmetic_mix, clock_time, grounding, ...).
   python -m train.main --config=configs/clock_time.py:ntil --workdir=W2 \
       --config.data_dir=data
 
-Running the same command again resumes from the newest checkpoint in W.
+Running the same command again resumes from the newest checkpoint in W; a
+changed config is refused (exit 2, W untouched) unless only the schedule's
+length or the cadence of logs, evals and saves changed. --start_over moves
+the old run aside to W/previous-runs/<date> and starts afresh.
 Several hosts: start one process per host with --coordinator_address,
 --num_processes and --process_id (jax.distributed).
 """
@@ -40,6 +43,12 @@ flags.DEFINE_string(
 )
 flags.DEFINE_integer("num_processes", None, "Number of processes (hosts).")
 flags.DEFINE_integer("process_id", None, "This process's index.")
+flags.DEFINE_bool(
+    "start_over",
+    False,
+    "Move the run in --workdir aside (to workdir/previous-runs/<date>) and "
+    "start afresh, instead of resuming it.",
+)
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -80,7 +89,9 @@ def main(argv):
       jax.devices()[0].device_kind,
   )
   with train.exit_on_error():
-    result = train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+    result = train.train_and_evaluate(
+        FLAGS.config, FLAGS.workdir, start_over=FLAGS.start_over
+    )
   train.exit_if_stopped(result)
   if result["eval"]:
     print(

@@ -304,14 +304,26 @@ class CausalLM(nnx.Module):
     family: 'qwen2' or 'llama'.
     config: the tunix ModelConfig (``config.vocab_size`` is the logits size).
     digit_token_ids: the ten digit ids of the snapshot's tokenizer.
+    decimal_point_token_id: the id of its '.' token (None if it has none),
+      which joins integer and fractional digits into one number.
     rope_scaling: Llama 3.1's RoPE scaling (:func:`rope_scaling`) or None.
   """
 
-  def __init__(self, lm, family_: str, digit_token_ids, rope_scaling_=None):
+  def __init__(
+      self,
+      lm,
+      family_: str,
+      digit_token_ids,
+      rope_scaling_=None,
+      decimal_point_token_id=None,
+  ):
     self.lm = lm
     self.family = family_
     self.config = lm.config
     self.digit_token_ids = tuple(int(i) for i in digit_token_ids)
+    self.decimal_point_token_id = (
+        None if decimal_point_token_id is None else int(decimal_point_token_id)
+    )
     self.rope_scaling = rope_scaling_
 
   @property
@@ -583,7 +595,13 @@ def load(
         f"digit ids {digits.tolist()} reach past the model's "
         f"{config.vocab_size} logits."
     )
-  model = CausalLM(lm, kind, digits, rope_scaling(hf_config))
+  model = CausalLM(
+      lm,
+      kind,
+      digits,
+      rope_scaling(hf_config),
+      decimal_point_token_id=tokenizer.vocab().get("."),
+  )
   return PretrainedLM(path, model, tokenizer, hf_config)
 
 

@@ -1,13 +1,18 @@
-"""A run's directory: its lock, metrics.jsonl and predictions.jsonl.
+"""A run's directory: its lock, config record, metrics and predictions.
 
 Checkpoints live under ``workdir/checkpoints`` (`train.checkpoints`), the
-log under ``workdir/train.log`` (`train.logs`).
+log under ``workdir/train.log`` (`train.logs`), the resolved config under
+``workdir/config.json`` (`write_config_record`). Starting over moves a run
+aside under ``workdir/previous-runs/<date>`` (`move_run_aside`).
 """
 
 import errno
 import fcntl
 import json
+import math
 import os
+import re
+import time
 
 from absl import logging
 import jax
@@ -91,9 +96,11 @@ class MetricsWriter:
     )
 
   def write(self, step, **values):
+    """Appends one record; a NaN or inf value is written as null."""
     if not self.enabled:
       return
-    line = json.dumps(dict(step=int(step), **values)) + "\n"
+    values = {k: _finite_or_none(k, v, step) for k, v in values.items()}
+    line = json.dumps(dict(step=int(step), **values), allow_nan=False) + "\n"
     fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
       os.write(fd, line.encode())
@@ -107,6 +114,16 @@ class MetricsWriter:
   def close(self):
     if self.tensorboard is not None:
       self.tensorboard.close()
+
+
+def _finite_or_none(name, value, step):
+  """``value``, or None (JSON null) with a warning if it is NaN or inf."""
+  if isinstance(value, float) and not math.isfinite(value):
+    logging.warning(
+        "metric %s is %s at step %d; written as null.", name, value, step
+    )
+    return None
+  return value
 
 
 def read_metrics(path) -> list[dict]:
@@ -145,3 +162,81 @@ def read_predictions(workdir) -> list[str]:
   with open(os.path.join(workdir, "predictions.jsonl")) as f:
     records = sorted((json.loads(line) for line in f), key=lambda r: r["index"])
   return [r["prediction"] for r in records]
+
+
+CONFIG_RECORD = "config.json"
+PREVIOUS_RUNS = "previous-runs"
+_STEP_DIR = re.compile(r"^\d+$")
+
+
+def config_record(config) -> dict:
+  """The resolved config as JSON values (tuples become lists)."""
+  return json.loads(json.dumps(config.to_dict(), sort_keys=True, default=str))
+
+
+def read_config_record(workdir) -> dict | None:
+  """The config recorded by the run in ``workdir``; None if there is none.
+
+  Raises:
+    errors.ConfigError: the record exists but is not a JSON object.
+  """
+  path = os.path.join(workdir, CONFIG_RECORD)
+  if not os.path.exists(path):
+    return None
+  try:
+    with open(path) as f:
+      record = json.load(f)
+  except (OSError, json.JSONDecodeError) as error:
+    raise errors.ConfigError(
+        f"{path} is unreadable ({error}); restore it, or pass --start_over "
+        "to move the old run aside and start afresh."
+    ) from error
+  if not isinstance(record, dict) or not isinstance(record.get("config"), dict):
+    raise errors.ConfigError(
+        f"{path} holds no config record; restore it, or pass --start_over "
+        "to move the old run aside and start afresh."
+    )
+  return record["config"]
+
+
+def write_config_record(workdir, config) -> None:
+  """Writes ``workdir/config.json`` atomically (process 0 only)."""
+  if jax.process_index() != 0:
+    return
+  path = os.path.join(workdir, CONFIG_RECORD)
+  with open(path + ".tmp", "w") as f:
+    json.dump(dict(config=config_record(config)), f, indent=1, sort_keys=True)
+    f.write("\n")
+  os.replace(path + ".tmp", path)
+
+
+def saved_steps(workdir) -> list[int]:
+  """The steps of the checkpoints in ``workdir`` (moved-aside ones excluded)."""
+  directory = os.path.join(workdir, "checkpoints")
+  if not os.path.isdir(directory):
+    return []
+  return sorted(int(n) for n in os.listdir(directory) if _STEP_DIR.match(n))
+
+
+def move_run_aside(workdir) -> str | None:
+  """Moves everything of the run in ``workdir`` to a dated folder.
+
+  Everything but the lock and earlier moved-aside runs goes to
+  ``workdir/previous-runs/<YYYYmmdd-HHMMSS>``; nothing is deleted. Returns
+  that folder, or None if the workdir held nothing to move.
+  """
+  names = sorted(
+      n for n in os.listdir(workdir) if n not in (".lock", PREVIOUS_RUNS)
+  )
+  if not names or jax.process_index() != 0:
+    return None
+  stamp = time.strftime("%Y%m%d-%H%M%S")
+  target = os.path.join(workdir, PREVIOUS_RUNS, stamp)
+  suffix = 1
+  while os.path.exists(target):
+    suffix += 1
+    target = os.path.join(workdir, PREVIOUS_RUNS, f"{stamp}-{suffix}")
+  os.makedirs(target)
+  for name in names:
+    os.replace(os.path.join(workdir, name), os.path.join(target, name))
+  return target

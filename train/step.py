@@ -19,6 +19,7 @@ import optax
 from configs import common
 import ntil_jax
 from train import models
+from train import tokenizer
 
 BATCH_AXES = ("data", "fsdp")
 
@@ -29,20 +30,9 @@ BATCH_AXES = ("data", "fsdp")
 # steps/s on the logits path and 4.6 with the fused loss (jax 0.11.2, the
 # fused path before its accelerator tiling; issue 18).
 AUTO_FUSED_MEMORY_FRACTION = 0.25
-_MODES = {"auto": "auto", "true": True, "false": False}
-
-
-def fused_mode(value):
-  """``config.fused_loss`` as True, False or 'auto'; ValueError otherwise.
-
-  Accepts bools and the strings 'auto', 'true', 'false' in any case (a
-  config whose field is a string gets 'True' from the command line).
-  """
-  if isinstance(value, bool):
-    return value
-  if isinstance(value, str) and value.strip().lower() in _MODES:
-    return _MODES[value.strip().lower()]
-  raise ValueError(f"fused_loss must be True, False or 'auto', got {value!r}.")
+# The decimal point of the project's character tokenizer.
+DECIMAL_POINT_ID = tokenizer.vocab()["."]
+fused_mode = common.fused_mode
 
 
 def device_memory_bytes(device=None) -> int:
@@ -133,6 +123,9 @@ def batch_loss(model, batch, config, key):
   images = batch.get("images")
   # A pretrained model's digits are its tokenizer's; ours are ids 0..9.
   digit_ids = getattr(model, "digit_token_ids", None)
+  # A '.' between two digits makes "3.25" one number, not the integer 325.
+  point_id = getattr(model, "decimal_point_token_id", DECIMAL_POINT_ID)
+  decimal_points = None if point_id is None else targets == point_id
   # Unscored positions (padding, questions) are masked out of the
   # statistics, so a NaN or inf output there cannot reach loss or gradient.
   scored_mask = batch["loss_mask"]
@@ -161,6 +154,7 @@ def batch_loss(model, batch, config, key):
       stats,
       targets,
       digit_mask=batch["digit_mask"],
+      decimal_point_mask=decimal_points,
       method=config.method,
       lam=config.lam,
       weighting=config.weighting,
@@ -171,7 +165,23 @@ def batch_loss(model, batch, config, key):
   scored = batch["loss_mask"].sum()
   digit_tokens = batch["loss_mask"] & batch["digit_mask"]
   digits = digit_tokens.sum()
-  numeric = (per_token - ce).sum() / (config.lam * jnp.maximum(digits, 1))
+  if config.lam:
+    numeric = (per_token - ce).sum() / (config.lam * jnp.maximum(digits, 1))
+  else:  # lam = 0 trains on CE alone; the numeric loss is still logged
+    numeric = jax.lax.stop_gradient(
+        ntil_jax.loss_from_statistics(
+            stats,
+            targets,
+            digit_mask=batch["digit_mask"],
+            decimal_point_mask=decimal_points,
+            method=config.method,
+            lam=1.0,
+            weighting=config.weighting,
+            **shared,
+            **kwargs,
+        )
+        - ce
+    ).sum() / jnp.maximum(digits, 1)
   if config.digit_ce_weight:  # the control: extra CE weight on digits
     per_token = per_token + config.digit_ce_weight * jnp.where(
         digit_tokens, ce, 0.0

@@ -25,6 +25,7 @@ import time
 from absl import logging
 from flax import nnx
 import jax
+from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 import numpy as np
 import tqdm
@@ -49,11 +50,16 @@ get_task = checks.get_task
 read_predictions = rundir.read_predictions
 
 
-def train_and_evaluate(config, workdir: str) -> dict:
+def train_and_evaluate(config, workdir: str, *, start_over=False) -> dict:
   """Trains, evaluates and checkpoints; resumes from ``workdir`` if it can.
 
   Everything is validated before anything is compiled. Library log lines go
-  to ``workdir/train.log``.
+  to ``workdir/train.log``. The run's resolved config is recorded in
+  ``workdir/config.json``: a later run in the same workdir resumes only with
+  the same config, up to `checks.RESUMABLE_FIELDS` (schedule length,
+  cadences, layout), and is refused otherwise with the workdir untouched.
+  ``start_over`` moves the old run aside under
+  ``workdir/previous-runs/<date>`` and starts afresh; nothing is deleted.
 
   Returns:
     A dict with the final ``step``, the last logged ``train`` metrics, the
@@ -61,20 +67,32 @@ def train_and_evaluate(config, workdir: str) -> dict:
     ``stopped_early``/``signal`` when a signal stopped the run.
 
   Raises:
-    ConfigError: a bad config, data or workdir, or a workdir in use.
+    ConfigError: a bad config, data or workdir, a workdir in use, or one
+      that holds a run with another config.
     TrainingError: a non-finite loss, or a checkpoint that cannot be saved;
       the last good checkpoints are kept.
     Interrupted: a signal where the run could not stop cleanly.
   """
   task = checks.check_config(config)
   workdir = checks.check_workdir(workdir)
+  changes = [] if start_over else checks.check_resumable(config, workdir)
   mesh = step_lib.make_mesh(config, task)
   lock = rundir.WorkdirLock(workdir) if jax.process_index() == 0 else None
   with contextlib.ExitStack() as stack:
     if lock is not None:
       stack.enter_context(lock)
+    moved = rundir.move_run_aside(workdir) if start_over else None
+    if start_over and jax.process_count() > 1:
+      multihost_utils.sync_global_devices("start_over")
     stack.enter_context(logs.log_file(workdir, jax.process_index()))
     stack.enter_context(logs.drop_closed_loop_errors())
+    if moved:
+      logging.warning("--start_over: moved the previous run to %s", moved)
+    if changes:
+      logging.info(
+          "resuming with a changed schedule, cadence or layout: %s",
+          ", ".join(f"{name} {old!r} -> {new!r}" for name, old, new in changes),
+      )
     stack.enter_context(jax.set_mesh(mesh))
     return _train(config, task, workdir, mesh)
 
@@ -163,11 +181,13 @@ def _train(config, task, workdir, mesh):
 
   model, optimizer, train_iter = _create_state(config, task, mesh)
   manager = checkpoints.checkpoint_manager(workdir, config)
+  recorded = rundir.read_config_record(workdir) is not None
   start_step = checkpoints.restore_latest(
-      manager, model, optimizer, train_iter, workdir
+      manager, model, optimizer, train_iter, workdir, require_digest=recorded
   )
   if start_step:
     logging.info("resumed from step %d", start_step)
+  rundir.write_config_record(workdir, config)
   writer = rundir.MetricsWriter(workdir, start_step)
   train_step = step_lib.make_train_step(config)
   stop = signals.StopOnSignal()
@@ -249,6 +269,7 @@ def _train(config, task, workdir, mesh):
     stop.restore()
     if not interrupted:  # else a save may hang: leave it to the exit
       manager.wait_until_finished()
+      checkpoints.seal_finished(manager)
       manager.close()
     progress.bar.close()
     writer.close()

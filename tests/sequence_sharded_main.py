@@ -1,0 +1,115 @@
+"""Run as a script with 4 CPU devices: losses on a sequence split over a mesh.
+
+Every numeric loss on ``[B, T, V]`` logits split along T (sequence
+parallelism), on Explicit and on Auto mesh axes, equals the single-device
+result, value and gradient, with numbers (and decimal points) across the
+shards. Prints OK on success; raises otherwise. Called by
+tests/test_sharding.py.
+"""
+
+import os
+
+os.environ.setdefault("JAX_NUM_CPU_DEVICES", "4")
+
+import re  # pylint: disable=g-import-not-at-top
+
+import jax
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+import numpy as np
+
+import ntil_jax
+from tests.test_losses import random_case
+
+VOCAB = 48
+
+
+def per_token_loss(name, logits, labels, loss_mask, digit_mask, point):
+  """A loss by name: both ways into the number logic.
+
+  A method of ``numeric_token_loss`` goes through ``loss_from_statistics``;
+  ``soft_label_cross_entropy``, a loss on logits, through its own checks.
+  """
+  if name == "soft_label_cross_entropy":
+    return ntil_jax.soft_label_cross_entropy(logits, labels, digit_mask)
+  return ntil_jax.numeric_token_loss(
+      logits,
+      labels,
+      loss_mask=loss_mask,
+      digit_mask=digit_mask,
+      method=name,
+      decimal_point_mask=point,
+  )
+
+
+def value_and_grad(name, logits, *rest):
+  """The per-token loss, the gradient of its sum, the compiled program."""
+
+  def total(*args):
+    loss = per_token_loss(name, *args)
+    return loss.sum(), loss
+
+  compiled = (
+      jax.jit(jax.value_and_grad(total, has_aux=True))
+      .lower(logits, *rest)
+      .compile()
+  )
+  (_, loss), grad = compiled(logits, *rest)
+  return loss, grad, compiled.as_text()
+
+
+def single_device(name, logits, *rest):
+  """:func:`value_and_grad` of the logits alone: the rest folded in."""
+
+  def total(z):
+    loss = per_token_loss(name, z, *rest)
+    return loss.sum(), loss
+
+  (_, loss), grad = jax.jit(jax.value_and_grad(total, has_aux=True))(logits)
+  return loss, grad
+
+
+def main():
+  assert jax.device_count() == 4, jax.devices()
+  logits, labels, digit_mask = random_case(7, batch=4, length=16, vocab=VOCAB)
+  # Decimal points among the digits: "3.14"-like numbers across shards.
+  point = (labels >= 10) & (np.random.default_rng(7).random(labels.shape) < 0.5)
+  inputs = (logits, labels, labels >= 0, digit_mask, point)
+  meshes = {
+      axis_type: jax.make_mesh(
+          (2, 2), ("data", "seq"), axis_types=(axis_type,) * 2
+      )
+      for axis_type in (AxisType.Explicit, AxisType.Auto)
+  }
+  for name in (*ntil_jax.NUMERIC_LOSSES, "soft_label_cross_entropy"):
+    want, want_grad = single_device(name, *inputs)
+    for axis_type, spec in (
+        (AxisType.Explicit, P("data", "seq")),
+        (AxisType.Explicit, P(None, "seq")),
+        (AxisType.Auto, P("data", "seq")),
+    ):
+      if name == "ntil" and spec == P(None, "seq"):
+        continue  # the slowest to compile; the batch split or not is alike
+      where = f"{name} on {axis_type} {spec}"
+      mesh = meshes[axis_type]
+      with jax.set_mesh(mesh):
+        sharded = [jax.device_put(x, NamedSharding(mesh, spec)) for x in inputs]
+        got, got_grad, program = value_and_grad(name, *sharded)
+      # Split as the inputs are, the gradient as the logits.
+      assert got.sharding.spec == spec, (where, got.sharding)
+      grad_spec = tuple(got_grad.sharding.spec)
+      grad_spec += (None,) * (3 - len(grad_spec))
+      assert grad_spec == (*spec, None), (where, got_grad.sharding)
+      np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7, err_msg=where)
+      # Fused otherwise, the sharded program rounds otherwise: a few float32
+      # ulps of the largest entries (up to about 6).
+      np.testing.assert_allclose(
+          got_grad, want_grad, rtol=1e-5, atol=1e-6, err_msg=where
+      )
+      # Only [B, T] and [B, T, 10] arrays are gathered, never the logits.
+      gathered = re.findall(r"= \w+\[([\d,]*)\]\S* all-gather", program)
+      assert not any(s.endswith(f",{VOCAB}") for s in gathered), gathered
+  print("OK")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,291 @@
+"""Nothing lost on a restart: a run's config and its checkpoints' digests.
+
+A rerun with another config is refused and leaves the workdir byte for byte
+as it was; only the schedule's length and the cadences resume; starting
+over moves the old run aside; a checkpoint whose files were damaged (even
+by a flipped low bit that still decodes as a finite number) is never
+resumed from.
+"""
+
+import hashlib
+import logging
+import pathlib
+import shutil
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+import numpy as np
+import pytest
+
+from tests.test_train import logged
+from tests.test_train import make_config
+from tests.test_train import run_cli
+from tests.test_trainer_reliability import assert_one_error
+from train import arithmetic_data
+from train import checkpoints
+from train import checks
+from train import digests
+from train import rundir
+from train import step as step_lib
+from train import train
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+  directory = tmp_path_factory.mktemp("data")
+  arithmetic_data.prepare(str(directory), train_size=400, test_size=40, seed=0)
+  return str(directory)
+
+
+def snapshot(directory: pathlib.Path) -> dict:
+  """Every file under ``directory`` (hidden ones too): size and SHA-256."""
+  return {
+      str(path.relative_to(directory)): (
+          path.stat().st_size,
+          hashlib.sha256(path.read_bytes()).hexdigest(),
+      )
+      for path in sorted(directory.rglob("*"))
+      if path.is_file()
+  }
+
+
+# ----------------------------------------------------------------------------
+# A run's config is part of the run.
+
+
+@pytest.fixture(scope="module")
+def finished_run(data_dir, tmp_path_factory):
+  """A finished 6-step run (checkpoints 3 and 6), never modified by tests."""
+  workdir = tmp_path_factory.mktemp("finished") / "run"
+  train.train_and_evaluate(
+      make_config(data_dir, train_steps=6, lr_decay_steps=9), str(workdir)
+  )
+  return workdir
+
+
+def test_changed_model_is_refused_and_the_workdir_untouched(
+    data_dir, finished_run, tmp_path
+):
+  workdir = tmp_path / "run"
+  shutil.copytree(finished_run, workdir)
+  before = snapshot(workdir)
+  assert "config.json" in before and "metrics.jsonl" in before
+  config = make_config(data_dir, train_steps=6, lr_decay_steps=9)
+  config.model = "small"
+  result = run_cli(config, workdir, check=False)
+  assert_one_error(result, "holds a run with another config")
+  assert "model: 'tiny' -> 'small'" in result.stderr
+  assert "--start_over" in result.stderr
+  assert snapshot(workdir) == before
+
+
+@pytest.mark.parametrize(
+    "overrides, shown",
+    [
+        (dict(lam=0.5, seed=3), "lam: 0.3 -> 0.5; seed: 0 -> 3"),
+        (dict(worker_count=2), "worker_count: 0 -> 2"),
+        (dict(method="ce"), "method: 'ntil' -> 'ce'"),
+    ],
+)
+def test_every_other_change_is_refused(
+    data_dir, finished_run, tmp_path, overrides, shown
+):
+  workdir = tmp_path / "run"
+  shutil.copytree(finished_run, workdir)
+  before = snapshot(workdir)
+  config = make_config(data_dir, train_steps=6, lr_decay_steps=9, **overrides)
+  with pytest.raises(train.ConfigError, match="another config") as raised:
+    train.train_and_evaluate(config, str(workdir))
+  assert shown in str(raised.value)
+  if "worker_count" in overrides:
+    assert "restores only under the worker_count" in str(raised.value)
+  assert snapshot(workdir) == before
+
+
+def test_longer_schedule_resumes_and_extends(
+    data_dir, finished_run, tmp_path, caplog
+):
+  caplog.set_level(logging.INFO)
+  workdir = tmp_path / "run"
+  shutil.copytree(finished_run, workdir)
+  # A changed cadence and length resume; one log line names the changes.
+  result = train.train_and_evaluate(
+      make_config(data_dir, train_steps=9, lr_decay_steps=9, log_every_steps=2),
+      str(workdir),
+  )
+  assert result["step"] == 9
+  (line,) = [m for m in caplog.messages if m.startswith("resuming with")]
+  assert "train_steps 6 -> 9" in line and "log_every_steps 1 -> 2" in line
+  assert "restored checkpoint 6" in caplog.text
+  assert sorted(logged(str(workdir))) == [1, 2, 3, 4, 5, 6, 8, 9]
+  assert rundir.read_config_record(str(workdir))["train_steps"] == 9
+  straight = tmp_path / "straight"
+  train.train_and_evaluate(
+      make_config(data_dir, train_steps=9, lr_decay_steps=9), str(straight)
+  )
+  want = logged(str(straight))
+  assert {s: want[s] for s in (8, 9)} == {
+      s: logged(str(workdir))[s] for s in (8, 9)
+  }
+
+
+def test_start_over_moves_the_old_run_aside(data_dir, finished_run, tmp_path):
+  workdir = tmp_path / "run"
+  shutil.copytree(finished_run, workdir)
+  before = snapshot(workdir)
+  config = make_config(data_dir, train_steps=2)
+  config.model = "small"
+  result = run_cli(config, workdir, "--start_over")
+  assert "moved the previous run to" in result.stderr
+  (previous,) = (workdir / "previous-runs").iterdir()
+  moved = snapshot(previous)
+  # Everything but the lock moved, byte for byte.
+  assert moved == {k: v for k, v in before.items() if k != ".lock"}
+  assert sorted(logged(str(workdir))) == [1, 2]
+  assert rundir.read_config_record(str(workdir))["model"] == "small"
+  assert rundir.saved_steps(str(workdir)) == [2]
+
+
+def test_unrecorded_checkpoint_of_another_model_is_refused_untouched(
+    data_dir, finished_run, tmp_path
+):
+  # A run saved before runs recorded their config: the arrays' shapes tell.
+  workdir = tmp_path / "run"
+  shutil.copytree(finished_run, workdir)
+  (workdir / "config.json").unlink()
+  checkpoints_before = snapshot(workdir / "checkpoints")
+  config = make_config(data_dir, train_steps=6)
+  config.model = "small"
+  with pytest.raises(train.ConfigError, match="saved for another model"):
+    train.train_and_evaluate(config, str(workdir))
+  assert snapshot(workdir / "checkpoints") == checkpoints_before
+
+
+def test_resumable_fields_are_config_fields():
+  config = make_config("unused")
+  assert set(checks.RESUMABLE_FIELDS) <= set(config.to_dict())
+
+
+# ----------------------------------------------------------------------------
+# A checkpoint proves its content.
+
+
+class _Restorer:
+  """restore_latest as the trainer calls it, on a model built once."""
+
+  def __init__(self, config):
+    self.config = config
+    task = checks.check_config(config)
+    self.mesh = step_lib.make_mesh(config, task)
+    with jax.set_mesh(self.mesh):
+      self.state = train._create_state(  # pylint: disable=protected-access
+          config, task, self.mesh
+      )
+
+  def __call__(self, workdir) -> int:
+    """The step restored from ``workdir``."""
+    with jax.set_mesh(self.mesh):
+      manager = checkpoints.checkpoint_manager(workdir, self.config)
+      try:
+        return checkpoints.restore_latest(
+            manager, *self.state, workdir, require_digest=True
+        )
+      finally:
+        manager.close()
+
+
+def _restore(config, workdir):
+  return _Restorer(config)(workdir)
+
+
+def _array_files(checkpoint: pathlib.Path):
+  return sorted(
+      p
+      for p in (checkpoint / "state").rglob("*")
+      if p.is_file() and p.parent.name == "d"
+  )
+
+
+def test_flipped_low_bits_never_resume(data_dir, finished_run, tmp_path):
+  config = make_config(data_dir, train_steps=6, lr_decay_steps=9)
+  files = _array_files(finished_run / "checkpoints" / "6")
+  assert files
+  flips = [
+      (path.relative_to(finished_run), offset)
+      for path in files
+      for offset in np.linspace(0, path.stat().st_size - 1, 4).astype(int)
+  ]
+  restore = _Restorer(config)
+  for number, (relative, offset) in enumerate(flips):
+    workdir = tmp_path / f"flip{number}"
+    shutil.copytree(finished_run / "checkpoints", workdir / "checkpoints")
+    data = bytearray((workdir / relative).read_bytes())
+    data[offset] ^= 1  # the lowest bit
+    (workdir / relative).write_bytes(bytes(data))
+    restored = restore(str(workdir))
+    assert restored == 3, (relative, offset)
+    assert (workdir / "checkpoints" / "corrupt-6").is_dir()
+    shutil.rmtree(workdir)
+
+
+def test_flipped_low_bit_of_a_value_is_caught_by_the_digest(
+    data_dir, finished_run, tmp_path, caplog
+):
+  caplog.set_level(logging.INFO)
+  # orbax compresses, so a flip in the files may not reach a value; here
+  # one float's lowest bit is changed as it is read, as if it had been
+  # damaged on disk and still decoded as a finite number.
+  workdir = tmp_path / "run"
+  shutil.copytree(finished_run, workdir)
+  original = checkpoints.ocp.CheckpointManager.restore
+
+  def restore_then_flip(self, step, *args, **kwargs):
+    restored = original(self, step, *args, **kwargs)
+    if step == 6 and "state" in restored:
+      leaves, tree = jax.tree.flatten(restored["state"])
+      index = max(range(len(leaves)), key=lambda i: leaves[i].size)
+      values = np.array(leaves[index], np.float32)
+      values.reshape(-1).view(np.uint32)[7] ^= 1
+      assert np.isfinite(values).all()
+      leaves[index] = jax.device_put(values, leaves[index].sharding)
+      return dict(restored, state=jax.tree.unflatten(tree, leaves))
+    return restored
+
+  config = make_config(data_dir, train_steps=6, lr_decay_steps=9)
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(
+        checkpoints.ocp.CheckpointManager, "restore", restore_then_flip
+    )
+    assert _restore(config, str(workdir)) == 3
+  assert "does not match its digest" in caplog.text
+  assert "checkpoint 6 is unreadable" in caplog.text
+  assert "restored checkpoint 3" in caplog.text
+
+
+def test_missing_digest_counts_as_damage_in_a_recorded_run(
+    data_dir, finished_run, tmp_path
+):
+  workdir = tmp_path / "run"
+  shutil.copytree(finished_run, workdir)
+  shutil.rmtree(workdir / "checkpoints" / "6" / "digest")
+  config = make_config(data_dir, train_steps=6, lr_decay_steps=9)
+  assert _restore(config, str(workdir)) == 3
+
+
+def test_digest_sees_any_one_element_and_not_the_sharding():
+  x = jax.random.normal(jax.random.key(0), (8, 6), jnp.float32)
+  tree = dict(w=x, b=x[0].astype(jnp.bfloat16), n=jnp.arange(5))
+  want = digests.tree_digest(tree)
+  assert digests.tree_mismatches(tree, want) == []
+  bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
+  for flat in (0, 13, 47):
+    changed = bits.reshape(-1).at[flat].set(bits.reshape(-1)[flat] ^ 1)
+    y = jax.lax.bitcast_convert_type(changed, jnp.float32).reshape(x.shape)
+    assert digests.tree_mismatches(dict(tree, w=y), want) == ["[w]"]
+  # Two elements swapped: same values, other places.
+  swapped = x.at[0, 0].set(x[0, 1]).at[0, 1].set(x[0, 0])
+  assert digests.tree_mismatches(dict(tree, w=swapped), want) == ["[w]"]
+  mesh = jax.make_mesh((1,), ("data",))
+  sharded = jax.device_put(x, NamedSharding(mesh, P("data")))
+  assert digests.tree_mismatches(dict(tree, w=sharded), want) == []

@@ -1,0 +1,122 @@
+"""Digests that let a checkpoint prove its content.
+
+The state's digest is computed on the devices, under ``jit``, from the
+arrays' bits: for each array two 32-bit lanes, each the wrapping sum over
+elements of ``fmix32(bits ^ fmix32(index + salt))`` (MurmurHash3's finalizer,
+a bijection of 32-bit words). Changing any one element changes every lane
+(the summand of that element changes and the others do not), and a sum does
+not depend on how the array is sharded, so the digest is the same on one
+device, on a mesh and across hosts, and no array is gathered to compute it.
+The data iterator's position is hashed with SHA-256 on each host.
+"""
+
+import hashlib
+import json
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import multihost_utils
+import numpy as np
+
+_SALTS = (0x9E3779B9, 0x7F4A7C15)
+
+
+def _fmix32(x):
+  x = x ^ (x >> 16)
+  x = x * jnp.uint32(0x85EBCA6B)
+  x = x ^ (x >> 13)
+  x = x * jnp.uint32(0xC2B2AE35)
+  return x ^ (x >> 16)
+
+
+def _words(x):
+  """The array's bits as uint32 words (narrower types widened, wider split)."""
+  if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
+    x = jax.random.key_data(x)
+  if x.dtype == jnp.bool_:
+    return x.astype(jnp.uint32)
+  bits = jnp.dtype(x.dtype).itemsize * 8
+  if bits > 32:
+    # [..., 2] words; the trailing axis joins the element index.
+    return jax.lax.bitcast_convert_type(x, jnp.uint32)
+  unsigned = {8: jnp.uint8, 16: jnp.uint16, 32: jnp.uint32}[bits]
+  return jax.lax.bitcast_convert_type(x, unsigned).astype(jnp.uint32)
+
+
+def _element_index(shape):
+  """Each element's row-major position, as uint32 (wrapping)."""
+  index = jnp.zeros(shape, jnp.uint32)
+  stride = 1
+  for axis in reversed(range(len(shape))):
+    index = index + jax.lax.broadcasted_iota(
+        jnp.uint32, shape, axis
+    ) * jnp.uint32(stride % 2**32)
+    stride *= shape[axis]
+  return index
+
+
+def _array_digest(x):
+  words = _words(x)
+  index = _element_index(words.shape)
+  lanes = [
+      jnp.sum(_fmix32(words ^ _fmix32(index + jnp.uint32(salt))))
+      for salt in _SALTS
+  ]
+  return jnp.stack(lanes).astype(jnp.uint32)
+
+
+@jax.jit
+def _digests(leaves):
+  return [_array_digest(x) for x in leaves]
+
+
+def tree_digest(tree) -> dict:
+  """``{path: hex digest}`` of every array in ``tree``."""
+  flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+  paths = [jax.tree_util.keystr(path).replace("'", "") for path, _ in flat]
+  values = jax.device_get(_digests([jnp.asarray(x) for _, x in flat]))
+  return {
+      path: "".join(f"{int(lane):08x}" for lane in np.asarray(value))
+      for path, value in zip(paths, values)
+  }
+
+
+def tree_mismatches(tree, saved: dict) -> list[str]:
+  """Paths whose digest differs from ``saved`` (or that it lacks)."""
+  now = tree_digest(tree)
+  return sorted(
+      path for path in set(now) | set(saved) if now.get(path) != saved.get(path)
+  )
+
+
+def _iterator_digest(train_iter) -> str:
+  state = json.dumps(train_iter.get_state(), sort_keys=True, default=str)
+  return hashlib.sha256(state.encode()).hexdigest()
+
+
+def iterator_digests(train_iter) -> list[str]:
+  """The SHA-256 of every host's iterator state, in process order."""
+  local = _iterator_digest(train_iter)
+  if jax.process_count() == 1:
+    return [local]
+  gathered = multihost_utils.process_allgather(
+      np.frombuffer(bytes.fromhex(local), np.uint8)
+  )
+  return [bytes(np.asarray(row, np.uint8)).hex() for row in gathered]
+
+
+def iterator_matches(train_iter, saved) -> bool:
+  """Whether every host's restored iterator state matches ``saved``.
+
+  The same answer on every host (an all-gather of each host's verdict).
+  """
+  index = jax.process_index()
+  ok = (
+      isinstance(saved, list)
+      and len(saved) == jax.process_count()
+      and saved[index] == _iterator_digest(train_iter)
+  )
+  if jax.process_count() == 1:
+    return ok
+  votes = multihost_utils.process_allgather(np.asarray([ok], np.int32))
+  return bool(np.all(votes))
