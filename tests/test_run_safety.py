@@ -273,6 +273,27 @@ def test_missing_digest_counts_as_damage_in_a_recorded_run(
   assert _restore(config, str(workdir)) == 3
 
 
+def test_checkpoint_saved_before_digests_restores_with_a_warning(
+    data_dir, finished_run, tmp_path, caplog
+):
+  workdir = tmp_path / "run"
+  shutil.copytree(finished_run / "checkpoints", workdir / "checkpoints")
+  for step in ("3", "6"):  # as an older version saved them
+    shutil.rmtree(workdir / "checkpoints" / step / "digest")
+    (workdir / "checkpoints" / step / checkpoints.FILE_DIGESTS).unlink()
+  config = make_config(data_dir, train_steps=6, lr_decay_steps=9)
+  restore = _Restorer(config)
+  with jax.set_mesh(restore.mesh):
+    manager = checkpoints.checkpoint_manager(str(workdir), config)
+    step = checkpoints.restore_latest(
+        manager, *restore.state, str(workdir), require_digest=False
+    )
+    manager.close()
+  assert step == 6
+  assert "checkpoint 6 has no digest" in caplog.text
+  assert "restored unverified" in caplog.text
+
+
 def test_digest_sees_any_one_element_and_not_the_sharding():
   x = jax.random.normal(jax.random.key(0), (8, 6), jnp.float32)
   tree = dict(w=x, b=x[0].astype(jnp.bfloat16), n=jnp.arange(5))

@@ -37,6 +37,12 @@ flags.DEFINE_integer("train_size", 20000, "Rendered training clocks.")
 flags.DEFINE_integer("test_size", 1000, "Rendered test clocks.")
 flags.DEFINE_integer("steps", 600, "Training steps (~8 steps/s on 2 cores).")
 flags.DEFINE_integer("seed", 0, "Seed of both runs (init and data order).")
+flags.DEFINE_bool(
+    "start_over",
+    False,
+    "Move earlier runs in --workdir aside (to <run>/previous-runs/<date>) "
+    "instead of resuming them.",
+)
 
 METHODS = (("ce", "CE"), ("ntil", "CE + NTIL"))
 
@@ -96,7 +102,9 @@ def main(argv):
     workdir = os.path.join(FLAGS.workdir, method)
     print(f"training {label} for {FLAGS.steps} steps -> {workdir}", flush=True)
     with train.exit_on_error():
-      results[method] = train.train_and_evaluate(demo_config(method), workdir)
+      results[method] = train.train_and_evaluate(
+          demo_config(method), workdir, start_over=FLAGS.start_over
+      )
     train.exit_if_stopped(results[method])
     workdirs.append(workdir)
   clocks = list(task.generate_clocks("test", FLAGS.test_size, 0))
