@@ -291,7 +291,9 @@ def test_generation_neither_uses_nor_disturbs_global_random_state():
 def test_train_cycles_three_difficulties(monkeypatch):
   calls = []
 
-  def fake_fns():
+  def fake_fns(module=arithmetic_data.MODULE_NAME):
+    assert module == arithmetic_data.MODULE_NAME
+
     def make(level):
       def problem_fn():
         calls.append(level)
@@ -359,6 +361,81 @@ def test_cli_matches_python_function_in_another_process(tmp_path):
   in_process_dir = arithmetic_data.prepare(str(tmp_path / "py"), 30, 12, seed=4)
   for split in ("train", "test"):
     assert read_pairs(cli_dir, split) == read_pairs(in_process_dir, split)
+
+
+def test_workers_cli_writes_what_one_process_writes(tmp_path):
+  """prepare_data --workers=2 writes exactly the problems of one process."""
+  variant = dict(module="arithmetic__add_or_sub", difficulty="easy")
+  result = subprocess.run(
+      [
+          sys.executable,
+          "-m",
+          "train.prepare_data",
+          f"--data_dir={tmp_path / 'two'}",
+          "--module=arithmetic__add_or_sub",
+          "--difficulty=easy",
+          "--train_size=2100",  # three blocks, the last one partial
+          "--test_size=40",
+          "--seed=3",
+          "--workers=2",
+      ],
+      cwd=REPO_ROOT,
+      capture_output=True,
+      text=True,
+      check=False,
+  )
+  assert result.returncode == 0, result.stderr[-2000:]
+  two = result.stdout.strip().splitlines()[-1]
+  assert two.endswith("add_or_sub-easy_train2100_test40_seed3/1.0.0")
+  one = arithmetic_data.prepare(
+      str(tmp_path / "one"), 2100, 40, seed=3, workers=1, **variant
+  )
+  for split in ("train", "test"):
+    assert read_pairs(two, split) == read_pairs(one, split)
+  train = read_pairs(one, "train")
+  assert len(set(train)) > 2000  # blocks draw from different streams
+  assert not set(train) & set(read_pairs(one, "test"))
+  # Every answer of add_or_sub is a number, most of several digits.
+  digits = [sum(c.isdigit() for c in answer) for _, answer in train]
+  assert np.median(digits) >= 4
+  other_seed = arithmetic_data.generate_problems("train", 5, seed=4, **variant)
+  assert list(other_seed) != train[:5]
+
+
+def test_paper_mix_keeps_its_stream_and_name():
+  assert arithmetic_data.config_name(30, 12, 4) == "train30_test12_seed4"
+  assert (
+      arithmetic_data.config_name(30, 12, 4, module="arithmetic__mul")
+      == "mul-mix_train30_test12_seed4"
+  )
+  one = list(arithmetic_data.generate_problems("train", 6, seed=4))
+  many = list(arithmetic_data.generate_problems("train", 6, seed=4, workers=3))
+  assert one == many  # one process, whatever ``workers`` says
+
+
+def test_bad_variant_refused(tmp_path):
+  with pytest.raises(ValueError, match="difficulty must be one of"):
+    arithmetic_data.prepare(str(tmp_path), 10, 10, difficulty="trivial")
+  with pytest.raises(ValueError, match="arithmetic module"):
+    arithmetic_data.prepare(str(tmp_path), 10, 10, module="algebra__linear_1d")
+  result = subprocess.run(
+      [
+          sys.executable,
+          "-m",
+          "train.prepare_data",
+          "--task=clock_time",
+          f"--data_dir={tmp_path}",
+          "--train_size=4",
+          "--test_size=4",
+          "--module=arithmetic__mul",
+      ],
+      cwd=REPO_ROOT,
+      capture_output=True,
+      text=True,
+      check=False,
+  )
+  assert result.returncode != 0
+  assert "--module is for arithmetic_mix" in result.stderr
 
 
 # --- training batches --------------------------------------------------------

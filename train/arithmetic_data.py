@@ -23,6 +23,14 @@ generator (what the package draws from), swapped in only while a problem is
 drawn, so the test split does not depend on ``train_size``; see
 `GlobalRngStreams`. A dataset that already exists is reused, not regenerated.
 
+Other modules and difficulties (``module="arithmetic__add_or_sub",
+difficulty="easy"``: train and test both drawn at that train difficulty, the
+test from its own stream) are named ``add_or_sub-easy_train{N}_test{M}_seed{S}``
+and drawn in blocks of `BLOCK_SIZE` problems, block ``b`` of a split from its
+own stream, so ``workers`` processes write exactly the problems one process
+writes. The paper's mix keeps its single stream (and its data) and is drawn
+in one process.
+
 The generator and its pinned ``sympy==1.5.1`` are the ``arithmetic-data``
 extra, imported only when problems are generated (`generate_problems`), so
 training and evaluation on data prepared elsewhere need neither, and the
@@ -35,6 +43,7 @@ training and evaluation on data prepared elsewhere need neither, and the
 import contextlib
 import dataclasses
 import importlib
+import multiprocessing
 import random
 import time
 import unittest.mock
@@ -54,6 +63,9 @@ VERSION = "1.0.0"
 MAX_QUESTION_LENGTH = 160
 MAX_ANSWER_LENGTH = 30
 NUM_TRAIN_DIFFICULTIES = 3  # train-easy, train-medium, train-hard.
+DIFFICULTIES = ("easy", "medium", "hard")
+# Problems per stream block of the datasets drawn in blocks.
+BLOCK_SIZE = 1000
 _SPLIT_STREAMS = {"train": 0, "test": 1}
 _LOG_EVERY_SECONDS = 10.0
 
@@ -114,19 +126,43 @@ def flatten_modules(
   return flat
 
 
-def train_problem_fns() -> list[Callable]:
-  """Returns the arithmetic__mixed problem functions for train-easy, -medium, -hard."""
+def _train_module(module: str, level: int) -> Callable:
+  flat = flatten_modules(
+      _modules().train(make_entropy_fn(level, NUM_TRAIN_DIFFICULTIES))
+  )
+  if module not in flat:
+    arithmetic = sorted(n for n in flat if n.startswith("arithmetic__"))
+    raise ValueError(
+        f"unknown mathematics_dataset module {module!r}; use one of "
+        f"{', '.join(arithmetic)}."
+    )
+  return flat[module]
+
+
+def train_problem_fns(module: str = MODULE_NAME) -> list[Callable]:
+  """Returns ``module``'s problem functions for train-easy, -medium, -hard."""
   return [
-      flatten_modules(
-          _modules().train(make_entropy_fn(level, NUM_TRAIN_DIFFICULTIES))
-      )[MODULE_NAME]
-      for level in range(NUM_TRAIN_DIFFICULTIES)
+      _train_module(module, level) for level in range(NUM_TRAIN_DIFFICULTIES)
   ]
 
 
-def interpolate_problem_fn() -> Callable:
-  """Returns the arithmetic__mixed problem function of the 'interpolate' test regime."""
-  return flatten_modules(_modules().test())[MODULE_NAME]
+def interpolate_problem_fn(module: str = MODULE_NAME) -> Callable:
+  """Returns ``module``'s problem function of the 'interpolate' test regime."""
+  return flatten_modules(_modules().test())[module]
+
+
+def check_variant(module: str, difficulty: str) -> None:
+  """ValueError for a module name or difficulty that cannot be generated."""
+  if not module.startswith("arithmetic__"):
+    raise ValueError(
+        f"module must be a mathematics_dataset arithmetic module such as "
+        f"'arithmetic__add_or_sub', got {module!r}."
+    )
+  if difficulty not in ("",) + DIFFICULTIES:
+    raise ValueError(
+        f"difficulty must be one of {', '.join(DIFFICULTIES)} (or '' for "
+        f"the paper's mix), got {difficulty!r}."
+    )
 
 
 def sample_problem(
@@ -161,9 +197,10 @@ class GlobalRngStreams:
   process would give different data).
   """
 
-  def __init__(self, seed: int, stream: int):
+  def __init__(self, seed: int, stream: int | tuple[int, ...]):
+    key = stream if isinstance(stream, tuple) else (stream,)
     python_seed, numpy_seed = np.random.SeedSequence(
-        seed, spawn_key=(stream,)
+        seed, spawn_key=key
     ).generate_state(2)
     self._python_state = random.Random(int(python_seed)).getstate()
     self._numpy_state = np.random.RandomState(int(numpy_seed)).get_state()
@@ -204,28 +241,97 @@ def _log_progress(split: str, done: int, total: int, start_time: float) -> None:
   )
 
 
-def generate_problems(split: str, size: int, seed: int) -> Iterator[Problem]:
+def _is_paper_mix(module: str, difficulty: str) -> bool:
+  return module == MODULE_NAME and not difficulty
+
+
+def _problem_fns(split, module, difficulty) -> list[Callable]:
+  if difficulty:
+    return [_train_module(module, DIFFICULTIES.index(difficulty))]
+  if split == "train":
+    return train_problem_fns(module)
+  return [interpolate_problem_fn(module)]
+
+
+def _generate_block(arguments) -> list[Problem]:
+  """One block of problems, from its own stream (a worker's unit of work)."""
+  split, seed, block, count, module, difficulty = arguments
+  problem_fns = _problem_fns(split, module, difficulty)
+  rngs = GlobalRngStreams(seed, (_SPLIT_STREAMS[split], block))
+  problems = []
+  for index in range(block * BLOCK_SIZE, block * BLOCK_SIZE + count):
+    with rngs.active():
+      problems.append(sample_problem(problem_fns[index % len(problem_fns)]))
+  return problems
+
+
+def _blocks(split, size, seed, module, difficulty):
+  for block in range(-(-size // BLOCK_SIZE)):
+    count = min(BLOCK_SIZE, size - block * BLOCK_SIZE)
+    yield split, seed, block, count, module, difficulty
+
+
+def generate_problems(
+    split: str,
+    size: int,
+    seed: int,
+    *,
+    module: str = MODULE_NAME,
+    difficulty: str = "",
+    workers: int = 1,
+) -> Iterator[Problem]:
   """Yields ``size`` (question, answer) pairs of ``split`` ('train' or 'test'), deterministic for ``seed``.
 
-  Train cycles through easy, medium and hard, so each is a third (the first
-  ones get the remainder). Progress is logged with absl every few seconds.
+  With the defaults (the paper's arithmetic__mixed): train cycles through
+  easy, medium and hard, so each is a third (the first ones get the
+  remainder), and test is the 'interpolate' regime, each split one stream,
+  drawn in one process. With a ``difficulty``, train and test are both drawn
+  at that train difficulty; any other module or a difficulty draws in
+  blocks, each from its own stream, in ``workers`` processes: the same
+  problems for any number of workers. Progress is logged with absl every few
+  seconds.
   """
   if split not in _SPLIT_STREAMS:
     raise ValueError(
         f"split must be one of {sorted(_SPLIT_STREAMS)}, got {split!r}."
     )
-  problem_fns = (
-      train_problem_fns() if split == "train" else [interpolate_problem_fn()]
-  )
-  rngs = GlobalRngStreams(seed, _SPLIT_STREAMS[split])
+  check_variant(module, difficulty)
+  if workers < 1:
+    raise ValueError(f"workers must be >= 1, got {workers}.")
   start_time = last_log_time = time.monotonic()
-  for index in range(size):
-    with rngs.active():
-      problem = sample_problem(problem_fns[index % len(problem_fns)])
-    yield problem
-    if time.monotonic() - last_log_time > _LOG_EVERY_SECONDS:
-      _log_progress(split, index + 1, size, start_time)
-      last_log_time = time.monotonic()
+  if _is_paper_mix(module, difficulty):
+    if workers > 1:
+      logging.warning(
+          "the paper's arithmetic__mixed keeps its single stream (and its "
+          "data): generating in one process, not %d.",
+          workers,
+      )
+    problem_fns = _problem_fns(split, module, difficulty)
+    rngs = GlobalRngStreams(seed, _SPLIT_STREAMS[split])
+    for index in range(size):
+      with rngs.active():
+        problem = sample_problem(problem_fns[index % len(problem_fns)])
+      yield problem
+      if time.monotonic() - last_log_time > _LOG_EVERY_SECONDS:
+        _log_progress(split, index + 1, size, start_time)
+        last_log_time = time.monotonic()
+  else:
+    blocks = _blocks(split, size, seed, module, difficulty)
+    with contextlib.ExitStack() as stack:
+      if workers > 1:
+        pool = stack.enter_context(
+            multiprocessing.get_context("spawn").Pool(workers)
+        )
+        results = pool.imap(_generate_block, blocks)
+      else:
+        results = map(_generate_block, blocks)
+      done = 0
+      for problems in results:
+        yield from problems
+        done += len(problems)
+        if time.monotonic() - last_log_time > _LOG_EVERY_SECONDS:
+          _log_progress(split, done, size, start_time)
+          last_log_time = time.monotonic()
   _log_progress(split, size, size, start_time)
 
 
@@ -236,17 +342,39 @@ class ArithmeticMixConfig(tfds.core.BuilderConfig):
   train_size: int = 0
   test_size: int = 0
   seed: int = 0
+  module: str = MODULE_NAME
+  difficulty: str = ""
 
 
-def config_name(train_size: int, test_size: int, seed: int) -> str:
-  """Returns the config (sub-directory) name for these sizes and seed, e.g. 'train1000_test100_seed0'."""
-  return f"train{train_size}_test{test_size}_seed{seed}"
+def config_name(
+    train_size: int,
+    test_size: int,
+    seed: int,
+    *,
+    module: str = MODULE_NAME,
+    difficulty: str = "",
+) -> str:
+  """The config (sub-directory) name, e.g. 'train1000_test100_seed0'.
+
+  Other modules and difficulties lead with them:
+  'add_or_sub-easy_train1000_test100_seed0'.
+  """
+  name = f"train{train_size}_test{test_size}_seed{seed}"
+  if _is_paper_mix(module, difficulty):
+    return name
+  return f"{module.removeprefix('arithmetic__')}-{difficulty or 'mix'}_{name}"
 
 
 def make_config(
-    train_size: int, test_size: int, seed: int = 0
+    train_size: int,
+    test_size: int,
+    seed: int = 0,
+    *,
+    module: str = MODULE_NAME,
+    difficulty: str = "",
 ) -> ArithmeticMixConfig:
   """Returns the builder config for these sizes and seed, after checking them."""
+  check_variant(module, difficulty)
   if train_size <= 0 or test_size <= 0:
     raise ValueError(
         f"train_size and test_size must be positive, got train_size={train_size},"
@@ -254,12 +382,17 @@ def make_config(
     )
   if seed < 0:
     raise ValueError(f"seed must be non-negative, got {seed}.")
+  level = f" ({difficulty})" if difficulty else ""
   return ArithmeticMixConfig(
-      name=config_name(train_size, test_size, seed),
-      description=f"arithmetic__mixed: {train_size} train, {test_size} test problems, seed {seed}.",
+      name=config_name(
+          train_size, test_size, seed, module=module, difficulty=difficulty
+      ),
+      description=f"{module}{level}: {train_size} train, {test_size} test problems, seed {seed}.",
       train_size=train_size,
       test_size=test_size,
       seed=seed,
+      module=module,
+      difficulty=difficulty,
   )
 
 
@@ -292,7 +425,8 @@ class ArithmeticMix(generated_data.GeneratedBuilder, skip_registration=True):
         homepage="https://github.com/google-deepmind/mathematics_dataset",
         # Saved as metadata.json so readers can check what they load.
         metadata=tfds.core.MetadataDict(
-            module=MODULE_NAME,
+            module=self.builder_config.module,
+            difficulty=self.builder_config.difficulty,
             train_size=self.builder_config.train_size,
             test_size=self.builder_config.test_size,
             seed=self.builder_config.seed,
@@ -311,26 +445,49 @@ class ArithmeticMix(generated_data.GeneratedBuilder, skip_registration=True):
         "test": self._generate_examples("test", config.test_size, config.seed),
     }
 
+  workers = 1  # processes drawing the problems (set by `prepare`)
+
   def _generate_examples(self, split: str, size: int, seed: int):
-    for index, (question, answer) in enumerate(
-        generate_problems(split, size, seed)
-    ):
+    config = self.builder_config
+    problems = generate_problems(
+        split,
+        size,
+        seed,
+        module=config.module,
+        difficulty=config.difficulty,
+        workers=self.workers,
+    )
+    for index, (question, answer) in enumerate(problems):
       yield index, {"question": question, "answer": answer}
 
 
 def prepare(
-    data_dir: str, train_size: int, test_size: int, seed: int = 0
+    data_dir: str,
+    train_size: int,
+    test_size: int,
+    seed: int = 0,
+    *,
+    module: str = MODULE_NAME,
+    difficulty: str = "",
+    workers: int = 1,
 ) -> str:
   """Generates the dataset under ``data_dir`` unless it already exists.
+
+  ``module`` and ``difficulty`` choose the problems (default: the paper's
+  arithmetic__mixed); ``workers`` processes draw them, with the same result
+  for any number (see `generate_problems`).
 
   Returns:
     The dataset's directory, ``data_dir/arithmetic_mix/<config>/1.0.0``.
   """
   builder = ArithmeticMix(
       data_dir=data_dir,
-      config=make_config(train_size, test_size, seed),
+      config=make_config(
+          train_size, test_size, seed, module=module, difficulty=difficulty
+      ),
       file_format="array_record",
   )
+  builder.workers = workers
   if builder.is_prepared():
     logging.info("Reusing existing dataset at %s", builder.data_dir)
   else:
