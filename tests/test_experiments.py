@@ -23,6 +23,32 @@ def run(module, *args):
   return result.stdout
 
 
+def test_digits_profile_records_what_its_report_needs(tmp_path):
+  run(
+      "experiments.arithmetic_mix.run",
+      f"--results={tmp_path / 'results.json'}",
+      f"--runs_dir={tmp_path / 'runs'}",
+      f"--data_dir={tmp_path / 'data'}",
+      "--profile=digits_smoke",
+      "--groups=control,ablation",
+      "--max_cells=2",
+  )
+  runs = json.loads((tmp_path / "results.json").read_text())["runs"]
+  assert [r["name"] for r in runs] == ["ce-digit-weight-s0", "ntil-no-exp-s0"]
+  assert runs[0]["overrides"] == {"digit_ce_weight": 0.3}
+  assert runs[1]["overrides"] == {"sigma": 0.0}
+  for record in runs:
+    assert record["data"] == dict(
+        module="arithmetic__add_or_sub", difficulty="easy"
+    )
+    assert record["problems_seen"] == 3 * 8  # each problem read once
+    assert len(record["predictions"]) == record["num_test_examples"] == 20
+    assert 0.0 <= record["within_1_percent"] <= 1.0
+  # Its own dataset: multi-digit answers, named by module and difficulty.
+  (prepared,) = (tmp_path / "data" / "arithmetic_mix").iterdir()
+  assert prepared.name == "add_or_sub-easy_train24_test20_seed0"
+
+
 def test_grid_resumes_and_report_renders(tmp_path):
   common = [
       f"--results={tmp_path / 'results.json'}",

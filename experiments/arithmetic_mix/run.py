@@ -3,6 +3,15 @@ r"""The arithmetic_mix comparison: every method, several seeds, ablations.
   python -m experiments.arithmetic_mix.run                # CPU profile
   python -m experiments.arithmetic_mix.run --profile=accelerator
   python -m experiments.arithmetic_mix.run --groups=main  # main table only
+  python -m experiments.arithmetic_mix.run --profile=digits \
+      --groups=main,control,ablation   # multi-digit answers, each seen once
+
+The ``digits`` profile trains on ``arithmetic__add_or_sub`` at its easiest
+difficulty (answers of 5 digits at the median, 3 in 4 with decimals), with
+as many generated problems as the run reads (each seen once), 5 seeds for
+every method, the digit-weighted CE control and each NTIL ablation, and
+2,000 test problems; its records keep every prediction, for the report's
+breakdowns.
 
 Trains the same model from scratch on the same generated data with each loss
 method and seed, then the NTIL ablations (the paper's Table 6: place-value
@@ -34,7 +43,7 @@ FLAGS = flags.FLAGS
 flags.DEFINE_enum(
     "profile",
     "cpu",
-    ["cpu", "accelerator", "smoke"],
+    ["cpu", "accelerator", "smoke", "digits", "digits_smoke"],
     "Grid size (smoke: seconds, for tests).",
 )
 flags.DEFINE_list(
@@ -44,8 +53,9 @@ flags.DEFINE_list(
 )
 flags.DEFINE_string(
     "results",
-    os.path.join(HERE, "results.json"),
-    "Results file (one record per finished run).",
+    None,
+    "Results file (one record per finished run); default results.json, "
+    "digits/results.json for the digits profiles.",
 )
 flags.DEFINE_string(
     "runs_dir",
@@ -54,6 +64,9 @@ flags.DEFINE_string(
 )
 flags.DEFINE_string("data_dir", "data", "Generated data.")
 flags.DEFINE_integer("max_cells", 0, "Stop after this many new cells (0: all).")
+flags.DEFINE_integer(
+    "data_workers", 2, "Processes generating a profile's data (same result)."
+)
 
 # Everything that differs between the CPU grid and the accelerator grid.
 PROFILES = {
@@ -84,13 +97,72 @@ PROFILES = {
         test_size=20,
         seeds=(0, 1),
     ),
+    # Multi-digit answers, abundant data: train_size = steps x batch.
+    "digits": dict(
+        model="small",
+        train_steps=800,
+        batch_size=128,
+        learning_rate=1e-3,
+        train_size=800 * 128,
+        test_size=2000,
+        seeds=(0, 1, 2, 3, 4),
+        module="arithmetic__add_or_sub",
+        difficulty="easy",
+    ),
+    "digits_smoke": dict(
+        model="tiny",
+        train_steps=3,
+        batch_size=8,
+        learning_rate=3e-3,
+        train_size=24,
+        test_size=20,
+        seeds=(0,),
+        module="arithmetic__add_or_sub",
+        difficulty="easy",
+    ),
 }
+# The control of the multi-digit grid: CE with weight 1 + lam on digit
+# tokens ("more gradient on digits" without their order).
+CONTROL_DIGIT_CE_WEIGHT = 0.3
 METHODS = arithmetic_mix.METHODS
+
+
+def _variant(settings) -> dict:
+  """The generated data's module and difficulty (none: the paper's mix)."""
+  return {k: settings[k] for k in ("module", "difficulty") if k in settings}
+
+
+def digits_grid(seeds):
+  """The multi-digit grid: every method, the control and the ablations."""
+  cells = {"main": [], "control": [], "ablation": []}
+  for seed in seeds:  # seed-major: a partial grid still covers every method
+    for method in METHODS:
+      cells["main"].append(("main", f"{method}-s{seed}", method, seed, {}))
+    cells["control"].append(
+        (
+            "control",
+            f"ce-digit-weight-s{seed}",
+            "ce",
+            seed,
+            dict(digit_ce_weight=CONTROL_DIGIT_CE_WEIGHT),
+        )
+    )
+    for name, overrides in (
+        ("ntil-no-exp", dict(sigma=0.0)),
+        ("ntil-no-rel", dict(alpha=0.0)),
+        ("ntil-no-mag", dict(beta=0.0)),
+    ):
+      cells["ablation"].append(
+          ("ablation", f"{name}-s{seed}", "ntil", seed, overrides)
+      )
+  return cells
 
 
 def grid(profile):
   """(group, name, method, seed, overrides) of every cell, in run order."""
   seeds = PROFILES[profile]["seeds"]
+  if _variant(PROFILES[profile]):
+    return digits_grid(seeds)
   cells = {"main": [], "ablation": [], "sweep": []}
   for seed in seeds:  # seed-major: a partial grid still covers every method
     for method in METHODS:
@@ -117,7 +189,7 @@ def cell_config(profile, method, seed, overrides, data_dir):
   config = arithmetic_mix.get_config(method)
   config.data_dir = data_dir
   config.dataset_config = arithmetic_data.config_name(
-      settings["train_size"], settings["test_size"], 0
+      settings["train_size"], settings["test_size"], 0, **_variant(settings)
   )
   config.model = settings["model"]
   config.train_steps = settings["train_steps"]
@@ -125,7 +197,8 @@ def cell_config(profile, method, seed, overrides, data_dir):
   config.learning_rate = settings["learning_rate"]
   config.seed = seed
   config.log_every_steps = min(25, settings["train_steps"])
-  config.eval_every_steps = max(1, settings["train_steps"] // 3)
+  evals = 4 if _variant(settings) else 3  # a learning curve of 4 points
+  config.eval_every_steps = max(1, settings["train_steps"] // evals)
   config.checkpoint_every_steps = max(1, settings["train_steps"] // 3)
   config.eval_examples = 0  # the whole test split
   config.eval_batch_size = min(250, settings["test_size"])
@@ -147,6 +220,14 @@ def run_cell(profile, group, name, method, seed, overrides, digest):
     raise KeyboardInterrupt(f"{name} stopped by a signal; rerun to resume")
   evaluation = result["eval"]
   device = jax.devices()[0]
+  extra = {}
+  if _variant(PROFILES[profile]):  # for the breakdowns of the report
+    extra = dict(
+        data=_variant(PROFILES[profile]),
+        problems_seen=result["step"] * config.batch_size,
+        within_1_percent=evaluation["within_1_percent"],
+        predictions=train.read_predictions(workdir),
+    )
   return dict(
       name=name,
       group=group,
@@ -171,17 +252,32 @@ def run_cell(profile, group, name, method, seed, overrides, digest):
       host=platform.node(),
       config_hash=digest,
       curves=common.curves(os.path.join(workdir, "metrics.jsonl")),
+      **extra,
   )
+
+
+def results_path(profile) -> str:
+  if FLAGS.results:
+    return FLAGS.results
+  if _variant(PROFILES[profile]):
+    return os.path.join(HERE, "digits", "results.json")
+  return os.path.join(HERE, "results.json")
 
 
 def main(argv):
   del argv
   logs.quiet_terminal()
   settings = PROFILES[FLAGS.profile]
+  results = results_path(FLAGS.profile)
+  os.makedirs(os.path.dirname(results), exist_ok=True)
   arithmetic_data.prepare(
-      FLAGS.data_dir, settings["train_size"], settings["test_size"]
+      FLAGS.data_dir,
+      settings["train_size"],
+      settings["test_size"],
+      workers=FLAGS.data_workers,
+      **_variant(settings),
   )
-  runs = common.load_results(FLAGS.results)
+  runs = common.load_results(results)
   done = {r["config_hash"] for r in runs}
   cells = grid(FLAGS.profile)
   todo = [cell for group in FLAGS.groups for cell in cells[group]]
@@ -198,7 +294,7 @@ def main(argv):
         FLAGS.profile, group, name, method, seed, overrides, digest
     )
     runs.append(record)
-    common.save_results(FLAGS.results, runs)
+    common.save_results(results, runs)
     new += 1
     print(
         f"[{index + 1}/{len(todo)}] {name}: exact match "
@@ -206,7 +302,7 @@ def main(argv):
         flush=True,
     )
   print(
-      f"{len(runs)} runs in {FLAGS.results}; "
+      f"{len(runs)} runs in {results}; "
       "now: python -m experiments.arithmetic_mix.report"
   )
 

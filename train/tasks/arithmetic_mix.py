@@ -92,6 +92,7 @@ def score_answers(predictions, answers, config) -> dict:
       parsed=0.0,
       abs_error=0.0,
       log_abs_error=0.0,
+      within_1_percent=0.0,
       by_length=np.zeros(max_answer_len + 1),
       correct_by_length=np.zeros(max_answer_len + 1),
   )
@@ -108,6 +109,7 @@ def score_answers(predictions, answers, config) -> dict:
       sums["parsed"] += 1
       sums["abs_error"] += error
       sums["log_abs_error"] += math.log10(1.0 + error)
+      sums["within_1_percent"] += error <= 0.01 * abs(float(true_value))
   return sums
 
 
@@ -123,6 +125,8 @@ def summarize(sums: dict) -> dict:
       parsed_rate=float(sums["parsed"] / count),
       mean_abs_error=float(sums["abs_error"] / parsed),
       mean_log10_abs_error=float(sums["log_abs_error"] / parsed),
+      # Of all answers: the prediction parses and is within 1% of it.
+      within_1_percent=float(sums["within_1_percent"] / count),
       num_examples=int(sums["count"]),
       exact_match_by_answer_length=by_length,
       examples_by_answer_length={
