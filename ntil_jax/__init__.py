@@ -6,25 +6,25 @@ jit-able functions that return unreduced per-token losses::
   loss = ce + 0.3 * ntil_jax.ntil_loss(logits, labels, digit_mask)
 """
 
-from ntil_jax.losses import cross_entropy
-from ntil_jax.losses import digit_logits
-from ntil_jax.losses import emd_loss
-from ntil_jax.losses import NTILComponents
-from ntil_jax.losses import ntil_components
-from ntil_jax.losses import ntil_loss
-from ntil_jax.losses import ntl_mse_loss
-from ntil_jax.losses import NUMERIC_LOSSES
-from ntil_jax.losses import numeric_token_loss
-from ntil_jax.losses import soft_digit_targets
-from ntil_jax.losses import soft_label_cross_entropy
-from ntil_jax.numbers import number_layout
-from ntil_jax.numbers import NumberLayout
+from ntil_jax.baselines import cross_entropy
+from ntil_jax.baselines import emd_loss
+from ntil_jax.baselines import ntl_mse_loss
+from ntil_jax.baselines import soft_digit_targets
+from ntil_jax.baselines import soft_label_cross_entropy
 from ntil_jax.fused import default_chunk_size
 from ntil_jax.fused import fused_numeric_loss
 from ntil_jax.fused import fused_token_statistics
 from ntil_jax.losses import loss_from_statistics
-from ntil_jax.losses import token_statistics
-from ntil_jax.losses import TokenStatistics
+from ntil_jax.losses import NUMERIC_LOSSES
+from ntil_jax.losses import numeric_token_loss
+from ntil_jax.ntil import NTILComponents
+from ntil_jax.ntil import ntil_components
+from ntil_jax.ntil import ntil_loss
+from ntil_jax.numbers import number_layout
+from ntil_jax.numbers import NumberLayout
+from ntil_jax.statistics import digit_logits
+from ntil_jax.statistics import token_statistics
+from ntil_jax.statistics import TokenStatistics
 from ntil_jax.vocab import digit_token_ids
 
 __version__ = "0.1.0"

@@ -2,7 +2,7 @@
 
 Every loss in :mod:`ntil_jax.losses` reads the logits only through three small
 per-token statistics: the log-normalizer over the vocabulary, the label's
-logit and the ten digit logits (:class:`~ntil_jax.losses.TokenStatistics`).
+logit and the ten digit logits (:class:`~ntil_jax.TokenStatistics`).
 Here the forward pass computes those chunk by chunk along the sequence from
 ``hidden @ unembedding``, so the peak holds one block of about
 ``chunk_size`` tokens by ``V`` instead of the whole ``[B, T, V]``. The
@@ -28,7 +28,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ntil_jax import base
 from ntil_jax import losses
+from ntil_jax import numbers
+from ntil_jax import statistics
+from ntil_jax import validation
 
 
 def _chunk_statistics(hidden, labels, unembedding, digit_token_ids):
@@ -36,7 +40,7 @@ def _chunk_statistics(hidden, labels, unembedding, digit_token_ids):
   logits = jnp.einsum(
       "bcd,dv->bcv", hidden, unembedding, preferred_element_type=jnp.float32
   )
-  return losses.token_statistics(logits, labels, digit_token_ids)
+  return statistics.token_statistics(logits, labels, digit_token_ids)
 
 
 # CPU: a block of about 4M float32 logits (16 MiB) whatever the vocabulary.
@@ -127,11 +131,11 @@ def _check_fused_inputs(hidden, unembedding, labels, digit_token_ids, masks):
         f"{unembedding.shape} disagree on D."
     )
   for name, x in (("hidden", hidden), ("unembedding", unembedding)):
-    losses._check_logits_dtype(x, name)
+    validation._check_logits_dtype(x, name)
   logits_shape = jax.ShapeDtypeStruct(
       hidden.shape[:-1] + unembedding.shape[1:], jnp.float32
   )
-  losses._check_inputs(logits_shape, labels, None, digit_token_ids, masks)
+  validation._check_inputs(logits_shape, labels, None, digit_token_ids, masks)
 
 
 def fused_token_statistics(
@@ -142,8 +146,8 @@ def fused_token_statistics(
     digit_token_ids=None,
     chunk_size: Optional[int] = None,
     mask=None,
-) -> losses.TokenStatistics:
-  """:class:`~ntil_jax.losses.TokenStatistics` of ``hidden @ unembedding``.
+) -> statistics.TokenStatistics:
+  """:class:`~ntil_jax.TokenStatistics` of ``hidden @ unembedding``.
 
   The forward pass computes the logits chunk by chunk along the sequence.
   The gradient is a custom VJP that walks tiles of about as many logits,
@@ -209,7 +213,7 @@ def fused_token_statistics(
   tile = _tiles(
       length, vocab_size, batch, chunk_size * vocab_size, column_multiple
   )
-  columns, traced_ids = losses._digit_columns(digit_token_ids, vocab_size)
+  columns, traced_ids = statistics._digit_columns(digit_token_ids, vocab_size)
   return _statistics(
       hidden,
       unembedding,
@@ -279,10 +283,10 @@ def _statistics_fwd(
 
   # Sharded as the hidden states are (the statistics' chunks are).
   per_token = jnp.zeros_like(hidden[..., 0], jnp.float32)
-  empty = losses.TokenStatistics(
+  empty = statistics.TokenStatistics(
       per_token,
       per_token,
-      per_token[..., None] + jnp.zeros(losses.NUM_DIGITS, jnp.float32),
+      per_token[..., None] + jnp.zeros(numbers.NUM_DIGITS, jnp.float32),
   )
   stats, _ = jax.lax.scan(chunk_step, empty, jnp.arange(-(-length // rows)))
   return stats, (hidden, unembedding, labels, traced_ids, stats.log_norm)
@@ -332,7 +336,7 @@ def _statistics_bwd(columns, rows, tile, residuals, cotangents):
   labels = jnp.clip(labels, 0, vocab_size - 1).astype(jnp.int32)
   if columns is None:  # invalid traced ids made the digit logits NaN
     g_digits = jnp.where(
-        losses._valid_ids(traced_ids, vocab_size), g_digits, 0.0
+        statistics._valid_ids(traced_ids, vocab_size), g_digits, 0.0
     )
     digit_columns = jnp.clip(traced_ids, 0, vocab_size - 1)
   else:
@@ -374,7 +378,7 @@ def _statistics_bwd(columns, rows, tile, residuals, cotangents):
       grad = grad + jnp.where(
           column == label[..., None], label_scale[..., None], 0.0
       )
-      for k in range(losses.NUM_DIGITS):
+      for k in range(numbers.NUM_DIGITS):
         grad = grad + jnp.where(
             column == digit_columns[k] - start_v,
             digit_scales[..., k, None],
@@ -503,7 +507,7 @@ def fused_numeric_loss(
       flat_labels,
       digit_token_ids=digit_token_ids,
       chunk_size=chunk_size,
-      mask=losses._scored(flat_labels, vocab_size, flat_loss_mask),
+      mask=base._scored(flat_labels, vocab_size, flat_loss_mask),
   )
   per_token = losses.loss_from_statistics(
       stats,

@@ -20,7 +20,7 @@ import numpy as np
 import optax
 
 import ntil_jax
-from ntil_jax import losses
+from ntil_jax import statistics
 from tests.test_losses import PERMUTED_IDS, random_case
 
 jax.config.update("jax_default_matmul_precision", "highest")
@@ -143,8 +143,8 @@ class GradientEqualityTest(parameterized.TestCase):
     )
 
     def ours(z, i):
-      columns, traced_ids = losses._digit_columns(i, z.shape[-1])
-      return losses._statistics(
+      columns, traced_ids = statistics._digit_columns(i, z.shape[-1])
+      return statistics._statistics(
           z, labels, jnp.asarray(mask), traced_ids, columns, keep_exp
       )
 
@@ -254,8 +254,8 @@ class GradientEqualityTest(parameterized.TestCase):
     )
 
     def gradient(z):
-      columns, _ = losses._digit_columns(None, z.shape[-1])
-      fn = lambda x: losses._statistics(
+      columns, _ = statistics._digit_columns(None, z.shape[-1])
+      fn = lambda x: statistics._statistics(
           x, labels, jnp.asarray(mask), None, columns, keep_exp
       )
       value, vjp = jax.vjp(fn, z)

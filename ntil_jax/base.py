@@ -1,0 +1,118 @@
+"""The shared base of the per-token numeric losses.
+
+Inputs made arrays and checked, the digit logits prepared, a loss run on the
+number layout of whole sequences (:func:`_number_loss`), and the small
+helpers that mask, measure digit distances and pick the scored positions.
+"""
+
+import functools
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ntil_jax import numbers
+from ntil_jax import statistics
+from ntil_jax import validation
+
+_DIGITS = np.arange(numbers.NUM_DIGITS, dtype=np.float32)
+
+
+def _asarrays(*arrays):
+  """``jnp.asarray`` of each array; ``None`` stays ``None``."""
+  return tuple(None if x is None else jnp.asarray(x) for x in arrays)
+
+
+def _number_loss(
+    numeric_fn,
+    stats: statistics.TokenStatistics,
+    labels,
+    digit_mask,
+    digit_token_ids,
+    decimal_point_mask=None,
+    **loss_kwargs,
+):
+  """``numeric_fn(stats, layout, **loss_kwargs)`` on whole sequences.
+
+  The number logic scans along T, and a number may cross the shards of a
+  sequence split over an ``Explicit`` mesh axis: its inputs are made whole
+  along T (:func:`numbers.whole_sequence`: the labels, the masks, the
+  ``[..., T]`` and ``[..., T, 10]`` statistics, never ``[..., T, V]``
+  logits) and the per-token result is split along T as ``labels`` are.
+  """
+  position_axis = labels.ndim - 1
+  whole = functools.partial(numbers.whole_sequence, axis=position_axis)
+  whole_stats = statistics.TokenStatistics(
+      *(None if field is None else whole(field) for field in stats)
+  )
+  layout = numbers.number_layout(
+      whole(labels),
+      None if digit_mask is None else whole(digit_mask),
+      digit_token_ids=digit_token_ids,
+      decimal_point_mask=(
+          None if decimal_point_mask is None else whole(decimal_point_mask)
+      ),
+  )
+  result = numeric_fn(whole_stats, layout, **loss_kwargs)
+  return jax.tree.map(
+      lambda x: numbers.split_like(x, labels, position_axis), result
+  )
+
+
+def _prepare(
+    logits, labels, digit_mask, digit_token_ids, decimal_point_mask=None
+):
+  """Validates inputs; returns them as arrays, and the digit logits."""
+  logits, labels, digit_mask, decimal_point_mask = _asarrays(
+      logits, labels, digit_mask, decimal_point_mask
+  )
+  validation._check_inputs(
+      logits,
+      labels,
+      digit_mask,
+      digit_token_ids,
+      (("decimal_point_mask", decimal_point_mask),),
+  )
+  return (
+      logits,
+      labels,
+      digit_mask,
+      decimal_point_mask,
+      statistics.digit_logits(logits, digit_token_ids),
+  )
+
+
+def _digit_distance(layout) -> chex.Array:
+  """``|k - y|`` for every digit k, ``[..., T, 10]``."""
+  target = layout.digit_values.astype(jnp.float32)[..., None]
+  return jnp.abs(_DIGITS - target)
+
+
+def _masked(values, mask):
+  return jnp.where(mask, values, 0.0)
+
+
+def _digits_in_numbers(digit_logits_, layout) -> chex.Array:
+  """The ``[..., T, 10]`` digit logits, zero outside numbers.
+
+  Outside numbers the loss is 0 by a ``where``, whose gradient would still be
+  NaN there for NaN or inf logits (``0 * nan`` in the softmax's backward);
+  this ``where`` on the digit block makes it exactly zero.
+  """
+  return jnp.where(layout.is_digit[..., None], digit_logits_, 0.0)
+
+
+def _digit_statistics(digit_logits_, log_norm=None):
+  """Token statistics for losses that read only the digit logits."""
+  return statistics.TokenStatistics(
+      log_norm=log_norm, label_logits=None, digit_logits=digit_logits_
+  )
+
+
+def _scored(labels, vocab_size, loss_mask):
+  """Positions whose label is a real token and that the loss mask keeps."""
+  valid = (labels >= 0) & (labels < vocab_size)
+  if loss_mask is not None:
+    valid = valid & jnp.asarray(loss_mask, bool)
+  return valid

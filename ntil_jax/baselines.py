@@ -1,0 +1,172 @@
+"""The baselines NTIL is compared with, as per-token losses.
+
+EMD (:func:`emd_loss`), NTL-MSE (Zausinger et al., ICML 2025,
+:func:`ntl_mse_loss`), soft-label cross-entropy (Wang et al., Amazon AGI,
+:func:`soft_label_cross_entropy`, :func:`soft_digit_targets`) and plain token
+cross-entropy (:func:`cross_entropy`).
+"""
+
+import chex
+import jax
+import jax.numpy as jnp
+import optax
+
+from ntil_jax import base
+from ntil_jax import numbers
+from ntil_jax import statistics
+from ntil_jax import validation
+
+
+def _emd(stats: statistics.TokenStatistics, layout):
+  probs = jax.nn.softmax(
+      base._digits_in_numbers(stats.digit_logits, layout), -1
+  )
+  return base._masked(
+      jnp.sum(probs * base._digit_distance(layout), -1), layout.is_digit
+  )
+
+
+def _ntl_mse(stats: statistics.TokenStatistics, layout):
+  probs = jax.nn.softmax(
+      base._digits_in_numbers(stats.digit_logits, layout), -1
+  )
+  expected = probs @ base._DIGITS
+  error = expected - layout.digit_values.astype(jnp.float32)
+  return base._masked(error**2, layout.is_digit)
+
+
+def _soft_label(
+    stats: statistics.TokenStatistics,
+    layout,
+    *,
+    eta: float = 0.5,
+    width: float = 1.0,
+):
+  log_probs = stats.digit_logits - stats.log_norm[..., None]
+  targets = soft_digit_targets(layout.digit_values, eta=eta, width=width)
+  return base._masked(-jnp.sum(targets * log_probs, -1), layout.is_digit)
+
+
+def emd_loss(
+    logits, labels, digit_mask=None, *, digit_token_ids=None
+) -> chex.Array:
+  r"""Earth Mover's Distance between the digit distribution and the target.
+
+  .. math:: \ell_t = \sum_{k=0}^{9} p_{tk} |k - y_t|, \quad
+            p_t = \mathrm{softmax}(z_t^{\text{digits}})
+
+  The "EMD" baseline of the NTIL paper; for single-digit tokens it equals the
+  Wasserstein variant NTL-WAS of the Number Token Loss paper. Arguments and
+  result as in :func:`ntil_loss`.
+  """
+  _, labels, digit_mask, _, digit_logits_ = base._prepare(
+      logits, labels, digit_mask, digit_token_ids
+  )
+  return base._number_loss(
+      _emd,
+      base._digit_statistics(digit_logits_),
+      labels,
+      digit_mask,
+      digit_token_ids,
+  )
+
+
+def ntl_mse_loss(
+    logits, labels, digit_mask=None, *, digit_token_ids=None
+) -> chex.Array:
+  r"""Number Token Loss, MSE variant: squared error of the expected digit.
+
+  .. math:: \ell_t = \Big(\sum_{k=0}^{9} k\, p_{tk} - y_t\Big)^2
+
+  with :math:`p_t` the softmax over the ten digit logits (Zausinger et al.,
+  2025). Arguments and result as in :func:`ntil_loss`.
+  """
+  _, labels, digit_mask, _, digit_logits_ = base._prepare(
+      logits, labels, digit_mask, digit_token_ids
+  )
+  return base._number_loss(
+      _ntl_mse,
+      base._digit_statistics(digit_logits_),
+      labels,
+      digit_mask,
+      digit_token_ids,
+  )
+
+
+def soft_digit_targets(digit_values, *, eta: float, width: float):
+  r"""Soft labels over the ten digits: ``(1-eta) onehot(y) + eta psi(y)``.
+
+  .. math:: \psi_k(y) = \frac{e^{-(k-y)^2 / 2w^2}}{\sum_j e^{-(j-y)^2/2w^2}}
+
+  Returns ``[..., 10]`` float32 rows that sum to 1. ``eta`` must be in
+  ``[0, 1]`` and ``width > 0`` (ValueError otherwise, for concrete values).
+  """
+  validation.check_parameters(eta=eta, width=width)
+  target = jnp.asarray(digit_values, jnp.float32)[..., None]
+  gaussian = jnp.exp(-((base._DIGITS - target) ** 2) / (2.0 * width**2))
+  psi = gaussian / gaussian.sum(-1, keepdims=True)
+  one_hot = jax.nn.one_hot(digit_values, numbers.NUM_DIGITS, dtype=jnp.float32)
+  return (1.0 - eta) * one_hot + eta * psi
+
+
+def soft_label_cross_entropy(
+    logits,
+    labels,
+    digit_mask=None,
+    *,
+    digit_token_ids=None,
+    eta: float = 0.5,
+    width: float = 1.0,
+) -> chex.Array:
+  r"""Cross-entropy of digit tokens against soft digit labels.
+
+  .. math:: \ell_t = -\sum_{k=0}^{9} q_k(y_t) \log p_t(\text{digit } k),
+            \quad q(y) = (1-\eta)\,\delta(y) + \eta\,\psi(y)
+
+  :math:`p_t` is the softmax over the whole vocabulary and :math:`\psi` a
+  Gaussian over digit distance with width ``width`` (see
+  :func:`soft_digit_targets`), after the soft-labeling poster (Wang et al.,
+  Amazon AGI). The poster does not give :math:`\eta` or the width; the
+  defaults here are a reasonable middle (not tuned). Arguments and result as
+  in :func:`ntil_loss`; ``eta`` in ``[0, 1]``, ``width > 0``.
+  """
+  validation.check_parameters(eta=eta, width=width)
+  logits, labels, digit_mask, _, digit_logits_ = base._prepare(
+      logits, labels, digit_mask, digit_token_ids
+  )
+  is_digit, _ = numbers.match_digits(labels, digit_token_ids)
+  if digit_mask is not None:
+    is_digit = is_digit & digit_mask.astype(bool)
+  # Logits outside numbers are zeroed so that NaN/inf there gives no NaN
+  # gradient through the log-normalizer.
+  in_numbers = jnp.where(is_digit[..., None], logits, 0)
+  log_norm = jax.nn.logsumexp(in_numbers.astype(jnp.float32), -1)
+  return base._number_loss(
+      _soft_label,
+      base._digit_statistics(digit_logits_, log_norm),
+      labels,
+      digit_mask,
+      digit_token_ids,
+      eta=eta,
+      width=width,
+  )
+
+
+def cross_entropy(logits, labels, loss_mask=None) -> chex.Array:
+  """Token cross-entropy (optax), zero where ``loss_mask`` is false.
+
+  Labels outside ``[0, V)`` (ignore ids such as -100) also score 0, with zero
+  gradient even where the logits are NaN or inf.
+  """
+  logits = jnp.asarray(logits)
+  labels = jnp.asarray(labels)
+  loss_mask = None if loss_mask is None else jnp.asarray(loss_mask)
+  validation._check_inputs(
+      logits, labels, None, None, (("loss_mask", loss_mask),)
+  )
+  valid = base._scored(labels, logits.shape[-1], loss_mask)
+  logits = jnp.where(valid[..., None], logits, 0)
+  ce = optax.softmax_cross_entropy_with_integer_labels(
+      logits.astype(jnp.float32), jnp.where(valid, labels, 0)
+  )
+  return base._masked(ce, valid)

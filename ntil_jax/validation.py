@@ -1,0 +1,134 @@
+"""Input checks of the numeric losses.
+
+Shapes and dtypes of logits, labels and masks, digit token ids against the
+vocabulary, the allowed ranges of the loss parameters
+(:func:`check_parameters`), the error for an unknown loss keyword
+(:class:`LossArgumentError`) and the checks of precomputed token statistics.
+Everything checked here is static: nothing is left to run time.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ntil_jax import numbers
+
+
+def _check_inputs(logits, labels, digit_mask, digit_token_ids, extra_masks=()):
+  """Raises ValueError on shapes or dtypes that cannot be right.
+
+  ``logits`` may be a ``jax.ShapeDtypeStruct`` (the fused path checks
+  against logits it never builds). Everything checked is static: nothing
+  is left to run time.
+  """
+  logits = jnp.asarray(logits) if not hasattr(logits, "shape") else logits
+  if logits.ndim < 2:
+    raise ValueError(
+        f"logits must be [..., T, V] (rank >= 2), got shape {logits.shape}."
+    )
+  _check_logits_dtype(logits)
+  if tuple(labels.shape) != tuple(logits.shape[:-1]):
+    raise ValueError(
+        f"labels shape {labels.shape} must equal logits shape without the "
+        f"vocabulary axis, {logits.shape[:-1]} (logits {logits.shape})."
+    )
+  if not jnp.issubdtype(labels.dtype, jnp.integer):
+    raise ValueError(f"labels must be integer token ids, got {labels.dtype}.")
+  for name, mask in (("digit_mask", digit_mask),) + tuple(extra_masks):
+    if mask is not None and tuple(jnp.shape(mask)) != tuple(labels.shape):
+      raise ValueError(
+          f"{name} shape {jnp.shape(mask)} must equal labels shape "
+          f"{labels.shape}."
+      )
+  _check_digit_ids(digit_token_ids, logits.shape[-1])
+
+
+def _check_logits_dtype(logits, name="logits") -> None:
+  if not jnp.issubdtype(logits.dtype, jnp.floating):
+    raise ValueError(f"{name} must be floating point, got {logits.dtype}.")
+
+
+def _check_digit_ids(digit_token_ids, vocab_size):
+  """Checks digit ids (``None``: 0..9) against a vocabulary of ``V`` tokens.
+
+  Returns what :func:`numbers.check_digit_token_ids` returns (``None`` for
+  the default ids).
+  """
+  if digit_token_ids is None:
+    if vocab_size < numbers.NUM_DIGITS:
+      raise ValueError(
+          f"default digit ids 0..9 need a vocabulary of >= 10, got V="
+          f"{vocab_size}; pass digit_token_ids."
+      )
+    return None
+  return numbers.check_digit_token_ids(digit_token_ids, vocab_size)
+
+
+# Allowed values of the loss parameters: (test, description).
+_PARAMETER_RULES = {
+    "sigma": (lambda v: v > -1, "> -1 (place weights are (1 + sigma)**k)"),
+    "alpha": (lambda v: v >= 0, ">= 0"),
+    "beta": (lambda v: v >= 0, ">= 0"),
+    "lam": (lambda v: v >= 0, ">= 0"),
+    "noise_scale": (lambda v: v >= 0, ">= 0"),
+    "tau": (lambda v: v > 0, "> 0 (a softmax temperature)"),
+    "width": (lambda v: v > 0, "> 0 (a Gaussian's width)"),
+    "eta": (lambda v: (v >= 0) & (v <= 1), "in [0, 1] (a mixing weight)"),
+}
+
+
+def check_parameters(**parameters) -> None:
+  """Raises ValueError, naming the argument, for a loss parameter out of range.
+
+  Checks the names in ``sigma, alpha, beta, lam, noise_scale, tau, width,
+  eta``; others are ignored. Traced values (inside ``jit``) cannot be checked
+  and are skipped.
+  """
+  for name, value in parameters.items():
+    if name not in _PARAMETER_RULES or value is None:
+      continue
+    try:
+      array = np.asarray(value)
+    except (jax.errors.TracerArrayConversionError, TypeError):
+      continue  # traced: cannot be checked before run time
+    if not (np.issubdtype(array.dtype, np.number) and np.isrealobj(array)):
+      raise ValueError(f"{name} must be a real number, got {value!r}.")
+    test, rule = _PARAMETER_RULES[name]
+    with np.errstate(invalid="ignore"):
+      ok = np.all(test(array.astype(np.float64)))  # NaN fails every test
+    if not ok:
+      raise ValueError(f"{name} must be {rule}, got {value!r}.")
+
+
+class LossArgumentError(ValueError, TypeError):
+  """An unknown keyword argument of a numeric loss.
+
+  A ValueError like the other argument checks, and a TypeError like Python's
+  own unexpected-keyword error, so either ``except`` clause catches it.
+  """
+
+
+def _check_statistics(stats, labels, vocab_size) -> None:
+  """Raises ValueError unless ``stats`` fit ``labels`` and ``vocab_size``."""
+  if isinstance(vocab_size, (bool, np.bool_)) or not isinstance(
+      vocab_size, (int, np.integer)
+  ):
+    raise ValueError(
+        f"vocab_size must be a positive int, got {vocab_size!r} "
+        f"({type(vocab_size).__name__})."
+    )
+  if vocab_size < 1:
+    raise ValueError(f"vocab_size must be a positive int, got {vocab_size}.")
+  shapes = {
+      "log_norm": labels.shape,
+      "label_logits": labels.shape,
+      "digit_logits": labels.shape + (numbers.NUM_DIGITS,),
+  }
+  for name, shape in shapes.items():
+    field = jnp.asarray(getattr(stats, name))
+    if field.shape != shape:
+      raise ValueError(
+          f"stats.{name} shape {field.shape} must be {shape} (labels shape "
+          f"{labels.shape}{' + (10,)' if name == 'digit_logits' else ''})."
+      )
+    _check_logits_dtype(field, f"stats.{name}")
