@@ -106,7 +106,7 @@ def test_every_other_change_is_refused(
 def test_longer_schedule_resumes_and_extends(
     data_dir, finished_run, tmp_path, caplog
 ):
-  caplog.set_level(logging.INFO)
+  caplog.set_level(logging.INFO, logger="absl")
   workdir = tmp_path / "run"
   shutil.copytree(finished_run, workdir)
   # A changed cadence and length resume; one log line names the changes.
@@ -232,7 +232,7 @@ def test_flipped_low_bits_never_resume(data_dir, finished_run, tmp_path):
 def test_flipped_low_bit_of_a_value_is_caught_by_the_digest(
     data_dir, finished_run, tmp_path, caplog
 ):
-  caplog.set_level(logging.INFO)
+  caplog.set_level(logging.INFO, logger="absl")
   # orbax compresses, so a flip in the files may not reach a value; here
   # one float's lowest bit is changed as it is read, as if it had been
   # damaged on disk and still decoded as a finite number.
