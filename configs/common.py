@@ -8,20 +8,39 @@ from absl import flags
 import ml_collections
 from ml_collections import config_flags
 
+from ntil_jax import kernels
+
 METHODS = ("ce", "emd", "ntl_mse", "soft_label", "ntil")
 _FUSED_MODES = {"auto": "auto", "true": True, "false": False}
 
 
 def fused_mode(value):
-  """``config.fused_loss`` as True, False or 'auto'; ValueError otherwise.
+  """``config.fused_loss``: True, False, 'auto' or an implementation's name.
 
-  Accepts bools and the strings 'auto', 'true', 'false' in any case.
+  Accepts bools, the strings 'auto', 'true', 'false' in any case, and the
+  fused path's implementations (``ntil_jax.kernels.NAMES``: 'chunked',
+  'tokamax', 'tokamax:xla', ...), which take the fused path with that
+  implementation; True takes it with the backend's default. ValueError
+  otherwise.
   """
   if isinstance(value, bool):
     return value
-  if isinstance(value, str) and value.strip().lower() in _FUSED_MODES:
-    return _FUSED_MODES[value.strip().lower()]
-  raise ValueError(f"fused_loss must be True, False or 'auto', got {value!r}.")
+  if isinstance(value, str):
+    word = value.strip().lower()
+    if word in _FUSED_MODES:
+      return _FUSED_MODES[word]
+    if word in kernels.NAMES:
+      return word
+  raise ValueError(
+      f"fused_loss must be True, False, 'auto' or one of "
+      f"{', '.join(kernels.NAMES)}; got {value!r}."
+  )
+
+
+def fused_implementation(value):
+  """The fused path's implementation a ``fused_loss`` value names, or None."""
+  mode = fused_mode(value)
+  return mode if isinstance(mode, str) and mode != "auto" else None
 
 
 class _FusedLossParser(flags.ArgumentParser):
@@ -31,7 +50,7 @@ class _FusedLossParser(flags.ArgumentParser):
     return fused_mode(argument)
 
   def flag_type(self):
-    return "True, False or 'auto'"
+    return "True, False, 'auto' or an implementation of the fused path"
 
 
 # fused_loss is the one config field of type `object` (a bool or 'auto'), so

@@ -14,6 +14,7 @@ from ntil_jax.baselines import soft_label_cross_entropy
 from ntil_jax.fused import default_chunk_size
 from ntil_jax.fused import fused_numeric_loss
 from ntil_jax.fused import fused_token_statistics
+from ntil_jax import kernels
 from ntil_jax.losses import loss_from_statistics
 from ntil_jax.losses import NUMERIC_LOSSES
 from ntil_jax.losses import numeric_token_loss
@@ -33,6 +34,7 @@ __all__ = [
     "cross_entropy",
     "default_chunk_size",
     "digit_logits",
+    "kernels",
     "digit_token_ids",
     "emd_loss",
     "fused_numeric_loss",

@@ -57,7 +57,7 @@ def make_batch(seed):
   )
 
 
-@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("fused", [False, True, "tokamax", "chunked"])
 @pytest.mark.parametrize("method", ["ce", "ntil"])
 def test_nan_outputs_at_unscored_positions(fused, method):
   config = arithmetic_mix.get_config(method)
@@ -87,7 +87,7 @@ def test_nan_outputs_at_unscored_positions(fused, method):
   assert np.abs(np.asarray(dh)[~unscored]).sum() > 0
 
 
-@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("fused", [False, True, "tokamax"])
 def test_decimal_points_join_numbers(fused):
   """'3.25' is one number with places 0, -1, -2, not the integer 325."""
   config = arithmetic_mix.get_config("ntil")
@@ -132,3 +132,28 @@ def test_decimal_points_join_numbers(fused):
   )
   # The decimals change the loss: "3.25" scored as 325 would differ.
   assert abs(float(decimal.sum()) - float(integer.sum())) > 1e-3
+
+
+def test_fused_implementations_agree():
+  """fused_loss=True / 'chunked' / 'tokamax' / False: one loss, one gradient."""
+  batch = make_batch(3)
+  rng = np.random.default_rng(4)
+  hidden = rng.normal(size=(BATCH, LENGTH, DIM)).astype(np.float32)
+  unembedding = rng.normal(size=(DIM, VOCAB)).astype(np.float32)
+  poison = np.zeros((BATCH, LENGTH), bool)
+  results = {}
+  for fused in (False, True, "chunked", "tokamax"):
+    config = arithmetic_mix.get_config("ntil")
+    config.fused_loss = fused
+
+    def loss(h, w, config=config):
+      value, _ = step.batch_loss(FakeModel(h, w, poison), batch, config, None)
+      return value
+
+    results[fused] = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(
+        hidden, unembedding
+    )
+  want = jax.tree.leaves(results[False])
+  for fused in (True, "chunked", "tokamax"):
+    for got, exact in zip(jax.tree.leaves(results[fused]), want):
+      np.testing.assert_allclose(got, exact, rtol=2e-5, atol=1e-6)

@@ -11,6 +11,7 @@ import numpy as np
 
 import ntil_jax
 from ntil_jax import fused as fused_lib
+from ntil_jax.kernels import chunked as chunked_lib
 from tests.test_losses import PERMUTED_IDS, random_case
 
 jax.config.update("jax_default_matmul_precision", "highest")
@@ -239,7 +240,7 @@ class ChunkSizeTest(parameterized.TestCase):
     case = hidden_case(6, 2, 37, 16, 300)
     # chunk_size=8: three tiles of 19 positions by 128 columns, the last
     # ones shifted back to end at the edges.
-    self.assertEqual(fused_lib._tiles(37, 300, 2, 8 * 300, 128), (19, 128))
+    self.assertEqual(chunked_lib._tiles(37, 300, 2, 8 * 300, 128), (19, 128))
     with mock.patch.object(jax, "default_backend", return_value="gpu"):
       (want, want_grads), (got, got_grads) = both_paths(
           "ntil", *case, chunk_size=chunk_size

@@ -21,15 +21,18 @@ GIB = 2**30
         ("AUTO", "auto"),
         ("True", True),
         (" false ", False),
+        ("chunked", "chunked"),
+        ("Tokamax", "tokamax"),
+        ("tokamax:xla", "tokamax:xla"),
     ],
 )
 def test_fused_mode_accepts_bools_and_their_spellings(value, mode):
   assert step.fused_mode(value) is mode or step.fused_mode(value) == mode
 
 
-@pytest.mark.parametrize("value", ["yes", "", 1, None, 0.5])
+@pytest.mark.parametrize("value", ["yes", "", 1, None, 0.5, "tokamax:gpu"])
 def test_fused_mode_refuses_anything_else(value):
-  with pytest.raises(ValueError, match="fused_loss must be True, False or"):
+  with pytest.raises(ValueError, match="fused_loss must be True, False,"):
     step.fused_mode(value)
 
 
@@ -63,6 +66,33 @@ def test_auto_takes_the_fused_path_where_they_do_not():
   assert not step.use_fused_loss(
       _config("auto"), 4 * 64 * 128, 151936, devices=4, memory=80 * GIB
   )
+
+
+@pytest.mark.parametrize(
+    "value, implementation",
+    [
+        (True, None),
+        ("auto", None),
+        ("chunked", "chunked"),
+        ("tokamax", "tokamax"),
+    ],
+)
+def test_implementation_names_take_the_fused_path(value, implementation):
+  assert step.common.fused_implementation(value) == implementation
+  if implementation is not None:
+    assert step.use_fused_loss(_config(value), 8, 151936, memory=10**15)
+
+
+def test_chunk_size_with_tokamax_is_a_config_error():
+  config = arithmetic_mix.get_config("ntil")
+  config.fused_loss = "tokamax"
+  config.fused_chunk_size = 64
+  with pytest.raises(errors.ConfigError, match="chunk_size applies"):
+    checks.check_config(config)
+  # With 'chunked' the chunk size passes: the next check is the data's.
+  config.fused_loss = "chunked"
+  with pytest.raises(errors.ConfigError, match="no data"):
+    checks.check_config(config)
 
 
 @pytest.mark.parametrize("forced", [True, False])

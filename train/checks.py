@@ -13,7 +13,6 @@ import ntil_jax
 from train import errors
 from train import models
 from train import rundir
-from train import step
 from train import tasks
 
 
@@ -132,9 +131,16 @@ def check_config(config):
     )
   _check_numbers(config)
   try:
-    step.fused_mode(config.fused_loss)
+    implementation = common.fused_implementation(config.fused_loss)
+    ntil_jax.kernels.check(implementation, config.fused_chunk_size or None)
   except ValueError as error:
     raise errors.ConfigError(str(error)) from error
+  if implementation is not None and implementation.startswith("tokamax"):
+    if not ntil_jax.kernels.tokamax_ce.available():
+      raise errors.ConfigError(
+          f"fused_loss={implementation!r} needs tokamax: "
+          "pip install 'ntil-jax[tokamax]'."
+      )
   try:
     ntil_jax.losses.check_method(
         config.method, config.weighting, common.loss_kwargs(config)

@@ -60,7 +60,8 @@ def use_fused_loss(config, tokens, vocab_size, *, devices=None, memory=None):
   """Whether the step computes its loss from hidden states (fused path).
 
   Args:
-    config: the run's config; ``fused_loss`` is True, False or 'auto'.
+    config: the run's config; ``fused_loss`` is True, False, 'auto' or the
+      name of an implementation of the fused path ('chunked', 'tokamax').
     tokens: tokens per global batch (``batch_size * length``).
     vocab_size: the logits' width V.
     devices: devices the batch is split over (default: all).
@@ -68,7 +69,7 @@ def use_fused_loss(config, tokens, vocab_size, *, devices=None, memory=None):
   """
   mode = fused_mode(config.fused_loss)
   if mode != "auto":
-    return mode
+    return bool(mode)  # an implementation's name takes the fused path
   devices = devices or jax.device_count()
   memory = memory or device_memory_bytes()
   need = logits_bytes_per_device(tokens, vocab_size, devices)
@@ -137,6 +138,7 @@ def batch_loss(model, batch, config, key):
         digit_token_ids=digit_ids,
         chunk_size=config.fused_chunk_size or None,
         mask=scored_mask,
+        implementation=common.fused_implementation(config.fused_loss),
     )
   else:
     stats = ntil_jax.token_statistics(

@@ -1,0 +1,110 @@
+"""Token statistics from any per-token linear + softmax CE kernel.
+
+A fused linear + softmax cross-entropy kernel returns, per token,
+``ce = lse - <h, W[:, label]>`` with a VJP, never holding the ``[N, V]``
+logits. That is all the statistics need besides eleven columns of ``W``:
+
+* ``label_logit = <h, W[:, label]>``, a gather of ``N`` columns;
+* ``log_norm = ce + label_logit`` (its gradient: the kernel's
+  ``softmax - onehot`` plus the gather's ``onehot``, i.e. the softmax);
+* ``digit_logits = h @ W[:, digit_ids]``, an ``[N, 10]`` matmul.
+
+So every loss of :mod:`ntil_jax` rides the kernel: the vocabulary-wide work
+(and its memory) is the kernel's alone.
+"""
+
+from typing import Callable
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ntil_jax import statistics
+
+# (hidden [N, D], labels [N], unembedding [D, V]) -> per-token CE [N].
+PerTokenCE = Callable[[chex.Array, chex.Array, chex.Array], chex.Array]
+
+
+def _grads_in_dtype(ce_fn: PerTokenCE, dtype) -> PerTokenCE:
+  """``ce_fn`` with its gradients cast to ``dtype``, its inputs' dtype.
+
+  Some kernels return float32 gradients for bfloat16 inputs (tokamax 0.0.17's
+  ``xla`` implementation does), which JAX cannot add to the bfloat16
+  cotangents of the other uses of the same arrays.
+  """
+
+  @jax.custom_vjp
+  def ce(hidden, labels, unembedding):
+    return ce_fn(hidden, labels, unembedding)
+
+  def fwd(hidden, labels, unembedding):
+    out, vjp = jax.vjp(lambda h, w: ce_fn(h, labels, w), hidden, unembedding)
+    return out, vjp
+
+  def bwd(vjp, g):
+    d_hidden, d_unembedding = vjp(g)
+    return d_hidden.astype(dtype), None, d_unembedding.astype(dtype)
+
+  ce.defvjp(fwd, bwd)
+  return ce
+
+
+def token_statistics(
+    ce_fn: PerTokenCE, hidden, unembedding, labels, columns, traced_ids
+) -> statistics.TokenStatistics:
+  """Statistics of ``hidden [B, T, D] @ unembedding [D, V]`` via ``ce_fn``.
+
+  Args:
+    ce_fn: the per-token CE kernel. It is given float hidden states and an
+      unembedding of one dtype, and labels in ``[0, V)`` (int32).
+    hidden: ``[B, T, D]`` hidden states (already zero where not scored).
+    unembedding: ``[D, V]``.
+    labels: ``[B, T]`` integer labels; ids outside ``[0, V)`` (ignored
+      positions) are given to the kernel as 0, and their statistics are
+      those of label 0 (the losses never read them).
+    columns: the digit columns as a static tuple, or None with
+      ``traced_ids`` (``statistics._digit_columns``).
+    traced_ids: ``[10]`` traced digit ids when ``columns`` is None; invalid
+      ones make the digit logits NaN, as on the logits path.
+
+  Returns:
+    TokenStatistics with ``[B, T]`` / ``[B, T, 10]`` float32 fields.
+
+  Raises:
+    ValueError: if the kernel returns anything but ``N`` values.
+  """
+  batch, length, dim = hidden.shape
+  vocab_size = unembedding.shape[-1]
+  dtype = jnp.result_type(hidden.dtype, unembedding.dtype)
+  flat = hidden.reshape(batch * length, dim).astype(dtype)
+  unembedding = unembedding.astype(dtype)
+  valid = (labels >= 0) & (labels < vocab_size)
+  safe = jnp.where(valid, labels, 0).astype(jnp.int32).reshape(-1)
+  ce = _grads_in_dtype(ce_fn, dtype)(flat, safe, unembedding)
+  if jnp.shape(ce) != (batch * length,):
+    raise ValueError(
+        f"the CE implementation must return one value per token, shape "
+        f"({batch * length},); it returned shape {jnp.shape(ce)}."
+    )
+  label_columns = jnp.take(unembedding, safe, axis=1)  # [D, N]
+  label_logit = jnp.einsum(
+      "nd,dn->n", flat, label_columns, preferred_element_type=jnp.float32
+  )
+  if columns is not None:
+    digit_columns = jnp.take(unembedding, np.asarray(columns), axis=1)
+  else:
+    digit_columns = jnp.take(unembedding, traced_ids, axis=1, mode="clip")
+  digits = jnp.einsum(
+      "nd,dk->nk", flat, digit_columns, preferred_element_type=jnp.float32
+  )
+  if columns is None:
+    digits = jnp.where(
+        statistics._valid_ids(traced_ids, vocab_size), digits, jnp.nan
+    )
+  log_norm = ce.astype(jnp.float32) + label_logit
+  return statistics.TokenStatistics(
+      log_norm.reshape(batch, length),
+      label_logit.reshape(batch, length),
+      digits.reshape(batch, length, -1),
+  )

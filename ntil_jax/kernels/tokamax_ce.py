@@ -1,0 +1,74 @@
+"""tokamax's fused linear + softmax CE as a per-token CE kernel.
+
+``tokamax.linear_softmax_cross_entropy_loss(..., reduction="none")`` (openxla
+tokamax) returns the per-token CE of ``x @ W`` with its own VJP: on TPU a
+Pallas Mosaic kernel that never holds the ``[N, V]`` logits, elsewhere XLA
+(``"xla"`` holds them; ``"chunked_xla"`` walks blocks of 1024 tokens by
+2048 columns). tokamax is an optional dependency: ``pip install
+'ntil-jax[tokamax]'``.
+"""
+
+from typing import Optional
+
+# tokamax's implementations of the op (tokamax 0.0.17); ``mosaic_tpu`` exists
+# only where its Pallas TPU modules import.
+NAMES = ("mosaic_tpu", "xla", "chunked_xla")
+# tokamax 0.0.17's ``chunked_xla`` pads V with zero columns up to a multiple of
+# its vocabulary block (2048 in its default config) and never masks them: each
+# adds exp(0) to the normaliser, so it is exact only when V is a multiple.
+CHUNKED_XLA_VOCAB_MULTIPLE = 2048
+
+
+def _tokamax():
+  try:
+    import tokamax  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise ImportError(
+        "implementation='tokamax' needs the tokamax package: "
+        "pip install 'ntil-jax[tokamax]'."
+    ) from e
+  return tokamax
+
+
+def available() -> bool:
+  """Whether tokamax imports here."""
+  try:
+    _tokamax()
+  except ImportError:
+    return False
+  return True
+
+
+def per_token_ce(name: Optional[str] = None):
+  """A ``(hidden [N, D], labels [N], unembedding [D, V]) -> [N]`` kernel.
+
+  Args:
+    name: one of :data:`NAMES`, or None for tokamax's own choice for the
+      backend (Mosaic TPU on TPU, else XLA).
+
+  Raises:
+    ImportError: if tokamax is not installed.
+    ValueError: for a name tokamax does not have; the kernel raises it for
+      ``chunked_xla`` where ``V`` is not a multiple of
+      :data:`CHUNKED_XLA_VOCAB_MULTIPLE` (tokamax 0.0.17 gets it wrong).
+  """
+  if name is not None and name not in NAMES:
+    raise ValueError(
+        f"tokamax has no implementation {name!r}; it has {', '.join(NAMES)}."
+    )
+  tokamax = _tokamax()
+
+  def ce(hidden, labels, unembedding):
+    vocab_size = unembedding.shape[-1]
+    if name == "chunked_xla" and vocab_size % CHUNKED_XLA_VOCAB_MULTIPLE:
+      raise ValueError(
+          f"tokamax's chunked_xla (0.0.17) is wrong for V={vocab_size}: it "
+          f"pads V with zero columns to a multiple of "
+          f"{CHUNKED_XLA_VOCAB_MULTIPLE} and counts each in the "
+          f"log-normaliser. Use 'tokamax' or 'chunked' instead."
+      )
+    return tokamax.linear_softmax_cross_entropy_loss(
+        hidden, labels, unembedding, reduction="none", implementation=name
+    )
+
+  return ce
