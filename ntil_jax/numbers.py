@@ -1,8 +1,9 @@
 """Where the numbers are: digit runs, place values and per-number sums.
 
-Everything here works along the last (sequence) axis with segmented scans, so
-the cost is O(T log T) elementwise work per row, there is no O(T^2) tensor, and
-rows are independent (a batch sharded over a mesh needs no communication).
+Everything here works along the last (sequence) axis with the segmented scans
+of :mod:`ntil_jax.scans` (one segment a number), so the cost is O(T log T)
+elementwise work per row, there is no O(T^2) tensor, and rows are independent
+(a batch sharded over a mesh needs no communication).
 A sequence sharded along T is made whole first (:func:`whole_sequence`).
 
 Vocabulary: a *number* is a maximal run of consecutive positions whose label is
@@ -13,13 +14,14 @@ fractional digits into one number ("3.14" is one number with places 0, -1, -2);
 a run holding two or more such points ("1.2.3") is split at every point.
 """
 
-import functools
 from typing import NamedTuple
 
 import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from ntil_jax import scans
 
 NUM_DIGITS = 10
 
@@ -156,171 +158,19 @@ def match_digits(labels: chex.Array, digit_token_ids=None):
   return matches.any(-1), jnp.argmax(matches, axis=-1).astype(jnp.int32)
 
 
-def _shift_right(x: chex.Array, fill, distance: int = 1) -> chex.Array:
-  """x[..., t - distance] at position t; ``fill`` where t < distance."""
-  # A slice of x padded by its own length: every distance slices the same
-  # pad, which XLA then computes once and fuses each slice into its user.
-  length = x.shape[-1]
-  widths = [(0, 0)] * (x.ndim - 1) + [(length, 0)]
-  padded = jnp.pad(x, widths, constant_values=fill)
-  return padded[..., length - distance : 2 * length - distance]
-
-
-def _shift_left(x: chex.Array, fill, distance: int = 1) -> chex.Array:
-  """x[..., t + distance] at position t; ``fill`` in the last ``distance``."""
-  length = x.shape[-1]
-  widths = [(0, 0)] * (x.ndim - 1) + [(0, length)]
-  padded = jnp.pad(x, widths, constant_values=fill)
-  return padded[..., distance : length + distance]
-
-
-def segmented_scans(scans, starts: chex.Array) -> tuple:
-  """Several inclusive segmented scans along the last axis, in one pass.
-
-  Args:
-    scans: ``(op, values)`` pairs; each ``op`` must be associative
-      (``jnp.add``, ``jnp.maximum``, ...) and each ``values`` shaped like
-      ``starts``.
-    starts: bool, where every scan restarts.
-
-  Returns:
-    A tuple with the scan of each pair.
-  """
-  return _segmented_scans(scans, starts, reverse=False)
-
-
-def reverse_segmented_scans(scans, ends: chex.Array) -> tuple:
-  """Like :func:`segmented_scans` but from the right; restarts at ``ends``."""
-  return _segmented_scans(scans, ends, reverse=True)
-
-
-# Positions combined per step of a scan: ceil(log_8(T)) steps.
-SCAN_RADIX = 8
-
-
-def _scan_steps(length):
-  """``(distance, [j for the j * distance < length])`` of every step."""
-  distance = 1
-  while distance < length:
-    yield distance, [j for j in range(1, SCAN_RADIX) if j * distance < length]
-    distance *= SCAN_RADIX
-
-
-def _segment_offsets(boundaries, reverse):
-  """How far each position is from its segment's first one (scan order)."""
-  length = boundaries.shape[-1]
-  shift = _shift_left if reverse else _shift_right
-  # Positions counted from the edge the scan starts at, which starts a
-  # segment; a running maximum of the starts' positions finds the first.
-  order = jnp.arange(length)
-  if reverse:
-    order = length - 1 - order
-  order = jnp.broadcast_to(order, boundaries.shape)
-  first = jnp.where(boundaries, order, 0)
-  for distance, blocks in _scan_steps(length):
-    first = functools.reduce(
-        jnp.maximum, [first] + [shift(first, 0, j * distance) for j in blocks]
-    )
-  return order - first
-
-
-def _segmented_scans(scans, boundaries, reverse) -> tuple:
-  """The scans, in the form that suits the default backend.
-
-  A CPU runs ``lax.associative_scan``'s many small ops at little cost each
-  and its O(T) work is the least; on a GPU or TPU every op is a kernel
-  launch of microseconds however small its ``[..., T]`` operands, so
-  :func:`_radix_scans` does the same in a few wide ops.
-  """
-  if jax.default_backend() == "cpu":
-    return _associative_scans(scans, boundaries, reverse)
-  return _radix_scans(scans, boundaries, reverse)
-
-
-def _associative_scans(scans, boundaries, reverse) -> tuple:
-  """Segmented scans by ``lax.associative_scan`` (O(T) work)."""
-  ops = tuple(op for op, _ in scans)
-
-  def combine(left, right):
-    left_values, left_start = left
-    right_values, right_start = right
-    values = tuple(
-        jnp.where(right_start, r, op(l, r))
-        for op, l, r in zip(ops, left_values, right_values)
-    )
-    return values, left_start | right_start
-
-  flip = (lambda x: jnp.flip(x, axis=-1)) if reverse else (lambda x: x)
-  values = tuple(flip(jnp.asarray(v)) for _, v in scans)
-  scanned, _ = jax.lax.associative_scan(
-      combine, (values, flip(boundaries)), axis=-1
-  )
-  return tuple(flip(x) for x in scanned)
-
-
-def _radix_scans(scans, boundaries, reverse) -> tuple:
-  """Segmented scans in ``ceil(log_8(T))`` elementwise steps.
-
-  At step ``k`` every position combines its value with those ``d``, ``2d``,
-  ... ``7d`` before it (``d = 8**k``, in scan order) that lie in its
-  segment, so after the step it holds its segment's scan over the last
-  ``8d`` positions (Hillis and Steele's scan, radix 8); whether they lie in
-  it is one comparison with the position's offset in its segment. A scan
-  is then one elementwise op per step (3 at T = 512) where
-  ``lax.associative_scan`` emits dozens of small ones. O(T log T) work, on
-  ``[..., T]`` arrays only.
-  """
-  values = tuple(jnp.asarray(v) for _, v in scans)
-  length = boundaries.shape[-1]
-  if length == 0:
-    return values
-  shift = _shift_left if reverse else _shift_right
-  offsets = _segment_offsets(boundaries, reverse)
-  for distance, blocks in _scan_steps(length):
-    new_values = []
-    for (op, _), value in zip(scans, values):
-      total = value
-      for j in blocks:
-        earlier = shift(value, 0, j * distance)
-        total = jnp.where(offsets >= j * distance, op(earlier, total), total)
-      new_values.append(total)
-    values = tuple(new_values)
-  return values
-
-
-def segmented_scan(op, values: chex.Array, starts: chex.Array) -> chex.Array:
-  """Inclusive scan of ``op`` along the last axis, restarting where ``starts``.
-
-  ``op`` must be associative (``jnp.add``, ``jnp.maximum``, ...).
-  """
-  return segmented_scans(((op, values),), starts)[0]
-
-
-def reverse_segmented_scan(op, values, ends):
-  """Like :func:`segmented_scan` but from the right; restarts where ``ends``."""
-  return reverse_segmented_scans(((op, values),), ends)[0]
-
-
-def segment_broadcast_max(values, starts, ends):
-  """The maximum of ``values`` over each segment, at every position in it."""
-  from_left = segmented_scan(jnp.maximum, values, starts)
-  from_right = reverse_segmented_scan(jnp.maximum, values, ends)
-  return jnp.maximum(from_left, from_right)
-
-
 def _decimal_points(is_digit, decimal_point_mask):
   """Points that join two digits, in runs that hold exactly one of them."""
   between_digits = (
       decimal_point_mask
-      & _shift_right(is_digit, False)
-      & _shift_left(is_digit, False)
+      & scans.shift_right(is_digit, False)
+      & scans.shift_left(is_digit, False)
   )
   in_run = is_digit | between_digits
-  starts = ~(in_run & _shift_right(in_run, False))
-  ends = ~(in_run & _shift_left(in_run, False))
+  starts = ~(in_run & scans.shift_right(in_run, False))
+  ends = ~(in_run & scans.shift_left(in_run, False))
   count = between_digits.astype(jnp.int32)
-  before = segmented_scan(jnp.add, count, starts)
-  after = reverse_segmented_scan(jnp.add, count, ends)
+  before = scans.segmented_scan(jnp.add, count, starts)
+  after = scans.reverse_segmented_scan(jnp.add, count, ends)
   return between_digits & (before == 1) & (after == 1)
 
 
@@ -354,31 +204,33 @@ def number_layout(
   else:
     points = _decimal_points(is_digit, jnp.asarray(decimal_point_mask, bool))
   in_run = is_digit | points
-  starts = ~(in_run & _shift_right(in_run, False))
-  ends = ~(in_run & _shift_left(in_run, False))
+  starts = ~(in_run & scans.shift_right(in_run, False))
+  ends = ~(in_run & scans.shift_left(in_run, False))
 
   digit_count = is_digit.astype(jnp.int32)
   digits_right = (
-      reverse_segmented_scan(jnp.add, digit_count, ends) - digit_count
+      scans.reverse_segmented_scan(jnp.add, digit_count, ends) - digit_count
   )
   if decimal_point_mask is None:
     # No fractional digits: the three scans below would give digits_right,
     # and XLA does not fold them away.
     places = digits_right
   else:
-    point_on_left = segmented_scan(jnp.logical_or, points, starts) & ~points
+    point_on_left = (
+        scans.segmented_scan(jnp.logical_or, points, starts) & ~points
+    )
     fractional = is_digit & point_on_left
     frac_count = fractional.astype(jnp.int32)
     places = jnp.where(
         fractional,
-        -segmented_scan(jnp.add, frac_count, starts),
-        digits_right - reverse_segmented_scan(jnp.add, frac_count, ends),
+        -scans.segmented_scan(jnp.add, frac_count, starts),
+        digits_right - scans.reverse_segmented_scan(jnp.add, frac_count, ends),
     )
   zero = jnp.zeros_like(digits_right)
   return NumberLayout(
       digit_values=jnp.where(is_digit, digit_values, 0),
       is_digit=is_digit,
-      is_last=is_digit & ~_shift_left(in_run, False),
+      is_last=is_digit & ~scans.shift_left(in_run, False),
       starts=starts,
       ends=ends,
       digits_right=jnp.where(is_digit, digits_right, zero),
@@ -418,7 +270,7 @@ def leading_place(digit_values, layout: NumberLayout):
       layout.places,
       jnp.iinfo(jnp.int32).min,
   )
-  top = segment_broadcast_max(nonzero_place, layout.starts, layout.ends)
+  top = scans.segment_broadcast_max(nonzero_place, layout.starts, layout.ends)
   return jnp.maximum(top, 0)
 
 
@@ -439,39 +291,7 @@ def scaled_number_sums(terms_and_places, layout: NumberLayout) -> tuple:
   for digit_terms, scale_place in terms_and_places:
     factors = pow10(layout.places - scale_place)
     terms.append(jnp.where(layout.is_digit, digit_terms * factors, 0.0))
-  return segmented_sums(tuple(terms), layout.starts, layout.ends)
-
-
-@jax.custom_vjp
-def segmented_sums(values: tuple, starts: chex.Array, ends: chex.Array):
-  """Segmented sums along the last axis (:func:`segmented_scans` of add).
-
-  ``ends`` must mark the last position of every segment (where the next
-  one starts, and the last position). Differentiable in ``values``: the
-  gradient is the same sum from the right, restarting at ``ends``, where
-  autodiff would transpose every step of the scan on its own.
-  """
-  return segmented_scans(tuple((jnp.add, v) for v in values), starts)
-
-
-def _segmented_sums_fwd(values, starts, ends):
-  return segmented_sums(values, starts, ends), ends
-
-
-def _segmented_sums_bwd(ends, cotangents):
-  grads = reverse_segmented_scans(tuple((jnp.add, c) for c in cotangents), ends)
-  return grads, None, None
-
-
-segmented_sums.defvjp(_segmented_sums_fwd, _segmented_sums_bwd)
-
-
-def _first_nonzero(left, right):
-  return jnp.where(left != 0, left, right)
-
-
-def _last_nonzero(left, right):
-  return jnp.where(right != 0, right, left)
+  return scans.segmented_sums(tuple(terms), layout.starts, layout.ends)
 
 
 class NumberComparison(NamedTuple):
@@ -524,24 +344,24 @@ def compare_numbers(x_digits, y_digits, layout: NumberLayout):
   # left of each position; backward: the same from the right, where the
   # nearest difference at or right of a position is the nearest less
   # significant one.
-  x_left, y_left, from_left = segmented_scans(
+  x_left, y_left, from_left = scans.segmented_scans(
       (
           (jnp.maximum, x_nonzero),
           (jnp.maximum, y_nonzero),
-          (_first_nonzero, step),
+          (scans.first_nonzero, step),
       ),
       layout.starts,
   )
-  x_right, y_right, from_right = reverse_segmented_scans(
+  x_right, y_right, from_right = scans.reverse_segmented_scans(
       (
           (jnp.maximum, x_nonzero),
           (jnp.maximum, y_nonzero),
-          (_last_nonzero, step),
+          (scans.last_nonzero, step),
       ),
       layout.ends,
   )
   sign = jnp.where(from_left != 0, from_left, from_right)
-  strictly_right = jnp.where(layout.ends, 0, _shift_left(from_right, 0))
+  strictly_right = jnp.where(layout.ends, 0, scans.shift_left(from_right, 0))
   # A place borrows from the next one when the nearest difference at or below
   # it goes the wrong way (the larger number's digit is the smaller there).
   borrow_out = (sign * from_right < 0).astype(jnp.int32)

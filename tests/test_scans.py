@@ -11,7 +11,7 @@ import numpy as np
 
 import ntil_jax
 from benchmarks import run
-from ntil_jax import numbers
+from ntil_jax import scans
 
 
 def loop_scan(op, values, starts):
@@ -44,27 +44,27 @@ class SegmentedScanTest(parameterized.TestCase):
       form=("associative", "radix"),
   )
   def test_equal_a_loop(self, length, start_rate, form):
-    scans = {
-        "associative": numbers._associative_scans,
-        "radix": numbers._radix_scans,
+    scan = {
+        "associative": scans._associative_scans,
+        "radix": scans._radix_scans,
     }[form]
     rng = np.random.default_rng(length)
     values = rng.integers(-3, 4, (2, 3, length)).astype(np.int32)
     starts = rng.random(values.shape) < start_rate
     ends = rng.random(values.shape) < start_rate
-    forward = scans(
+    forward = scan(
         (
             (jnp.add, values),
             (jnp.maximum, values),
-            (numbers._first_nonzero, values),
+            (scans.first_nonzero, values),
         ),
         starts,
         reverse=False,
     )
     for got, op in zip(forward, (np.add, np.maximum, first_nonzero)):
       np.testing.assert_array_equal(got, loop_scan(op, values, starts))
-    backward = scans(
-        ((jnp.add, values), (numbers._last_nonzero, values)),
+    backward = scan(
+        ((jnp.add, values), (scans.last_nonzero, values)),
         ends,
         reverse=True,
     )
@@ -83,19 +83,19 @@ class SegmentedScanTest(parameterized.TestCase):
         for _ in range(2)
     )
     in_run = rng.random((2, length)) < 0.8
-    starts = ~(in_run & numbers._shift_right(in_run, False))
-    ends = ~(in_run & numbers._shift_left(in_run, False))
+    starts = ~(in_run & scans.shift_right(in_run, False))
+    ends = ~(in_run & scans.shift_left(in_run, False))
     weights = jnp.asarray(rng.standard_normal((2, length)), jnp.float32)
 
     def total(scan, xs):
       return sum(jnp.sum(weights * s) for s in scan(xs))
 
     ours = functools.partial(
-        total, lambda xs: numbers.segmented_sums(xs, starts, ends)
+        total, lambda xs: scans.segmented_sums(xs, starts, ends)
     )
     plain = functools.partial(
         total,
-        lambda xs: numbers.segmented_scans(
+        lambda xs: scans.segmented_scans(
             tuple((jnp.add, x) for x in xs), starts
         ),
     )
