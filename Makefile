@@ -36,6 +36,7 @@ format: install
 bench: install
 	$(PY) -m benchmarks.run --out=benchmarks/results.json
 	$(PY) -m benchmarks.step --out=benchmarks/step_results.json
+	$(PY) -m benchmarks.implementations --out=benchmarks/implementations.json
 	$(PY) -m benchmarks.report
 
 experiments: install

@@ -113,6 +113,40 @@ def targets(results):
   return lines + [""]
 
 
+def implementations_section(results, name):
+  """Tables of benchmarks/implementations.py's JSON: one per dtype x shape."""
+  lines = [
+      f"## {name}: the fused path's implementations side by side "
+      f"({results['device']}, jax {results['jax']}, tokamax "
+      f"{results['tokamax']})",
+      "",
+      "Value + gradient w.r.t. hidden states and unembedding; ratios to "
+      "`hidden @ W + optax CE` measured in the same process, functions "
+      f"interleaved. Time: {results['estimator']}. "
+      f"{100 * results['digit_fraction']:.0f}% digit labels.",
+      "",
+  ]
+  for run in results["runs"]:
+    lines += [
+        f"### {run['dtype']}, N={run['tokens']}, D={run['hidden_dim']}, "
+        f"V={run['vocab']} ({results['device']})",
+        "",
+        "| value + grad of | time | x reference | planned memory "
+        "| x reference |",
+        "|---|---|---|---|---|",
+    ]
+    for row in run["rows"]:
+      lines.append(
+          f"| {row['name']} | {row['seconds'] * 1e3:.1f} ms "
+          f"| {row['time_ratio']:.3f} | {row['bytes'] / 2**20:.1f} MiB "
+          f"| {row['memory_ratio']:.3f} |"
+      )
+    for row_name, why in run.get("skipped", {}).items():
+      lines.append(f"| {row_name} | not run: {why} | - | - | - |")
+    lines.append("")
+  return lines
+
+
 def main():
   lines = [
       "# Benchmark results",
@@ -153,6 +187,9 @@ def main():
     lines += targets(results)
     for run in results["runs"]:
       lines += table(run, results)
+  for path in sorted(glob.glob(os.path.join(HERE, "implementations*.json"))):
+    with open(path) as f:
+      lines += implementations_section(json.load(f), os.path.basename(path))
   with open(os.path.join(HERE, "results.md"), "w") as f:
     f.write("\n".join(lines) + "\n")
   print(f"wrote {os.path.join(HERE, 'results.md')}")

@@ -45,7 +45,7 @@ class BenchmarkTest(absltest.TestCase):
     small, large = results["runs"]
     # Within --full_max_elements every row of both families; beyond, only
     # the core rows.
-    self.assertLen(small["logits_path"], 8)
+    self.assertLen(small["logits_path"], 9)
     self.assertLen(small["from_hidden"], 3)
     self.assertEqual(
         [r["name"] for r in large["logits_path"]],
@@ -128,7 +128,7 @@ class BenchmarkTest(absltest.TestCase):
     )
     self.assertIn("bfloat16", stdout)
     (run,) = results["runs"]
-    self.assertLen(run["logits_path"], 8)
+    self.assertLen(run["logits_path"], 9)
     self.assertLen(run["from_hidden"], 3)
     text = "\n".join(report.targets(results) + report.table(run, results))
     setting = f"{results['device']}, bfloat16, D=24, jax {jax.__version__}"
@@ -136,6 +136,52 @@ class BenchmarkTest(absltest.TestCase):
     self.assertIn(f"### N=64, V=256 ({setting})", text)
     chunk = results["default_chunk_sizes"]["64:256"]
     self.assertIn(f"chunks of {chunk} tokens (the default)", text)
+
+  def test_implementations_side_by_side(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      out = os.path.join(tmp, "implementations.json")
+      stdout = run_module(
+          "benchmarks.implementations",
+          "--shapes=64:16:2048,64:16:1000",
+          "--dtypes=float32,bfloat16",
+          "--seq_len=32",
+          "--blocks=1",
+          f"--out={out}",
+      )
+      with open(out) as f:
+        results = json.load(f)
+    self.assertIn("median over 1 blocks", results["estimator"])
+    self.assertEqual(
+        [(r["dtype"], r["vocab"]) for r in results["runs"]],
+        [
+            ("float32", 2048),
+            ("float32", 1000),
+            ("bfloat16", 2048),
+            ("bfloat16", 1000),
+        ],
+    )
+    for run in results["runs"]:
+      names = [r["name"] for r in run["rows"]]
+      self.assertEqual(names[0], "hidden @ W + optax CE")
+      self.assertIn("hidden @ W + numeric_token_loss ntil", names)
+      self.assertIn("fused ntil, chunked", names)
+      self.assertIn("fused ntil, tokamax:xla", names)
+      self.assertIn("tokamax CE alone, tokamax's default", names)
+      # tokamax's chunked_xla runs only where V is a multiple of 2048.
+      chunked_xla = "fused ntil, tokamax:chunked_xla"
+      if run["vocab"] % 2048 == 0:
+        self.assertIn(chunked_xla, names)
+      else:
+        self.assertNotIn(chunked_xla, names)
+        self.assertIn("V=1000", run["skipped"][chunked_xla])
+      for row in run["rows"]:
+        self.assertAlmostEqual(
+            row["time_ratio"], row["seconds"] / run["rows"][0]["seconds"]
+        )
+    self.assertIn("fused ntil, tokamax:xla", stdout)
+    text = "\n".join(report.implementations_section(results, "x.json"))
+    self.assertIn("### bfloat16, N=64, D=16, V=1000", text)
+    self.assertIn("| fused ntil, tokamax:chunked_xla | not run: V=1000", text)
 
   def test_number_logic_prints_every_method(self):
     stdout = run_module(
