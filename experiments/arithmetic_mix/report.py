@@ -1,6 +1,10 @@
 r"""results.json -> results.md and plots. Every number comes from results.json.
 
 python -m experiments.arithmetic_mix.report
+python -m experiments.arithmetic_mix.report --profile=digits  # digits/
+
+The digits profile's report (``digits/results.json`` -> ``digits/results.md``
+and ``digits/plots/``) is `experiments.arithmetic_mix.digits_report`.
 """
 
 import collections
@@ -16,12 +20,34 @@ import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 import numpy as np
 
 from configs import arithmetic_mix
+from experiments.arithmetic_mix import digits_report
 from train import plots
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FLAGS = flags.FLAGS
-flags.DEFINE_string("results", os.path.join(HERE, "results.json"), "Input.")
-flags.DEFINE_string("out_dir", HERE, "Where results.md and plots/ go.")
+flags.DEFINE_enum(
+    "profile",
+    "default",
+    ["default", "digits"],
+    "Which grid's report: default (results.json of the cpu, accelerator or "
+    "smoke profile) or digits (digits/results.json of the digits profiles).",
+)
+flags.DEFINE_string(
+    "results",
+    None,
+    "Input; default results.json, digits/results.json for --profile=digits.",
+)
+flags.DEFINE_string(
+    "out_dir",
+    None,
+    "Where results.md and plots/ go; default this folder, digits/ for "
+    "--profile=digits.",
+)
+flags.DEFINE_string(
+    "data_dir",
+    "data",
+    "The prepared data (digits: the test problems, for the breakdowns).",
+)
 
 METHODS = arithmetic_mix.METHODS
 LABELS = dict(
@@ -320,12 +346,22 @@ def write_report(runs, out_dir):
 
 def main(argv):
   del argv
-  with open(FLAGS.results) as f:
+  if FLAGS.profile == "digits":
+    path = digits_report.main(
+        FLAGS.results or digits_report.RESULTS,
+        FLAGS.out_dir or digits_report.HERE,
+        FLAGS.data_dir,
+    )
+    print(f"wrote {path} and plots/")
+    return
+  results = FLAGS.results or os.path.join(HERE, "results.json")
+  out_dir = FLAGS.out_dir or HERE
+  with open(results) as f:
     runs = json.load(f)["runs"]
   if not runs:
-    raise SystemExit(f"no runs in {FLAGS.results}")
-  write_report(runs, FLAGS.out_dir)
-  print(f"wrote {os.path.join(FLAGS.out_dir, 'results.md')} and plots/")
+    raise SystemExit(f"no runs in {results}")
+  write_report(runs, out_dir)
+  print(f"wrote {os.path.join(out_dir, 'results.md')} and plots/")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,1057 @@
+r"""The digits grid's report: digits/results.json -> digits/results.md, plots.
+
+  python -m experiments.arithmetic_mix.report --profile=digits
+
+The grid (``run.py --profile=digits``): ``arithmetic__add_or_sub`` at its
+easy difficulty, the ``small`` model trained from scratch, each generated
+training problem read once, 5 seeds of every method, of the digit-weighted
+CE control and of each NTIL ablation: 45 cells. Any subset of them renders;
+the report says which are there.
+
+Every figure comes from the records: the final metrics and learning curves
+they hold, and their stored predictions (the test split's order). The
+breakdowns by answer digits, operation and decimals also need the test
+problems themselves (questions and answers are not in the records), read
+from the prepared data (``--data_dir``); without it, or if a run's stored
+predictions do not reproduce its recorded exact match against them, those
+breakdowns are left out and the report says so.
+
+Paired comparisons use `experiments.stats.paired`: the same seed means the
+same initialisation and data order, so run - reference on each seed, the
+seeds where the run is better, and a two-sided paired t-test
+(``scipy.stats.ttest_rel``), shown only with at least 2 paired seeds.
+"""
+
+import collections
+import glob
+import json
+import math
+import os
+import re
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+import numpy as np
+
+from configs import arithmetic_mix
+from experiments import stats
+from train.tasks import arithmetic_mix as task
+
+HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "digits")
+RESULTS = os.path.join(HERE, "results.json")
+
+METHODS = arithmetic_mix.METHODS
+SEEDS = (0, 1, 2, 3, 4)
+LABELS = dict(
+    ce="CE",
+    emd="CE + EMD",
+    ntl_mse="CE + NTL-MSE",
+    soft_label="CE + soft labels",
+    ntil="CE + NTIL",
+)
+CONTROL = "ce-digit-weight"
+CONTROL_LABEL = "CE, digit tokens weighted 1.3"
+# (cell name prefix, label): run.py's digits_grid ablations.
+ABLATIONS = (
+    ("ntil-no-exp", "NTIL, place-value weighting off (sigma=0)"),
+    ("ntil-no-rel", "NTIL, relative deviation off (alpha=0)"),
+    ("ntil-no-mag", "NTIL, magnitude deviation off (beta=0)"),
+)
+GROUP_SIZES = dict(
+    main=len(METHODS) * len(SEEDS),
+    control=len(SEEDS),
+    ablation=len(ABLATIONS) * len(SEEDS),
+)
+NUM_CELLS = sum(GROUP_SIZES.values())  # 45
+EARLY_STEP = 200  # the first point of the learning curve
+
+# The paired metrics: (key, name, scale, digits, higher is better). Keys
+# name fields of `run_view`.
+EM_END = ("em_end", "exact match at the end (pts)", 100.0, 2, True)
+EM_EARLY = ("em_early", "exact match at step {early} (pts)", 100.0, 2, True)
+WITHIN = ("within_1_percent", "within 1% (pts)", 100.0, 2, True)
+LOG_ERROR = ("log_error", "mean log10(1+abs err)", 1.0, 3, False)
+PAIRED = (EM_END, EM_EARLY, WITHIN, LOG_ERROR)
+
+# ---------------------------------------------------------------------------
+# Pure helpers on one problem.
+
+_NUMBER = r"-?\d+(?:\.\d+)?"
+_EXPRESSION = re.compile(rf"({_NUMBER})\s*([+-])\s*({_NUMBER})")
+_ADD_WORDS = re.compile(r"\b(plus|add|sum|total|put together)\b")
+_SUBTRACT_WORDS = re.compile(
+    r"\b(minus|subtract|take away|less than|difference|distance)\b"
+)
+
+
+def answer_digits(answer: str) -> int:
+  """How many digits the answer has (sign and decimal point not counted).
+
+  ``'-153.97'`` has 5, ``'0.09'`` 3 (the leading zero is written too).
+  """
+  return sum(c.isdigit() for c in answer.strip())
+
+
+def digits_bucket(answer: str) -> str:
+  """The answer-length column of an answer: ``'<=3'``, ``'4'``..``'8'``,
+  ``'>=9'``."""
+  n = answer_digits(answer)
+  if n <= 3:
+    return "<=3"
+  if n >= 9:
+    return ">=9"
+  return str(n)
+
+
+DIGIT_BUCKETS = ("<=3", "4", "5", "6", "7", "8", ">=9")
+
+
+def operation(question: str) -> str | None:
+  """``'add'`` or ``'subtract'``: the operation as the question writes it.
+
+  Worded questions by their verb ('Add', 'Sum', 'Total of', 'Put together',
+  'plus'; 'Subtract', 'minus', 'take away', 'less than', 'difference',
+  'distance'), bare ones by their operator (``'-20.3+-1891'`` adds,
+  ``'44 - -46.6'`` subtracts, whatever the operands' signs). None if neither
+  reading applies.
+  """
+  text = question.lower()
+  add = bool(_ADD_WORDS.search(text))
+  subtract = bool(_SUBTRACT_WORDS.search(text))
+  if add != subtract:
+    return "add" if add else "subtract"
+  if add:  # both kinds of word: ambiguous
+    return None
+  match = _EXPRESSION.search(question)
+  if match is None:
+    return None
+  return "add" if match.group(2) == "+" else "subtract"
+
+
+OPERATIONS = ("add", "subtract")
+
+
+def has_decimals(answer: str) -> bool:
+  """Whether the answer is written with a decimal point."""
+  return "." in answer
+
+
+def decimals_bucket(answer: str) -> str:
+  return "decimal" if has_decimals(answer) else "integer"
+
+
+DECIMAL_BUCKETS = ("integer", "decimal")
+
+
+def log10_error(prediction: str, answer: str) -> float | None:
+  """log10(1 + |prediction - answer|); None if either does not parse.
+
+  Parsed as the trainer's scorer parses (`train.tasks.arithmetic_mix`).
+  """
+  predicted, true = task.parse_number(prediction), task.parse_number(answer)
+  if predicted is None or true is None:
+    return None
+  return math.log10(1.0 + abs(float(predicted - true)))
+
+
+def within_1_percent(prediction: str, answer: str) -> bool:
+  """The prediction parses and is within 1% of the answer (the scorer's)."""
+  predicted, true = task.parse_number(prediction), task.parse_number(answer)
+  if predicted is None or true is None:
+    return False
+  return abs(float(predicted - true)) <= 0.01 * abs(float(true))
+
+
+def is_exact(prediction: str, answer: str) -> bool:
+  return prediction.strip() == answer.strip()
+
+
+# ---------------------------------------------------------------------------
+# Pure helpers on a run's predictions.
+
+
+def score(predictions, problems) -> dict:
+  """Exact match, within 1%, mean log10 error and unparsed count.
+
+  Args:
+    predictions: predicted answer strings, in test order.
+    problems: (question, answer) pairs, in the same order.
+
+  Returns:
+    dict(exact_match, within_1_percent, log_error, unparsed): rates over all
+    problems (an unparseable prediction is wrong and not within 1%); the
+    log error is the mean over the predictions that parse (nan if none),
+    ``unparsed`` counts the others.
+  """
+  errors = [log10_error(p, a) for p, (_, a) in zip(predictions, problems)]
+  parsed = [e for e in errors if e is not None]
+  n = len(problems)
+  return dict(
+      exact_match=sum(
+          is_exact(p, a) for p, (_, a) in zip(predictions, problems)
+      )
+      / n,
+      within_1_percent=sum(
+          within_1_percent(p, a) for p, (_, a) in zip(predictions, problems)
+      )
+      / n,
+      log_error=float(np.mean(parsed)) if parsed else float("nan"),
+      unparsed=n - len(parsed),
+  )
+
+
+def breakdown(predictions, problems, key) -> dict:
+  """{bucket: (correct, total)} of exact match, ``key(question, answer)``
+  naming each problem's bucket (None: left out)."""
+  counts = collections.defaultdict(lambda: [0, 0])
+  for prediction, (question, answer) in zip(predictions, problems):
+    bucket = key(question, answer)
+    if bucket is None:
+      continue
+    counts[bucket][0] += is_exact(prediction, answer)
+    counts[bucket][1] += 1
+  return {b: tuple(c) for b, c in counts.items()}
+
+
+BREAKDOWN_NAMES = dict(
+    digits="answer digits", operation="operation", decimals="answer"
+)
+# (name, title, bucket of (question, answer), bucket order)
+BREAKDOWNS = (
+    (
+        "digits",
+        "By answer length in digits (sign and decimal point not counted)",
+        lambda q, a: digits_bucket(a),
+        DIGIT_BUCKETS,
+    ),
+    (
+        "operation",
+        "By operation, as the question writes it",
+        lambda q, a: operation(q),
+        OPERATIONS,
+    ),
+    (
+        "decimals",
+        "By whether the answer has decimals",
+        lambda q, a: decimals_bucket(a),
+        DECIMAL_BUCKETS,
+    ),
+)
+
+
+def curve_value(run, step, metric="exact_match") -> float:
+  """The run's eval ``metric`` at ``step``; nan if it was not evaluated."""
+  curves = run["curves"]
+  if step in curves["eval_steps"]:
+    return float(curves[metric][curves["eval_steps"].index(step)])
+  return float("nan")
+
+
+# ---------------------------------------------------------------------------
+# Records -> what the tables need.
+
+
+def cell_key(run) -> str:
+  """The cell's kind: a method (main), `CONTROL` or an ablation prefix."""
+  if run["group"] == "main":
+    return run["method"]
+  return re.sub(r"-s\d+$", "", run["name"])
+
+
+def label(key) -> str:
+  if key in LABELS:
+    return LABELS[key]
+  if key == CONTROL:
+    return CONTROL_LABEL
+  return dict(ABLATIONS).get(key, key)
+
+
+def run_view(run, problems, early=EARLY_STEP) -> dict:
+  """The run's figures for the tables, ``dict(run, ...)`` with:
+
+  em_end, em_early (step ``early``), within_1_percent, log_error,
+  unparsed, from_predictions (whether the figures and breakdowns were
+  computed from the stored predictions against ``problems``), and
+  ``breakdowns``: {name: {bucket: rate}} (empty without problems).
+  """
+  view = dict(
+      run,
+      em_end=run["exact_match"],
+      em_early=curve_value(run, early),
+      within_1_percent=run.get("within_1_percent", float("nan")),
+      log_error=run["mean_log10_abs_error"],
+      unparsed=round((1.0 - run["parsed_rate"]) * run["num_test_examples"]),
+      from_predictions=False,
+      breakdowns={},
+  )
+  predictions = run.get("predictions")
+  if problems is None or predictions is None:
+    return view
+  if len(predictions) != len(problems):
+    return view
+  scores = score(predictions, problems)
+  if abs(scores["exact_match"] - run["exact_match"]) > 1e-9:
+    return view  # not the test split the run was scored on
+  view.update(
+      em_end=scores["exact_match"],
+      within_1_percent=scores["within_1_percent"],
+      log_error=scores["log_error"],
+      unparsed=scores["unparsed"],
+      from_predictions=True,
+  )
+  for name, _, key, _ in BREAKDOWNS:
+    view["breakdowns"][name] = {
+        b: c / t for b, (c, t) in breakdown(predictions, problems, key).items()
+    }
+  return view
+
+
+def early_step(runs) -> int:
+  """`EARLY_STEP`, or the first eval step of runs that lack it (smoke)."""
+  steps = sorted({s for r in runs for s in r["curves"]["eval_steps"]})
+  if EARLY_STEP in steps or not steps:
+    return EARLY_STEP
+  return steps[0]
+
+
+def group_runs(runs, problems=None, early=EARLY_STEP) -> dict:
+  """{cell kind: {seed: run_view}}; a later record of a cell replaces one
+  before it."""
+  grouped = collections.defaultdict(dict)
+  for run in runs:
+    grouped[cell_key(run)][run["seed"]] = run_view(run, problems, early)
+  return dict(grouped)
+
+
+def main_keys(grouped):
+  return [m for m in METHODS if m in grouped]
+
+
+def ablation_keys(grouped):
+  return [k for k, _ in ABLATIONS if k in grouped]
+
+
+def paired_cells(runs, reference, key, scale, digits, higher):
+  """``Δ ± sd``, ``better/n``, ``p``; three '-' below 2 paired seeds."""
+  d = stats.paired(runs or {}, reference or {}, key, scale, higher)
+  if d is None or d["n"] < 2:
+    return ["-"] * 3
+  p = "-" if np.isnan(d["p"]) else f"{d['p']:.3f}"
+  return [
+      f"{d['mean']:+.{digits}f} ± {d['std']:.{digits}f}",
+      f"{d['better']}/{d['n']}",
+      p,
+  ]
+
+
+def beyond_noise(d) -> bool:
+  """p < 0.05 and every paired seed (at least 2) on the mean's side."""
+  if d is None or d["n"] < 2 or np.isnan(d["p"]) or d["p"] >= 0.05:
+    return False
+  return d["better"] in (0, d["n"])
+
+
+def is_better(d, higher_better=True) -> bool:
+  """The paired mean is in the run's favour."""
+  return d["mean"] != 0 and (d["mean"] > 0) == higher_better
+
+
+def beats(d, higher_better=True) -> bool:
+  """Better beyond seed noise: p < 0.05 and better on every seed."""
+  return beyond_noise(d) and is_better(d, higher_better)
+
+
+# ---------------------------------------------------------------------------
+# Tables.
+
+
+def fmt(values, scale, digits) -> str:
+  values = [scale * v for v in values if np.isfinite(v)]
+  if not values:
+    return "-"
+  return stats.fmt(values, digits)
+
+
+def values_table(grouped, keys, early) -> list[str]:
+  head = [
+      "run",
+      "seeds",
+      f"exact match @{early} (%)",
+      "exact match, end (%)",
+      "within 1% (%)",
+      "mean log10(1+abs err)",
+      "unparsed (all seeds)",
+  ]
+  rows = []
+  for key in keys:
+    runs = list(grouped[key].values())
+    rows.append(
+        [
+            label(key),
+            f"{len(runs)} ({','.join(str(s) for s in sorted(grouped[key]))})",
+            fmt([r["em_early"] for r in runs], 100, 2),
+            fmt([r["em_end"] for r in runs], 100, 2),
+            fmt([r["within_1_percent"] for r in runs], 100, 2),
+            fmt([r["log_error"] for r in runs], 1, 3),
+            str(sum(r["unparsed"] for r in runs)),
+        ]
+    )
+  return stats.table(head, rows)
+
+
+def paired_table(comparisons, early) -> list[str]:
+  """comparisons: (row label, runs, reference) -> Δ, better, p per metric.
+
+  Rows without a paired seed are left out.
+  """
+  comparisons = [
+      (row_label, runs, reference)
+      for row_label, runs, reference in comparisons
+      if runs and reference and set(runs) & set(reference)
+  ]
+  if not comparisons:
+    return ["No seed paired yet."]
+  head = ["comparison"]
+  for _, name, _, _, _ in PAIRED:
+    short = name.format(early=early)
+    head += [f"Δ {short}", "better", "p"]
+  rows = []
+  for row_label, runs, reference in comparisons:
+    cells = [row_label]
+    for key, _, scale, digits, higher in PAIRED:
+      cells += paired_cells(runs, reference, key, scale, digits, higher)
+    rows.append(cells)
+  return stats.table(head, rows)
+
+
+def breakdown_counts(problems, key) -> dict:
+  counts = collections.Counter()
+  for question, answer in problems:
+    bucket = key(question, answer)
+    if bucket is not None:
+      counts[bucket] += 1
+  return counts
+
+
+def breakdown_table(grouped, keys, problems, name, key, order) -> list[str]:
+  """Exact match (%) per bucket, mean over seeds; then each run - CE,
+  paired by seed."""
+  counts = breakdown_counts(problems, key)
+  buckets = [b for b in order if counts[b]]
+  head = ["run", "seeds"] + [f"{b} (n={counts[b]})" for b in buckets]
+  rows = []
+  for k in keys:
+    runs = [r for r in grouped[k].values() if r["breakdowns"]]
+    if not runs:
+      continue
+    rows.append(
+        [label(k), str(len(runs))]
+        + [
+            fmt([r["breakdowns"][name].get(b, np.nan) for r in runs], 100, 2)
+            for b in buckets
+        ]
+    )
+  for k in keys:
+    if k == "ce":
+      continue
+    reference = {
+        s: r for s, r in grouped.get("ce", {}).items() if r["breakdowns"]
+    }
+    runs = {s: r for s, r in grouped[k].items() if r["breakdowns"]}
+    cells = []
+    for b in buckets:
+      d = stats.paired(
+          runs, reference, bucket_metric(name, b), 100.0, higher_better=True
+      )
+      cells.append(
+          "-"
+          if d is None or d["n"] < 2
+          else f"{d['mean']:+.2f} ({d['better']}/{d['n']})"
+      )
+    if any(c != "-" for c in cells):
+      rows.append([f"{label(k)} − CE, paired Δ (seeds better)", ""] + cells)
+  return stats.table(head, rows)
+
+
+def bucket_metric(name, bucket):
+  """A run's exact match in one bucket of a breakdown (nan if absent)."""
+  return lambda run: run["breakdowns"].get(name, {}).get(bucket, np.nan)
+
+
+# ---------------------------------------------------------------------------
+# Plots.
+
+
+def eval_steps(grouped) -> list[int]:
+  steps = set()
+  for runs in grouped.values():
+    for run in runs.values():
+      steps.update(run["curves"]["eval_steps"])
+  return sorted(steps)
+
+
+def color(key) -> str:
+  """One colour per cell kind, the same in every plot."""
+  kinds = [*METHODS, CONTROL, *(k for k, _ in ABLATIONS)]
+  return f"C{kinds.index(key) % 10}" if key in kinds else "k"
+
+
+def plot_curves(grouped, path):
+  """Exact match vs step, mean over seeds: main and control; NTIL and its
+  ablations."""
+  steps = eval_steps(grouped)
+  fig, (left, right) = plt.subplots(
+      1, 2, figsize=(9, 3.4), sharex=True, sharey=True
+  )
+  panels = (
+      (left, main_keys(grouped) + ([CONTROL] if CONTROL in grouped else [])),
+      (
+          right,
+          (["ntil"] if "ntil" in grouped else []) + ablation_keys(grouped),
+      ),
+  )
+  for ax, keys in panels:
+    for k in keys:
+      runs = list(grouped[k].values())
+      means = [np.nanmean([curve_value(r, s) for r in runs]) for s in steps]
+      ax.plot(
+          steps,
+          [100 * m for m in means],
+          marker="o",
+          ms=3,
+          ls="--" if k == CONTROL else "-",
+          color=color(k),
+          label=f"{label(k)} ({len(runs)})",
+      )
+    ax.set_xlabel("step")
+    ax.grid(alpha=0.3)
+    if keys:
+      ax.legend(fontsize=7)
+    else:
+      ax.text(0.5, 0.5, "not run yet", transform=ax.transAxes, ha="center")
+  left.set_ylabel("test exact match (%, mean over seeds)")
+  left.set_title("methods and control (seeds)", fontsize=9)
+  right.set_title("NTIL and its ablations (seeds)", fontsize=9)
+  fig.tight_layout()
+  fig.savefig(path, dpi=90)
+  plt.close(fig)
+
+
+def plot_paired_curves(grouped, path):
+  """Paired Δ exact match vs CE at every eval step: mean ± sd over seeds."""
+  steps = eval_steps(grouped)
+  reference = grouped.get("ce", {})
+  keys = [k for k in main_keys(grouped) if k != "ce"]
+  keys += [CONTROL] if CONTROL in grouped else []
+  fig, ax = plt.subplots(figsize=(6.5, 3.4))
+  drawn = 0
+  for i, k in enumerate(keys):
+    points = []
+    for s in steps:
+      d = stats.paired(
+          grouped[k], reference, lambda r, s=s: curve_value(r, s), 100.0, True
+      )
+      if d is not None:
+        points.append((s, d["mean"], 0.0 if np.isnan(d["std"]) else d["std"]))
+    if not points:
+      continue
+    x, mean, std = (np.array(v) for v in zip(*points))
+    n = len(set(grouped[k]) & set(reference))
+    ax.errorbar(
+        x + 6 * (i - len(keys) / 2),  # side by side
+        mean,
+        yerr=std,
+        marker="o",
+        ms=3,
+        capsize=2,
+        ls="--" if k == CONTROL else "-",
+        color=color(k),
+        label=f"{label(k)} ({n} paired)",
+    )
+    drawn += 1
+  ax.axhline(0, color="k", lw=0.8)
+  ax.set_xlabel("step")
+  ax.set_ylabel("Δ exact match vs CE (points)")
+  ax.set_title("paired by seed: mean ± sd of (run - CE, same seed)", fontsize=9)
+  ax.grid(alpha=0.3)
+  if drawn:
+    ax.legend(fontsize=7)
+  else:
+    ax.text(
+        0.5,
+        0.5,
+        "no seed paired with CE yet",
+        transform=ax.transAxes,
+        ha="center",
+    )
+  fig.tight_layout()
+  fig.savefig(path, dpi=90)
+  plt.close(fig)
+
+
+# ---------------------------------------------------------------------------
+# The text.
+
+
+def coverage(grouped) -> list[str]:
+  """How many of the 45 cells are there, and the seeds of each kind."""
+  counts = dict(
+      main=sum(len(grouped.get(m, {})) for m in METHODS),
+      control=len(grouped.get(CONTROL, {})),
+      ablation=sum(len(grouped.get(k, {})) for k, _ in ABLATIONS),
+  )
+  total = sum(counts.values())
+  lines = [
+      f"**{total} of the {NUM_CELLS} cells recorded** ("
+      + ", ".join(f"{g} {counts[g]}/{GROUP_SIZES[g]}" for g in GROUP_SIZES)
+      + ")."
+      + ("" if total == NUM_CELLS else " Cells not run yet are left out."),
+      "",
+  ]
+  kinds = [*METHODS, CONTROL, *(k for k, _ in ABLATIONS)]
+  for k in kinds:
+    seeds = sorted(grouped.get(k, {}))
+    lines.append(
+        f"- {label(k)}: {len(seeds)} of {len(SEEDS)} seeds"
+        + (f" ({', '.join(str(s) for s in seeds)})" if seeds else "")
+    )
+  return lines
+
+
+def train_size(source) -> int | None:
+  """The training set's size, from the prepared data's name, if known."""
+  match = re.search(r"_train(\d+)_test", os.path.basename(source or ""))
+  return int(match.group(1)) if match else None
+
+
+def regime(grouped, early, problems=None, source="") -> list[str]:
+  """The set-up, from the records (and the test problems if known)."""
+  runs = [r for runs in grouped.values() for r in runs.values()]
+  first = runs[0]
+  data = first.get("data", {})
+  seen = first.get("problems_seen", first["steps"] * first["batch_size"])
+  answers = ""
+  if problems:
+    digits = [answer_digits(a) for _, a in problems]
+    decimals = np.mean([has_decimals(a) for _, a in problems])
+    answers = (
+        f"; test answers have {np.median(digits):g} digits at the median "
+        f"({min(digits)} to {max(digits)}), {100 * decimals:.0f}% with "
+        "decimals"
+    )
+  size = train_size(source)
+  if size is None:
+    once = (
+        "the digits profile generates exactly that many training problems, "
+        "so **each is seen once**"
+    )
+  elif size >= seen:
+    once = (
+        f"of {size:,} generated training problems: **each seen at most "
+        "once**" + (" (exactly once)" if size == seen else "")
+    )
+  else:
+    once = f"of {size:,} generated training problems: some seen twice or more"
+  lines = [
+      f"- Task: mathematics_dataset `{data.get('module', '?')}` at difficulty "
+      f"`{data.get('difficulty', '?')}` (train and test drawn at it)"
+      f"{answers}.",
+      f"- Model: the `{first['model']}` decoder, **trained from scratch** "
+      "(no pretraining), one config for every method.",
+      f"- Data: abundant: {first['steps']} steps × {first['batch_size']} = "
+      f"{seen:,} problems read, {once}.",
+      f"- **Fixed budget: {first['steps']} steps** for every method; test "
+      f"exact match evaluated at steps "
+      f"{', '.join(str(s) for s in eval_steps(grouped))}.",
+  ]
+  ce = grouped.get("ce", {})
+  steps = eval_steps(grouped)
+  if ce and len(steps) >= 2:
+    late, end = steps[-2], steps[-1]
+    before = [curve_value(r, late) for r in ce.values()]
+    after = [curve_value(r, end) for r in ce.values()]
+    rising = sum(a > b for a, b in zip(after, before))
+    if np.nanmean(after) > np.nanmean(before):
+      verdict = (
+          "**still rising at the end of the budget**: the end-of-budget "
+          "comparison is between models that have not finished learning"
+      )
+    else:
+      verdict = "no longer rising at the end of the budget"
+    lines.append(
+        f"- CE's exact match went from {100 * np.nanmean(before):.2f}% at "
+        f"step {late} to {100 * np.nanmean(after):.2f}% at step {end} "
+        f"(mean over {_seeds(len(ce))}; higher at {end} on "
+        f"{rising}/{len(ce)}):"
+        f" {verdict}."
+    )
+  lines += [
+      f"- Test: {first['num_test_examples']:,} problems, greedy decoding, "
+      "exact string match. Hardware: "
+      f"{first['device']} ({first['host']}).",
+      f"- Two claims are kept apart: exact match at step {early} (learning "
+      "faster) and at the end (a better model after the budget).",
+  ]
+  return lines
+
+
+def _seeds(n) -> str:
+  return f"{n} seed" if n == 1 else f"{n} seeds"
+
+
+def _verdict(d, higher_better=True) -> str:
+  direction = "better" if is_better(d, higher_better) else "worse"
+  if d["mean"] == 0:
+    direction = "level"
+  if d["n"] < 2:
+    return f"{direction} on the one paired seed, untestable"
+  if beyond_noise(d):
+    return f"{direction}, beyond seed noise (p = {d['p']:.3f}, every seed)"
+  p = "-" if np.isnan(d["p"]) else f"{d['p']:.3f}"
+  return f"{direction} on average but within seed noise (p = {p})"
+
+
+def _delta_text(d, scale_name, digits) -> str:
+  return (
+      f"{d['mean']:+.{digits}f} {scale_name}, better on "
+      f"{d['better']}/{d['n']} seeds"
+  )
+
+
+def reading(grouped, early) -> list[str]:
+  """Statements computed from the numbers: rankings, paired verdicts,
+  where NTIL does not beat CE, the control and the ablations."""
+  lines = []
+  keys = main_keys(grouped)
+  if not keys:
+    return ["- No main-grid cell recorded yet."]
+  for field, when in (
+      ("em_end", "at the end"),
+      ("em_early", f"at step {early}"),
+  ):
+    means = {
+        k: 100 * np.nanmean([r[field] for r in grouped[k].values()])
+        for k in keys
+    }
+    order = sorted(keys, key=lambda k: -means[k])
+    lines.append(
+        f"- Best mean exact match {when}: **{label(order[0])}** "
+        f"({means[order[0]]:.2f}%); ranking "
+        + ", ".join(f"{label(k)} {means[k]:.2f}" for k in order)
+        + "."
+    )
+  reference = grouped.get("ce", {})
+  beaten = []
+  for k in [k for k in keys if k != "ce"] + (
+      [CONTROL] if CONTROL in grouped else []
+  ):
+    d = stats.paired(grouped[k], reference, "em_end", 100.0, True)
+    if d is None:
+      continue
+    lines.append(
+        f"- {label(k)} − CE, exact match at the end: "
+        f"{_delta_text(d, 'points', 2)}: {_verdict(d)}."
+    )
+    if beats(d):
+      beaten.append(label(k))
+  if reference and len(keys) > 1:
+    lines.append(
+        "- Differences from CE beyond seed noise (p < 0.05 and better on "
+        "every seed) at the end: "
+        + (", ".join(beaten) if beaten else "none")
+        + "."
+    )
+  lines += _ntil_vs_ce(grouped, early)
+  if CONTROL in grouped and "ntil" in grouped:
+    d = stats.paired(grouped["ntil"], grouped[CONTROL], "em_end", 100.0, True)
+    if d is not None:
+      lines.append(
+          f"- NTIL − digit-weighted CE (the control for 'more weight on "
+          f"digits'), exact match at the end: {_delta_text(d, 'points', 2)}:"
+          f" {_verdict(d)}."
+      )
+  for k in ablation_keys(grouped):
+    d = stats.paired(grouped[k], grouped.get("ntil", {}), "em_end", 100, True)
+    if d is None:
+      continue
+    lines.append(
+        f"- {label(k)} − full NTIL, exact match at the end: "
+        f"{_delta_text(d, 'points', 2)}: {_verdict(d)}."
+    )
+  few = [k for k in keys if len(grouped[k]) < len(SEEDS)]
+  if few:
+    lines.append(
+        f"- Partial grid: {', '.join(label(k) for k in few)} "
+        f"{'has' if len(few) == 1 else 'have'} fewer than {len(SEEDS)} "
+        "seeds; every statement above can change as cells come in."
+    )
+  return lines
+
+
+def _ntil_vs_ce(grouped, early) -> list[str]:
+  """Where NTIL does not beat CE: metrics and breakdown buckets whose
+  paired mean is not in NTIL's favour, and whether the rest beat noise."""
+  if "ntil" not in grouped or "ce" not in grouped:
+    return ["- NTIL vs CE: no seed has both yet."]
+  ntil, ce = grouped["ntil"], grouped["ce"]
+  behind, within, ahead = [], [], []
+
+  def sort(d, text, higher):
+    if beats(d, higher):
+      ahead.append(text)
+    elif is_better(d, higher):
+      within.append(text)
+    else:
+      behind.append(text)
+
+  for key, name, scale, digits, higher in PAIRED:
+    d = stats.paired(ntil, ce, key, scale, higher)
+    if d is not None:
+      name = name.format(early=early).replace(" (pts)", "")
+      unit = " pts" if scale == 100 else ""
+      sort(d, f"{name} ({d['mean']:+.{digits}f}{unit})", higher)
+  ntil_b = {s: r for s, r in ntil.items() if r["breakdowns"]}
+  ce_b = {s: r for s, r in ce.items() if r["breakdowns"]}
+  for name, _, _, order in BREAKDOWNS:
+    for b in order:
+      d = stats.paired(ntil_b, ce_b, bucket_metric(name, b), 100, True)
+      if d is not None:
+        sort(d, f"{BREAKDOWN_NAMES[name]} {b} ({d['mean']:+.2f} pts)", True)
+  n = len(set(ntil) & set(ce))
+  tested = len(behind) + len(within) + len(ahead)
+  return [
+      f"- **Where NTIL does not beat CE** ({_seeds(n)} paired; beating "
+      "means p < 0.05 and better on every seed): behind or level on "
+      "average: "
+      + ("; ".join(behind) if behind else "none")
+      + "; ahead on average but within seed noise: "
+      + ("; ".join(within) if within else "none")
+      + ".",
+      "- NTIL beats CE beyond seed noise on: "
+      + ("; ".join(ahead) if ahead else "nothing")
+      + f". These are {tested} comparisons without correction for their "
+      f"number: with no real differences about {tested / 20:.1f} would pass "
+      "p < 0.05 by chance.",
+  ]
+
+
+def write_report(runs, problems, out_dir, problems_source=""):
+  """Writes results.md and plots/ under ``out_dir``.
+
+  Args:
+    runs: the digits grid's records (any subset of the 45 cells).
+    problems: the test split's (question, answer) pairs in order, or None.
+    out_dir: where results.md and plots/ go.
+    problems_source: where the problems came from, for the text.
+  """
+  early = early_step(runs)
+  grouped = group_runs(runs, problems, early)
+  plot_dir = os.path.join(out_dir, "plots")
+  os.makedirs(plot_dir, exist_ok=True)
+  plot_curves(grouped, os.path.join(plot_dir, "exact_match_curve.png"))
+  plot_paired_curves(grouped, os.path.join(plot_dir, "paired_delta_curve.png"))
+  views = [r for k in grouped.values() for r in k.values()]
+  computed = sum(r["from_predictions"] for r in views)
+  keys = main_keys(grouped)
+  lines = [
+      "# arithmetic_mix, multi-digit answers: CE vs EMD vs NTL-MSE vs soft "
+      "labels vs NTIL",
+      "",
+      "Generated by `python -m experiments.arithmetic_mix.report "
+      "--profile=digits` from `digits/results.json` (written by `python -m "
+      "experiments.arithmetic_mix.run --profile=digits "
+      "--groups=main,control,ablation`). Nothing here is typed by hand.",
+      "",
+      "## Regime",
+      "",
+      *regime(grouped, early, problems, problems_source),
+      "",
+      "## Grid coverage",
+      "",
+      *coverage(grouped),
+      "",
+      "## Main table",
+      "",
+      *values_table(grouped, keys, early),
+      "",
+      "Mean ± sample sd over seeds (one seed: its value). An unparseable "
+      "prediction counts as wrong for exact match and within 1%; the log "
+      "error is the mean over the predictions that parse, the unparseable "
+      "ones **excluded** and counted in the last column. "
+      + (
+          f"Figures of {computed}/{len(views)} runs recomputed from their "
+          "stored predictions against the test problems (they reproduce the "
+          "recorded exact match); the rest as recorded by the trainer (same "
+          "definitions)."
+          if problems is not None
+          else "Figures as recorded by the trainer."
+      ),
+      "",
+      "## Paired differences vs CE",
+      "",
+      *paired_table(
+          [
+              (f"{label(k)} − CE", grouped[k], grouped.get("ce"))
+              for k in keys
+              if k != "ce"
+          ],
+          early,
+      ),
+      "",
+      "Same seed = same initialisation and data order. Δ = run − CE on each "
+      "seed, mean ± sd; better = seeds where the run is better (log error: "
+      "lower); p = two-sided paired t-test (`scipy.stats.ttest_rel`, via "
+      "`experiments/stats.py`). '-' where fewer than 2 seeds are paired.",
+      "",
+      "![exact match vs step](plots/exact_match_curve.png)",
+      "",
+      "![paired delta vs CE over the learning curve]"
+      "(plots/paired_delta_curve.png)",
+      "",
+      "## Breakdowns of exact match (end of training)",
+      "",
+  ]
+  if problems is None or not computed:
+    lines += [
+        "Not available: they need the test problems "
+        + (
+            f"(not found: {problems_source})"
+            if problems is None
+            else f"({problems_source}), which did not reproduce the recorded "
+            "exact match of any run"
+        )
+        + f"; prepare them with `{prepare_command(runs)}` (the test split "
+        "does not depend on the training size) and run the report again "
+        "with `--data_dir=data`.",
+        "",
+    ]
+  else:
+    lines += [
+        f"Test problems from {problems_source}, joined with each run's "
+        "stored predictions. Mean exact match (%) over seeds per bucket; the "
+        "paired rows are run − CE per seed, mean (seeds better), '-' below 2 "
+        "paired seeds.",
+        "",
+    ]
+    for name, title, key, order in BREAKDOWNS:
+      lines += [
+          f"### {title}",
+          "",
+          *breakdown_table(grouped, keys, problems, name, key, order),
+          "",
+      ]
+  lines += ["## Control: digit-weighted CE", ""]
+  if CONTROL in grouped:
+    lines += [
+        "CE with weight 1 + 0.3 on digit tokens: more gradient on digits, "
+        "without NTIL's use of their numeric order.",
+        "",
+        *values_table(
+            grouped, [k for k in ("ce", CONTROL, "ntil") if k in grouped], early
+        ),
+        "",
+        *paired_table(
+            [
+                (f"{CONTROL_LABEL} − CE", grouped[CONTROL], grouped.get("ce")),
+                (
+                    f"CE + NTIL − {CONTROL_LABEL}",
+                    grouped.get("ntil"),
+                    grouped[CONTROL],
+                ),
+            ],
+            early,
+        ),
+        "",
+    ]
+  else:
+    lines += ["Not run yet.", ""]
+  lines += ["## Ablations of NTIL (paired against full NTIL)", ""]
+  if ablation_keys(grouped):
+    lines += [
+        *values_table(
+            grouped,
+            (["ntil"] if "ntil" in grouped else []) + ablation_keys(grouped),
+            early,
+        ),
+        "",
+        *paired_table(
+            [
+                (f"{label(k)} − full NTIL", grouped[k], grouped.get("ntil"))
+                for k in ablation_keys(grouped)
+            ],
+            early,
+        ),
+        "",
+    ]
+  else:
+    lines += ["Not run yet.", ""]
+  lines += ["## What it shows", "", *reading(grouped, early)]
+  with open(os.path.join(out_dir, "results.md"), "w") as f:
+    f.write("\n".join(lines) + "\n")
+
+
+# ---------------------------------------------------------------------------
+# The test problems.
+
+
+def prepare_command(runs, data_dir="data") -> str:
+  """The command that generates the runs' data (needs the arithmetic-data
+  extra)."""
+  data = runs[0].get("data", {})
+  module = data.get("module", "arithmetic__add_or_sub")
+  difficulty = data.get("difficulty", "easy")
+  seen = runs[0].get("problems_seen", runs[0]["steps"] * runs[0]["batch_size"])
+  return (
+      f"python -m train.prepare_data --data_dir={data_dir} --module={module} "
+      f"--difficulty={difficulty} --train_size={seen} "
+      f"--test_size={runs[0]['num_test_examples']} --workers=2"
+  )
+
+
+def dataset_pattern(runs, data_dir) -> str:
+  """Where the runs' prepared data would be: any training size, the test
+  split does not depend on it."""
+  data = runs[0].get("data", {})
+  module = data.get("module", "arithmetic__add_or_sub").removeprefix(
+      "arithmetic__"
+  )
+  difficulty = data.get("difficulty", "easy")
+  size = runs[0]["num_test_examples"]
+  return os.path.join(
+      data_dir,
+      task.NAME,
+      f"{module}-{difficulty}_train*_test{size}_seed0",
+  )
+
+
+def load_test_problems(runs, data_dir):
+  """(problems, source): the test split's (question, answer) pairs in the
+  order the runs were scored, and its path; problems None if not found."""
+  pattern = dataset_pattern(runs, data_dir)
+  found = sorted(glob.glob(os.path.join(pattern, "*", "dataset_info.json")))
+  if not found:
+    return None, pattern
+  from train import input_pipeline  # pylint: disable=g-import-not-at-top
+
+  config = os.path.basename(os.path.dirname(os.path.dirname(found[0])))
+  source = input_pipeline.load_split(data_dir, "test", config_name=config)
+  records = source.__getitems__(list(range(len(source))))
+  problems = [input_pipeline.decode_record(r) for r in records]
+  return problems, os.path.join(data_dir, task.NAME, config)
+
+
+def main(results, out_dir, data_dir):
+  """Reads ``results``, finds the test problems, writes the report.
+
+  Returns:
+    The path of the written results.md.
+  """
+  with open(results) as f:
+    runs = json.load(f)["runs"]
+  if not runs:
+    raise SystemExit(f"no runs in {results}")
+  problems, source = load_test_problems(runs, data_dir)
+  write_report(runs, problems, out_dir, source)
+  return os.path.join(out_dir, "results.md")

@@ -1,0 +1,420 @@
+"""The digits grid's report: its helpers and its numbers, checked by hand.
+
+Every expected number below is worked out by hand from the synthetic
+problems and predictions (see the comments), not by the code under test.
+"""
+
+import json
+import math
+import pathlib
+import subprocess
+import sys
+
+import pytest
+from scipy import stats
+
+from experiments.arithmetic_mix import digits_report as dr
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+# ---------------------------------------------------------------------------
+# Pure helpers, on hand examples.
+
+
+@pytest.mark.parametrize(
+    "answer, digits, bucket",
+    [
+        ("-153.97", 5, "5"),
+        ("0.09", 3, "<=3"),
+        ("1000", 4, "4"),
+        ("-5", 1, "<=3"),
+        ("12345678", 8, "8"),
+        ("-123456.789", 9, ">=9"),
+    ],
+)
+def test_answer_digits(answer, digits, bucket):
+  assert dr.answer_digits(answer) == digits
+  assert dr.digits_bucket(answer) == bucket
+
+
+@pytest.mark.parametrize(
+    "question, expected",
+    [
+        ("Add 0.03 and -154.", "add"),
+        ("Sum 10 and -715.", "add"),
+        ("Total of 1 and 2.", "add"),
+        ("Put together 2 and 3.", "add"),
+        ("Add together 0.3 and 5.", "add"),
+        ("What is -0.3 plus 1662.361?", "add"),
+        ("-20.3+-1891", "add"),
+        ("Work out -3 + 4.", "add"),
+        ("What is -0.201966 - 0?", "subtract"),
+        ("Calculate -12 - 17801.", "subtract"),
+        ("What is 44 - -46.6?", "subtract"),
+        ("5-3", "subtract"),
+        ("Subtract 100 from 1234.", "subtract"),
+        ("What is 2 minus 1?", "subtract"),
+        ("What is 2 take away 1?", "subtract"),
+        ("What is 5 less than 3?", "subtract"),
+        ("What is the distance between -159.33 and -3?", "subtract"),
+        ("What is the difference between 0.41 and 0.4?", "subtract"),
+        ("Calculate 7.", None),
+    ],
+)
+def test_operation(question, expected):
+  assert dr.operation(question) == expected
+
+
+def test_decimals():
+  assert dr.has_decimals("1.5") and dr.has_decimals("-0.201966")
+  assert not dr.has_decimals("-15") and not dr.has_decimals("1000")
+  assert dr.decimals_bucket("4.25") == "decimal"
+  assert dr.decimals_bucket("42") == "integer"
+
+
+def test_log10_error_and_within_1_percent():
+  assert dr.log10_error("4.2", "4.25") == pytest.approx(math.log10(1.05))
+  assert dr.log10_error("7", "6") == pytest.approx(math.log10(2.0))
+  assert dr.log10_error("-2", "-2.5") == pytest.approx(math.log10(1.5))
+  assert dr.log10_error("1/2", "0.5") == 0.0  # parsed as the scorer does
+  assert dr.log10_error("x", "1") is None
+  assert dr.log10_error("1.2.3", "1") is None
+  assert dr.within_1_percent("99.5", "100")
+  assert not dr.within_1_percent("98", "100")
+  assert dr.within_1_percent("0", "0")
+  assert not dr.within_1_percent("x", "1")
+
+
+def test_score_and_breakdown():
+  problems = [("Add 1 and 2.", "3"), ("5 - 7.5", "-2.5"), ("1+1", "2")]
+  predictions = ["3", "-2", "oops"]
+  scores = dr.score(predictions, problems)
+  assert scores["exact_match"] == pytest.approx(1 / 3)
+  assert scores["within_1_percent"] == pytest.approx(1 / 3)
+  # Parsed: errors 0 and 0.5; "oops" excluded and counted.
+  assert scores["log_error"] == pytest.approx(math.log10(1.5) / 2)
+  assert scores["unparsed"] == 1
+  by_operation = dr.breakdown(
+      predictions, problems, lambda q, a: dr.operation(q)
+  )
+  assert by_operation == {"add": (1, 2), "subtract": (0, 1)}
+
+
+# ---------------------------------------------------------------------------
+# A synthetic grid, every figure worked out by hand.
+
+# Problem: operation, digits bucket, decimals.
+PROBLEMS = [
+    ("Add 12 and 30.", "42"),  # 1: add, <=3, integer
+    ("What is 5 - 7.5?", "-2.5"),  # 2: subtract, <=3, decimal
+    ("Subtract 100 from 1234.", "1134"),  # 3: subtract, 4, integer
+    ("1.25+3", "4.25"),  # 4: add, <=3, decimal
+    ("What is the distance between 10 and 4?", "6"),  # 5: subtract, <=3
+    ("Sum 999 and 1.", "1000"),  # 6: add, 4, integer
+]
+ANSWERS = [a for _, a in PROBLEMS]
+
+
+def predictions(wrong):
+  """The answers, with {problem number (1-based): wrong prediction}."""
+  return [wrong.get(i + 1, a) for i, a in enumerate(ANSWERS)]
+
+
+# name: (group, method, seed, wrong predictions, exact match curve)
+CELLS = {
+    # CE s0: 3/6 right; 4 off by 0.05, 5 off by 1, 6 unparseable.
+    "ce-s0": ("main", "ce", 0, {4: "4.2", 5: "7", 6: "x"}, [0.1, 0.2, 0.4]),
+    # CE s1: 3/6; 2 off by 0.5, 4 off by 0.05, 6 off by 1.
+    "ce-s1": (
+        "main",
+        "ce",
+        1,
+        {2: "-2", 4: "4.3", 6: "1001"},
+        [0.1, 0.25, 0.45],
+    ),
+    # CE s2: 4/6; 3 off by 10, 4 unparseable.
+    "ce-s2": ("main", "ce", 2, {3: "1144", 4: "??"}, [0.2, 0.3, 0.5]),
+    # NTIL s0: 4/6; s1: 5/6; s2: 5/6.
+    "ntil-s0": (
+        "main",
+        "ntil",
+        0,
+        {5: "5", 6: "1000.5"},
+        [0.3, 0.4, 0.5],
+    ),
+    "ntil-s1": ("main", "ntil", 1, {4: "4.35"}, [0.2, 0.4, 0.6]),
+    "ntil-s2": ("main", "ntil", 2, {6: "999"}, [0.25, 0.4, 0.6]),
+    # One control seed: nothing to test.
+    "ce-digit-weight-s0": ("control", "ce", 0, {1: "41"}, [0.1, 0.2, 0.3]),
+    # Ablation s0 as CE s0 (3/6), s1 all right (6/6).
+    "ntil-no-exp-s0": (
+        "ablation",
+        "ntil",
+        0,
+        {4: "4.2", 5: "7", 6: "x"},
+        [0.1, 0.2, 0.3],
+    ),
+    "ntil-no-exp-s1": ("ablation", "ntil", 1, {}, [0.1, 0.2, 0.3]),
+}
+
+
+def record(name, cells=None):
+  group, method, seed, wrong, curve = (cells or CELLS)[name]
+  preds = predictions(wrong)
+  right = sum(p == a for p, a in zip(preds, ANSWERS))
+  return dict(
+      name=name,
+      group=group,
+      method=method,
+      seed=seed,
+      overrides={},
+      profile="digits",
+      model="small",
+      steps=800,
+      batch_size=128,
+      exact_match=right / 6,
+      parsed_rate=1.0,  # recomputed from the predictions
+      mean_abs_error=0.0,
+      mean_log10_abs_error=0.0,
+      num_test_examples=6,
+      within_1_percent=0.0,
+      device="cpu:cpu x1",
+      host="test",
+      data=dict(module="arithmetic__add_or_sub", difficulty="easy"),
+      problems_seen=102400,
+      predictions=preds,
+      curves=dict(
+          steps=[800],
+          loss=[1.0],
+          ce=[1.0],
+          eval_steps=[200, 400, 600, 800],
+          exact_match=[*curve, right / 6],
+      ),
+  )
+
+
+def sections(report):
+  """{heading: text} of the report's ## and ### sections."""
+  out, heading = {}, ""
+  for line in report.splitlines():
+    if line.startswith("#"):
+      heading = line.lstrip("#").strip()
+      out[heading] = []
+    else:
+      out.setdefault(heading, []).append(line)
+  return {h: "\n".join(lines) for h, lines in out.items()}
+
+
+def row(text, first_cell):
+  """The cells of the table row whose first cell is ``first_cell``."""
+  for line in text.splitlines():
+    cells = [c.strip() for c in line.strip().strip("|").split("|")]
+    if line.startswith("|") and cells[0] == first_cell:
+      return cells[1:]
+  raise AssertionError(f"no row {first_cell!r} in:\n{text}")
+
+
+def write(tmp_path, names, problems=PROBLEMS, cells=None):
+  runs = [record(n, cells) for n in names]
+  dr.write_report(runs, problems, str(tmp_path), "test problems")
+  return (tmp_path / "results.md").read_text()
+
+
+def test_report_numbers_by_hand(tmp_path):
+  report = write(tmp_path, list(CELLS))
+  parts = sections(report)
+
+  # Coverage: 3 CE + 3 NTIL + 1 control + 2 ablation cells.
+  coverage = parts["Grid coverage"]
+  assert "9 of the 45 cells recorded" in coverage
+  assert "(main 6/25, control 1/5, ablation 2/15)" in coverage
+  assert "- CE: 3 of 5 seeds (0, 1, 2)" in coverage
+  assert "- CE + EMD: 0 of 5 seeds" in coverage
+  assert "- CE, digit tokens weighted 1.3: 1 of 5 seeds (0)" in coverage
+
+  # Regime: CE went from (0.4+0.45+0.5)/3 to (3/6+3/6+4/6)/3.
+  regime = parts["Regime"]
+  assert "45.00% at step 600 to 55.56% at step 800" in regime
+  assert "higher at 800 on 3/3" in regime and "still rising" in regime
+  assert "trained from scratch" in regime
+  assert "each is seen once" in regime
+  assert "6 problems" in regime
+
+  # Main table: CE end 50, 50, 66.67 -> 55.56 ± 9.62; step 200: 10, 10, 20.
+  main = parts["Main table"]
+  ce = row(main, "CE")
+  assert ce[0] == "3 (0,1,2)"
+  assert ce[1] == "13.33 ± 5.77"
+  assert ce[2] == "55.56 ± 9.62"
+  # Within 1%: s0 3/6 (0.05 off 4.25 is not); s1 4/6 (1 off 1000 is, 0.5
+  # off -2.5 and 0.05 off 4.25 are not); s2 5/6 (10 off 1134 is).
+  assert ce[3] == "66.67 ± 16.67"
+  # Log error over parsed: s0 (log 1.05 + log 2)/5, s1 (log 1.5 + log 1.05
+  # + log 2)/6, s2 log 11/5.
+  log_errors = [
+      (math.log10(1.05) + math.log10(2)) / 5,
+      (math.log10(1.5) + math.log10(1.05) + math.log10(2)) / 6,
+      math.log10(11) / 5,
+  ]
+  mean = sum(log_errors) / 3
+  sd = math.sqrt(sum((e - mean) ** 2 for e in log_errors) / 2)
+  assert ce[4] == f"{mean:.3f} ± {sd:.3f}"
+  assert ce[5] == "2"  # "x" and "??"
+  ntil = row(main, "CE + NTIL")
+  assert ntil[2] == "77.78 ± 9.62"  # 4/6, 5/6, 5/6
+  assert ntil[5] == "0"
+
+  # Paired vs CE: end +16.67, +33.33, +16.67; step 200 +20, +10, +5.
+  paired = row(parts["Paired differences vs CE"], "CE + NTIL − CE")
+  end_p = stats.ttest_rel([4 / 6, 5 / 6, 5 / 6], [3 / 6, 3 / 6, 4 / 6]).pvalue
+  assert paired[0] == "+22.22 ± 9.62"
+  assert paired[1] == "3/3"
+  assert paired[2] == f"{end_p:.3f}"
+  early_p = stats.ttest_rel([0.3, 0.2, 0.25], [0.1, 0.1, 0.2]).pvalue
+  assert paired[3:6] == ["+11.67 ± 7.64", "3/3", f"{early_p:.3f}"]
+
+  # By operation: add = problems 1, 4, 6; subtract = 2, 3, 5.
+  # CE add 1/3, 1/3, 2/3; NTIL add 2/3, 2/3, 2/3.
+  # CE subtract 2/3, 2/3, 2/3; NTIL subtract 2/3, 3/3, 3/3.
+  operation = parts["By operation, as the question writes it"]
+  assert "add (n=3)" in operation and "subtract (n=3)" in operation
+  assert row(operation, "CE") == ["3", "44.44 ± 19.25", "66.67 ± 0.00"]
+  assert row(operation, "CE + NTIL") == ["3", "66.67 ± 0.00", "88.89 ± 19.25"]
+  assert row(operation, "CE + NTIL − CE, paired Δ (seeds better)") == [
+      "",
+      "+22.22 (2/3)",
+      "+22.22 (2/3)",
+  ]
+
+  # By digits: <=3 = problems 1, 2, 4, 5; 4 = problems 3, 6.
+  # CE <=3: 2/4, 2/4, 3/4; 4: 1/2, 1/2, 1/2.
+  # NTIL <=3: 3/4, 3/4, 4/4; 4: 1/2, 2/2, 1/2.
+  digits = parts[
+      "By answer length in digits (sign and decimal point not counted)"
+  ]
+  assert "<=3 (n=4)" in digits and "4 (n=2)" in digits
+  assert "5 (n=" not in digits  # empty buckets are left out
+  assert row(digits, "CE") == ["3", "58.33 ± 14.43", "50.00 ± 0.00"]
+  assert row(digits, "CE + NTIL") == ["3", "83.33 ± 14.43", "66.67 ± 28.87"]
+  assert row(digits, "CE + NTIL − CE, paired Δ (seeds better)") == [
+      "",
+      "+25.00 (3/3)",
+      "+16.67 (1/3)",
+  ]
+
+  # By decimals: decimal = problems 2, 4; integer = 1, 3, 5, 6.
+  # CE integer 2/4, 3/4, 3/4; decimal 1/2, 0/2, 1/2.
+  # NTIL integer 2/4, 4/4, 3/4; decimal 2/2, 1/2, 2/2.
+  decimals = parts["By whether the answer has decimals"]
+  assert "integer (n=4)" in decimals and "decimal (n=2)" in decimals
+  assert row(decimals, "CE") == ["3", "66.67 ± 14.43", "33.33 ± 28.87"]
+  assert row(decimals, "CE + NTIL") == ["3", "75.00 ± 25.00", "83.33 ± 28.87"]
+
+  # The control has one seed: no paired figures.
+  control = parts["Control: digit-weighted CE"]
+  assert row(control, "CE, digit tokens weighted 1.3 − CE") == ["-"] * 12
+  assert row(control, "CE + NTIL − CE, digit tokens weighted 1.3") == (
+      ["-"] * 12
+  )
+  assert row(control, "CE, digit tokens weighted 1.3")[2] == "83.33"
+
+  # Ablation - NTIL: 3/6 - 4/6, 6/6 - 5/6: mean 0, 1 of 2 better, t = 0.
+  ablation = parts["Ablations of NTIL (paired against full NTIL)"]
+  exp_off = row(
+      ablation, "NTIL, place-value weighting off (sigma=0) − full NTIL"
+  )
+  assert exp_off[:3] == ["+0.00 ± 23.57", "1/2", "1.000"]
+
+  # The reading: computed from the same numbers.
+  reading = parts["What it shows"]
+  assert "Best mean exact match at the end: **CE + NTIL** (77.78%)" in reading
+  assert (
+      "CE + NTIL − CE, exact match at the end: +22.22 points, better on 3/3 "
+      f"seeds: better on average but within seed noise (p = {end_p:.3f})"
+  ) in reading
+  # NTIL is ahead of CE everywhere it is compared, but with 3 seeds
+  # nothing passes p < 0.05 except where the spread is 0 (p undefined).
+  assert "**Where NTIL does not beat CE** (3 seeds paired" in reading
+  assert "behind or level on average: none;" in reading
+  assert "answer digits <=3 (+25.00 pts)" in reading
+  assert "NTIL beats CE beyond seed noise on: nothing." in reading
+  assert "CE, digit tokens weighted 1.3 − CE" in reading  # one seed
+  assert "untestable" in reading
+
+  for name in ("exact_match_curve.png", "paired_delta_curve.png"):
+    assert (tmp_path / "plots" / name).stat().st_size > 1000
+
+
+def test_where_ntil_is_behind_is_named(tmp_path):
+  # NTIL s1 and s2 both wrong on problem 2 only; CE s1 wrong on 4 only,
+  # CE s2 on 3 and 4.
+  cells = dict(
+      CELLS,
+      **{
+          "ntil-s1": ("main", "ntil", 1, {2: "-2.4"}, [0.2, 0.4, 0.6]),
+          "ntil-s2": ("main", "ntil", 2, {2: "-2.4"}, [0.25, 0.4, 0.6]),
+          "ce-s1": ("main", "ce", 1, {4: "4.3"}, [0.1, 0.25, 0.45]),
+      },
+  )
+  report = write(
+      tmp_path, ["ce-s1", "ce-s2", "ntil-s1", "ntil-s2"], cells=cells
+  )
+  reading = sections(report)["What it shows"]
+  behind = reading.split("ahead on average")[0].split("Where NTIL")[1]
+  # Decimal answers (problems 2, 4): CE s1 1/2, s2 1/2; NTIL s1 1/2, s2
+  # 1/2: level, so not in NTIL's favour.
+  assert "answer decimal (+0.00 pts)" in behind
+  # Subtraction (2, 3, 5): CE s1 3/3, s2 2/3; NTIL 2/3, 2/3: -33.33, 0.
+  assert "operation subtract (-16.67 pts)" in behind
+  # Addition (1, 4, 6): CE s1 2/3, s2 2/3; NTIL 3/3, 3/3: ahead.
+  assert "operation add" not in behind
+
+
+def test_partial_grid_of_one_cell(tmp_path):
+  report = write(tmp_path, ["ce-s0"])
+  parts = sections(report)
+  assert "1 of the 45 cells recorded" in parts["Grid coverage"]
+  assert "(main 1/25, control 0/5, ablation 0/15)" in parts["Grid coverage"]
+  assert "No seed paired yet." in parts["Paired differences vs CE"]
+  assert "Not run yet." in parts["Control: digit-weighted CE"]
+  assert "NTIL vs CE: no seed has both yet." in parts["What it shows"]
+  assert row(parts["Main table"], "CE")[:3] == ["1 (0)", "10.00", "50.00"]
+
+
+def test_breakdowns_left_out_when_problems_do_not_match(tmp_path):
+  # Shuffled answers do not reproduce the recorded exact match.
+  shuffled = [(q, a) for (q, _), a in zip(PROBLEMS, ANSWERS[1:] + ANSWERS[:1])]
+  report = write(tmp_path, ["ce-s0", "ntil-s0"], problems=shuffled)
+  breakdowns = sections(report)["Breakdowns of exact match (end of training)"]
+  assert "Not available" in breakdowns
+  assert "did not reproduce the recorded exact match" in breakdowns
+  # The main table falls back to the recorded figures.
+  assert row(sections(report)["Main table"], "CE")[2] == "50.00"
+
+
+def test_command_line_without_the_data(tmp_path):
+  runs = [record(n) for n in ("ce-s0", "ce-s1", "ntil-s0", "ntil-s1")]
+  (tmp_path / "results.json").write_text(json.dumps(dict(runs=runs)))
+  result = subprocess.run(
+      [
+          sys.executable,
+          "-m",
+          "experiments.arithmetic_mix.report",
+          "--profile=digits",
+          f"--results={tmp_path / 'results.json'}",
+          f"--out_dir={tmp_path}",
+          f"--data_dir={tmp_path / 'no-data'}",
+      ],
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=300,
+  )
+  assert result.returncode == 0, result.stderr[-3000:]
+  report = (tmp_path / "results.md").read_text()
+  assert "4 of the 45 cells recorded" in report
+  assert "Not available: they need the test problems (not found:" in report
+  # Recorded figures: end 50, 50 vs 66.67, 83.33: +25 ± 11.79 on 2/2 seeds.
+  paired = row(sections(report)["Paired differences vs CE"], "CE + NTIL − CE")
+  assert paired[:2] == ["+25.00 ± 11.79", "2/2"]
+  assert (tmp_path / "plots" / "exact_match_curve.png").exists()
