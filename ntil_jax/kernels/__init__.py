@@ -37,9 +37,11 @@ def default_implementation(backend: Optional[str] = None) -> str:
   installed: tokamax's own autotuning data for TPU7x (bf16, H=4096,
   V=151936, 16,384 tokens, forward) has it at 25.5 ms and 1.38 GB against
   29.9 ms and 6.4 GB for XLA's matmul + CE; not measured by this project.
-  Everywhere else ``"chunked"``: on CPU it measured faster than tokamax's
-  XLA implementations (``make bench``, benchmarks/results.md); on GPU
-  tokamax's default is its ``xla`` implementation, which holds the
+  Everywhere else ``"chunked"``: on this project's CPU it planned the least
+  memory in three of four settings and was the fastest in bfloat16 (in
+  float32 at Qwen2.5's shape tokamax's ``xla`` was faster, holding the
+  logits; ``python -m benchmarks.implementations``, benchmarks/results.md);
+  on GPU tokamax's default is its ``xla`` implementation, which holds the
   ``[N, V]`` logits (the memory the fused path exists to save), and its
   ``chunked_xla`` has not been measured against ours on a GPU yet.
   """
