@@ -67,6 +67,9 @@ def _prepare(
   logits, labels, digit_mask, decimal_point_mask = _asarrays(
       logits, labels, digit_mask, decimal_point_mask
   )
+  labels, digit_mask, decimal_point_mask = numbers.reshard_like(
+      logits, labels, digit_mask, decimal_point_mask
+  )
   validation._check_inputs(
       logits,
       labels,

@@ -164,6 +164,7 @@ def cross_entropy(logits, labels, loss_mask=None) -> chex.Array:
   validation._check_inputs(
       logits, labels, None, None, (("loss_mask", loss_mask),)
   )
+  labels, loss_mask = numbers.reshard_like(logits, labels, loss_mask)
   valid = base._scored(labels, logits.shape[-1], loss_mask)
   logits = jnp.where(valid[..., None], logits, 0)
   ce = optax.softmax_cross_entropy_with_integer_labels(

@@ -21,6 +21,7 @@ import numpy as np
 from ntil_jax import base
 from ntil_jax import kernels
 from ntil_jax import losses
+from ntil_jax import numbers
 from ntil_jax import statistics
 from ntil_jax import validation
 from ntil_jax.kernels import chunked
@@ -138,14 +139,32 @@ def fused_token_statistics(
   _check_fused_inputs(
       hidden, unembedding, labels, digit_token_ids, (("mask", mask),)
   )
+  labels, mask = numbers.reshard_like(hidden, labels, mask)
   if mask is not None:
     hidden = jnp.where(jnp.asarray(mask, bool)[..., None], hidden, 0)
   hidden, unembedding = _vary_alike(hidden, unembedding)
+  unembedding = _on_mesh_of(hidden, unembedding)
   columns, traced_ids = statistics._digit_columns(
       digit_token_ids, unembedding.shape[-1]
   )
   stats_fn = kernels.select(implementation, chunk_size)
   return stats_fn(hidden, unembedding, labels, columns, traced_ids)
+
+
+def _on_mesh_of(hidden, unembedding):
+  """The unembedding replicated over the hidden states' mesh, if on none.
+
+  A constant ``W`` (no mesh) beside explicitly sharded hidden states leaves
+  the gradient's ``[D, V]`` contraction over the sharded batch without an
+  output sharding; sharded or replicated on the mesh already, it stays.
+  """
+  mesh = jax.typeof(hidden).sharding.mesh
+  if not mesh.axis_names or jax.typeof(unembedding).sharding.mesh.axis_names:
+    return unembedding
+  spec = jax.P(*([None] * unembedding.ndim))
+  return jax.sharding.reshard(
+      unembedding, jax.typeof(hidden).sharding.update(spec=spec)
+  )
 
 
 def _vary_alike(*arrays):

@@ -155,6 +155,9 @@ def numeric_token_loss(
   logits, labels, loss_mask, decimal_point_mask = base._asarrays(
       logits, labels, loss_mask, decimal_point_mask
   )
+  labels, loss_mask, decimal_point_mask = numbers.reshard_like(
+      logits, labels, loss_mask, decimal_point_mask
+  )
   validation._check_inputs(
       logits,
       labels,
@@ -281,6 +284,9 @@ def loss_from_statistics(
       labels, loss_mask, digit_mask, decimal_point_mask
   )
   validation._check_statistics(stats, labels, vocab_size)
+  labels, loss_mask, digit_mask, decimal_point_mask = numbers.reshard_like(
+      stats.log_norm, labels, loss_mask, digit_mask, decimal_point_mask
+  )
   validation._check_inputs(
       jax.ShapeDtypeStruct(labels.shape + (vocab_size,), jnp.float32),
       labels,

@@ -90,6 +90,26 @@ def split_like(x, like, axis: int = -1):
   return jax.sharding.reshard(x, sharding.update(spec=jax.P(*spec)))
 
 
+def reshard_like(like, *arrays) -> tuple:
+  """Each array split over the mesh as ``like``'s leading axes are.
+
+  On a mesh with ``Explicit`` axes, labels or masks given whole beside
+  batch-sharded logits cannot meet them in one ``where``: each ``[..., T]``
+  array is resharded to the layout of ``like``'s first axes (the logits'
+  ``[..., T]`` or statistics shaped like the labels). ``None`` stays
+  ``None``; a no-op where nothing is explicitly sharded.
+  """
+  out = []
+  for x in arrays:
+    if x is not None:
+      target = _spec(like)[: jnp.ndim(x)]
+      if len(target) == jnp.ndim(x) and _spec(x) != target:
+        sharding = jax.typeof(like).sharding
+        x = jax.sharding.reshard(x, sharding.update(spec=jax.P(*target)))
+    out.append(x)
+  return tuple(out)
+
+
 def check_digit_token_ids(digit_token_ids, vocab_size=None):
   """Validates digit token ids; returns them as a NumPy array, None if traced.
 

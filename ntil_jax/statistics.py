@@ -93,6 +93,7 @@ def token_statistics(
   validation._check_inputs(
       logits, labels, None, digit_token_ids, (("mask", mask),)
   )
+  labels, mask = numbers.reshard_like(logits, labels, mask)
   columns, traced_ids = _digit_columns(digit_token_ids, logits.shape[-1])
   if mask is not None:
     mask = jnp.asarray(mask, bool)

@@ -76,7 +76,60 @@ def main():
       np.testing.assert_allclose(
           got_grad, want_grad, rtol=1e-5, atol=1e-7, err_msg=method
       )
+  unsharded_labels(mesh)
   print("OK")
+
+
+def unsharded_labels(mesh):
+  """Batch-sharded logits (or hidden states) beside labels and masks given
+  whole, as numpy constants: every entry point reshards them to the logits'
+  layout, for every loss and the fused path alike (once a ShardingTypeError).
+  """
+  logits, labels, digit_mask = random_case(51, batch=8, length=12, vocab=32)
+  rng = np.random.default_rng(51)
+  hidden = rng.normal(size=(8, 12, 6)).astype(np.float32)
+  unembedding = rng.normal(size=(6, 32)).astype(np.float32)
+  point = labels == 11
+  loss_mask = labels >= 0
+  cases = dict(
+      numeric_token_loss=lambda z: ntil_jax.numeric_token_loss(
+          z,
+          labels,
+          loss_mask=loss_mask,
+          digit_mask=digit_mask,
+          decimal_point_mask=point,
+      ),
+      ntil_loss=lambda z: ntil_jax.ntil_loss(
+          z, labels, digit_mask, decimal_point_mask=point
+      ),
+      emd_loss=lambda z: ntil_jax.emd_loss(z, labels, digit_mask),
+      ntl_mse_loss=lambda z: ntil_jax.ntl_mse_loss(z, labels, digit_mask),
+      soft_label=lambda z: ntil_jax.soft_label_cross_entropy(
+          z, labels, digit_mask
+      ),
+      cross_entropy=lambda z: ntil_jax.cross_entropy(z, labels, loss_mask),
+      token_statistics=lambda z: ntil_jax.token_statistics(
+          z, labels, mask=loss_mask
+      ).log_norm,
+  )
+  fused = lambda h: ntil_jax.fused_numeric_loss(
+      h, unembedding, labels, digit_mask, loss_mask=loss_mask
+  )
+  grad = lambda f: jax.jit(jax.value_and_grad(lambda x: f(x).sum()))
+  want = {name: grad(f)(logits) for name, f in cases.items()}
+  want_fused = grad(fused)(hidden)
+  with jax.set_mesh(mesh):
+    split = NamedSharding(mesh, P(("data", "fsdp")))
+    got = {
+        name: grad(f)(jax.device_put(logits, split))
+        for name, f in cases.items()
+    }
+    got_fused = grad(fused)(jax.device_put(hidden, split))
+  for name in cases:
+    for g, w in zip(got[name], want[name]):
+      np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6, err_msg=name)
+  for g, w in zip(got_fused, want_fused):
+    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6, err_msg="fused")
 
 
 if __name__ == "__main__":

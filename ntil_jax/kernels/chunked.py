@@ -211,6 +211,10 @@ def _statistics_bwd(columns, rows, tile, residuals, cotangents):
   del rows  # forward only
   hidden, unembedding, labels, traced_ids, log_norm = residuals
   g_norm, g_label, g_digits = cotangents
+  # Cotangents of a loss summed whole arrive unsplit: split them as the
+  # statistics (and the hidden states) are, on an Explicit mesh.
+  g_norm, g_label = numbers.reshard_like(log_norm, g_norm, g_label)
+  (g_digits,) = numbers.reshard_like(log_norm[..., None], g_digits)
   length = hidden.shape[1]
   vocab_size = unembedding.shape[-1]
   positions, width = tile
