@@ -6,12 +6,28 @@ r"""The arithmetic_mix comparison: every method, several seeds, ablations.
   python -m experiments.arithmetic_mix.run --profile=digits \
       --groups=main,control,ablation   # multi-digit answers, each seen once
 
+  python -m experiments.arithmetic_mix.run --profile=llm \
+      --pretrained=SNAPSHOT [--dataset=add_or_sub] [--learning_rate=1e-4 \
+      --train_steps=300 --batch_size=32 --seeds=0,1,2]
+
 The ``digits`` profile trains on ``arithmetic__add_or_sub`` at its easiest
 difficulty (answers of 5 digits at the median, 3 in 4 with decimals), with
 as many generated problems as the run reads (each seen once), 5 seeds for
 every method, the digit-weighted CE control and each NTIL ablation, and
 2,000 test problems; its records keep every prediction, for the report's
 breakdowns.
+
+The ``llm`` profile is the paper's Table 3 for any local Hugging Face
+snapshot (``--pretrained``; a GGUF file converts with ``python -m
+train.gguf_to_hf``): it fine-tunes the snapshot with CE, EMD, NTL-MSE, soft
+labels and NTIL for each seed at the paper's hyperparameters (lr 1e-5, lam
+0.3, alpha = beta = sigma = 0.2, batch 32, 3,000 steps; the flags above
+change the schedule and the data), every training problem seen once, on
+2,000 test problems, after a zero-shot evaluation of the snapshot itself
+(once per dataset and test set). Results go to
+``llm/<snapshot name>/results.json``; a finished cell's checkpoints are
+deleted once it is recorded (a 135M-parameter model's are 1.6 GB).
+``llm_smoke`` runs it in seconds on the tiny test snapshot.
 
 Trains the same model from scratch on the same generated data with each loss
 method and seed, then the NTIL ablations (the paper's Table 6: place-value
@@ -25,26 +41,45 @@ the plots from results.json.
 
 import os
 import platform
+import shutil
 import time
 
 from absl import app
 from absl import flags
 from absl import logging
 import jax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+import ml_collections
+import numpy as np
 
 from configs import arithmetic_mix
+from configs import arithmetic_mix_llm
 from experiments import common
 from train import arithmetic_data
+from train import checks
+from train import evaluate
 from train import logs
+from train import plots
+from train import step as step_lib
 from train import train
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
 FLAGS = flags.FLAGS
 flags.DEFINE_enum(
     "profile",
     "cpu",
-    ["cpu", "accelerator", "smoke", "digits", "digits_smoke"],
-    "Grid size (smoke: seconds, for tests).",
+    [
+        "cpu",
+        "accelerator",
+        "smoke",
+        "digits",
+        "digits_smoke",
+        "llm",
+        "llm_smoke",
+    ],
+    "Grid size (smoke: seconds, for tests); llm: a pretrained snapshot.",
 )
 flags.DEFINE_list(
     "groups",
@@ -66,6 +101,38 @@ flags.DEFINE_string("data_dir", "data", "Generated data.")
 flags.DEFINE_integer("max_cells", 0, "Stop after this many new cells (0: all).")
 flags.DEFINE_integer(
     "data_workers", 2, "Processes generating a profile's data (same result)."
+)
+# The llm profiles only (their defaults are in LLM_PROFILES).
+flags.DEFINE_string(
+    "pretrained",
+    None,
+    "llm: a local Hugging Face snapshot directory (config.json, "
+    "*.safetensors, tokenizer.json).",
+)
+flags.DEFINE_enum(
+    "dataset",
+    None,
+    ["arithmetic_mix", "add_or_sub"],
+    "llm: the paper's arithmetic_mix (default) or arithmetic__add_or_sub at "
+    "its easiest difficulty (multi-digit answers).",
+)
+flags.DEFINE_float("learning_rate", None, "llm: peak learning rate.")
+flags.DEFINE_integer("train_steps", None, "llm: fine-tuning steps a cell.")
+flags.DEFINE_integer("batch_size", None, "llm: problems a step.")
+flags.DEFINE_list("seeds", None, "llm: the seeds, e.g. 0,1,2.")
+flags.DEFINE_integer("test_size", None, "llm: test problems.")
+flags.DEFINE_bool(
+    "split_digits", None, "llm: every digit its own token (for Llama 3)."
+)
+LLM_FLAGS = (
+    "pretrained",
+    "dataset",
+    "learning_rate",
+    "train_steps",
+    "batch_size",
+    "seeds",
+    "test_size",
+    "split_digits",
 )
 
 # Everything that differs between the CPU grid and the accelerator grid.
@@ -120,6 +187,35 @@ PROFILES = {
         module="arithmetic__add_or_sub",
         difficulty="easy",
     ),
+}
+# The paper's Table 3 on a pretrained snapshot: its hyperparameters
+# (configs/arithmetic_mix_llm.py), every problem seen once. Kept apart from
+# PROFILES, whose entries are part of the other grids' cell hashes.
+LLM_PROFILES = {
+    "llm": dict(
+        pretrained=None,
+        dataset="arithmetic_mix",
+        train_steps=3000,
+        batch_size=32,
+        learning_rate=1e-5,
+        test_size=2000,
+        seeds=(0, 1, 2),
+        split_digits=False,
+    ),
+    "llm_smoke": dict(
+        pretrained=os.path.join(ROOT, "tests", "fixtures", "hf", "qwen2_tiny"),
+        dataset="arithmetic_mix",
+        train_steps=2,
+        batch_size=4,
+        learning_rate=1e-3,
+        test_size=8,
+        seeds=(0,),
+        split_digits=False,
+    ),
+}
+LLM_DATASETS = {
+    "arithmetic_mix": {},  # the paper's arithmetic__mixed
+    "add_or_sub": dict(module="arithmetic__add_or_sub", difficulty="easy"),
 }
 # The control of the multi-digit grid: CE with weight 1 + lam on digit
 # tokens ("more gradient on digits" without their order).
@@ -264,9 +360,304 @@ def results_path(profile) -> str:
   return os.path.join(HERE, "results.json")
 
 
+# ----------------------------------------------------------------------------
+# The llm profiles: the paper's Table 3 on a pretrained snapshot.
+
+
+def llm_settings(profile) -> dict:
+  """The profile's settings with the flags' overrides; UsageError if bad."""
+  settings = dict(LLM_PROFILES[profile])
+  for name in LLM_FLAGS:
+    if FLAGS[name].value is not None:
+      settings[name] = FLAGS[name].value
+  try:
+    settings["seeds"] = tuple(int(seed) for seed in settings["seeds"])
+  except ValueError as error:
+    raise app.UsageError(f"--seeds: {error}") from error
+  if not settings["pretrained"]:
+    raise app.UsageError(
+        f"--profile={profile} needs --pretrained=SNAPSHOT_DIR, a local "
+        "Hugging Face snapshot (python -m train.gguf_to_hf converts a GGUF "
+        "file into one)."
+    )
+  settings["pretrained"] = os.path.abspath(
+      os.path.expanduser(settings["pretrained"])
+  )
+  if not os.path.isdir(settings["pretrained"]):
+    raise app.UsageError(
+        f"--pretrained={settings['pretrained']} is not a directory."
+    )
+  for name in ("train_steps", "batch_size", "test_size"):
+    if settings[name] < 1:
+      raise app.UsageError(f"--{name} must be positive, got {settings[name]}.")
+  if not settings["seeds"]:
+    raise app.UsageError("--seeds is empty.")
+  # Every training problem seen once.
+  settings["train_size"] = settings["train_steps"] * settings["batch_size"]
+  return settings
+
+
+def snapshot_name(settings) -> str:
+  return os.path.basename(settings["pretrained"].rstrip(os.sep))
+
+
+def llm_grid(settings):
+  """The zero-shot evaluation, then every method for each seed."""
+  cells = {"zero_shot": [("zero_shot", "zero-shot", None, None, {})]}
+  cells["main"] = [
+      ("main", f"{method}-s{seed}", method, seed, {})
+      for seed in settings["seeds"]  # seed-major, as the other grids
+      for method in METHODS
+  ]
+  return cells
+
+
+def llm_cell_config(settings, method, seed, data_dir):
+  """configs/arithmetic_mix_llm.py (the paper's) with the profile's schedule."""
+  steps = settings["train_steps"]
+  config = arithmetic_mix_llm.get_config(method)
+  config.data_dir = data_dir
+  config.dataset_config = arithmetic_data.config_name(
+      settings["train_size"],
+      settings["test_size"],
+      0,
+      **LLM_DATASETS[settings["dataset"]],
+  )
+  config.pretrained = settings["pretrained"]
+  config.split_digits = settings["split_digits"]
+  config.train_steps = steps
+  config.batch_size = settings["batch_size"]
+  config.learning_rate = settings["learning_rate"]
+  config.warmup_steps = min(config.warmup_steps, max(1, steps // 10))
+  config.seed = seed
+  config.log_every_steps = min(25, steps)
+  config.eval_every_steps = max(1, steps // 2)  # halfway and at the end
+  config.checkpoint_every_steps = max(1, steps // 3)
+  config.eval_examples = 0  # the whole test split
+  config.eval_batch_size = min(64, settings["test_size"])
+  return config
+
+
+def llm_hash(config, profile, settings) -> str:
+  """A trained cell's hash; the seed list is left out (``--seeds`` grows)."""
+  data = {k: v for k, v in settings.items() if k != "seeds"}
+  return common.config_hash(config, profile, data)
+
+
+ZERO_SHOT_FIELDS = (
+    "task",
+    "pretrained",
+    "dtype",
+    "prompt_template",
+    "split_digits",
+    "max_question_len",
+    "max_answer_len",
+    "eval_examples",
+)
+
+
+def zero_shot_hash(config, profile, settings) -> str:
+  """Only what the zero-shot score depends on: snapshot, test set, prompt."""
+  fields = ml_collections.ConfigDict(
+      {name: config[name] for name in ZERO_SHOT_FIELDS}
+  )
+  data = dict(
+      zero_shot=True,
+      dataset=settings["dataset"],
+      test_size=settings["test_size"],
+  )
+  return common.config_hash(fields, profile, data)
+
+
+def _device() -> str:
+  device = jax.devices()[0]
+  return f"{device.platform}:{device.device_kind} x{jax.device_count()}"
+
+
+def _eval_fields(evaluation) -> dict:
+  return dict(
+      exact_match=evaluation["exact_match"],
+      parsed_rate=evaluation["parsed_rate"],
+      mean_abs_error=evaluation["mean_abs_error"],
+      mean_log10_abs_error=evaluation["mean_log10_abs_error"],
+      within_1_percent=evaluation["within_1_percent"],
+      num_test_examples=evaluation["num_examples"],
+      exact_match_by_answer_length=evaluation["exact_match_by_answer_length"],
+      examples_by_answer_length=evaluation["examples_by_answer_length"],
+  )
+
+
+def _llm_identity(profile, settings) -> dict:
+  return dict(
+      profile=profile,
+      snapshot=snapshot_name(settings),
+      pretrained=settings["pretrained"],
+      dataset=settings["dataset"],
+      data=LLM_DATASETS[settings["dataset"]],
+  )
+
+
+def zero_shot_record(profile, settings, config, digest) -> dict:
+  """Greedy-decodes the test split with the snapshot as it is (no training)."""
+  start = time.time()
+  task = checks.check_config(config)
+  mesh = step_lib.make_mesh(config, task)
+  sharding = NamedSharding(mesh, P(step_lib.BATCH_AXES))
+
+  def to_global(local):
+    return jax.make_array_from_process_local_data(sharding, np.asarray(local))
+
+  with jax.set_mesh(mesh):
+    model = task.create_model(config, mesh)
+    evaluation, _, predictions = evaluate.evaluate(
+        model, config, to_global, task
+    )
+  return dict(
+      name="zero-shot",
+      group="zero_shot",
+      method=None,
+      seed=None,
+      overrides={},
+      **_llm_identity(profile, settings),
+      model="pretrained",
+      steps=0,
+      problems_seen=0,
+      **_eval_fields(evaluation),
+      wall_seconds=round(time.time() - start, 1),
+      device=_device(),
+      host=platform.node(),
+      config_hash=digest,
+      predictions=[prediction for _, _, prediction in predictions],
+  )
+
+
+def _steps_per_second(metrics_path) -> float | None:
+  """The median training speed over the run's logs (the first compiles)."""
+  rates = [
+      r["steps_per_second"]
+      for r in plots.read_metrics(metrics_path)[0]
+      if "steps_per_second" in r
+  ]
+  rates = rates[1:] or rates
+  return float(np.median(rates)) if rates else None
+
+
+def llm_workdir(profile, settings, name, digest) -> str:
+  """One directory per cell and settings: a changed flag never resumes it."""
+  return os.path.join(
+      FLAGS.runs_dir, profile, snapshot_name(settings), f"{name}-{digest}"
+  )
+
+
+def llm_cell_record(profile, settings, cell, config, digest) -> dict:
+  """Fine-tunes one cell (resuming if it can) and returns its record."""
+  group, name, method, seed, overrides = cell
+  workdir = llm_workdir(profile, settings, name, digest)
+  result, wall_seconds = common.train_once(config, workdir)
+  metrics_path = os.path.join(workdir, "metrics.jsonl")
+  return dict(
+      name=name,
+      group=group,
+      method=method,
+      seed=seed,
+      overrides=overrides,
+      **_llm_identity(profile, settings),
+      model="pretrained",
+      steps=result["step"],
+      batch_size=config.batch_size,
+      learning_rate=config.learning_rate,
+      problems_seen=result["step"] * config.batch_size,
+      **_eval_fields(result["eval"]),
+      final_train_loss=result["train"]["loss"],
+      final_train_ce=result["train"]["ce"],
+      steps_per_second=_steps_per_second(metrics_path),
+      wall_seconds=wall_seconds,
+      device=_device(),
+      host=platform.node(),
+      config_hash=digest,
+      curves=common.curves(metrics_path),
+      predictions=train.read_predictions(workdir),
+  )
+
+
+def llm_results_path(settings) -> str:
+  if FLAGS.results:
+    return FLAGS.results
+  return os.path.join(HERE, "llm", snapshot_name(settings), "results.json")
+
+
+def run_llm(profile) -> None:
+  """The llm grid: zero-shot, then each method and seed; resumable."""
+  settings = llm_settings(profile)
+  results = llm_results_path(settings)
+  os.makedirs(os.path.dirname(os.path.abspath(results)), exist_ok=True)
+  arithmetic_data.prepare(
+      FLAGS.data_dir,
+      settings["train_size"],
+      settings["test_size"],
+      workers=FLAGS.data_workers,
+      **LLM_DATASETS[settings["dataset"]],
+  )
+  cells = llm_grid(settings)
+  groups = FLAGS.groups if FLAGS["groups"].present else list(cells)
+  unknown = [group for group in groups if group not in cells]
+  if unknown:
+    raise app.UsageError(
+        f"--groups={','.join(unknown)}: the {profile} grid has "
+        f"{', '.join(cells)}."
+    )
+  runs = common.load_results(results)
+  done = {r["config_hash"] for r in runs}
+  todo = [cell for group in groups for cell in cells[group]]
+  new = 0
+  for index, cell in enumerate(todo):
+    group, name, method, seed, _ = cell
+    if group == "zero_shot":
+      config = llm_cell_config(settings, "ce", 0, FLAGS.data_dir)
+      digest = zero_shot_hash(config, profile, settings)
+    else:
+      config = llm_cell_config(settings, method, seed, FLAGS.data_dir)
+      digest = llm_hash(config, profile, settings)
+    if digest in done:
+      continue
+    if FLAGS.max_cells and new >= FLAGS.max_cells:
+      break
+    logging.info("cell %d/%d: %s", index + 1, len(todo), name)
+    if group == "zero_shot":
+      record = zero_shot_record(profile, settings, config, digest)
+    else:
+      record = llm_cell_record(profile, settings, cell, config, digest)
+    runs.append(record)
+    common.save_results(results, runs)
+    done.add(digest)
+    new += 1
+    if group != "zero_shot":  # recorded: its checkpoints are never read again
+      shutil.rmtree(
+          os.path.join(
+              llm_workdir(profile, settings, name, digest), "checkpoints"
+          ),
+          ignore_errors=True,
+      )
+    print(
+        f"[{index + 1}/{len(todo)}] {settings['dataset']} {name}: exact "
+        f"match {100 * record['exact_match']:.2f}% "
+        f"({record['wall_seconds']:.0f}s)",
+        flush=True,
+    )
+  print(f"{len(runs)} runs in {results}")
+
+
 def main(argv):
   del argv
   logs.quiet_terminal()
+  if FLAGS.profile in LLM_PROFILES:
+    run_llm(FLAGS.profile)
+    return
+  given = [name for name in LLM_FLAGS if FLAGS[name].value is not None]
+  if given:
+    raise app.UsageError(
+        f"--{', --'.join(given)}: only for --profile=llm (or llm_smoke)."
+    )
   settings = PROFILES[FLAGS.profile]
   results = results_path(FLAGS.profile)
   os.makedirs(os.path.dirname(results), exist_ok=True)

@@ -1,0 +1,82 @@
+"""The arithmetic_mix grid on a pretrained snapshot (``--profile=llm``).
+
+``llm_smoke`` runs the llm profile's code on the tiny Qwen2 fixture snapshot
+(tests/fixtures/hf/qwen2_tiny) in seconds: the zero-shot record, fine-tuned
+cells, resuming cell by cell.
+"""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def run(*args, check=True):
+  result = subprocess.run(
+      [sys.executable, "-m", "experiments.arithmetic_mix.run", *args],
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=900,
+  )
+  if check:
+    assert result.returncode == 0, result.stderr[-3000:]
+  return result
+
+
+def test_llm_smoke_grid_records_zero_shot_and_resumes(tmp_path):
+  results = tmp_path / "results.json"
+  common = [
+      f"--results={results}",
+      f"--runs_dir={tmp_path / 'runs'}",
+      f"--data_dir={tmp_path / 'data'}",
+      "--profile=llm_smoke",
+  ]
+  run(*common, "--max_cells=3")
+  first = json.loads(results.read_text())["runs"]
+  assert [r["name"] for r in first] == ["zero-shot", "ce-s0", "emd-s0"]
+  zero_shot, trained = first[0], first[1:]
+  assert zero_shot["group"] == "zero_shot" and zero_shot["method"] is None
+  assert zero_shot["steps"] == 0 and zero_shot["problems_seen"] == 0
+  for record in first:
+    assert record["snapshot"] == "qwen2_tiny"
+    assert record["dataset"] == "arithmetic_mix" and record["data"] == {}
+    assert 0.0 <= record["exact_match"] <= 1.0
+    assert record["num_test_examples"] == len(record["predictions"]) == 8
+  for record in trained:
+    assert record["group"] == "main" and record["seed"] == 0
+    assert record["steps"] == 2 and record["learning_rate"] == 1e-3
+    assert record["problems_seen"] == 2 * 4  # each problem seen once
+    assert record["steps_per_second"] > 0
+    workdir = (
+        tmp_path
+        / "runs"
+        / "llm_smoke"
+        / "qwen2_tiny"
+        / f"{record['name']}-{record['config_hash']}"
+    )
+    assert (workdir / "metrics.jsonl").is_file()
+    assert not (workdir / "checkpoints").exists()  # deleted once recorded
+  assert len({r["config_hash"] for r in first}) == 3
+  # Rerun: finished cells (the zero-shot one too) are skipped.
+  out = run(*common, "--max_cells=1").stdout
+  runs = json.loads(results.read_text())["runs"]
+  assert runs[:3] == first
+  assert [r["name"] for r in runs[3:]] == ["ntl_mse-s0"]
+  assert "zero-shot" not in out and "ce-s0" not in out
+
+
+def test_llm_flags_are_refused_for_other_profiles(tmp_path):
+  result = run(
+      "--profile=smoke",
+      "--learning_rate=1e-4",
+      f"--results={tmp_path / 'results.json'}",
+      check=False,
+  )
+  assert result.returncode != 0
+  assert "--learning_rate: only for --profile=llm" in result.stderr
+  result = run("--profile=llm", check=False)
+  assert result.returncode != 0
+  assert "--pretrained=SNAPSHOT_DIR" in result.stderr
