@@ -418,3 +418,53 @@ def test_command_line_without_the_data(tmp_path):
   paired = row(sections(report)["Paired differences vs CE"], "CE + NTIL − CE")
   assert paired[:2] == ["+25.00 ± 11.79", "2/2"]
   assert (tmp_path / "plots" / "exact_match_curve.png").exists()
+
+
+def test_verdict_significant_on_average_but_not_every_seed():
+  d = dict(mean=-13.28, n=5, better=1, p=0.024)
+  assert dr._verdict(d) == (
+      "worse on average (p = 0.024), but not on every seed"
+  )
+  assert not dr.beats(d) and not dr.beyond_noise(d)
+  unanimous = dict(mean=-7.75, n=5, better=0, p=0.0004)
+  assert dr._verdict(unanimous) == (
+      "worse, beyond seed noise (p = 0.000, every seed)"
+  )
+
+
+def test_regime_tells_a_slow_rise_from_a_steep_one(tmp_path):
+  runs = [record(n) for n in ("ce-s0", "ce-s1", "ntil-s0")]
+  for run in runs:  # 1 point below the end at step 600, on every seed
+    curve = run["curves"]["exact_match"]
+    curve[-2] = curve[-1] - 0.01
+  dr.write_report(runs, PROBLEMS, str(tmp_path), "test problems")
+  regime = sections((tmp_path / "results.md").read_text())["Regime"]
+  assert (
+      "rising slowly at the end of the budget (+1.00 points over the "
+      "last 200 steps" in regime
+  )
+  assert "still rising steeply" not in regime
+
+
+def test_same_cells_on_another_device_are_compared(tmp_path):
+  runs = [record(n) for n in ("ce-s0", "ntil-s0")]
+  runs[0]["config_hash"], runs[1]["config_hash"] = "aaa", "bbb"
+  runs[0]["device"] = runs[1]["device"] = "gpu:H100 x1"
+  twin = dict(runs[0], device="cpu:cpu x1")
+  twin["exact_match"] = runs[0]["exact_match"] - 0.05  # 5 points lower
+  unrelated = dict(runs[1], config_hash="ccc")
+  dr.write_report(
+      runs,
+      PROBLEMS,
+      str(tmp_path),
+      "test problems",
+      "digits_long",
+      other=[twin, unrelated],
+  )
+  report = (tmp_path / "results.md").read_text()
+  section = sections(report)["The same cells on another device"]
+  em = 100 * runs[0]["exact_match"]
+  assert f"| ce-s0 | {em:.2f} | {em - 5:.2f} (cpu:cpu x1) | +5.00 |" in section
+  assert "ntil-s0" not in section  # its hash has no twin
+  assert "Mean absolute difference 5.00 points over 1 cells" in section
+  assert "--profile=digits_long` from `digits/results_long.json`" in report

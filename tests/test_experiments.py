@@ -60,9 +60,15 @@ def test_grid_resumes_and_report_renders(tmp_path):
   run("experiments.arithmetic_mix.run", *common, "--max_cells=3")
   first = json.loads((tmp_path / "results.json").read_text())["runs"]
   assert [r["name"] for r in first] == ["ce-s0", "emd-s0", "ntl_mse-s0"]
-  out = run("experiments.arithmetic_mix.run", *common)
+  # The rest by two processes at once, each taking the next unclaimed cell.
+  out = run("experiments.arithmetic_mix.run", *common, "--workers=2")
   runs = json.loads((tmp_path / "results.json").read_text())["runs"]
   assert len(runs) == 10 and runs[:3] == first  # finished cells are skipped
+  assert sorted(r["name"] for r in runs) == sorted(
+      f"{m}-s{s}"
+      for m in ("ce", "emd", "ntl_mse", "soft_label", "ntil")
+      for s in (0, 1)
+  )  # every cell once: no two workers ran the same one
   assert "[1/10]" not in out
   for record in runs:
     assert 0.0 <= record["exact_match"] <= 1.0

@@ -28,9 +28,10 @@ FLAGS = flags.FLAGS
 flags.DEFINE_enum(
     "profile",
     "default",
-    ["default", "digits"],
+    ["default", "digits", "digits_long"],
     "Which grid's report: default (results.json of the cpu, accelerator or "
-    "smoke profile) or digits (digits/results.json of the digits profiles).",
+    "smoke profile), digits (digits/results.json) or digits_long "
+    "(digits/results_long.json -> digits/long/).",
 )
 flags.DEFINE_string(
     "results",
@@ -346,11 +347,15 @@ def write_report(runs, out_dir):
 
 def main(argv):
   del argv
-  if FLAGS.profile == "digits":
+  if FLAGS.profile in digits_report.PROFILES:
+    name, folder = digits_report.PROFILES[FLAGS.profile]
     path = digits_report.main(
-        FLAGS.results or digits_report.RESULTS,
-        FLAGS.out_dir or digits_report.HERE,
+        FLAGS.results or os.path.join(digits_report.HERE, name),
+        FLAGS.out_dir or os.path.join(digits_report.HERE, folder),
         FLAGS.data_dir,
+        FLAGS.profile,
+        # The same cells on the CPU, where some were first run.
+        [os.path.join(digits_report.HERE, "results_cpu.json")],
     )
     print(f"wrote {path} and plots/")
     return

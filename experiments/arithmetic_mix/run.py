@@ -42,6 +42,7 @@ the plots from results.json.
 import os
 import platform
 import shutil
+import sys
 import time
 
 from absl import app
@@ -75,6 +76,7 @@ flags.DEFINE_enum(
         "accelerator",
         "smoke",
         "digits",
+        "digits_long",
         "digits_smoke",
         "llm",
         "llm_smoke",
@@ -101,6 +103,12 @@ flags.DEFINE_string("data_dir", "data", "Generated data.")
 flags.DEFINE_integer("max_cells", 0, "Stop after this many new cells (0: all).")
 flags.DEFINE_integer(
     "data_workers", 2, "Processes generating a profile's data (same result)."
+)
+flags.DEFINE_integer(
+    "workers",
+    1,
+    "Processes running the grid at once, each taking the next cell no other "
+    "holds (not for the llm profiles).",
 )
 # The llm profiles only (their defaults are in LLM_PROFILES).
 flags.DEFINE_string(
@@ -175,6 +183,20 @@ PROFILES = {
         seeds=(0, 1, 2, 3, 4),
         module="arithmetic__add_or_sub",
         difficulty="easy",
+    ),
+    # The same grid on 4x the budget (and 4x the problems, each seen once),
+    # where CE's curve flattens: a trained model rather than a fixed budget.
+    "digits_long": dict(
+        model="small",
+        train_steps=3200,
+        batch_size=128,
+        learning_rate=1e-3,
+        train_size=3200 * 128,
+        test_size=2000,
+        seeds=(0, 1, 2, 3, 4),
+        module="arithmetic__add_or_sub",
+        difficulty="easy",
+        evals=8,
     ),
     "digits_smoke": dict(
         model="tiny",
@@ -293,7 +315,8 @@ def cell_config(profile, method, seed, overrides, data_dir):
   config.learning_rate = settings["learning_rate"]
   config.seed = seed
   config.log_every_steps = min(25, settings["train_steps"])
-  evals = 4 if _variant(settings) else 3  # a learning curve of 4 points
+  # A learning curve of 3-8 points.
+  evals = settings.get("evals", 4 if _variant(settings) else 3)
   config.eval_every_steps = max(1, settings["train_steps"] // evals)
   config.checkpoint_every_steps = max(1, settings["train_steps"] // 3)
   config.eval_examples = 0  # the whole test split
@@ -355,6 +378,8 @@ def run_cell(profile, group, name, method, seed, overrides, digest):
 def results_path(profile) -> str:
   if FLAGS.results:
     return FLAGS.results
+  if profile == "digits_long":
+    return os.path.join(HERE, "digits", "results_long.json")
   if _variant(PROFILES[profile]):
     return os.path.join(HERE, "digits", "results.json")
   return os.path.join(HERE, "results.json")
@@ -668,34 +693,30 @@ def main(argv):
       workers=FLAGS.data_workers,
       **_variant(settings),
   )
-  runs = common.load_results(results)
-  done = {r["config_hash"] for r in runs}
+  if FLAGS.workers > 1:  # after `prepare`: the workers share its data
+    sys.exit(
+        common.spawn_workers(
+            "experiments.arithmetic_mix.run", sys.argv, FLAGS.workers
+        )
+    )
   cells = grid(FLAGS.profile)
   todo = [cell for group in FLAGS.groups for cell in cells[group]]
-  new = 0
-  for index, (group, name, method, seed, overrides) in enumerate(todo):
+
+  def configure(cell):
+    _, _, method, seed, overrides = cell
     config = cell_config(FLAGS.profile, method, seed, overrides, FLAGS.data_dir)
-    digest = config_hash(config, FLAGS.profile)
-    if digest in done:
-      continue
-    if FLAGS.max_cells and new >= FLAGS.max_cells:
-      break
-    logging.info("cell %d/%d: %s", index + 1, len(todo), name)
-    record = run_cell(
-        FLAGS.profile, group, name, method, seed, overrides, digest
-    )
-    runs.append(record)
-    common.save_results(results, runs)
-    new += 1
-    print(
-        f"[{index + 1}/{len(todo)}] {name}: exact match "
-        f"{100 * record['exact_match']:.2f}% ({record['wall_seconds']:.0f}s)",
-        flush=True,
-    )
-  print(
-      f"{len(runs)} runs in {results}; "
-      "now: python -m experiments.arithmetic_mix.report"
+    return config_hash(config, FLAGS.profile)
+
+  def execute(cell, digest):
+    return run_cell(FLAGS.profile, *cell, digest)
+
+  def describe(record):
+    return f"{record['name']}: exact match {100 * record['exact_match']:.2f}%"
+
+  common.run_grid(
+      todo, configure, execute, describe, results, max_runs=FLAGS.max_cells
   )
+  logging.info("now: python -m experiments.arithmetic_mix.report")
 
 
 if __name__ == "__main__":
