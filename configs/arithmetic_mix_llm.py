@@ -35,6 +35,9 @@ def get_config(method: str = "ntil") -> ml_collections.ConfigDict:
   config.split_digits = False  # every digit its own token (for Llama 3)
   config.max_question_len = 80  # characters; longer ones (~0.5%) skipped
   config.max_answer_len = 12
+  # Prompt tokens (BOS, template, question) to pad to; 0: a bound from
+  # max_question_len's characters. Longer prompts are skipped.
+  config.max_prompt_tokens = 0
   config.tp = 1  # tensor parallelism: mesh ('data', 'fsdp', 'tp')
 
   config.learning_rate = 1e-5

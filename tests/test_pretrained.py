@@ -22,6 +22,7 @@ import pytest
 from configs import arithmetic_mix_llm
 from train import arithmetic_data
 from train import checks
+from train import input_pipeline
 from train import pretrained
 from train import train
 from train.tasks import arithmetic_mix_llm as task
@@ -395,12 +396,54 @@ def test_qwen_prompts_have_no_bos(data_dir):
   assert prompts[0, : lengths[0]].tolist() == lm.encode(text)
 
 
+def test_prompts_padded_to_the_longest_in_tokens(data_dir):
+  config = make_config(data_dir, "llama3_tiny", max_question_len=80)
+  char_bound = task.prompt_length(config)
+  # The longest prompt of both splits, counted directly, rounded up to 8.
+  lm = pretrained.load(config.pretrained)
+  longest = 0
+  for split in ("train", "test"):
+    source, usable = task._usable(config, split)
+    for record in source.__getitems__([int(i) for i in usable]):
+      question, _ = input_pipeline.decode_record(record)
+      text = config.prompt_template.format(question=question)
+      longest = max(longest, 1 + len(lm.encode(text)))  # BOS + prompt
+  measured = task.longest_prompt_tokens(config)
+  assert measured == -(-longest // 8) * 8
+  assert measured < char_bound
+  tight = make_config(
+      data_dir, "llama3_tiny", max_question_len=80, max_prompt_tokens=measured
+  )
+  assert task.prompt_length(tight) == measured
+  assert task.sequence_length(tight) == measured + tight.max_answer_len
+  # Nothing is skipped at the measured bound; below it, the longer prompts.
+  for split in ("train", "test"):
+    assert len(task._usable(tight, split)[1]) == len(
+        task._usable(config, split)[1]
+    )
+  short = make_config(
+      data_dir,
+      "llama3_tiny",
+      max_question_len=80,
+      max_prompt_tokens=longest - 1,
+  )
+  kept = task._usable(short, "train")[1]
+  assert 0 < len(kept) < len(task._usable(config, "train")[1])
+  source = task._usable(short, "train")[0]
+  records = source.__getitems__([int(i) for i in kept])
+  questions = [input_pipeline.decode_record(r)[0] for r in records]
+  assert task.prompt_tokens(short, questions).max() <= longest - 1
+  batch = task.encode_examples(tight, questions[:2], ["12", "3"])
+  assert batch["inputs"].shape == (2, task.sequence_length(tight))
+
+
 def test_config_errors_are_one_line(data_dir):
   for overrides, message in [
       (dict(pretrained=""), "--config.pretrained"),
       (dict(pretrained="/nonexistent"), "not a directory"),
       (dict(prompt_template="Q: {q}"), "prompt_template"),
       (dict(dtype="float16"), "dtype"),
+      (dict(max_prompt_tokens=-1), "max_prompt_tokens must be >= 0"),
   ]:
     with pytest.raises(train.ConfigError, match=message):
       checks.check_config(make_config(data_dir, **overrides))

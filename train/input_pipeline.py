@@ -339,22 +339,41 @@ def load_split(
 
 
 def fitting_indices(
-    source, *, max_question_len: int, max_answer_len: int, chunk: int = 4096
+    source,
+    *,
+    max_question_len: int,
+    max_answer_len: int,
+    chunk: int = 4096,
+    questions_fit=None,
 ) -> np.ndarray:
   """Indices of the records whose question and answer fit the maximum lengths.
 
   Reads every record once (about 9k records/s); records that do not fit are
   skipped rather than truncated, which would change the problem.
+
+  Args:
+    source: the split's data source.
+    max_question_len: the longest question kept, in characters.
+    max_answer_len: the longest answer kept, in characters.
+    chunk: records read at a time.
+    questions_fit: optional ``list[str] -> bool array``, a further test of
+      the questions that fit in characters (e.g. their length in tokens).
   """
   keep = []
   for start in range(0, len(source), chunk):
     records = source.__getitems__(
         list(range(start, min(start + chunk, len(source))))
     )
+    indices, questions = [], []
     for offset, record in enumerate(records):
       question, answer = decode_record(record)
       if len(question) <= max_question_len and len(answer) <= max_answer_len:
-        keep.append(start + offset)
+        indices.append(start + offset)
+        questions.append(question)
+    if questions_fit is not None and indices:
+      fits = np.asarray(questions_fit(questions), dtype=bool)
+      indices = [i for i, fit in zip(indices, fits) if fit]
+    keep += indices
   return np.asarray(keep, dtype=np.int64)
 
 

@@ -64,6 +64,7 @@ from train import logs
 from train import plots
 from train import step as step_lib
 from train import train
+from train.tasks import arithmetic_mix_llm as llm_task
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -460,6 +461,7 @@ def llm_cell_config(settings, method, seed, data_dir):
   config.checkpoint_every_steps = max(1, steps // 3)
   config.eval_examples = 0  # the whole test split
   config.eval_batch_size = min(64, settings["test_size"])
+  config.max_prompt_tokens = settings.get("max_prompt_tokens", 0)
   return config
 
 
@@ -623,6 +625,11 @@ def run_llm(profile) -> None:
       workers=FLAGS.data_workers,
       **LLM_DATASETS[settings["dataset"]],
   )
+  # Prompts padded to what the data needs, not the character bound.
+  settings["max_prompt_tokens"] = llm_task.longest_prompt_tokens(
+      llm_cell_config(settings, "ce", 0, FLAGS.data_dir)
+  )
+  logging.info("prompts padded to %d tokens", settings["max_prompt_tokens"])
   cells = llm_grid(settings)
   groups = FLAGS.groups if FLAGS["groups"].present else list(cells)
   unknown = [group for group in groups if group not in cells]
