@@ -7,8 +7,11 @@ cells, resuming cell by cell.
 
 import json
 import pathlib
+import shutil
 import subprocess
 import sys
+
+from experiments.arithmetic_mix import run as grid
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -80,3 +83,29 @@ def test_llm_flags_are_refused_for_other_profiles(tmp_path):
   result = run("--profile=llm", check=False)
   assert result.returncode != 0
   assert "--pretrained=SNAPSHOT_DIR" in result.stderr
+
+
+def test_cell_hashes_name_the_snapshot_not_its_location(tmp_path):
+  fixture = ROOT / "tests" / "fixtures" / "hf" / "qwen2_tiny"
+  here, there = tmp_path / "a" / "qwen2_tiny", tmp_path / "b" / "qwen2_tiny"
+  shutil.copytree(fixture, here)
+  shutil.copytree(fixture, there)
+
+  def hashes(path):
+    settings = dict(grid.LLM_PROFILES["llm_smoke"], pretrained=str(path))
+    settings["train_size"] = settings["train_steps"] * settings["batch_size"]
+    config = grid.llm_cell_config(settings, "ntil", 0, "data")
+    assert config.pretrained == str(path)  # the run reads it from there
+    return (
+        grid.llm_hash(config, "llm_smoke", settings),
+        grid.zero_shot_hash(config, "llm_smoke", settings),
+    )
+
+  assert hashes(here) == hashes(there)
+  assert grid.snapshot_identity(str(here)).startswith("qwen2_tiny@")
+  # Another model under the same name is another cell.
+  config = json.loads((there / "config.json").read_text())
+  config["num_hidden_layers"] += 1
+  (there / "config.json").write_text(json.dumps(config))
+  assert hashes(here)[0] != hashes(there)[0]
+  assert hashes(here)[1] != hashes(there)[1]

@@ -39,6 +39,7 @@ Then ``python -m experiments.arithmetic_mix.report`` writes results.md and
 the plots from results.json.
 """
 
+import hashlib
 import os
 import platform
 import shutil
@@ -465,9 +466,35 @@ def llm_cell_config(settings, method, seed, data_dir):
   return config
 
 
-def llm_hash(config, profile, settings) -> str:
-  """A trained cell's hash; the seed list is left out (``--seeds`` grows)."""
+def snapshot_identity(path) -> str:
+  """What names a snapshot in cell hashes: its folder's name, a digest of
+  its config.json and its weight files' names and sizes. Not its location,
+  so a grid resumes and its results merge wherever the snapshot sits."""
+  digest = hashlib.sha256()
+  with open(os.path.join(path, "config.json"), "rb") as f:
+    digest.update(f.read())
+  for name in sorted(os.listdir(path)):
+    if name.endswith(".safetensors"):
+      size = os.path.getsize(os.path.join(path, name))
+      digest.update(f"{name}:{size}".encode())
+  return f"{os.path.basename(path.rstrip(os.sep))}@{digest.hexdigest()[:12]}"
+
+
+def _located_nowhere(config, settings):
+  """``config`` and ``settings`` with the snapshot path replaced by its
+  `snapshot_identity`, for hashing."""
+  identity = snapshot_identity(settings["pretrained"])
+  config = ml_collections.ConfigDict(config.to_dict())
+  config.pretrained = identity
   data = {k: v for k, v in settings.items() if k != "seeds"}
+  data["pretrained"] = identity
+  return config, data
+
+
+def llm_hash(config, profile, settings) -> str:
+  """A trained cell's hash; the seed list is left out (``--seeds`` grows),
+  and the snapshot counts by its identity, not its path."""
+  config, data = _located_nowhere(config, settings)
   return common.config_hash(config, profile, data)
 
 
@@ -485,6 +512,7 @@ ZERO_SHOT_FIELDS = (
 
 def zero_shot_hash(config, profile, settings) -> str:
   """Only what the zero-shot score depends on: snapshot, test set, prompt."""
+  config, _ = _located_nowhere(config, settings)
   fields = ml_collections.ConfigDict(
       {name: config[name] for name in ZERO_SHOT_FIELDS}
   )
