@@ -186,20 +186,6 @@ PROFILES = {
         module="arithmetic__add_or_sub",
         difficulty="easy",
     ),
-    # The same grid on 4x the budget (and 4x the problems, each seen once),
-    # where CE's curve flattens: a trained model rather than a fixed budget.
-    "digits_long": dict(
-        model="small",
-        train_steps=3200,
-        batch_size=128,
-        learning_rate=1e-3,
-        train_size=3200 * 128,
-        test_size=2000,
-        seeds=(0, 1, 2, 3, 4),
-        module="arithmetic__add_or_sub",
-        difficulty="easy",
-        evals=8,
-    ),
     "digits_smoke": dict(
         model="tiny",
         train_steps=3,
@@ -212,6 +198,11 @@ PROFILES = {
         difficulty="easy",
     ),
 }
+# The digits grid on 4x the budget (and 4x the problems, each seen once),
+# where CE's curve flattens: a trained model rather than a fixed budget.
+PROFILES["digits_long"] = dict(
+    PROFILES["digits"], train_steps=3200, train_size=3200 * 128, evals=8
+)
 # The paper's Table 3 on a pretrained snapshot: its hyperparameters
 # (configs/arithmetic_mix_llm.py), every problem seen once. Kept apart from
 # PROFILES, whose entries are part of the other grids' cell hashes.
