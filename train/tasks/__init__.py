@@ -22,6 +22,14 @@ The trainer (train/train.py) never names a task; it looks one up by
 * ``score_answers(predictions, answers, config) -> dict`` of sums that hosts
   add, ``summarize(sums) -> dict`` of metrics, ``headline(metrics) -> str``.
 
+Optional hook, for tasks that render their data (clock_time, grounding*):
+
+* ``render_stream(rngs) -> list[dict]``: one train record (``image``,
+  ``answer`` and ``question`` where the task has one) from each NumPy
+  generator; with ``config.train_stream`` the task's ``train_iterator`` is
+  a `train.streams.StreamIterator` over them (a task without this hook
+  refuses ``train_stream``).
+
 Optional hooks, for tasks that bring their own model (arithmetic_mix_llm):
 
 * ``make_mesh(config)``: the device mesh (default ``('data', 'fsdp')``).

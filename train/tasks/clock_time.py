@@ -38,6 +38,7 @@ import tensorflow_datasets as tfds
 from train import input_pipeline
 from train import generated_data
 from train import models
+from train import streams
 from train import tokenizer
 
 DATASET_NAME = "clock_time"
@@ -418,6 +419,7 @@ class ClockTime(generated_data.GeneratedBuilder, skip_registration=True):
             ("train", config.train_size),
             ("test", config.test_size),
         )
+        if size  # train_size=0: the test split alone (a streamed run's)
     }
 
   def _generate_examples(self, split, size, seed):
@@ -430,11 +432,12 @@ def prepare(
 ) -> str:
   """Renders the dataset under ``data_dir`` unless it exists; its directory.
 
+  ``train_size=0`` writes the test split alone (for ``train_stream`` runs).
   Also writes ``samples.png`` (24 test clocks with their labels) beside it.
   """
-  if train_size <= 0 or test_size <= 0:
+  if train_size < 0 or test_size <= 0:
     raise ValueError(
-        f"train_size and test_size must be positive, got "
+        f"train_size must be >= 0 and test_size positive, got "
         f"{train_size} and {test_size}."
     )
   if seed < 0:
@@ -509,7 +512,12 @@ def check_data(config) -> None:
 
 
 def _load(config, split):
-  return tfds.builder_from_directory(_find(config)).as_data_source(split=split)
+  return input_pipeline.split_source(
+      _find(config),
+      split,
+      prepare="set --config.train_stream=True to render the train clocks "
+      "as the run reads them, or prepare a train split",
+  )
 
 
 def model_fields(config) -> dict:
@@ -541,14 +549,38 @@ def encode_records(records, *, max_answer_len: int) -> dict[str, np.ndarray]:
   return batch
 
 
+def render_stream(rngs) -> list[dict]:
+  """The train stream's records: one clock from each generator."""
+  images, answers = render_clock_batch(rngs)
+  return [dict(image=i, answer=a) for i, a in zip(images, answers)]
+
+
 def train_iterator(config, *, process_index=None, process_count=None):
-  """Checkpointable iterator over this host's train batches (shuffled)."""
+  """Checkpointable iterator over this host's train batches.
+
+  The prepared train split, shuffled; with ``config.train_stream`` clocks
+  rendered as they are read, none twice, none of the test split's
+  (`train.streams`).
+  """
+  encode = functools.partial(
+      encode_records, max_answer_len=config.max_answer_len
+  )
+  if config.get("train_stream", False):
+    test = _load(config, "test")
+    return streams.train_iterator(
+        config,
+        render_stream,
+        encode,
+        test.__getitems__(list(range(len(test)))),
+        process_index=process_index,
+        process_count=process_count,
+    )
   source = _load(config, "train")
   return input_pipeline.task_train_iterator(
       config,
       source,
       np.arange(len(source)),
-      functools.partial(encode_records, max_answer_len=config.max_answer_len),
+      encode,
       process_index=process_index,
       process_count=process_count,
   )
