@@ -29,6 +29,7 @@ from train import rundir
 from train import streams
 from train import train
 from train.tasks import clock_time
+from train.tasks import grounding_scenes as scenes
 from train.tasks import grounding_single
 
 
@@ -390,6 +391,21 @@ def test_prepared_clocks_are_byte_for_byte_those_of_the_old_renderer():
   # Measured with the full-image renderer (commit bff528f).
   assert digest.hexdigest() == (
       "b261fa549cc3d25c9aa48c4c7760d50249df61f945c177155cde71fb4156cfa9"
+  )
+
+
+def test_prepared_scenes_are_byte_for_byte_those_before_the_shape_cache():
+  digest = hashlib.sha256()
+  for variant in scenes.VARIANTS.values():
+    for split in ("test", "train"):
+      for scene in scenes.generate_scenes(variant, split, 500, 0):
+        digest.update(scene.image.tobytes())
+        digest.update(scene.question.encode())
+        digest.update(scene.answer.encode())
+        digest.update(repr(scene.objects).encode())
+  # Measured before shapes were cached (commit bff528f).
+  assert digest.hexdigest() == (
+      "b91fec93c1a9e0dba2a6e7b0b660cd6ccf984a62c5e12fce744b6e4d885e72f8"
   )
 
 
