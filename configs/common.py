@@ -89,7 +89,8 @@ def base_config(method: str) -> ml_collections.ConfigDict:
   config.worker_count = 0  # grain reading processes (0: threads)
   # Render each train example as it is read, never one twice, instead of
   # reading a prepared train split (tasks that render their data; see
-  # train/streams.py). The test split stays the prepared one.
+  # train/streams.py; worker_count does not apply). The test split stays
+  # the prepared one. Fixed for a run: a resume may not change it.
   config.train_stream = False
 
   # Model: a size from train/models.py MODEL_SIZES.

@@ -25,6 +25,7 @@ from configs import grounding as grounding_config
 from tests.test_train import logged
 from tests.test_train import ROOT
 from train import checks
+from train import input_pipeline
 from train import rundir
 from train import streams
 from train import train
@@ -100,26 +101,32 @@ def test_stopped_and_resumed_stream_is_bitwise_the_straight_run(
 # (b) Never twice: digests unique over the budget; a repeat is drawn again.
 
 
-def test_a_runs_budget_of_clocks_has_no_repeat(data_dir):
-  config = clock_stream_config(data_dir, batch_size=64)
-  stream = clock_time.train_iterator(config, process_index=0, process_count=1)
+@pytest.mark.parametrize("task", [clock_time, grounding_single])
+def test_a_runs_budget_has_no_repeat_and_no_test_example(data_dir, task):
+  make = clock_stream_config if task is clock_time else single_stream_config
+  stream = task.train_iterator(
+      make(data_dir, batch_size=64), process_index=0, process_count=1
+  )
   test = tfds.builder_from_directory(
-      clock_time.input_pipeline.find_dataset_dir(
-          data_dir, dataset_name="clock_time"
-      )
+      input_pipeline.find_dataset_dir(data_dir, dataset_name=task.NAME)
   ).as_data_source(split="test")
   test_digests = streams.record_digests(test.__getitems__(list(range(16))))
+  assert stream.excluded == test_digests and len(test_digests) == 16
   digests = []
-  for _ in range(20):  # 1,280 clocks
+  for _ in range(20):  # 1,280 examples
     digests += [streams.example_digest(r) for r in stream.next_records()]
   assert len(set(digests)) == len(digests) == 20 * 64
   assert not set(digests) & test_digests
-  assert stream.excluded == test_digests
-  # A test record read back digests like the same clock rendered.
+  assert stream.seen == set(digests)
+
+
+def test_a_test_record_digests_like_the_same_example_rendered(data_dir):
+  test = tfds.builder_from_directory(
+      input_pipeline.find_dataset_dir(data_dir, dataset_name="clock_time")
+  ).as_data_source(split="test")
   (image, answer), *_ = clock_time.generate_clocks("test", 16, 0)
-  assert streams.example_digest(dict(image=image, answer=answer)) in (
-      test_digests
-  )
+  rendered = streams.example_digest(dict(image=image, answer=answer))
+  assert rendered == streams.example_digest(test[0])  # bytes text, same
 
 
 def test_a_repeat_is_drawn_again_from_the_next_attempts_key():
@@ -180,6 +187,38 @@ def test_a_clock_seen_or_in_the_test_split_is_replaced_deterministically():
   assert copy.seen == stream.seen and copy.get_state() == stream.get_state()
   for a, b in zip(next(copy), next(stream)):
     assert np.array_equal(a["image"], b["image"]) and a["answer"] == b["answer"]
+
+
+def test_reading_ahead_gives_the_batches_and_states_of_reading_on_demand():
+  def make(prefetch):
+    return streams.StreamIterator(
+        clock_time.render_stream,
+        lambda records: records,
+        seed=1,
+        global_batch_size=6,
+        process_index=0,
+        process_count=1,
+        prefetch=prefetch,
+    )
+
+  def same(a, b):
+    return all(
+        np.array_equal(x["image"], y["image"]) and x["answer"] == y["answer"]
+        for x, y in zip(a, b, strict=True)
+    )
+
+  ahead, on_demand = make(3), make(0)
+  for _ in range(3):
+    assert same(next(ahead), next(on_demand))
+    assert ahead.get_state() == on_demand.get_state()
+  state = on_demand.get_state()
+  later = [next(on_demand) for _ in range(2)]
+  next(ahead)  # its thread reads past ``state``; restoring drops that
+  ahead.set_state(state)
+  assert ahead.get_state() == state
+  assert all(same(next(ahead), batch) for batch in later)
+  ahead.close()
+  assert ahead._reader is None  # pylint: disable=protected-access
 
 
 # ----------------------------------------------------------------------------

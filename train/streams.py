@@ -31,6 +31,8 @@ import base64
 from collections.abc import Callable, Iterable, Sequence
 import hashlib
 import json
+import queue
+import threading
 
 import numpy as np
 
@@ -93,8 +95,13 @@ class StreamIterator:
 
   Iterating renders the next batch's rows (`Render`), redraws any that
   repeat an example seen (or ``excluded``), and returns ``encode(records)``.
-  ``get_state()`` / ``set_state()`` are grain's (bytes), for grain's orbax
-  handler; ``redrawn`` counts the examples drawn again.
+  With ``prefetch > 0`` a thread renders up to that many batches ahead
+  (NumPy drops the GIL while it paints, so rendering overlaps the step);
+  it keeps its own copy of the digests, and the iterator's state moves only
+  as batches are taken, so the batches and the state are those of
+  rendering each batch when it is asked for. ``get_state()`` /
+  ``set_state()`` are grain's (bytes), for grain's orbax handler;
+  ``redrawn`` counts the examples drawn again.
   """
 
   def __init__(
@@ -107,6 +114,7 @@ class StreamIterator:
       process_index: int,
       process_count: int,
       excluded: frozenset[int] = frozenset(),
+      prefetch: int = 2,
   ):
     self.batch_size = input_pipeline.per_host_batch_size(
         global_batch_size, process_count
@@ -118,13 +126,18 @@ class StreamIterator:
           f"Need 0 <= process_index < process_count, got {process_index} "
           f"and {process_count}."
       )
+    if prefetch < 0:
+      raise ValueError(f"prefetch must be >= 0, got {prefetch}.")
     self.render, self.encode, self.seed = render, encode, seed
     self.global_batch_size = global_batch_size
     self.first_row = process_index * self.batch_size
     self.excluded = frozenset(excluded)
+    self.prefetch = prefetch
+    # The state: batches taken so far, the digests of their examples.
     self.next_batch = 0
     self.seen: set[int] = set()
     self.redrawn = 0
+    self._reader = None  # (thread, queue, stop event) while reading ahead
 
   def __iter__(self):
     return self
@@ -134,23 +147,24 @@ class StreamIterator:
     first = batch * self.global_batch_size + self.first_row
     return range(first, first + self.batch_size)
 
-  def next_records(self) -> list[dict]:
-    """The next batch's records (this host's rows), none seen before."""
-    positions = self.positions(self.next_batch)
+  def _render_batch(self, batch: int, seen: set[int]):
+    """(records, their digests, redraws) of ``batch``; adds them to ``seen``."""
+    positions = self.positions(batch)
     attempts = [0] * len(positions)
     records = self.render([example_rng(self.seed, p) for p in positions])
-    todo = range(len(positions))
+    digests = [0] * len(positions)
+    todo, redrawn = range(len(positions)), 0
     while True:
-      fresh, again = [], []
+      again = []
       for row in todo:
         digest = example_digest(records[row])
-        if digest in self.seen or digest in self.excluded:
+        if digest in seen or digest in self.excluded:
           again.append(row)
         else:
-          self.seen.add(digest)
-          fresh.append(row)
+          seen.add(digest)
+          digests[row] = digest
       if not again:
-        break
+        return records, digests, redrawn
       for row in again:
         attempts[row] += 1
         if attempts[row] >= MAX_ATTEMPTS:
@@ -159,18 +173,64 @@ class StreamIterator:
               "repeat examples already seen; the task has too few distinct "
               "examples to stream."
           )
-      self.redrawn += len(again)
-      redrawn = self.render(
+      redrawn += len(again)
+      records_again = self.render(
           [example_rng(self.seed, positions[r], attempts[r]) for r in again]
       )
-      for row, record in zip(again, redrawn):
+      for row, record in zip(again, records_again):
         records[row] = record
       todo = again
+
+  def _read_ahead(self, batch, seen, ready, stop):
+    """The reading thread: renders batches from ``batch`` on into ``ready``."""
+    while not stop.is_set():
+      try:
+        records, digests, redrawn = self._render_batch(batch, seen)
+        item = (records, self.encode(records), digests, redrawn)
+      except Exception as error:  # pylint: disable=broad-except
+        item = error  # raised where the batch is taken
+      while not stop.is_set():
+        try:
+          ready.put(item, timeout=0.1)
+          break
+        except queue.Full:
+          continue
+      if isinstance(item, Exception):
+        return
+      batch += 1
+
+  def _take(self):
+    """(records, encoded batch) of the next batch; the state moves past it."""
+    if not self.prefetch:
+      records, digests, redrawn = self._render_batch(self.next_batch, self.seen)
+      batch = self.encode(records)
+    else:
+      if self._reader is None:
+        ready, stop = queue.Queue(maxsize=self.prefetch), threading.Event()
+        thread = threading.Thread(
+            target=self._read_ahead,
+            args=(self.next_batch, set(self.seen), ready, stop),
+            name="train-stream",
+            daemon=True,
+        )
+        thread.start()
+        self._reader = (thread, ready, stop)
+      item = self._reader[1].get()
+      if isinstance(item, Exception):
+        self.close()
+        raise item
+      records, batch, digests, redrawn = item
+      self.seen.update(digests)
     self.next_batch += 1
-    return records
+    self.redrawn += redrawn
+    return records, batch
+
+  def next_records(self) -> list[dict]:
+    """The next batch's records (this host's rows), none seen before."""
+    return self._take()[0]
 
   def __next__(self) -> dict:
-    return self.encode(self.next_records())
+    return self._take()[1]
 
   # grain's DataLoaderIterator protocol, for grain.checkpoint's handler.
 
@@ -189,15 +249,21 @@ class StreamIterator:
     state = json.loads(state)
     if state.get("version") != _STATE_VERSION:
       raise ValueError(f"unknown stream state version {state.get('version')}")
+    self.close()  # what was read ahead follows the old position
     self.next_batch = int(state["next_batch"])
     self.redrawn = int(state["redrawn"])
     self.seen = _unpack(state["seen"])
 
   def start_prefetch(self) -> None:
-    """Nothing to start: batches are rendered when asked for."""
+    """Nothing to start: the reading thread starts with the next batch."""
 
   def close(self) -> None:
-    """Nothing to close."""
+    """Stops the reading thread (what it read ahead is dropped)."""
+    if self._reader is not None:
+      thread, _, stop = self._reader
+      stop.set()
+      thread.join()
+      self._reader = None
 
 
 def train_iterator(

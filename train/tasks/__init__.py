@@ -5,7 +5,9 @@ The trainer (train/train.py) never names a task; it looks one up by
 
 * ``NAME``: the TFDS dataset name, e.g. 'clock_time'.
 * ``prepare(data_dir, train_size, test_size, seed=0) -> str``: generates the
-  data locally into a TFDS array_record dataset (nothing is downloaded).
+  data locally into a TFDS array_record dataset (nothing is downloaded);
+  a task with ``render_stream`` takes ``train_size=0`` (the test split
+  alone).
 * ``dataset_config_name(train_size, test_size, seed) -> str``.
 * ``check_config(config)`` and ``check_data(config)``: raise ValueError or
   FileNotFoundError, with a message that says what to do.
