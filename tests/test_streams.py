@@ -15,6 +15,8 @@ import pathlib
 import subprocess
 import sys
 
+import jax
+from jax.experimental.compilation_cache import compilation_cache
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
@@ -75,9 +77,21 @@ def single_stream_config(data_dir, **overrides):
 # (a) A streamed run stopped at step k and resumed is the uninterrupted run.
 
 
+@pytest.fixture
+def shared_compilation(tmp_path):
+  """The three runs of a test share their compiled steps (as the grids do)."""
+  before = jax.config.jax_compilation_cache_dir
+  compilation_cache.reset_cache()  # an earlier test may have started it
+  jax.config.update("jax_compilation_cache_dir", str(tmp_path / "jax_cache"))
+  yield
+  jax.config.update("jax_compilation_cache_dir", before)
+  compilation_cache.reset_cache()
+
+
 def test_stopped_and_resumed_stream_is_bitwise_the_straight_run(
-    data_dir, tmp_path
+    data_dir, tmp_path, shared_compilation
 ):
+  del shared_compilation
   straight = tmp_path / "straight"
   train.train_and_evaluate(clock_stream_config(data_dir), str(straight))
   resumed = tmp_path / "resumed"
