@@ -11,6 +11,11 @@ from ml_collections import config_flags
 from ntil_jax import kernels
 
 METHODS = ("ce", "emd", "ntl_mse", "soft_label", "ntil")
+# Fields added to `base_config` after runs were recorded, with the default
+# that every earlier run had: a run recorded without one resumes as if it
+# held its default, and an experiment's config hash leaves it out while it
+# holds its default (experiments/common.py), so recorded cells keep theirs.
+ADDED_FIELDS = {"train_stream": False}
 _FUSED_MODES = {"auto": "auto", "true": True, "false": False}
 
 
@@ -82,6 +87,11 @@ def base_config(method: str) -> ml_collections.ConfigDict:
   config.max_question_len = 80
   config.max_answer_len = 12
   config.worker_count = 0  # grain reading processes (0: threads)
+  # Render each train example as it is read, never one twice, instead of
+  # reading a prepared train split (tasks that render their data; see
+  # train/streams.py; worker_count does not apply). The test split stays
+  # the prepared one. Fixed for a run: a resume may not change it.
+  config.train_stream = False
 
   # Model: a size from train/models.py MODEL_SIZES.
   config.model = "small"

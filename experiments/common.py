@@ -13,6 +13,7 @@ from absl import flags
 from absl import logging
 import jax
 
+from configs import common as common_config
 from train import plots
 from train import train
 
@@ -101,14 +102,15 @@ def run_record(
       overrides, ...), first in the record.
 
   Returns:
-    The record: identity, final metrics, train loss, timing, device, curves
-    and the test predictions.
+    The record: identity, its `regime`, final metrics, train loss, timing,
+    device, curves and the test predictions.
   """
   result, wall_seconds = train_once(config, workdir)
   evaluation = result["eval"]
   device = jax.devices()[0]
   return dict(
       **identity,
+      regime=STREAM if config.get("train_stream", False) else FIXED,
       profile=profile,
       model=config.model,
       steps=result["step"],
@@ -126,10 +128,28 @@ def run_record(
   )
 
 
+# How a run's train examples were had: a prepared train split read in
+# epochs, or rendered as they were read (``train_stream``).
+FIXED, STREAM = "fixed", "stream"
+
+
+def regime(record) -> str:
+  """A record's regime; records made before regimes were recorded: fixed."""
+  return record.get("regime", FIXED)
+
+
 def config_hash(config, profile, settings) -> str:
-  """A short digest of everything that determines a run's result."""
+  """A short digest of everything that determines a run's result.
+
+  A field of ``configs.common.ADDED_FIELDS`` that holds its default is left
+  out, so cells recorded before it existed keep their hash.
+  """
+  fields = config.to_dict()
+  for name, default in common_config.ADDED_FIELDS.items():
+    if name in fields and fields[name] == default:
+      del fields[name]
   text = json.dumps(
-      dict(config=config.to_dict(), profile=profile, data=settings),
+      dict(config=fields, profile=profile, data=settings),
       sort_keys=True,
       default=str,
   )

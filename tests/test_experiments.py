@@ -188,6 +188,63 @@ def test_clock_grid_pairs_seeds_and_report_renders(tmp_path):
   assert "| CE + NTIL | 2 | " in report and f"{gap:.2f} ±" in report
 
 
+def test_clock_grid_runs_a_streamed_cell(tmp_path):
+  common = [
+      f"--results={tmp_path / 'results.json'}",
+      f"--runs_dir={tmp_path / 'runs'}",
+      f"--data_dir={tmp_path / 'data'}",
+      "--profile=smoke",
+  ]
+  run(
+      "experiments.clock_time.run",
+      *common,
+      "--groups=stream_control,stream",
+      "--max_runs=1",
+  )
+  (record,) = json.loads((tmp_path / "results.json").read_text())["runs"]
+  assert record["regime"] == "stream"
+  assert (record["group"], record["variant"], record["method"]) == (
+      "stream_control",
+      "ce_digit_weighted",
+      "ce",
+  )
+  assert record["overrides"] == {"digit_ce_weight": 0.3, "train_stream": True}
+  assert record["name"] == "stream-ce_digit_weighted-s0"
+  assert record["steps"] == 2 and len(record["predictions"]) == 16
+  # The test split alone was prepared for it: no train clocks on disk.
+  (prepared,) = (tmp_path / "data" / "clock_time").iterdir()
+  assert prepared.name == "train0_test16_seed0"
+  config = json.loads(
+      (tmp_path / "runs" / "smoke" / record["name"] / "config.json").read_text()
+  )["config"]
+  assert config["train_stream"] is True
+  assert config["dataset_config"] == "train0_test16_seed0"
+
+
+def test_grounding_grid_runs_a_streamed_cell(tmp_path):
+  run(
+      "experiments.grounding.run",
+      f"--results={tmp_path / 'results.json'}",
+      f"--runs_dir={tmp_path / 'runs'}",
+      f"--data_dir={tmp_path / 'data'}",
+      "--profile=smoke",
+      "--groups=stream_single",
+      "--max_runs=1",
+  )
+  (record,) = json.loads((tmp_path / "results.json").read_text())["runs"]
+  assert record["regime"] == "stream"
+  assert (record["task"], record["method"], record["seed"]) == (
+      "grounding_single",
+      "ce",
+      0,
+  )
+  assert record["name"] == "stream-grounding_single-ce-s0"
+  assert record["overrides"] == {"train_stream": True}
+  assert 0 <= record["acc_at_50"] <= 1
+  (prepared,) = (tmp_path / "data" / "grounding_single").iterdir()
+  assert prepared.name == "train0_test16_seed0"
+
+
 def test_learning_speed_metrics_by_hand():
   from experiments.clock_time import report  # pylint: disable=g-import-not-at-top
 

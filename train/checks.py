@@ -165,6 +165,11 @@ def check_config(config):
         f"train.prepare_data --task={config.task} --data_dir=DIR "
         "--train_size=N --test_size=M`."
     )
+  if config.get("train_stream", False) and not hasattr(task, "render_stream"):
+    raise errors.ConfigError(
+        f"train_stream=True: task {config.task} reads a prepared train split "
+        "and cannot render its examples; set --config.train_stream=False."
+    )
   try:  # the task's checks say how to create missing data
     task.check_config(config)
     task.check_data(config)
@@ -223,8 +228,13 @@ def _show(value) -> str:
 
 
 def config_changes(recorded: dict, config) -> tuple[list, list]:
-  """``(resumable, refused)``: (field, recorded, now) for every change."""
+  """``(resumable, refused)``: (field, recorded, now) for every change.
+
+  A field of `common.ADDED_FIELDS` that a run recorded before it existed
+  counts as its default there.
+  """
   now = rundir.config_record(config)
+  recorded = {**common.ADDED_FIELDS, **recorded}
   resumable, refused = [], []
   for name in sorted(set(recorded) | set(now)):
     old, new = recorded.get(name, _ABSENT), now.get(name, _ABSENT)
@@ -262,6 +272,11 @@ def check_resumable(config, workdir) -> list:
     why = (
         " (the data iterator's saved position restores only under the "
         "worker_count it was saved with)"
+    )
+  if any(name == "train_stream" for name, _, _ in refused):
+    why = (
+        " (a streamed run and one on the prepared train split read other "
+        "examples; the saved position of one means nothing to the other)"
     )
   raise errors.ConfigError(
       f"workdir {workdir} holds a run with another config ({shown}){why}; "

@@ -338,6 +338,22 @@ def load_split(
   return builder.as_data_source(split=split)
 
 
+def split_source(dataset_dir, split: str, *, prepare: str = ""):
+  """A random-access data source over ``split`` of a prepared dataset.
+
+  Raises:
+    ValueError: the dataset has no such split (a train split of
+      ``--train_size=0`` is not written); ``prepare`` says what to do.
+  """
+  builder = tfds.builder_from_directory(dataset_dir)
+  if split not in builder.info.splits:
+    raise ValueError(
+        f"{dataset_dir} has no {split} split (it was prepared with "
+        f"--{split}_size=0){'; ' + prepare if prepare else ''}."
+    )
+  return builder.as_data_source(split=split)
+
+
 def fitting_indices(
     source,
     *,

@@ -16,6 +16,14 @@ draws in several processes with the same result as in one::
       --difficulty=easy --train_size=200000 --test_size=2000 --workers=2
 
 Train on it with ``--config.dataset_config=add_or_sub-easy_train200000_test2000_seed0``.
+
+The tasks that render their data (clock_time, grounding, grounding_single,
+grounding_multi) take ``--train_size=0``: the test split alone, for runs
+with ``--config.train_stream=True`` that render their train examples as
+they read them (`train.streams`)::
+
+  python -m train.prepare_data --task=clock_time --data_dir=data \
+      --train_size=0 --test_size=1000
 """
 
 import inspect

@@ -1,6 +1,8 @@
 """The clock_time grid: budget, groups and variants (no flags, importable)."""
 
 from configs import clock_time
+from experiments import common
+from train.tasks import clock_time as task
 
 # The budget (see README): CE lands in the middle regime, about half of the
 # test clocks read exactly, in about 80 s a run on 2 CPU cores.
@@ -62,6 +64,36 @@ VARIANTS = {
         "lam=1.0": ("ntil", dict(lam=1.0)),
     },
 }
+# Groups that train on clocks rendered as they are read (train_stream: each
+# example new, none of the test split's) at the main grid's steps and batch:
+# the five losses and the digit-weighted control, 5 seeds each. Run them by
+# name (--groups=stream,stream_control); the default run leaves them out.
+STREAM_GROUPS = ("stream", "stream_control")
+STREAM = dict(train_stream=True)
+
+
+def cell_config(profile, method, seed, overrides, data_dir):
+  """The config of one cell: the method's, with the profile's budget.
+
+  A streamed cell (``train_stream`` in ``overrides``) reads the test split
+  of the dataset prepared with ``train_size=0``.
+  """
+  settings = PROFILES[profile]
+  train_size = 0 if overrides.get("train_stream") else settings["train_size"]
+  return common.cell_config(
+      clock_time.get_config(method),
+      settings,
+      task.config_name(train_size, settings["test_size"], 0),
+      seed,
+      overrides,
+      data_dir,
+  )
+
+
+def cell_hash(profile, method, seed, overrides, data_dir) -> str:
+  """The config hash that names a cell in results.json."""
+  config = cell_config(profile, method, seed, overrides, data_dir)
+  return common.config_hash(config, profile, PROFILES[profile])
 
 
 def grid(profile):
@@ -114,4 +146,14 @@ def grid(profile):
         for seed in seeds
         for variant, (method, overrides) in variants.items()
     ]
+  cells["stream"] = [
+      ("main", method, seed, dict(STREAM))
+      for seed in settings["main_seeds"]
+      for method in clock_time.METHODS
+  ]
+  method, overrides = VARIANTS["control"]["ce_digit_weighted"]
+  cells["stream_control"] = [
+      ("ce_digit_weighted", method, seed, {**overrides, **STREAM})
+      for seed in settings["main_seeds"]
+  ]
   return cells

@@ -625,6 +625,9 @@ def regime_sections(grouped, title, out_dir, suffix, labels):
 
 
 def write_report(runs, out_dir, discussion=None):
+  # The prepared-train-split runs; streamed ones (regime "stream") are not
+  # reported here yet.
+  runs = [r for r in runs if r.get("regime", "fixed") == "fixed"]
   early = group_runs(runs, EARLY)
   converged = group_runs(runs, CONVERGED)
   groupings = {EARLY: early, CONVERGED: converged}

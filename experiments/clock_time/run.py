@@ -2,6 +2,7 @@ r"""The clock_time comparison: every method paired by seed, controls, ablations.
 
   python -m experiments.clock_time.run                    # the CPU grid
   python -m experiments.clock_time.run --groups=main      # main table only
+  python -m experiments.clock_time.run --groups=stream,stream_control
   python -m experiments.clock_time.report                 # results.md, plots
 
 Trains the same model from scratch on the same rendered clocks with each loss
@@ -17,7 +18,12 @@ one seed differ only by their loss (paired). Groups, in run order:
   deviation (``mag_off``);
 * ``sweep`` (Table 8): sigma 0.1 and 0.5 (sigma 0 is ``exp_off``), lambda
   0.1 and 1.0;
-* ``long``: CE and NTIL with twice the steps.
+* ``long``: CE and NTIL with twice the steps;
+* ``stream`` and ``stream_control`` (not run unless named): the five losses
+  and the digit-weighted control on clocks rendered as they are read
+  (``train_stream``: every train clock new, none a test clock), at the main
+  grid's steps and batch; recorded with ``regime: "stream"`` (records
+  without a regime are ``"fixed"``: the prepared 20,000 clocks).
 
 Each finished run is appended to ``results.json`` at once (with its test
 predictions and curves), so an interrupted grid resumes where it stopped (a
@@ -32,7 +38,6 @@ from absl import app
 from absl import flags
 from absl import logging
 
-from configs import clock_time
 from experiments import common
 from experiments.clock_time import grid as grid_lib
 from train import logs
@@ -56,28 +61,21 @@ common.define_grid_flags(
 )
 
 
-def run_config(profile, method, seed, overrides, data_dir):
-  settings = grid_lib.PROFILES[profile]
-  dataset_config = task.config_name(
-      settings["train_size"], settings["test_size"], 0
-  )
-  return common.cell_config(
-      clock_time.get_config(method),
-      settings,
-      dataset_config,
-      seed,
-      overrides,
-      data_dir,
-  )
+def run_name(group, variant, method, seed):
+  if group in ("main", "converged"):
+    return f"{variant}-{method}-s{seed}"
+  if group == "stream":
+    return f"stream-{method}-s{seed}"
+  if group in grid_lib.STREAM_GROUPS:
+    return f"stream-{variant}-s{seed}"
+  return f"{variant}-s{seed}"
 
 
 def run_one(profile, group, variant, method, seed, overrides, digest):
-  config = run_config(profile, method, seed, overrides, FLAGS.data_dir)
-  name = (
-      f"{variant}-{method}-s{seed}"
-      if group in ("main", "converged")
-      else (f"{variant}-s{seed}")
+  config = grid_lib.cell_config(
+      profile, method, seed, overrides, FLAGS.data_dir
   )
+  name = run_name(group, variant, method, seed)
   return common.run_record(
       config,
       os.path.join(FLAGS.runs_dir, profile, name),
@@ -98,22 +96,29 @@ def main(argv):
   del argv
   logs.quiet_terminal()
   settings = grid_lib.PROFILES[FLAGS.profile]
-  task.prepare(FLAGS.data_dir, settings["train_size"], settings["test_size"])
+  cells = grid_lib.grid(FLAGS.profile)
+  unknown = sorted(set(FLAGS.groups) - set(cells))
+  if unknown:
+    raise app.UsageError(
+        f"unknown groups {unknown}; use some of {list(cells)}."
+    )
+  streamed = [g for g in FLAGS.groups if g in grid_lib.STREAM_GROUPS]
+  if len(streamed) < len(FLAGS.groups):
+    task.prepare(FLAGS.data_dir, settings["train_size"], settings["test_size"])
+  if streamed:  # the test split alone: the train clocks are rendered
+    task.prepare(FLAGS.data_dir, 0, settings["test_size"])
   if FLAGS.workers > 1:  # after `prepare`: the workers share its data
     sys.exit(
         common.spawn_workers(
             "experiments.clock_time.run", sys.argv, FLAGS.workers
         )
     )
-  cells = grid_lib.grid(FLAGS.profile)
   todo = [(group, *cell) for group in FLAGS.groups for cell in cells[group]]
 
   def configure(cell):
-    group, variant, method, seed, overrides = cell
-    del group, variant
-    config = run_config(FLAGS.profile, method, seed, overrides, FLAGS.data_dir)
-    return common.config_hash(
-        config, FLAGS.profile, grid_lib.PROFILES[FLAGS.profile]
+    _, _, method, seed, overrides = cell
+    return grid_lib.cell_hash(
+        FLAGS.profile, method, seed, overrides, FLAGS.data_dir
     )
 
   def execute(cell, digest):

@@ -1,6 +1,8 @@
 """The grounding grid: budget, groups and variants (no flags, importable)."""
 
 from configs import grounding
+from experiments import common
+from train import tasks
 
 # The budget (budget.md): chosen by CE pilots so that CE's test Acc@0.5
 # sits in the middle regime and has stopped rising, because the train scenes
@@ -86,6 +88,54 @@ GROUPS = {
     # The paper's Table 2 (scene text detection): every box of a colour.
     "multi": ("grounding_multi", "main_seeds", {"main": None}),
 }
+# The groups the grid runs by default, in order.
+DEFAULT_GROUPS = tuple(GROUPS)
+# Streamed copies of groups (train_stream: scenes rendered as they are read,
+# each new, none of the test split's) at the same steps and batch: the five
+# losses and the digit-weighted control on grounding and grounding_single.
+# Run them by name (--groups=stream,...); the default run leaves them out.
+_DIGIT_WEIGHTED = {"ce_digit_weighted": ("ce", dict(digit_ce_weight=0.3))}
+STREAM_GROUPS = {
+    "stream": ("grounding", "main_seeds", {"main": None}),
+    "stream_control": ("grounding", "main_seeds", _DIGIT_WEIGHTED),
+    "stream_single": ("grounding_single", "main_seeds", {"main": None}),
+    "stream_single_control": (
+        "grounding_single",
+        "main_seeds",
+        _DIGIT_WEIGHTED,
+    ),
+}
+GROUPS.update(STREAM_GROUPS)
+STREAM = dict(train_stream=True)
+
+
+def cell_config(profile, task, method, seed, overrides, data_dir):
+  """The config of one cell: the method's, with the profile's budget.
+
+  A streamed cell (``train_stream`` in ``overrides``) reads the test split
+  of the dataset prepared with ``train_size=0``.
+  """
+  settings = PROFILES[profile]
+  train_size = (
+      0 if overrides.get("train_stream") else settings["train_size"][task]
+  )
+  dataset_config = tasks.get(task).dataset_config_name(
+      train_size, settings["test_size"], 0
+  )
+  return common.cell_config(
+      grounding.get_config(method, task=task),
+      settings,
+      dataset_config,
+      seed,
+      overrides,
+      data_dir,
+  )
+
+
+def cell_hash(profile, task, method, seed, overrides, data_dir) -> str:
+  """The config hash that names a cell in results.json."""
+  config = cell_config(profile, task, method, seed, overrides, data_dir)
+  return common.config_hash(config, profile, PROFILES[profile])
 
 
 def grid(profile):
@@ -94,15 +144,16 @@ def grid(profile):
   cells = {}
   for group, (task, seeds_key, variants) in GROUPS.items():
     seeds = settings[seeds_key]
+    extra = STREAM if group in STREAM_GROUPS else {}
     if "main" in variants:
       cells[group] = [
-          (task, "main", method, seed, {})
+          (task, "main", method, seed, dict(extra))
           for seed in seeds  # seed-major
           for method in grounding.METHODS
       ]
     else:
       cells[group] = [
-          (task, variant, method, seed, overrides)
+          (task, variant, method, seed, {**overrides, **extra})
           for seed in seeds
           for variant, (method, overrides) in variants.items()
       ]

@@ -2,6 +2,7 @@ r"""The grounding comparison: every method paired by seed, controls, ablations.
 
   python -m experiments.grounding.run                     # the CPU grid
   python -m experiments.grounding.run --groups=main       # main table only
+  python -m experiments.grounding.run --groups=stream,stream_single
   python -m experiments.grounding.report                  # results.md, plots
 
 Trains the same model from scratch on the same rendered scenes with each
@@ -19,7 +20,14 @@ runs of one seed differ only by their loss (paired). Groups, in run order
   (``rel_off``) or magnitude deviation (``mag_off``);
 * ``single`` (``grounding_single``): the five methods on one-object scenes;
 * ``multi`` (``grounding_multi``, the paper's Table 2): the five methods on
-  every-box-of-a-colour answers, F1 at IoU 0.5.
+  every-box-of-a-colour answers, F1 at IoU 0.5;
+* ``stream``, ``stream_control``, ``stream_single`` and
+  ``stream_single_control`` (not run unless named): the five methods and
+  the digit-weighted control on ``grounding`` and ``grounding_single`` with
+  scenes rendered as they are read (``train_stream``: every train scene new,
+  none a test scene), at the same steps and batch; recorded with ``regime:
+  "stream"`` (records without a regime are ``"fixed"``: the prepared train
+  scenes).
 
 Each finished run is appended to ``results.json`` at once (with its test
 predictions and curves), so an interrupted grid resumes where it stopped (a
@@ -34,7 +42,6 @@ from absl import app
 from absl import flags
 from absl import logging
 
-from configs import grounding
 from experiments import common
 from experiments.grounding import grid as grid_lib
 from train import logs
@@ -42,33 +49,22 @@ from train import tasks
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FLAGS = flags.FLAGS
-common.define_grid_flags(HERE, list(grid_lib.GROUPS), "Rendered scenes.")
-
-
-def run_config(profile, task, method, seed, overrides, data_dir):
-  """The config of one cell."""
-  settings = grid_lib.PROFILES[profile]
-  dataset_config = tasks.get(task).dataset_config_name(
-      settings["train_size"][task], settings["test_size"], 0
-  )
-  return common.cell_config(
-      grounding.get_config(method, task=task),
-      settings,
-      dataset_config,
-      seed,
-      overrides,
-      data_dir,
-  )
+common.define_grid_flags(
+    HERE, list(grid_lib.DEFAULT_GROUPS), "Rendered scenes."
+)
 
 
 def run_name(group, task, variant, method, seed):
+  prefix = "stream-" if group in grid_lib.STREAM_GROUPS else ""
   if variant == "main":
-    return f"{task}-{method}-s{seed}"
-  return f"{task}-{variant}-s{seed}"
+    return f"{prefix}{task}-{method}-s{seed}"
+  return f"{prefix}{task}-{variant}-s{seed}"
 
 
 def run_one(profile, group, task, variant, method, seed, overrides, digest):
-  config = run_config(profile, task, method, seed, overrides, FLAGS.data_dir)
+  config = grid_lib.cell_config(
+      profile, task, method, seed, overrides, FLAGS.data_dir
+  )
   name = run_name(group, task, variant, method, seed)
   return common.run_record(
       config,
@@ -96,10 +92,12 @@ def main(argv):
     raise app.UsageError(
         f"unknown groups {unknown}; use some of {list(grid_lib.GROUPS)}."
     )
-  for task in dict.fromkeys(grid_lib.GROUPS[g][0] for g in FLAGS.groups):
-    tasks.get(task).prepare(
-        FLAGS.data_dir, settings["train_size"][task], settings["test_size"]
+  for group in FLAGS.groups:  # streamed groups: the test split alone
+    task = grid_lib.GROUPS[group][0]
+    train_size = (
+        0 if group in grid_lib.STREAM_GROUPS else settings["train_size"][task]
     )
+    tasks.get(task).prepare(FLAGS.data_dir, train_size, settings["test_size"])
   if FLAGS.workers > 1:  # after `prepare`: the workers share its data
     sys.exit(
         common.spawn_workers(
@@ -111,11 +109,8 @@ def main(argv):
 
   def configure(cell):
     _, task, _, method, seed, overrides = cell
-    config = run_config(
+    return grid_lib.cell_hash(
         FLAGS.profile, task, method, seed, overrides, FLAGS.data_dir
-    )
-    return common.config_hash(
-        config, FLAGS.profile, grid_lib.PROFILES[FLAGS.profile]
     )
 
   def execute(cell, digest):

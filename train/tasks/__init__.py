@@ -5,7 +5,9 @@ The trainer (train/train.py) never names a task; it looks one up by
 
 * ``NAME``: the TFDS dataset name, e.g. 'clock_time'.
 * ``prepare(data_dir, train_size, test_size, seed=0) -> str``: generates the
-  data locally into a TFDS array_record dataset (nothing is downloaded).
+  data locally into a TFDS array_record dataset (nothing is downloaded);
+  a task with ``render_stream`` takes ``train_size=0`` (the test split
+  alone).
 * ``dataset_config_name(train_size, test_size, seed) -> str``.
 * ``check_config(config)`` and ``check_data(config)``: raise ValueError or
   FileNotFoundError, with a message that says what to do.
@@ -21,6 +23,14 @@ The trainer (train/train.py) never names a task; it looks one up by
   ``valid`` [B] and optionally ``images`` and ``indices``.
 * ``score_answers(predictions, answers, config) -> dict`` of sums that hosts
   add, ``summarize(sums) -> dict`` of metrics, ``headline(metrics) -> str``.
+
+Optional hook, for tasks that render their data (clock_time, grounding*):
+
+* ``render_stream(rngs) -> list[dict]``: one train record (``image``,
+  ``answer`` and ``question`` where the task has one) from each NumPy
+  generator; with ``config.train_stream`` the task's ``train_iterator`` is
+  a `train.streams.StreamIterator` over them (a task without this hook
+  refuses ``train_stream``).
 
 Optional hooks, for tasks that bring their own model (arithmetic_mix_llm):
 

@@ -38,6 +38,7 @@ import tensorflow_datasets as tfds
 from train import input_pipeline
 from train import generated_data
 from train import models
+from train import streams
 from train import tokenizer
 
 DATASET_NAME = "clock_time"
@@ -113,6 +114,173 @@ def hand_angles(hours, minutes) -> tuple[np.ndarray, np.ndarray]:
   return 30.0 * (hours % 12 + minutes / 60.0), 6.0 * minutes
 
 
+def _check_times(hours, minutes) -> None:
+  if hours.shape != minutes.shape or hours.ndim != 1:
+    raise ValueError(
+        f"hours and minutes must be [B], got {hours.shape} and "
+        f"{minutes.shape}."
+    )
+  if hours.size and (
+      hours.min() < 1
+      or hours.max() > 12
+      or minutes.min() < 0
+      or minutes.max() > 59
+  ):
+    raise ValueError("hours must be in 1..12 and minutes in 0..59.")
+
+
+def draw_looks(
+    count: int,
+    rng: np.random.Generator,
+    *,
+    size: int = IMAGE_SIZE,
+    clean: bool = False,
+) -> dict[str, np.ndarray]:
+  """Everything of ``count`` clocks but the time, drawn from ``rng``.
+
+  The draws, in order: radius, centre, ring, hand and tick sizes, polarity,
+  contrast and noise, each ``[count, 1, 1]`` (the noise ``[count, size,
+  size]``). `render_clocks` paints them; looks drawn one clock at a time
+  and concatenated paint the same pixels as looks drawn together from the
+  same draws.
+  """
+
+  def uniform(low, high):
+    return rng.uniform(low, high, count)[:, None, None]
+
+  radius = uniform(0.36, 0.47) * size
+  slack = np.maximum(size / 2 - radius - 1.0, 0.0)
+  looks = dict(
+      radius=radius,
+      centre_x=size / 2 + uniform(-1.0, 1.0) * slack,
+      centre_y=size / 2 + uniform(-1.0, 1.0) * slack,
+      ring_width=uniform(0.8, 2.0),
+      hour_width=uniform(2.0, 3.2),
+      minute_width=uniform(1.0, 1.8),
+      hour_length=uniform(0.45, 0.6) * radius,
+      minute_length=uniform(0.78, 0.95) * radius,
+      tick_length=uniform(0.12, 0.2) * radius,
+      background=uniform(0.0, 0.35),
+      foreground=uniform(0.65, 1.0),
+      inverted=rng.random(count)[:, None, None] < 0.5,
+      noise_scale=uniform(0.0, 0.08),
+      noise=rng.normal(0.0, 1.0, (count, size, size)),
+  )
+  if clean:  # canonical geometry too: the hands never touch the ticks
+    radius = np.full_like(radius, 0.45 * size)
+    ones = np.ones_like(radius)
+    looks.update(
+        radius=radius,
+        hour_length=0.5 * radius,
+        minute_length=0.9 * radius,
+        hour_width=np.full_like(radius, 2.6),
+        minute_width=np.full_like(radius, 1.4),
+        ring_width=ones,
+        tick_length=0.15 * radius,
+        centre_x=np.full_like(radius, size / 2),
+        centre_y=np.full_like(radius, size / 2),
+        background=np.zeros_like(radius),
+        foreground=ones,
+        inverted=np.ones_like(looks["inverted"]),
+        noise_scale=np.zeros_like(radius),
+    )
+  return looks
+
+
+def _paint_segments(ink, x0, y0, x1, y1, width):
+  """``ink = max(ink, stroke of each clock's segment)``, near the segments.
+
+  A stroke is 0 farther than ``width / 2 + 0.5`` from its segment, so only
+  a window around each clock's segment (one side for the batch, enough for
+  the longest) is computed: the pixels, and their coordinates, are those of
+  the whole image, so the result is the whole image's to the bit.
+
+  Args:
+    ink: float [B, S, S], updated in place.
+    x0: float [B, 1, 1], and so are ``y0``, ``x1``, ``y1`` and ``width``.
+    y0: the segments' first ends' rows.
+    x1: the segments' other ends' columns.
+    y1: the segments' other ends' rows.
+    width: the strokes' widths.
+  """
+  count, size = ink.shape[0], ink.shape[-1]
+  reach = (np.broadcast_to(width, x0.shape) / 2 + 0.5).reshape(count)
+  starts, extents = [], []
+  for a, b in ((x0, x1), (y0, y1)):
+    a, b = a.reshape(count), b.reshape(count)
+    # Pixel i's centre is i + 0.5; a margin of one pixel each side.
+    first = np.floor(np.minimum(a, b) - reach - 0.5).astype(np.int64) - 1
+    last = np.ceil(np.maximum(a, b) + reach - 0.5).astype(np.int64) + 1
+    starts.append(first)
+    extents.append(last - first + 1)
+  side = int(min(size, max(extents[0].max(), extents[1].max())))
+  offsets = np.arange(side)
+  columns = np.clip(starts[0], 0, size - side)[:, None, None] + offsets
+  rows = np.clip(starts[1], 0, size - side)[:, None, None] + offsets[:, None]
+  xx = columns.astype(np.float32) + 0.5  # as the whole image's centres
+  yy = rows.astype(np.float32) + 0.5
+  stroke = _stroke(_segment_distance(xx, yy, x0, y0, x1, y1), width)
+  index = (np.arange(count)[:, None, None], rows, columns)
+  ink[index] = np.maximum(ink[index], stroke)
+
+
+def paint_clocks(hours, minutes, looks: dict[str, np.ndarray]) -> np.ndarray:
+  """The clocks showing ``hours:minutes`` with `draw_looks`' ``looks``.
+
+  Returns:
+    uint8 [B, size, size] grayscale images.
+  """
+  hours, minutes = np.asarray(hours), np.asarray(minutes)
+  _check_times(hours, minutes)
+  size = looks["noise"].shape[-1]
+  centre_x, centre_y = looks["centre_x"], looks["centre_y"]
+  radius, tick_length = looks["radius"], looks["tick_length"]
+  ring_width = looks["ring_width"]
+  yy, xx = np.mgrid[0:size, 0:size].astype(np.float32) + 0.5
+  ink = _stroke(
+      np.abs(np.hypot(xx - centre_x, yy - centre_y) - radius), ring_width
+  )
+  for tick in range(12):  # longer, thicker ticks at 12, 3, 6 and 9
+    major = tick % 3 == 0
+    sin, cos = np.sin(np.deg2rad(30 * tick)), np.cos(np.deg2rad(30 * tick))
+    inner = radius - tick_length * (1.6 if major else 1.0)
+    _paint_segments(
+        ink,
+        centre_x + inner * sin,
+        centre_y - inner * cos,
+        centre_x + radius * sin,
+        centre_y - radius * cos,
+        ring_width * (1.4 if major else 1),
+    )
+  hour_angle, minute_angle = hand_angles(hours, minutes)
+  for angle, length, width in (
+      (hour_angle, looks["hour_length"], looks["hour_width"]),
+      (minute_angle, looks["minute_length"], looks["minute_width"]),
+  ):
+    radians = np.deg2rad(angle)[:, None, None]
+    _paint_segments(
+        ink,
+        centre_x,
+        centre_y,
+        centre_x + length * np.sin(radians),
+        centre_y - length * np.cos(radians),
+        width,
+    )
+  inverted = looks["inverted"]
+  background = np.where(
+      inverted, 1.0 - looks["background"], looks["background"]
+  )
+  foreground = np.where(
+      inverted, 1.0 - looks["foreground"], looks["foreground"]
+  )
+  image = (
+      background
+      + (foreground - background) * ink
+      + looks["noise"] * looks["noise_scale"]
+  )
+  return np.clip(np.round(image * 255.0), 0, 255).astype(np.uint8)
+
+
 def render_clocks(
     hours,
     minutes,
@@ -127,8 +295,8 @@ def render_clocks(
     hours: int [B], 1..12.
     minutes: int [B], 0..59.
     rng: draws everything that does not change the time (position, size,
-      widths, lengths, polarity, contrast, noise), in a fixed order, so the
-      same generator state gives the same images.
+      widths, lengths, polarity, contrast, noise; `draw_looks`), in a fixed
+      order, so the same generator state gives the same images.
     size: the image side in pixels.
     clean: no noise, dark ink on white, centred, one fixed geometry (for
       tests that read the hands back).
@@ -137,84 +305,28 @@ def render_clocks(
     uint8 [B, size, size] grayscale images.
   """
   hours, minutes = np.asarray(hours), np.asarray(minutes)
-  if hours.shape != minutes.shape or hours.ndim != 1:
-    raise ValueError(
-        f"hours and minutes must be [B], got {hours.shape} and "
-        f"{minutes.shape}."
-    )
-  if hours.size and (
-      hours.min() < 1
-      or hours.max() > 12
-      or minutes.min() < 0
-      or minutes.max() > 59
-  ):
-    raise ValueError("hours must be in 1..12 and minutes in 0..59.")
-  count = len(hours)
+  _check_times(hours, minutes)
+  looks = draw_looks(len(hours), rng, size=size, clean=clean)
+  return paint_clocks(hours, minutes, looks)
 
-  def uniform(low, high):
-    return rng.uniform(low, high, count)[:, None, None]
 
-  radius = uniform(0.36, 0.47) * size
-  slack = np.maximum(size / 2 - radius - 1.0, 0.0)
-  centre_x = size / 2 + uniform(-1.0, 1.0) * slack
-  centre_y = size / 2 + uniform(-1.0, 1.0) * slack
-  ring_width = uniform(0.8, 2.0)
-  hour_width, minute_width = uniform(2.0, 3.2), uniform(1.0, 1.8)
-  hour_length = uniform(0.45, 0.6) * radius
-  minute_length = uniform(0.78, 0.95) * radius
-  tick_length = uniform(0.12, 0.2) * radius
-  background, foreground = uniform(0.0, 0.35), uniform(0.65, 1.0)
-  inverted = rng.random(count)[:, None, None] < 0.5
-  noise_scale = uniform(0.0, 0.08)
-  noise = rng.normal(0.0, 1.0, (count, size, size))
-  if clean:  # canonical geometry too: the hands never touch the ticks
-    radius = np.full_like(radius, 0.45 * size)
-    hour_length, minute_length = 0.5 * radius, 0.9 * radius
-    hour_width, minute_width = np.full_like(radius, 2.6), np.full_like(
-        radius, 1.4
-    )
-    ring_width, tick_length = np.ones_like(radius), 0.15 * radius
-    centre_x = centre_y = np.full_like(radius, size / 2)
-    background, foreground = np.zeros_like(radius), np.ones_like(radius)
-    inverted = np.ones_like(inverted)
-    noise_scale = np.zeros_like(radius)
+def draw_clock(rng: np.random.Generator) -> tuple[int, int, dict]:
+  """(hour, minute, looks) of one clock, all drawn from ``rng``.
 
-  yy, xx = np.mgrid[0:size, 0:size].astype(np.float32) + 0.5
-  ink = _stroke(
-      np.abs(np.hypot(xx - centre_x, yy - centre_y) - radius), ring_width
-  )
-  for tick in range(12):  # longer, thicker ticks at 12, 3, 6 and 9
-    major = tick % 3 == 0
-    sin, cos = np.sin(np.deg2rad(30 * tick)), np.cos(np.deg2rad(30 * tick))
-    inner = radius - tick_length * (1.6 if major else 1.0)
-    distance = _segment_distance(
-        xx,
-        yy,
-        centre_x + inner * sin,
-        centre_y - inner * cos,
-        centre_x + radius * sin,
-        centre_y - radius * cos,
-    )
-    ink = np.maximum(ink, _stroke(distance, ring_width * (1.4 if major else 1)))
-  hour_angle, minute_angle = hand_angles(hours, minutes)
-  for angle, length, width in (
-      (hour_angle, hour_length, hour_width),
-      (minute_angle, minute_length, minute_width),
-  ):
-    radians = np.deg2rad(angle)[:, None, None]
-    distance = _segment_distance(
-        xx,
-        yy,
-        centre_x,
-        centre_y,
-        centre_x + length * np.sin(radians),
-        centre_y - length * np.cos(radians),
-    )
-    ink = np.maximum(ink, _stroke(distance, width))
-  background = np.where(inverted, 1.0 - background, background)
-  foreground = np.where(inverted, 1.0 - foreground, foreground)
-  image = background + (foreground - background) * ink + noise * noise_scale
-  return np.clip(np.round(image * 255.0), 0, 255).astype(np.uint8)
+  The draws: the hour, the minute, then `draw_looks` of one clock. The train
+  stream draws each example from its own generator this way and paints a
+  batch of them at once (`render_clock_batch`).
+  """
+  hour, minute = int(rng.integers(1, 13)), int(rng.integers(0, 60))
+  return hour, minute, draw_looks(1, rng)
+
+
+def render_clock_batch(rngs) -> tuple[np.ndarray, list[str]]:
+  """One clock from each generator (`draw_clock`): images [B, S, S], labels."""
+  hours, minutes, looks = zip(*(draw_clock(rng) for rng in rngs))
+  looks = {k: np.concatenate([one[k] for one in looks]) for k in looks[0]}
+  images = paint_clocks(np.array(hours), np.array(minutes), looks)
+  return images, [format_time(h, m) for h, m in zip(hours, minutes)]
 
 
 def generate_clocks(
@@ -307,6 +419,7 @@ class ClockTime(generated_data.GeneratedBuilder, skip_registration=True):
             ("train", config.train_size),
             ("test", config.test_size),
         )
+        if size  # train_size=0: the test split alone (a streamed run's)
     }
 
   def _generate_examples(self, split, size, seed):
@@ -319,11 +432,12 @@ def prepare(
 ) -> str:
   """Renders the dataset under ``data_dir`` unless it exists; its directory.
 
+  ``train_size=0`` writes the test split alone (for ``train_stream`` runs).
   Also writes ``samples.png`` (24 test clocks with their labels) beside it.
   """
-  if train_size <= 0 or test_size <= 0:
+  if train_size < 0 or test_size <= 0:
     raise ValueError(
-        f"train_size and test_size must be positive, got "
+        f"train_size must be >= 0 and test_size positive, got "
         f"{train_size} and {test_size}."
     )
   if seed < 0:
@@ -398,7 +512,12 @@ def check_data(config) -> None:
 
 
 def _load(config, split):
-  return tfds.builder_from_directory(_find(config)).as_data_source(split=split)
+  return input_pipeline.split_source(
+      _find(config),
+      split,
+      prepare="set --config.train_stream=True to render the train clocks "
+      "as the run reads them, or prepare a train split",
+  )
 
 
 def model_fields(config) -> dict:
@@ -430,14 +549,38 @@ def encode_records(records, *, max_answer_len: int) -> dict[str, np.ndarray]:
   return batch
 
 
+def render_stream(rngs) -> list[dict]:
+  """The train stream's records: one clock from each generator."""
+  images, answers = render_clock_batch(rngs)
+  return [dict(image=i, answer=a) for i, a in zip(images, answers)]
+
+
 def train_iterator(config, *, process_index=None, process_count=None):
-  """Checkpointable iterator over this host's train batches (shuffled)."""
+  """Checkpointable iterator over this host's train batches.
+
+  The prepared train split, shuffled; with ``config.train_stream`` clocks
+  rendered as they are read, none twice, none of the test split's
+  (`train.streams`).
+  """
+  encode = functools.partial(
+      encode_records, max_answer_len=config.max_answer_len
+  )
+  if config.get("train_stream", False):
+    test = _load(config, "test")
+    return streams.train_iterator(
+        config,
+        render_stream,
+        encode,
+        test.__getitems__(list(range(len(test)))),
+        process_index=process_index,
+        process_count=process_count,
+    )
   source = _load(config, "train")
   return input_pipeline.task_train_iterator(
       config,
       source,
       np.arange(len(source)),
-      functools.partial(encode_records, max_answer_len=config.max_answer_len),
+      encode,
       process_index=process_index,
       process_count=process_count,
   )

@@ -39,6 +39,7 @@ import tensorflow_datasets as tfds
 from train import input_pipeline
 from train import generated_data
 from train import models
+from train import streams
 from train import tokenizer
 from train.tasks import boxes
 from train.tasks import grounding_scenes as scenes
@@ -109,6 +110,7 @@ class _SceneBuilder(generated_data.GeneratedBuilder, skip_registration=True):
             ("train", config.train_size),
             ("test", config.test_size),
         )
+        if size  # train_size=0: the test split alone (a streamed run's)
     }
 
   def _generate_examples(self, split, size, seed):
@@ -160,11 +162,13 @@ class GroundingTask:
   ) -> str:
     """Renders the dataset under ``data_dir`` unless it exists; its directory.
 
-    Also writes ``samples.png`` (test scenes with query and boxes) beside it.
+    ``train_size=0`` writes the test split alone (for ``train_stream``
+    runs). Also writes ``samples.png`` (test scenes with query and boxes)
+    beside it.
     """
-    if train_size <= 0 or test_size <= 0:
+    if train_size < 0 or test_size <= 0:
       raise ValueError(
-          "train_size and test_size must be positive, got "
+          "train_size must be >= 0 and test_size positive, got "
           f"{train_size} and {test_size}."
       )
     if seed < 0:
@@ -244,8 +248,11 @@ class GroundingTask:
     self._find(config)
 
   def _load(self, config, split):
-    return tfds.builder_from_directory(self._find(config)).as_data_source(
-        split=split
+    return input_pipeline.split_source(
+        self._find(config),
+        split,
+        prepare="set --config.train_stream=True to render the train scenes "
+        "as the run reads them, or prepare a train split",
     )
 
   # --------------------------------------------------------------------------
@@ -289,14 +296,37 @@ class GroundingTask:
     )
     return batch
 
+  def render_stream(self, rngs) -> list[dict]:
+    """The train stream's records: one scene from each generator."""
+    return [
+        dict(image=scene.image, question=scene.question, answer=scene.answer)
+        for scene in (scenes.render_scene(self.variant, rng) for rng in rngs)
+    ]
+
   def train_iterator(self, config, *, process_index=None, process_count=None):
-    """Checkpointable iterator over this host's train batches (shuffled)."""
+    """Checkpointable iterator over this host's train batches.
+
+    The prepared train split, shuffled; with ``config.train_stream`` scenes
+    rendered as they are read, none twice, none of the test split's
+    (`train.streams`).
+    """
+    encode = functools.partial(self.encode_records, config=config)
+    if config.get("train_stream", False):
+      test = self._load(config, "test")
+      return streams.train_iterator(
+          config,
+          self.render_stream,
+          encode,
+          test.__getitems__(list(range(len(test)))),
+          process_index=process_index,
+          process_count=process_count,
+      )
     source = self._load(config, "train")
     return input_pipeline.task_train_iterator(
         config,
         source,
         np.arange(len(source)),
-        functools.partial(self.encode_records, config=config),
+        encode,
         process_index=process_index,
         process_count=process_count,
     )
@@ -384,6 +414,7 @@ check_config = _TASK.check_config
 check_data = _TASK.check_data
 model_fields = _TASK.model_fields
 train_iterator = _TASK.train_iterator
+render_stream = _TASK.render_stream
 eval_batches = _TASK.eval_batches
 score_answers = _TASK.score_answers
 summarize = _TASK.summarize

@@ -10,6 +10,7 @@ check_config = _TASK.check_config
 check_data = _TASK.check_data
 model_fields = _TASK.model_fields
 train_iterator = _TASK.train_iterator
+render_stream = _TASK.render_stream
 eval_batches = _TASK.eval_batches
 score_answers = _TASK.score_answers
 summarize = _TASK.summarize

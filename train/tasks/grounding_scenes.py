@@ -25,6 +25,7 @@ NumPy stream (so the test split does not depend on the train size).
 
 from collections.abc import Iterator
 import dataclasses
+import functools
 import time
 
 from absl import logging
@@ -149,6 +150,14 @@ def mask_box(mask: np.ndarray) -> tuple[int, int, int, int]:
   return int(columns[0]), int(rows[0]), int(columns[-1]), int(rows[-1])
 
 
+@functools.cache
+def _shape_pixels(shape: str, side: int):
+  """(read-only `shape_mask`, its `mask_box`): a few dozen shapes, drawn once."""
+  mask = shape_mask(shape, side)
+  mask.setflags(write=False)
+  return mask, mask_box(mask)
+
+
 # ----------------------------------------------------------------------------
 # Scenes.
 
@@ -229,10 +238,9 @@ def render_scene(
   for color, shape, side, (x, y), shift in zip(
       colors, shapes, sides, corners, jitter
   ):
-    mask = shape_mask(shape, side)
+    mask, (x1, y1, x2, y2) = _shape_pixels(shape, side)
     window = image[y : y + side, x : x + side]
     window[mask] = np.asarray(COLORS[color]) + shift
-    x1, y1, x2, y2 = mask_box(mask)
     objects.append(SceneObject(color, shape, (x + x1, y + y1, x + x2, y + y2)))
   image = np.clip(np.round(image + noise * noise_scale), 0, 255)
   target_boxes = [objects[i].box for i in targets]
