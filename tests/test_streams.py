@@ -489,7 +489,7 @@ elif which == "grounding":
         )
 else:
   from experiments.arithmetic_mix import run
-  for profile in ("cpu", "digits"):
+  for profile in ("cpu", "digits", "digits_long"):
     for cells in run.grid(profile).values():
       for _, _, method, seed, overrides in cells:
         for data_dir in data_dirs:
@@ -532,6 +532,8 @@ def _grid_hashes(which):
             [
                 "experiments/arithmetic_mix/results.json",
                 "experiments/arithmetic_mix/digits/results.json",
+                "experiments/arithmetic_mix/digits/results_cpu.json",
+                "experiments/arithmetic_mix/digits/results_long.json",
             ],
         ),
     ],
