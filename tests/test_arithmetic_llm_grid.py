@@ -11,8 +11,6 @@ import shutil
 import subprocess
 import sys
 
-from experiments.arithmetic_mix import run as grid
-
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -85,6 +83,24 @@ def test_llm_flags_are_refused_for_other_profiles(tmp_path):
   assert "--pretrained=SNAPSHOT_DIR" in result.stderr
 
 
+# Run in a subprocess: importing the grid module defines its absl flags,
+# which other test modules' grid and report modules define too.
+_HASHES = """
+import json, sys
+from experiments.arithmetic_mix import run as grid
+path = sys.argv[1]
+settings = dict(grid.LLM_PROFILES["llm_smoke"], pretrained=path)
+settings["train_size"] = settings["train_steps"] * settings["batch_size"]
+config = grid.llm_cell_config(settings, "ntil", 0, "data")
+assert config.pretrained == path  # the run reads it from there
+print(json.dumps([
+    grid.llm_hash(config, "llm_smoke", settings),
+    grid.zero_shot_hash(config, "llm_smoke", settings),
+    grid.snapshot_identity(path),
+]))
+"""
+
+
 def test_cell_hashes_name_the_snapshot_not_its_location(tmp_path):
   fixture = ROOT / "tests" / "fixtures" / "hf" / "qwen2_tiny"
   here, there = tmp_path / "a" / "qwen2_tiny", tmp_path / "b" / "qwen2_tiny"
@@ -92,20 +108,22 @@ def test_cell_hashes_name_the_snapshot_not_its_location(tmp_path):
   shutil.copytree(fixture, there)
 
   def hashes(path):
-    settings = dict(grid.LLM_PROFILES["llm_smoke"], pretrained=str(path))
-    settings["train_size"] = settings["train_steps"] * settings["batch_size"]
-    config = grid.llm_cell_config(settings, "ntil", 0, "data")
-    assert config.pretrained == str(path)  # the run reads it from there
-    return (
-        grid.llm_hash(config, "llm_smoke", settings),
-        grid.zero_shot_hash(config, "llm_smoke", settings),
+    result = subprocess.run(
+        [sys.executable, "-c", _HASHES, str(path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.splitlines()[-1])
 
-  assert hashes(here) == hashes(there)
-  assert grid.snapshot_identity(str(here)).startswith("qwen2_tiny@")
+  ours = hashes(here)
+  assert ours == hashes(there)
+  assert ours[2].startswith("qwen2_tiny@")
   # Another model under the same name is another cell.
   config = json.loads((there / "config.json").read_text())
   config["num_hidden_layers"] += 1
   (there / "config.json").write_text(json.dumps(config))
-  assert hashes(here)[0] != hashes(there)[0]
-  assert hashes(here)[1] != hashes(there)[1]
+  theirs = hashes(there)
+  assert ours[0] != theirs[0] and ours[1] != theirs[1]

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 from experiments import common as results_io
+from experiments import stats
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -186,6 +187,47 @@ def test_clock_grid_pairs_seeds_and_report_renders(tmp_path):
   ntil = [r for r in runs if r["variant"] == "main" and r["method"] == "ntil"]
   gap = sum(r["mean_time_gap_minutes"] for r in ntil) / len(ntil)
   assert "| CE + NTIL | 2 | " in report and f"{gap:.2f} ±" in report
+  assert "No streamed run recorded yet." in report
+  check_stream_section(
+      "experiments.clock_time.report",
+      tmp_path,
+      runs,
+      lambda r: r["group"] in ("main", "converged"),
+      "exact_match",
+      {
+          "### 2 steps": "regimes_paired_600.png",
+          "### 8 steps": "regimes_paired.png",
+      },
+      lambda r: r["group"] == "main",
+  )
+
+
+def check_stream_section(
+    module, tmp_path, runs, copied, metric, budgets, first_budget
+):
+  """Renders the report with ``copied`` runs again as streamed ones (same
+  numbers), and checks the fixed set vs stream section against them."""
+  streamed = [
+      dict(r, regime="stream", name="stream-" + r["name"])
+      for r in runs
+      if copied(r)
+  ]
+  both = tmp_path / "both"
+  both.mkdir()
+  (both / "results.json").write_text(json.dumps(dict(runs=runs + streamed)))
+  run(module, f"--results={both / 'results.json'}", f"--out_dir={both}")
+  report = (both / "results.md").read_text()
+  section = report.split("## Fixed set vs stream")[1].split("\n## ")[0]
+  ce = [r for r in runs if copied(r) and first_budget(r)]
+  ce = [r for r in ce if r["method"] == "ce" and r["variant"] == "main"]
+  early = stats.fmt([100 * r["curves"][metric][0] for r in ce], 1)
+  end = stats.fmt([100 * r["curves"][metric][-1] for r in ce], 1)
+  # The same runs in both regimes: the same cells side by side.
+  assert f"| CE | {early} | {end} | {early} | {end} |" in section
+  assert "Runs per regime: CE: fixed 2, stream 2;" in section
+  for title, plot in budgets.items():
+    assert title in section, title
+    assert (both / "plots" / plot).stat().st_size > 1000
 
 
 def test_clock_grid_runs_a_streamed_cell(tmp_path):
@@ -331,6 +373,15 @@ def test_grounding_grid_pairs_seeds_and_report_renders(tmp_path):
   delta = sum(first_eval["ntil", s] - first_eval["ce", s] for s in (0, 1)) / 2
   assert "Acc@0.5 at step 1" in early
   assert f"| CE + NTIL | 2 | {delta:+.1f}" in early
+  check_stream_section(
+      "experiments.grounding.report",
+      tmp_path,
+      runs,
+      lambda r: r["task"] == "grounding",
+      "acc_at_50",
+      {"### grounding (Acc@0.5": "regimes_paired_grounding.png"},
+      lambda r: True,
+  )
 
 
 def test_results_file_is_one_line_per_run_and_round_trips(tmp_path):

@@ -68,7 +68,14 @@ VARIANTS = {
 # example new, none of the test split's) at the main grid's steps and batch:
 # the five losses and the digit-weighted control, 5 seeds each. Run them by
 # name (--groups=stream,stream_control); the default run leaves them out.
-STREAM_GROUPS = ("stream", "stream_control")
+# stream_converged and stream_converged_control are the same at the
+# converged budget (CONVERGED_FACTOR x the steps, as the converged groups).
+STREAM_GROUPS = (
+    "stream",
+    "stream_control",
+    "stream_converged",
+    "stream_converged_control",
+)
 STREAM = dict(train_stream=True)
 
 
@@ -154,6 +161,16 @@ def grid(profile):
   method, overrides = VARIANTS["control"]["ce_digit_weighted"]
   cells["stream_control"] = [
       ("ce_digit_weighted", method, seed, {**overrides, **STREAM})
+      for seed in settings["main_seeds"]
+  ]
+  converged = dict(STREAM, train_steps=CONVERGED_FACTOR * steps)
+  cells["stream_converged"] = [
+      ("converged", method, seed, dict(converged))
+      for seed in settings["main_seeds"]
+      for method in clock_time.METHODS
+  ]
+  cells["stream_converged_control"] = [
+      ("ce_digit_weighted_converged", method, seed, {**overrides, **converged})
       for seed in settings["main_seeds"]
   ]
   return cells

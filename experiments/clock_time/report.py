@@ -21,6 +21,8 @@ import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 import numpy as np
 
 from configs import clock_time
+from experiments import common
+from experiments import regimes
 from experiments import stats as stats_lib
 from experiments.clock_time import grid
 from train import plots
@@ -624,10 +626,66 @@ def regime_sections(grouped, title, out_dir, suffix, labels):
   ]
 
 
+def stream_section(fixed, streamed, out_dir) -> list[str]:
+  """Fixed set vs stream at both budgets: tables, plots, seed counts."""
+  lines = [
+      "## Fixed set vs stream (each clock seen once)",
+      "",
+      "The same model, steps, batch and seeds; the fixed-set runs read the "
+      f"{grid.PROFILES['cpu']['train_size']:,} prepared clocks again and "
+      "again (about 4 passes at 600 steps, 15 at 2,400), the streamed runs "
+      "(`--groups=stream,stream_control,stream_converged,"
+      "stream_converged_control`, `train_stream=True`) a new clock every "
+      "time. Each cell: exact match % (mean ± sd over seeds) and, for the "
+      "other losses, (Δ vs CE of the same regime and seed: seeds better/"
+      "paired, p).",
+      "",
+  ]
+  if not streamed:
+    return lines + ["No streamed run recorded yet.", ""]
+  rows = [(m, LABELS[m]) for m in METHODS] + [
+      ("ce_digit_weighted", VARIANT_LABELS["ce_digit_weighted"])
+  ]
+  for budget, suffix in ((EARLY, "_600"), (CONVERGED, "")):
+    groupings = {
+        common.FIXED: group_runs(fixed, budget),
+        common.STREAM: group_runs(streamed, budget),
+    }
+    steps = sorted(
+        {
+            r["steps"]
+            for r in streamed
+            if regime_of(r) == budget and r["variant"] not in CHECKS
+        }
+    )
+    if not steps:
+      lines += [f"### {budget}", "", "No streamed run at this budget yet.", ""]
+      continue
+    title = f"{', '.join(f'{n:,}' for n in steps)} steps"
+    lines += [f"### {title}", ""]
+    name = f"regimes_paired{suffix}.png"
+    lines += [
+        *regimes.side_by_side(groupings, rows, "exact_match"),
+        "",
+        f"Runs per regime: {regimes.seed_counts(groupings, rows)}.",
+        "",
+    ]
+    if regimes.plot_paired_by_regime(
+        groupings,
+        rows,
+        "exact_match",
+        os.path.join(out_dir, "plots", name),
+        f"clocks, {title}: paired Δ exact match vs CE",
+    ):
+      lines += [f"![paired delta by regime, {title}](plots/{name})", ""]
+  return lines
+
+
 def write_report(runs, out_dir, discussion=None):
-  # The prepared-train-split runs; streamed ones (regime "stream") are not
-  # reported here yet.
-  runs = [r for r in runs if r.get("regime", "fixed") == "fixed"]
+  # The prepared-train-split runs make the main report; streamed ones
+  # (regime "stream") are set beside them in their own section.
+  streamed = [r for r in runs if common.regime(r) == common.STREAM]
+  runs = [r for r in runs if common.regime(r) == common.FIXED]
   early = group_runs(runs, EARLY)
   converged = group_runs(runs, CONVERGED)
   groupings = {EARLY: early, CONVERGED: converged}
@@ -788,6 +846,7 @@ def write_report(runs, out_dir, discussion=None):
           "ce_2x_steps",
       ),
       "",
+      *stream_section(runs, streamed, out_dir),
       "## The paper, for context",
       "",
       "The paper fine-tunes 2-7B multimodal LLMs on photographs of clocks "

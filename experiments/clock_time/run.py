@@ -66,6 +66,8 @@ def run_name(group, variant, method, seed):
     return f"{variant}-{method}-s{seed}"
   if group == "stream":
     return f"stream-{method}-s{seed}"
+  if group == "stream_converged":
+    return f"stream-converged-{method}-s{seed}"
   if group in grid_lib.STREAM_GROUPS:
     return f"stream-{variant}-s{seed}"
   return f"{variant}-s{seed}"

@@ -22,6 +22,8 @@ import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 import numpy as np
 
 from configs import grounding
+from experiments import common
+from experiments import regimes
 from experiments import stats
 from experiments.grounding import grid
 from train import plots
@@ -689,10 +691,60 @@ def paper_tables():
   return lines
 
 
+def stream_section(fixed, streamed, out_dir) -> list[str]:
+  """Fixed set vs stream for each task with streamed runs."""
+  lines = [
+      "## Fixed set vs stream (each scene seen once)",
+      "",
+      "The same model, steps, batch and seeds; the fixed-set runs read "
+      "their prepared scenes again and again, the streamed runs "
+      "(`--groups=stream,stream_control,stream_single,"
+      "stream_single_control`, `train_stream=True`) a new scene every "
+      "time. Each cell: the headline metric in % (mean ± sd over seeds) "
+      "and, for the other losses, (Δ vs CE of the same regime and seed: "
+      "seeds better/paired, p).",
+      "",
+  ]
+  if not streamed:
+    return lines + ["No streamed run recorded yet.", ""]
+  rows = [(m, LABELS[m]) for m in METHODS] + [
+      ("ce_digit_weighted", VARIANT_LABELS["ce_digit_weighted"])
+  ]
+  for task in grid.METRICS:
+    task_streamed = [r for r in streamed if r["task"] == task]
+    if not task_streamed:
+      continue
+    metric, name = headline(task)
+    groupings = {
+        common.FIXED: stats.group_runs([r for r in fixed if r["task"] == task]),
+        common.STREAM: stats.group_runs(task_streamed),
+    }
+    train_size = grid.PROFILES["cpu"]["train_size"][task]
+    plot = f"regimes_paired_{task}.png"
+    lines += [
+        f"### {task} ({name}; fixed set: {train_size:,} scenes)",
+        "",
+        *regimes.side_by_side(groupings, rows, metric),
+        "",
+        f"Runs per regime: {regimes.seed_counts(groupings, rows)}.",
+        "",
+    ]
+    if regimes.plot_paired_by_regime(
+        groupings,
+        rows,
+        metric,
+        os.path.join(out_dir, "plots", plot),
+        f"{task}: paired Δ {name} vs CE",
+    ):
+      lines += [f"![paired delta by regime, {task}](plots/{plot})", ""]
+  return lines
+
+
 def write_report(runs, out_dir, discussion=None, budget=None):
-  # The prepared-train-split runs; streamed ones (regime "stream") are not
-  # reported here yet.
-  runs = [r for r in runs if r.get("regime", "fixed") == "fixed"]
+  # The prepared-train-split runs make the main report; streamed ones
+  # (regime "stream") are set beside them in their own section.
+  streamed = [r for r in runs if common.regime(r) == common.STREAM]
+  runs = [r for r in runs if common.regime(r) == common.FIXED]
   os.makedirs(os.path.join(out_dir, "plots"), exist_ok=True)
   any_run = runs[0]
   lines = [
@@ -721,6 +773,7 @@ def write_report(runs, out_dir, discussion=None, budget=None):
     task_runs = [r for r in runs if r["task"] == task]
     if task_runs:
       lines += task_section(task, task_runs, out_dir)
+  lines += stream_section(runs, streamed, out_dir)
   lines += paper_tables()
   for title, source in (
       ("Discussion (written by hand from the numbers above)", discussion),

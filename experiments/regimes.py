@@ -1,0 +1,175 @@
+"""Fixed training set vs stream, side by side: tables and plots for reports.
+
+A fixed-set run trains on a prepared split seen many times; a streamed run
+(``train_stream``) on examples rendered as read, each seen once. The same
+model, steps, batch and seeds in both regimes, so for every loss the table
+shows both regimes' value early in training and at the end of the budget,
+each with its paired difference to CE of the same regime and seed.
+
+Pure functions of the records: ``groupings`` is ``{regime: {key: {seed:
+run}}}`` with ``regime`` in `REGIMES`; ``key`` a loss method or a control's
+name, ``"ce"`` the reference.
+"""
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+import numpy as np
+
+from experiments import stats
+
+REGIMES = ("fixed", "stream")
+REGIME_LABELS = dict(fixed="fixed set", stream="stream (each seen once)")
+
+
+def at_step(run, metric, step) -> float:
+  """``metric`` of ``run``'s learning curve at eval ``step`` (NaN if none)."""
+  curves = run["curves"]
+  if step in curves["eval_steps"]:
+    return float(curves[metric][curves["eval_steps"].index(step)])
+  return float("nan")
+
+
+def first_eval_step(groupings) -> int | None:
+  """The earliest eval step that every run of every regime has."""
+  common = None
+  for grouped in groupings.values():
+    for runs in grouped.values():
+      for run in runs.values():
+        steps = set(run["curves"]["eval_steps"])
+        common = steps if common is None else common & steps
+  return min(common) if common else None
+
+
+def _cell(runs, reference, read, scale, digits, higher) -> str:
+  values = [scale * read(r) for r in runs.values()]
+  values = [v for v in values if np.isfinite(v)]
+  if not values:
+    return "–"
+  text = stats.fmt(values, digits)
+  if reference is runs:
+    return text
+  d = stats.paired(runs, reference, read, scale, higher)
+  if d is None:
+    return text
+  p = "" if np.isnan(d["p"]) else f", p = {d['p']:.3f}"
+  return f"{text} ({d['mean']:+.{digits}f}: {d['better']}/{d['n']}{p})"
+
+
+def side_by_side(groupings, rows, metric, *, scale=100, digits=1, higher=True):
+  """A markdown table: rows are losses, columns regime x (early, end).
+
+  Args:
+    groupings: ``{regime: {key: {seed: run}}}``.
+    rows: ``(key, label)`` pairs, in order; CE (``"ce"``) is the reference.
+    metric: the curve and record field (e.g. ``"exact_match"``).
+    scale: multiplies values (100 for percentages).
+    digits: decimals shown.
+    higher: whether higher is better (for the seeds-better count).
+
+  Returns:
+    The table's lines, or one line saying what is missing. Each cell is
+    ``mean ± sd`` over seeds and, except for CE, ``(Δ vs CE of the same
+    regime and seed: seeds better/paired, paired t-test p)``.
+  """
+  present = [r for r in REGIMES if any(groupings.get(r, {}).values())]
+  if not present:
+    return ["No runs recorded yet."]
+  early = first_eval_step({r: groupings[r] for r in present})
+  head = ["loss"]
+  for regime in present:
+    head += [
+        f"{REGIME_LABELS[regime]}, step {early}",
+        f"{REGIME_LABELS[regime]}, end",
+    ]
+  lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  readers = (
+      lambda run: at_step(run, metric, early),
+      lambda run: float(run["curves"][metric][-1]),
+  )
+  for key, label in rows:
+    if not any(key in groupings.get(r, {}) for r in present):
+      continue
+    cells = [label]
+    for regime in present:
+      grouped = groupings[regime]
+      runs = grouped.get(key, {})
+      reference = runs if key == "ce" else grouped.get("ce", {})
+      for read in readers:
+        cells.append(_cell(runs, reference, read, scale, digits, higher))
+    lines.append("| " + " | ".join(cells) + " |")
+  return lines
+
+
+def seed_counts(groupings, rows) -> str:
+  """``label: fixed n, stream m`` for each row: how complete each regime is."""
+  parts = []
+  for key, label in rows:
+    counts = [len(groupings.get(r, {}).get(key, {})) for r in REGIMES]
+    if any(counts):
+      parts.append(
+          f"{label}: " + ", ".join(f"{r} {n}" for r, n in zip(REGIMES, counts))
+      )
+  return "; ".join(parts)
+
+
+def plot_paired_by_regime(groupings, rows, metric, path, title, scale=100):
+  """Mean paired Δ vs CE over the learning curve, one panel per regime.
+
+  Returns:
+    Whether a plot was written (False without a regime holding CE and
+    another loss).
+  """
+  present = [
+      r
+      for r in REGIMES
+      if "ce" in groupings.get(r, {}) and len(groupings[r]) > 1
+  ]
+  if not present:
+    return False
+  fig, axes = plt.subplots(
+      1, len(present), figsize=(5.5 * len(present), 3.6), squeeze=False
+  )
+  for ax, regime in zip(axes[0], present):
+    grouped = groupings[regime]
+    reference = grouped["ce"]
+    for key, label in rows:
+      if key == "ce" or key not in grouped:
+        continue
+      seeds = sorted(set(grouped[key]) & set(reference))
+      if not seeds:
+        continue
+      steps = reference[seeds[0]]["curves"]["eval_steps"]
+      deltas = np.array(
+          [
+              [
+                  scale
+                  * (
+                      at_step(grouped[key][s], metric, step)
+                      - at_step(reference[s], metric, step)
+                  )
+                  for step in steps
+              ]
+              for s in seeds
+          ]
+      )
+      ax.errorbar(
+          steps,
+          np.nanmean(deltas, axis=0),
+          yerr=np.nanstd(deltas, axis=0) if len(seeds) > 1 else None,
+          marker="o",
+          capsize=2,
+          label=f"{label} ({len(seeds)})",
+      )
+    ax.axhline(0, color="black", linewidth=0.8)
+    ax.set_title(REGIME_LABELS[regime], fontsize=9)
+    ax.set_xlabel("step")
+    ax.grid(alpha=0.3)
+  axes[0][0].set_ylabel(f"Δ {metric} vs CE (points)")
+  axes[0][-1].legend(fontsize=7)
+  fig.suptitle(title, fontsize=9)
+  fig.tight_layout()
+  fig.savefig(path, dpi=90)
+  plt.close(fig)
+  return True

@@ -1,0 +1,89 @@
+"""Fixed set vs stream tables and plots (experiments/regimes.py), by hand."""
+
+from experiments import regimes
+
+
+def run(curve, steps=(100, 200)):
+  return dict(curves=dict(eval_steps=list(steps), exact_match=list(curve)))
+
+
+# {regime: {key: {seed: run}}}: two seeds each.
+GROUPINGS = dict(
+    fixed=dict(
+        ce={0: run([0.1, 0.5]), 1: run([0.2, 0.6])},
+        ntil={0: run([0.3, 0.5]), 1: run([0.2, 0.8])},
+    ),
+    stream=dict(
+        ce={0: run([0.1, 0.4]), 1: run([0.1, 0.4])},
+        ntil={0: run([0.1, 0.5]), 1: run([0.2, 0.3])},
+    ),
+)
+ROWS = [("ce", "CE"), ("ntil", "CE + NTIL"), ("emd", "CE + EMD")]
+
+
+def cells(lines, label):
+  for line in lines:
+    parts = [c.strip() for c in line.strip().strip("|").split("|")]
+    if parts[0] == label:
+      return parts[1:]
+  raise AssertionError(f"no row {label!r}")
+
+
+def test_side_by_side_by_hand():
+  lines = regimes.side_by_side(GROUPINGS, ROWS, "exact_match")
+  assert lines[0] == (
+      "| loss | fixed set, step 100 | fixed set, end | stream (each seen "
+      "once), step 100 | stream (each seen once), end |"
+  )
+  # CE: the values alone. Fixed 10, 20 and 50, 60; stream 10, 10; 40, 40.
+  assert cells(lines, "CE") == [
+      "15.0 ± 7.1",
+      "55.0 ± 7.1",
+      "10.0 ± 0.0",
+      "40.0 ± 0.0",
+  ]
+  # NTIL - CE per seed. Fixed step 100: +20, 0 (mean 10, sd 14.14, t = 1,
+  # p = 0.5, better on 1). End: 0, +20. Stream step 100: 0, +10 (t = 1);
+  # end: +10, -10 (mean 0, t = 0, p = 1).
+  assert cells(lines, "CE + NTIL") == [
+      "25.0 ± 7.1 (+10.0: 1/2, p = 0.500)",
+      "65.0 ± 21.2 (+10.0: 1/2, p = 0.500)",
+      "15.0 ± 7.1 (+5.0: 1/2, p = 0.500)",
+      "40.0 ± 14.1 (+0.0: 1/2, p = 1.000)",
+  ]
+  assert not any("CE + EMD" in line for line in lines)  # no runs: no row
+
+
+def test_one_regime_and_a_missing_early_step():
+  only_fixed = dict(fixed=GROUPINGS["fixed"], stream={})
+  lines = regimes.side_by_side(only_fixed, ROWS, "exact_match")
+  assert "stream" not in lines[0]
+  assert regimes.side_by_side({}, ROWS, "exact_match") == [
+      "No runs recorded yet."
+  ]
+  # The early column is the first step every run has.
+  later = dict(fixed=dict(ce={0: run([0.3, 0.4], steps=(200, 300))}))
+  lines = regimes.side_by_side(later, ROWS, "exact_match")
+  assert "step 200" in lines[0]
+  assert cells(lines, "CE") == ["30.0", "40.0"]
+  assert regimes.at_step(later["fixed"]["ce"][0], "exact_match", 100) != (
+      regimes.at_step(later["fixed"]["ce"][0], "exact_match", 100)
+  )  # NaN where the curve has no such step
+
+
+def test_seed_counts_and_plot(tmp_path):
+  assert regimes.seed_counts(GROUPINGS, ROWS) == (
+      "CE: fixed 2, stream 2; CE + NTIL: fixed 2, stream 2"
+  )
+  path = tmp_path / "paired.png"
+  assert regimes.plot_paired_by_regime(
+      GROUPINGS, ROWS, "exact_match", str(path), "test"
+  )
+  assert path.stat().st_size > 1000
+  assert not regimes.plot_paired_by_regime(
+      dict(fixed=dict(ce=GROUPINGS["fixed"]["ce"])),
+      ROWS,
+      "exact_match",
+      str(tmp_path / "none.png"),
+      "test",
+  )
