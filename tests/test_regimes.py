@@ -54,14 +54,15 @@ def test_side_by_side_by_hand():
   assert not any("CE + EMD" in line for line in lines)  # no runs: no row
 
 
-def test_one_regime_and_a_missing_early_step():
+def test_one_regime_and_a_missing_mid_step():
   only_fixed = dict(fixed=GROUPINGS["fixed"], stream={})
   lines = regimes.side_by_side(only_fixed, ROWS, "exact_match")
   assert "stream" not in lines[0]
   assert regimes.side_by_side({}, ROWS, "exact_match") == [
       "No runs recorded yet."
   ]
-  # The early column is the first step every run has.
+  # The mid-curve column reads a step every run has: here only 200 and 300
+  # are common, and the last (the end column) is not a mid step.
   later = dict(fixed=dict(ce={0: run([0.3, 0.4], steps=(200, 300))}))
   lines = regimes.side_by_side(later, ROWS, "exact_match")
   assert "step 200" in lines[0]
@@ -87,3 +88,35 @@ def test_seed_counts_and_plot(tmp_path):
       str(tmp_path / "none.png"),
       "test",
   )
+
+
+def test_mid_eval_step_is_half_the_budget_not_the_first_eval():
+  four = (150, 300, 450, 600)  # the clock grid's evals at 600 steps
+  g = dict(
+      fixed=dict(ce={0: run([0.0, 0.1, 0.3, 0.4], steps=four)}),
+      stream=dict(ce={0: run([0.0, 0.1, 0.2, 0.3], steps=four)}),
+  )
+  assert regimes.mid_eval_step(g) == 300
+  lines = regimes.side_by_side(g, ROWS, "exact_match")
+  assert "fixed set, step 300" in lines[0]
+  assert cells(lines, "CE") == ["10.0", "40.0", "10.0", "30.0"]
+  # Six evals of 200 to 1,200 (grounding): 600; evals at 100, 300 and 400
+  # (half is 200, a tie) take the earlier; one common step: that step.
+  six = tuple(range(200, 1201, 200))
+  assert regimes.mid_eval_step(dict(fixed=dict(ce={0: run([0] * 6, six)}))) == 600
+  assert regimes.common_eval_steps(g) == list(four)
+  tie = dict(fixed=dict(ce={0: run([0, 0, 0], steps=(100, 300, 400))}))
+  assert regimes.mid_eval_step(tie) == 100
+  one = dict(fixed=dict(ce={0: run([0.5], steps=(50,))}))
+  assert regimes.mid_eval_step(one) == 50
+  assert regimes.mid_eval_step({}) is None
+
+
+def test_rows_lists_methods_then_controls():
+  labels = dict(ce="CE", ntil="CE + NTIL")
+  variants = dict(ce_digit_weighted="CE, digits x 1.3")
+  assert regimes.rows(labels, variants, ["ce", "ntil"]) == [
+      ("ce", "CE"),
+      ("ntil", "CE + NTIL"),
+      ("ce_digit_weighted", "CE, digits x 1.3"),
+  ]

@@ -643,9 +643,7 @@ def stream_section(fixed, streamed, out_dir) -> list[str]:
   ]
   if not streamed:
     return lines + ["No streamed run recorded yet.", ""]
-  rows = [(m, LABELS[m]) for m in METHODS] + [
-      ("ce_digit_weighted", VARIANT_LABELS["ce_digit_weighted"])
-  ]
+  rows = regimes.rows(LABELS, VARIANT_LABELS, METHODS)
   for budget, suffix in ((EARLY, "_600"), (CONVERGED, "")):
     groupings = {
         common.FIXED: group_runs(fixed, budget),
