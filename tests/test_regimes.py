@@ -103,7 +103,9 @@ def test_mid_eval_step_is_half_the_budget_not_the_first_eval():
   # Six evals of 200 to 1,200 (grounding): 600; evals at 100, 300 and 400
   # (half is 200, a tie) take the earlier; one common step: that step.
   six = tuple(range(200, 1201, 200))
-  assert regimes.mid_eval_step(dict(fixed=dict(ce={0: run([0] * 6, six)}))) == 600
+  assert (
+      regimes.mid_eval_step(dict(fixed=dict(ce={0: run([0] * 6, six)}))) == 600
+  )
   assert regimes.common_eval_steps(g) == list(four)
   tie = dict(fixed=dict(ce={0: run([0, 0, 0], steps=(100, 300, 400))}))
   assert regimes.mid_eval_step(tie) == 100

@@ -1,0 +1,116 @@
+"""The "what holds where" table (experiments/summary.py), by hand."""
+
+import json
+import pathlib
+
+import pytest
+
+from experiments import summary
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def clock(method, seed, curve, group="main", variant="main", steps=600):
+  return dict(
+      name=f"{group}-{method}-s{seed}",
+      group=group,
+      variant=variant,
+      method=method,
+      seed=seed,
+      steps=steps,
+      batch_size=100,
+      curves=dict(eval_steps=[steps // 2, steps], exact_match=list(curve)),
+  )
+
+
+def parse(lines):
+  """{(task, training data, steps): cells} of a table's rows."""
+  rows = {}
+  for line in lines[2:]:
+    parts = [c.strip() for c in line.strip().strip("|").split("|")]
+    rows[tuple(parts[:3])] = parts[3:]
+  return rows
+
+
+def write(root, path, runs):
+  target = root / path
+  target.parent.mkdir(parents=True, exist_ok=True)
+  target.write_text(json.dumps(dict(runs=runs)))
+
+
+def test_clock_rows_by_hand(tmp_path):
+  runs = [
+      # CE: ends 0.50 and 0.60; NTIL: 0.60, 0.60 (+10, 0: better on 1 of
+      # 2, t = 1, p = 0.5); the control ends 0.40 on seed 0 (one seed: no
+      # p).
+      clock("ce", 0, [0.2, 0.5]),
+      clock("ce", 1, [0.2, 0.6]),
+      clock("ntil", 0, [0.41, 0.6]),
+      clock("ntil", 1, [0.3, 0.6]),
+      clock("ce", 0, [0.1, 0.4], "control", "ce_digit_weighted"),
+      clock("ntil", 0, [0.1, 0.4], "control", "ntil_reference"),  # not shown
+      # Streamed, 2,400 steps: CE alone.
+      clock("ce", 0, [0.7, 0.8], "stream_converged", "converged", 2400),
+  ]
+  write(tmp_path, "experiments/clock_time/results.json", runs)
+  lines = summary.table(str(tmp_path))
+  rows = parse(lines)
+  assert len(rows) == 2  # no other task's file: no rows
+  # 600 steps x 100 = 60,000 examples over 20,000 clocks: 3 passes.
+  fixed = rows[("clocks", "fixed set of 20,000, about 3 passes", "600")]
+  assert fixed[0] == "exact match 55.0 ± 7.1 (2 seeds)"
+  names = [label for _, label in summary.LOSSES]
+  cell = dict(zip(names + ["curve"], fixed[1:]))
+  assert cell["EMD"] == "–"
+  assert cell["NTIL"] == "+5.0 (1/2, p = 0.50)"
+  assert cell["digits x 1.3"] == "-10.0 (0/1)"
+  # Mean over training from 0 at step 0 (trapezoids, halves of 300 steps):
+  # seed 0, CE (0.1 + 0.35) / 2 = 0.225, NTIL (0.205 + 0.505) / 2 = 0.355
+  # (+13.0); seed 1, CE (0.1 + 0.4) / 2 = 0.25, NTIL (0.15 + 0.45) / 2 =
+  # 0.30 (+5.0): mean +9.0, better on both.
+  assert cell["curve"].startswith("+9.0 (2/2, p = ")
+  streamed = rows[("clocks", "each seen once (240,000 examples)", "2,400")]
+  assert streamed[0] == "exact match 80.0 (1 seed)"
+  assert streamed[1:] == ["–"] * 6
+
+
+def test_arithmetic_control_and_bold(tmp_path):
+  def arith(method, seed, end, group="main", weight=None):
+    run = clock(method, seed, [end / 2, end], steps=800)
+    del run["variant"]  # arithmetic records have none
+    run.update(
+        group=group, overrides=dict(digit_ce_weight=weight) if weight else {}
+    )
+    return run
+
+  runs = [arith("ce", s, 0.5 + 0.01 * s) for s in range(3)]
+  # NTIL 10, 10 and 10.5 points above on 3 seeds: significant, bold.
+  runs += [
+      arith("ntil", s, 0.6 + 0.01 * s + 0.005 * (s == 2)) for s in range(3)
+  ]
+  runs += [arith("ce", 0, 0.3, group="control", weight=0.3)]
+  runs += [arith("ntil", 0, 0.9, group="ablation")]  # not a row key
+  write(tmp_path, "experiments/arithmetic_mix/digits/results.json", runs)
+  rows = parse(summary.table(str(tmp_path)))
+  (cells,) = rows.values()
+  # The control's CE run is not a CE run.
+  assert cells[0] == "exact match 51.0 ± 1.0 (3 seeds)"
+  assert cells[4] == "**+10.2 (3/3, p < 0.001)**"
+  assert cells[5] == "-20.0 (0/1)"
+
+
+def test_replace_block():
+  text = f"a\n{summary.START}\nold\n{summary.END}\nb\n"
+  assert summary.replace_block(text, ["x", "y"]) == (
+      f"a\n{summary.START}\nx\ny\n{summary.END}\nb\n"
+  )
+  with pytest.raises(ValueError, match="no"):
+    summary.replace_block("no markers", ["x"])
+
+
+def test_readme_table_is_the_recorded_one():
+  """The README's table is what the committed results give: regenerate it
+  with ``python -m experiments.summary --readme`` after recording runs."""
+  text = (ROOT / "README.md").read_text()
+  block = text.split(summary.START, 1)[1].split(summary.END, 1)[0]
+  assert block.strip().splitlines() == summary.table(str(ROOT))
