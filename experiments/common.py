@@ -276,11 +276,13 @@ def run_grid(todo, configure, execute, describe, results_path, *, max_runs=0):
     results_path: results.json; every finished record is saved at once.
     max_runs: stop after this many new runs (0: no limit).
   """
-  # Runs of one shape share compiled steps across seeds and restarts.
-  jax.config.update(
-      "jax_compilation_cache_dir",
-      os.path.join(os.path.dirname(results_path), ".jax_cache"),
-  )
+  # Runs of one shape share compiled steps across seeds and restarts (in
+  # the cache the caller set, e.g. by JAX_COMPILATION_CACHE_DIR, if any).
+  if not jax.config.jax_compilation_cache_dir:
+    jax.config.update(
+        "jax_compilation_cache_dir",
+        os.path.join(os.path.dirname(results_path), ".jax_cache"),
+    )
   claims = os.path.join(os.path.dirname(results_path), "runs", ".claims")
 
   def recorded():

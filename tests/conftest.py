@@ -1,0 +1,39 @@
+"""One persistent JAX compilation cache for the whole test session.
+
+Many tests train the same small models (in this process, in xdist workers
+and in subprocesses): each compiles the same programs, NTIL's train step
+for several seconds on a CPU. The controller points ``JAX_COMPILATION_CACHE_DIR``
+at one temporary folder before the workers start, so every process after the
+first loads the compiled program instead. A cached program is the compiled
+program itself, so no result changes. The cache is locked for reading and
+writing (``JAX_COMPILATION_CACHE_MAX_SIZE`` turns on JAX's file lock), so two
+processes never read an entry half written; without ``filelock`` there is no
+shared cache. A cache the caller set up is kept, and left in place.
+"""
+
+import importlib.util
+import os
+import shutil
+import tempfile
+
+_OWNED = []
+
+
+def pytest_configure(config):
+  if hasattr(config, "workerinput"):  # an xdist worker: the controller did it
+    return
+  if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+    return
+  if importlib.util.find_spec("filelock") is None:
+    return
+  path = tempfile.mkdtemp(prefix="ntil-jax-tests-xla-cache-")
+  _OWNED.append(path)
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = path
+  os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(8 << 30))
+
+
+def pytest_unconfigure(config):
+  del config
+  for path in _OWNED:
+    shutil.rmtree(path, ignore_errors=True)
+    os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
