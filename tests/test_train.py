@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 
+import jax
+import jax.numpy as jnp
 import pytest
 
 from configs import arithmetic_mix
@@ -190,6 +192,47 @@ def test_sigterm_checkpoints_and_stops(data_dir, tmp_path):
   steps = [int(s) for s in os.listdir(tmp_path / "checkpoints")]
   assert len(steps) == 1 and 3 <= steps[0] < 100000
   assert max(logged(str(tmp_path))) <= steps[0]
+
+
+def test_signal_is_seen_within_two_steps_of_slow_steps(
+    data_dir, tmp_path, monkeypatch
+):
+  """Slow steps (50 ms each on the device side, dispatch much faster) and
+  metrics read only at the end: a SIGTERM that arrives while step 5 runs
+  stops the run at step 6 or 7, not at the next logged step (the last,
+  40), where an unbounded dispatch would first let the handler run."""
+  make_step = train.step_lib.make_train_step
+
+  def on_device(loss, step):
+    time.sleep(0.05)
+    if int(step) == 5:
+      os.kill(os.getpid(), signal.SIGTERM)
+    return loss
+
+  slow = jax.jit(
+      lambda loss, step: jax.pure_callback(
+          on_device, jax.ShapeDtypeStruct(loss.shape, loss.dtype), loss, step
+      )
+  )
+
+  def make_slow_step(config):
+    real = make_step(config)
+
+    def step_fn(model, optimizer, batch, step):
+      metrics = real(model, optimizer, batch, step)
+      return dict(metrics, loss=slow(metrics["loss"], jnp.int32(step)))
+
+    return step_fn
+
+  monkeypatch.setattr(train.step_lib, "make_train_step", make_slow_step)
+  config = make_config(
+      data_dir, train_steps=40, log_every_steps=40, checkpoint_every_steps=40
+  )
+  result = train.train_and_evaluate(config, str(tmp_path))
+  assert result["stopped_early"] and result["signal"] == signal.SIGTERM
+  assert 6 <= result["step"] <= 7, result["step"]
+  # The state of the step it stopped at is saved, to resume from.
+  assert os.listdir(tmp_path / "checkpoints") == [str(result["step"])]
 
 
 def _free_port():
