@@ -156,24 +156,92 @@ def config_hash(config, profile, settings) -> str:
   return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
+# A run's test predictions are most of its record (a thousand strings), so
+# they are kept beside results.json, one file per group, and every file stays
+# far below git's 2 MiB limit however many runs a grid records:
+# ``results.json`` -> ``results_predictions/<group>.json``.
+PREDICTIONS = "predictions"
+
+
+def predictions_dir(path) -> str:
+  """Where the predictions of ``path``'s runs are kept, one file a group."""
+  stem, _ = os.path.splitext(path)
+  return f"{stem}_{PREDICTIONS}"
+
+
+def _run_key(run):
+  """What names a run among its file's predictions (None: kept inline)."""
+  return run.get("config_hash") or run.get("name")
+
+
+def _write(path, text) -> None:
+  temporary = path + ".tmp"
+  with open(temporary, "w") as f:
+    f.write(text)
+  os.replace(temporary, path)  # never a half-written file
+
+
 def load_results(path):
+  """The runs of ``path``, each with its predictions put back.
+
+  Args:
+    path: a results file written by `save_results` (or before predictions
+      were kept apart: then they are in the records).
+
+  Returns:
+    The list of run records, in file order.
+  """
   if not os.path.exists(path):
     return []
   with open(path) as f:
-    return json.load(f)["runs"]
+    runs = json.load(f)["runs"]
+  folder = predictions_dir(path)
+  if not os.path.isdir(folder):
+    return runs
+  kept = {}
+  for name in sorted(os.listdir(folder)):
+    if name.endswith(".json"):
+      with open(os.path.join(folder, name)) as f:
+        kept.update(json.load(f))
+  for run in runs:
+    key = _run_key(run)
+    if PREDICTIONS not in run and key in kept:
+      run[PREDICTIONS] = kept[key]
+  return runs
 
 
 def save_results(path, runs):
-  """Writes ``{"runs": [...]}`` with one run per line.
+  """Writes ``{"runs": [...]}`` with one run per line, predictions apart.
 
-  One compact line per run keeps the file small (the curves and predictions
-  are long lists) and a new run a one-line diff.
+  One compact line per run keeps the file small (the curves are long lists)
+  and a new run a one-line diff. The predictions go to
+  ``<stem>_predictions/<group>.json`` (`predictions_dir`), a ``{run: [...]}``
+  map per group, written before the records that name them; the folder then
+  holds exactly the given runs' predictions.
   """
-  temporary = path + ".tmp"
-  lines = ",\n".join(json.dumps(run, separators=(",", ":")) for run in runs)
-  with open(temporary, "w") as f:
-    f.write('{"runs": [\n' + lines + "\n]}\n")
-  os.replace(temporary, path)  # never a half-written file
+  groups = {}
+  records = []
+  for run in runs:
+    key = _run_key(run)
+    if PREDICTIONS in run and key is not None:
+      group = str(run.get("group") or "runs")
+      groups.setdefault(group, {})[key] = run[PREDICTIONS]
+      run = {k: v for k, v in run.items() if k != PREDICTIONS}
+    records.append(run)
+  folder = predictions_dir(path)
+  if groups or os.path.isdir(folder):
+    os.makedirs(folder, exist_ok=True)
+    for group, predictions in groups.items():
+      lines = ",\n".join(
+          f"{json.dumps(key)}:{json.dumps(value, separators=(',', ':'))}"
+          for key, value in predictions.items()
+      )
+      _write(os.path.join(folder, f"{group}.json"), "{\n" + lines + "\n}\n")
+    for name in os.listdir(folder):  # groups no longer in ``runs``
+      if name.endswith(".json") and name[: -len(".json")] not in groups:
+        os.remove(os.path.join(folder, name))
+  lines = ",\n".join(json.dumps(run, separators=(",", ":")) for run in records)
+  _write(path, '{"runs": [\n' + lines + "\n]}\n")
 
 
 def curves(metrics_path, eval_keys=("exact_match",)):

@@ -11,6 +11,8 @@ import shutil
 import subprocess
 import sys
 
+from experiments import common as results_io
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -36,7 +38,7 @@ def test_llm_smoke_grid_records_zero_shot_and_resumes(tmp_path):
       "--profile=llm_smoke",
   ]
   run(*common, "--max_cells=3")
-  first = json.loads(results.read_text())["runs"]
+  first = results_io.load_results(results)
   assert [r["name"] for r in first] == ["zero-shot", "ce-s0", "emd-s0"]
   zero_shot, trained = first[0], first[1:]
   assert zero_shot["group"] == "zero_shot" and zero_shot["method"] is None
@@ -63,7 +65,7 @@ def test_llm_smoke_grid_records_zero_shot_and_resumes(tmp_path):
   assert len({r["config_hash"] for r in first}) == 3
   # Rerun: finished cells (the zero-shot one too) are skipped.
   out = run(*common, "--max_cells=1").stdout
-  runs = json.loads(results.read_text())["runs"]
+  runs = results_io.load_results(results)
   assert runs[:3] == first
   assert [r["name"] for r in runs[3:]] == ["ntl_mse-s0"]
   assert "zero-shot" not in out and "ce-s0" not in out

@@ -34,7 +34,7 @@ def test_digits_profile_records_what_its_report_needs(tmp_path):
       "--groups=control,ablation",
       "--max_cells=2",
   )
-  runs = json.loads((tmp_path / "results.json").read_text())["runs"]
+  runs = results_io.load_results(tmp_path / "results.json")
   assert [r["name"] for r in runs] == ["ce-digit-weight-s0", "ntil-no-exp-s0"]
   assert runs[0]["overrides"] == {"digit_ce_weight": 0.3}
   assert runs[1]["overrides"] == {"sigma": 0.0}
@@ -59,11 +59,11 @@ def test_grid_resumes_and_report_renders(tmp_path):
       "--groups=main",
   ]
   run("experiments.arithmetic_mix.run", *common, "--max_cells=3")
-  first = json.loads((tmp_path / "results.json").read_text())["runs"]
+  first = results_io.load_results(tmp_path / "results.json")
   assert [r["name"] for r in first] == ["ce-s0", "emd-s0", "ntl_mse-s0"]
   # The rest by two processes at once, each taking the next unclaimed cell.
   out = run("experiments.arithmetic_mix.run", *common, "--workers=2")
-  runs = json.loads((tmp_path / "results.json").read_text())["runs"]
+  runs = results_io.load_results(tmp_path / "results.json")
   assert len(runs) == 10 and runs[:3] == first  # finished cells are skipped
   assert sorted(r["name"] for r in runs) == sorted(
       f"{m}-s{s}"
@@ -110,10 +110,10 @@ def test_clock_grid_pairs_seeds_and_report_renders(tmp_path):
       "--groups=main,control",
       "--max_runs=2",
   )
-  first = json.loads((tmp_path / "results.json").read_text())["runs"]
+  first = results_io.load_results(tmp_path / "results.json")
   assert [(r["method"], r["seed"]) for r in first] == [("ce", 0), ("emd", 0)]
   run("experiments.clock_time.run", *common)
-  runs = json.loads((tmp_path / "results.json").read_text())["runs"]
+  runs = results_io.load_results(tmp_path / "results.json")
   # smoke: 5 methods x 2 seeds, 2 controls x 2 seeds, 3 ablations + 4
   # sweeps + 2 long x 1 seed; the same 5 x 2 and 2 x 2 at the converged
   # budget and a CE and NTIL check x 2 seeds; finished runs are not run
@@ -243,7 +243,7 @@ def test_clock_grid_runs_a_streamed_cell(tmp_path):
       "--groups=stream_control,stream",
       "--max_runs=1",
   )
-  (record,) = json.loads((tmp_path / "results.json").read_text())["runs"]
+  (record,) = results_io.load_results(tmp_path / "results.json")
   assert record["regime"] == "stream"
   assert (record["group"], record["variant"], record["method"]) == (
       "stream_control",
@@ -273,7 +273,7 @@ def test_grounding_grid_runs_a_streamed_cell(tmp_path):
       "--groups=stream_single",
       "--max_runs=1",
   )
-  (record,) = json.loads((tmp_path / "results.json").read_text())["runs"]
+  (record,) = results_io.load_results(tmp_path / "results.json")
   assert record["regime"] == "stream"
   assert (record["task"], record["method"], record["seed"]) == (
       "grounding_single",
@@ -315,10 +315,10 @@ def test_grounding_grid_pairs_seeds_and_report_renders(tmp_path):
       "--groups=main,control,multi",
       "--max_runs=2",
   )
-  first = json.loads((tmp_path / "results.json").read_text())["runs"]
+  first = results_io.load_results(tmp_path / "results.json")
   assert [(r["method"], r["seed"]) for r in first] == [("ce", 0), ("emd", 0)]
   run("experiments.grounding.run", *common, "--groups=main,control,multi")
-  runs = json.loads((tmp_path / "results.json").read_text())["runs"]
+  runs = results_io.load_results(tmp_path / "results.json")
   # smoke: 5 methods x 2 seeds, 2 controls x 2 seeds, 5 methods x 2 seeds
   # on grounding_multi; finished runs are not run again.
   assert len(runs) == 10 + 4 + 10 and runs[:2] == first
@@ -400,3 +400,48 @@ def test_results_file_is_one_line_per_run_and_round_trips(tmp_path):
   results_io.save_results(path, loaded + [dict(name="c")])
   assert [r["name"] for r in results_io.load_results(path)] == ["a", "b", "c"]
   assert not pathlib.Path(path + ".tmp").exists()
+
+
+def test_predictions_are_kept_apart_one_file_per_group(tmp_path):
+  path = str(tmp_path / "results.json")
+  runs = [
+      dict(name="a", group="main", config_hash="h1", predictions=["1", "2"]),
+      dict(name="b", group="stream", config_hash="h2", predictions=["3"]),
+      dict(name="c", group="stream", config_hash="h3", predictions=["4"]),
+  ]
+  results_io.save_results(path, [dict(run) for run in runs])
+  assert "predictions" not in pathlib.Path(path).read_text()
+  folder = tmp_path / "results_predictions"
+  assert sorted(p.name for p in folder.iterdir()) == [
+      "main.json",
+      "stream.json",
+  ]
+  stream = json.loads((folder / "stream.json").read_text())
+  assert stream == {"h2": ["3"], "h3": ["4"]}
+  assert results_io.load_results(path) == runs
+  # A rewrite without a group's runs leaves no stale file behind.
+  results_io.save_results(path, [dict(runs[1])])
+  assert [p.name for p in folder.iterdir()] == ["stream.json"]
+  assert results_io.load_results(path) == [runs[1]]
+  # Records written before the split (predictions inline) still load.
+  pathlib.Path(path).write_text(json.dumps({"runs": [runs[0]]}))
+  assert results_io.load_results(path) == [runs[0]]
+  # A half-finished append (predictions written, record not) loads nothing.
+  results_io.save_results(path, [])
+  assert results_io.load_results(path) == []
+
+
+def test_append_keeps_every_run_and_its_predictions(tmp_path):
+  path = str(tmp_path / "results.json")
+  for i in range(3):
+    results_io.append_result(
+        path,
+        dict(
+            name=f"r{i}",
+            group="g",
+            config_hash=f"h{i}",
+            predictions=[str(i)] * 3,
+        ),
+    )
+  loaded = results_io.load_results(path)
+  assert [r["predictions"] for r in loaded] == [["0"] * 3, ["1"] * 3, ["2"] * 3]

@@ -148,6 +148,31 @@ def _tracked_python_files():
   return {str(ROOT / name) for name in listed if (ROOT / name).exists()}
 
 
+def test_no_tracked_file_is_over_two_mib():
+  try:
+    listed = (
+        subprocess.run(
+            ["git", "ls-files", "-z"],
+            cwd=ROOT,
+            capture_output=True,
+            check=True,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
+  except (OSError, subprocess.CalledProcessError):
+    pytest.skip("not a git checkout")
+  sizes = {
+      name: (ROOT / name).stat().st_size
+      for name in listed
+      if name and (ROOT / name).is_file()
+  }
+  assert len(sizes) > 40
+  assert "experiments/grounding/results.json" in sizes
+  too_large = {name: size for name, size in sizes.items() if size > 2 << 20}
+  assert not too_large, too_large
+
+
 def test_pyink_checks_every_tracked_python_file():
   tracked = _tracked_python_files()
   assert len(tracked) > 40  # the repository's own files, not an empty list

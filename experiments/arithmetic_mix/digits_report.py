@@ -24,7 +24,6 @@ seeds where the run is better, and a two-sided paired t-test
 
 import collections
 import glob
-import json
 import math
 import os
 import re
@@ -36,6 +35,7 @@ import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 import numpy as np
 
 from configs import arithmetic_mix
+from experiments import common
 from experiments import stats
 from train.tasks import arithmetic_mix as task
 
@@ -1123,15 +1123,12 @@ def main(results, out_dir, data_dir, profile="digits", other_results=()):
   Returns:
     The path of the written results.md.
   """
-  with open(results) as f:
-    runs = json.load(f)["runs"]
+  runs = common.load_results(results)
   if not runs:
     raise SystemExit(f"no runs in {results}")
   other = []
   for path in other_results:
-    if os.path.exists(path):
-      with open(path) as f:
-        other += json.load(f)["runs"]
+    other += common.load_results(path)  # [] where it is missing
   problems, source = load_test_problems(runs, data_dir)
   os.makedirs(out_dir, exist_ok=True)
   write_report(runs, problems, out_dir, source, profile, other)

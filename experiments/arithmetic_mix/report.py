@@ -8,7 +8,6 @@ and ``digits/plots/``) is `experiments.arithmetic_mix.digits_report`.
 """
 
 import collections
-import json
 import os
 
 from absl import app
@@ -20,6 +19,7 @@ import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 import numpy as np
 
 from configs import arithmetic_mix
+from experiments import common
 from experiments.arithmetic_mix import digits_report
 from train import plots
 
@@ -361,8 +361,7 @@ def main(argv):
     return
   results = FLAGS.results or os.path.join(HERE, "results.json")
   out_dir = FLAGS.out_dir or HERE
-  with open(results) as f:
-    runs = json.load(f)["runs"]
+  runs = common.load_results(results)
   if not runs:
     raise SystemExit(f"no runs in {results}")
   write_report(runs, out_dir)

@@ -9,7 +9,6 @@ many seeds it is better on and a paired t-test.
 """
 
 import collections
-import json
 import os
 
 from absl import app
@@ -884,8 +883,7 @@ def write_report(runs, out_dir, discussion=None):
 
 def main(argv):
   del argv
-  with open(FLAGS.results) as f:
-    runs = json.load(f)["runs"]
+  runs = common.load_results(FLAGS.results)
   print(write_report(runs, FLAGS.out_dir, FLAGS.discussion))
 
 

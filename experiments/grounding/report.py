@@ -10,7 +10,6 @@ with how many seeds it is better on and a paired t-test. The test scenes are
 rendered again (deterministic for seed 0) to say where each miss went.
 """
 
-import json
 import os
 
 from absl import app
@@ -788,8 +787,7 @@ def write_report(runs, out_dir, discussion=None, budget=None):
 
 def main(argv):
   del argv
-  with open(FLAGS.results) as f:
-    runs = json.load(f)["runs"]
+  runs = common.load_results(FLAGS.results)
   print(write_report(runs, FLAGS.out_dir, FLAGS.discussion, FLAGS.budget))
 
 
