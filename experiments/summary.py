@@ -123,6 +123,12 @@ CELLS = (
         ("stream", "stream_control"),
         None,
     ),
+    _boxes(
+        "grounding",
+        "boxes named by a query",
+        ("stream_long", "stream_long_control"),
+        None,
+    ),
     _boxes("grounding_single", "one object", ("single",), 1000),
     _boxes(
         "grounding_single",

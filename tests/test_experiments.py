@@ -287,6 +287,77 @@ def test_grounding_grid_runs_a_streamed_cell(tmp_path):
   assert prepared.name == "train0_test16_seed0"
 
 
+def test_grounding_long_stream_cells_double_the_steps_in_their_own_dirs():
+  from experiments.grounding import grid  # pylint: disable=g-import-not-at-top
+
+  cells = grid.grid("cpu")
+  steps = grid.PROFILES["cpu"]["train_steps"]
+  assert (
+      len(cells["stream_long"]) == 25 and len(cells["stream_long_control"]) == 5
+  )
+  names = set()
+  for group in ("stream", "stream_long", "stream_long_control"):
+    for task, variant, method, seed, overrides in cells[group]:
+      assert overrides["train_stream"] is True
+      config = grid.cell_config("cpu", task, method, seed, overrides, "data")
+      long = group != "stream"
+      assert config.train_steps == (2 * steps if long else steps)
+      assert config.dataset_config.startswith("train0_")
+      name = grid.run_name(group, task, variant, method, seed)
+      assert name.startswith("stream-long-" if long else "stream-grounding")
+      names.add(name)
+  assert len(names) == 25 + 25 + 5  # no two cells share a work directory
+  assert grid.run_name("stream", "grounding", "main", "ce", 0) == (
+      "stream-grounding-ce-s0"  # the recorded runs' names
+  )
+
+
+def test_grounding_stream_section_keeps_budgets_apart(tmp_path):
+  from experiments.grounding import report  # pylint: disable=g-import-not-at-top
+
+  def record(method, seed, regime, steps, curve):
+    return dict(
+        task="grounding",
+        variant="main",
+        method=method,
+        seed=seed,
+        regime=regime,
+        steps=steps,
+        curves=dict(eval_steps=[steps // 2, steps], acc_at_50=curve),
+    )
+
+  fixed = [
+      record(m, s, "fixed", 1200, [0.1, 0.2])
+      for m in ("ce", "ntil")
+      for s in (0, 1)
+  ]
+  streamed = [
+      record("ce", 0, "stream", 1200, [0.1, 0.3]),
+      record("ce", 1, "stream", 1200, [0.1, 0.4]),
+      record("ntil", 0, "stream", 1200, [0.1, 0.35]),
+      record("ntil", 1, "stream", 1200, [0.1, 0.45]),
+      record("ce", 0, "stream", 2400, [0.3, 0.5]),
+      record("ce", 1, "stream", 2400, [0.4, 0.5]),
+  ]
+  (tmp_path / "plots").mkdir()
+  lines = report.stream_section(fixed, streamed, str(tmp_path))
+  text = "\n".join(lines)
+  short = text.index("### grounding, 1,200 steps")
+  long = text.index("### grounding, 2,400 steps (Acc@0.5; streamed only)")
+  assert short < long
+  # 1,200 steps: both regimes; NTIL is +5 points on both streamed seeds.
+  assert "| CE | 10.0 ± 0.0 | 20.0 ± 0.0 | 10.0 ± 0.0 | 35.0 ± 7.1 |" in text
+  assert "| 40.0 ± 7.1 (+5.0: 2/2) |" in text[short:long]
+  # CE's last interval: +20 and +30 points at 1,200; +20 and +10 at 2,400.
+  assert "+20.0 to +30.0 points (mean +25.0, 2 seeds)" in text[short:long]
+  assert "(step 1,200 -> 2,400): +10.0 to +20.0 points" in text[long:]
+  # No fixed-set run has 2,400 steps: the long table is streamed only, and
+  # its CE row holds the 2,400-step runs alone.
+  table = text[long:].split("\n\n")[1]
+  assert "fixed set" not in table and "NTIL" not in table
+  assert "| CE | 35.0 ± 7.1 | 50.0 ± 0.0 |" in table
+
+
 def test_learning_speed_metrics_by_hand():
   from experiments.clock_time import report  # pylint: disable=g-import-not-at-top
 

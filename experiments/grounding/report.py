@@ -699,7 +699,8 @@ def stream_section(fixed, streamed, out_dir) -> list[str]:
       "their prepared scenes again and again, the streamed runs "
       "(`--groups=stream,stream_control,stream_single,"
       "stream_single_control`, `train_stream=True`) a new scene every "
-      "time. Each cell: the headline metric in % (mean ± sd over seeds) "
+      "time; `stream_long` and `stream_long_control` stream twice as many "
+      "steps, which no fixed-set run has. Each cell: the headline metric in % (mean ± sd over seeds) "
       "and, for the other losses, (Δ vs CE of the same regime and seed: "
       "seeds better/paired, p).",
       "",
@@ -708,33 +709,63 @@ def stream_section(fixed, streamed, out_dir) -> list[str]:
     return lines + ["No streamed run recorded yet.", ""]
   rows = regimes.rows(LABELS, VARIANT_LABELS, METHODS)
   for task in grid.METRICS:
-    task_streamed = [r for r in streamed if r["task"] == task]
-    if not task_streamed:
-      continue
     metric, name = headline(task)
-    groupings = {
-        common.FIXED: stats.group_runs([r for r in fixed if r["task"] == task]),
-        common.STREAM: stats.group_runs(task_streamed),
-    }
     train_size = grid.PROFILES["cpu"]["train_size"][task]
-    plot = f"regimes_paired_{task}.png"
-    lines += [
-        f"### {task} ({name}; fixed set: {train_size:,} scenes)",
-        "",
-        *regimes.side_by_side(groupings, rows, metric),
-        "",
-        f"Runs per regime: {regimes.seed_counts(groupings, rows)}.",
-        "",
-    ]
-    if regimes.plot_paired_by_regime(
-        groupings,
-        rows,
-        metric,
-        os.path.join(out_dir, "plots", plot),
-        f"{task}: paired Δ {name} vs CE",
-    ):
-      lines += [f"![paired delta by regime, {task}](plots/{plot})", ""]
+    budgets = sorted({r["steps"] for r in streamed if r["task"] == task})
+    for index, steps in enumerate(budgets):
+      at_budget = [
+          r for r in fixed if r["task"] == task and r["steps"] == steps
+      ]
+      groupings = {
+          common.FIXED: stats.group_runs(at_budget),
+          common.STREAM: stats.group_runs(
+              [r for r in streamed if r["task"] == task and r["steps"] == steps]
+          ),
+      }
+      title = (
+          f"{task}, {steps:,} steps ({name}; fixed set: {train_size:,} scenes)"
+      )
+      plot = f"regimes_paired_{task}.png"
+      if index:  # the longer budgets, streamed only
+        title = f"{task}, {steps:,} steps ({name}; streamed only)"
+        plot = f"regimes_paired_{task}_{steps}.png"
+      lines += [
+          f"### {title}",
+          "",
+          *regimes.side_by_side(groupings, rows, metric),
+          "",
+          f"Runs per regime: {regimes.seed_counts(groupings, rows)}.",
+          "",
+          *ce_still_rising(groupings[common.STREAM].get("ce", {}), metric),
+      ]
+      if regimes.plot_paired_by_regime(
+          groupings,
+          rows,
+          metric,
+          os.path.join(out_dir, "plots", plot),
+          f"{task}, {steps:,} steps: paired Δ {name} vs CE",
+      ):
+        lines += [f"![paired delta by regime, {title}](plots/{plot})", ""]
   return lines
+
+
+def ce_still_rising(ce_runs, metric) -> list[str]:
+  """How much streamed CE gained over its last eval interval, per seed."""
+  gains = [
+      100 * (run["curves"][metric][-1] - run["curves"][metric][-2])
+      for run in ce_runs.values()
+      if len(run["curves"][metric]) > 1
+  ]
+  if not gains:
+    return []
+  steps = next(iter(ce_runs.values()))["curves"]["eval_steps"]
+  return [
+      f"Streamed CE over its last {steps[-1] - steps[-2]:,} steps "
+      f"(step {steps[-2]:,} -> {steps[-1]:,}): {min(gains):+.1f} to "
+      f"{max(gains):+.1f} points (mean {np.mean(gains):+.1f}, "
+      f"{len(gains)} seeds).",
+      "",
+  ]
 
 
 def write_report(runs, out_dir, discussion=None, budget=None):

@@ -3,6 +3,7 @@ r"""The grounding comparison: every method paired by seed, controls, ablations.
   python -m experiments.grounding.run                     # the CPU grid
   python -m experiments.grounding.run --groups=main       # main table only
   python -m experiments.grounding.run --groups=stream,stream_single
+  python -m experiments.grounding.run --groups=stream_long,stream_long_control
   python -m experiments.grounding.report                  # results.md, plots
 
 Trains the same model from scratch on the same rendered scenes with each
@@ -27,7 +28,10 @@ runs of one seed differ only by their loss (paired). Groups, in run order
   scenes rendered as they are read (``train_stream``: every train scene new,
   none a test scene), at the same steps and batch; recorded with ``regime:
   "stream"`` (records without a regime are ``"fixed"``: the prepared train
-  scenes).
+  scenes);
+* ``stream_long`` and ``stream_long_control`` (not run unless named): the
+  five methods and the control streamed on ``grounding`` at twice the steps
+  (CE's streamed curve still rises at the fixed-set budget).
 
 Each finished run is appended to ``results.json`` at once (with its test
 predictions and curves), so an interrupted grid resumes where it stopped (a
@@ -54,18 +58,11 @@ common.define_grid_flags(
 )
 
 
-def run_name(group, task, variant, method, seed):
-  prefix = "stream-" if group in grid_lib.STREAM_GROUPS else ""
-  if variant == "main":
-    return f"{prefix}{task}-{method}-s{seed}"
-  return f"{prefix}{task}-{variant}-s{seed}"
-
-
 def run_one(profile, group, task, variant, method, seed, overrides, digest):
   config = grid_lib.cell_config(
       profile, task, method, seed, overrides, FLAGS.data_dir
   )
-  name = run_name(group, task, variant, method, seed)
+  name = grid_lib.run_name(group, task, variant, method, seed)
   return common.run_record(
       config,
       os.path.join(FLAGS.runs_dir, profile, name),
