@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 PY312 := $(shell for p in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/bin/python3.12 /usr/local/bin/python3.12; do \
 	$$p -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1 && { echo $$p; break; }; done)
 
-.PHONY: install demo test lint format bench experiments clean
+.PHONY: install demo test lint format bench experiments experiments-stream clean
 
 $(STAMP): pyproject.toml
 	@test -n "$(PY312)" || { echo "error: python3.12 not found; install Python 3.12 and retry" >&2; exit 1; }
@@ -39,13 +39,27 @@ bench: install
 	$(PY) -m benchmarks.implementations --out=benchmarks/implementations.json
 	$(PY) -m benchmarks.report
 
+# Grid processes at once (each resumes cell by cell; 2 on a 2-core machine).
+WORKERS ?= 1
+
 experiments: install
-	$(PY) -m experiments.clock_time.run
+	$(PY) -m experiments.clock_time.run --workers=$(WORKERS)
 	$(PY) -m experiments.clock_time.report
-	$(PY) -m experiments.grounding.run
+	$(PY) -m experiments.grounding.run --workers=$(WORKERS)
 	$(PY) -m experiments.grounding.report
 	$(PY) -m experiments.arithmetic_mix.run
 	$(PY) -m experiments.arithmetic_mix.report
+	$(PY) -m experiments.summary --readme
+
+# The streamed grids (each training example seen once), beside the above.
+experiments-stream: install
+	$(PY) -m experiments.clock_time.run --workers=$(WORKERS) \
+	  --groups=stream,stream_control,stream_converged,stream_converged_control
+	$(PY) -m experiments.clock_time.report
+	$(PY) -m experiments.grounding.run --workers=$(WORKERS) \
+	  --groups=stream,stream_control,stream_single,stream_single_control,stream_long,stream_long_control
+	$(PY) -m experiments.grounding.report
+	$(PY) -m experiments.summary --readme
 
 clean:
 	rm -rf $(VENV) workdirs data .pytest_cache
