@@ -12,6 +12,8 @@ run}}}`` with ``regime`` in `REGIMES`; ``key`` a loss method or a control's
 name, ``"ce"`` the reference.
 """
 
+import os
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -195,3 +197,57 @@ def plot_paired_by_regime(groupings, rows, metric, path, title, scale=100):
   fig.savefig(path, dpi=90)
   plt.close(fig)
   return True
+
+
+def ce_last_gain(ce_runs, metric, scale=100) -> list[str]:
+  """How much streamed CE gained over its last eval interval, per seed.
+
+  Says whether CE's curve has flattened at the budget (a lead at a budget
+  where CE still rises is a faster learner, not a better trained model).
+  """
+  gains = [
+      scale * (run["curves"][metric][-1] - run["curves"][metric][-2])
+      for run in ce_runs.values()
+      if len(run["curves"][metric]) > 1
+  ]
+  if not gains:
+    return []
+  steps = next(iter(ce_runs.values()))["curves"]["eval_steps"]
+  return [
+      f"Streamed CE over its last {steps[-1] - steps[-2]:,} steps "
+      f"(step {steps[-2]:,} -> {steps[-1]:,}): {min(gains):+.1f} to "
+      f"{max(gains):+.1f} points (mean {np.mean(gains):+.1f}, "
+      f"{len(gains)} seeds).",
+      "",
+  ]
+
+
+def budget_section(title, groupings, rows, metric, out_dir, plot, plot_title):
+  """One budget's report section: table, seed counts, CE's gain, plot.
+
+  Args:
+    title: the section's heading.
+    groupings: ``{regime: {key: {seed: run}}}``.
+    rows: ``(key, label)`` pairs, in order.
+    metric: the curve and record field compared.
+    out_dir: the report's folder.
+    plot: the paired-Δ plot's file name in ``out_dir/plots``.
+    plot_title: the plot's title.
+
+  Returns:
+    The section's markdown lines.
+  """
+  lines = [
+      f"### {title}",
+      "",
+      *side_by_side(groupings, rows, metric),
+      "",
+      f"Runs per regime: {seed_counts(groupings, rows)}.",
+      "",
+      *ce_last_gain(groupings.get("stream", {}).get("ce", {}), metric),
+  ]
+  if plot_paired_by_regime(
+      groupings, rows, metric, os.path.join(out_dir, "plots", plot), plot_title
+  ):
+    lines += [f"![paired delta by regime, {title}](plots/{plot})", ""]
+  return lines

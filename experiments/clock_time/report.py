@@ -659,22 +659,15 @@ def stream_section(fixed, streamed, out_dir) -> list[str]:
       lines += [f"### {budget}", "", "No streamed run at this budget yet.", ""]
       continue
     title = f"{', '.join(f'{n:,}' for n in steps)} steps"
-    lines += [f"### {title}", ""]
-    name = f"regimes_paired{suffix}.png"
-    lines += [
-        *regimes.side_by_side(groupings, rows, "exact_match"),
-        "",
-        f"Runs per regime: {regimes.seed_counts(groupings, rows)}.",
-        "",
-    ]
-    if regimes.plot_paired_by_regime(
+    lines += regimes.budget_section(
+        title,
         groupings,
         rows,
         "exact_match",
-        os.path.join(out_dir, "plots", name),
+        out_dir,
+        f"regimes_paired{suffix}.png",
         f"clocks, {title}: paired Δ exact match vs CE",
-    ):
-      lines += [f"![paired delta by regime, {title}](plots/{name})", ""]
+    )
   return lines
 
 

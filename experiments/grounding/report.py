@@ -729,43 +729,16 @@ def stream_section(fixed, streamed, out_dir) -> list[str]:
       if index:  # the longer budgets, streamed only
         title = f"{task}, {steps:,} steps ({name}; streamed only)"
         plot = f"regimes_paired_{task}_{steps}.png"
-      lines += [
-          f"### {title}",
-          "",
-          *regimes.side_by_side(groupings, rows, metric),
-          "",
-          f"Runs per regime: {regimes.seed_counts(groupings, rows)}.",
-          "",
-          *ce_still_rising(groupings[common.STREAM].get("ce", {}), metric),
-      ]
-      if regimes.plot_paired_by_regime(
+      lines += regimes.budget_section(
+          title,
           groupings,
           rows,
           metric,
-          os.path.join(out_dir, "plots", plot),
+          out_dir,
+          plot,
           f"{task}, {steps:,} steps: paired Δ {name} vs CE",
-      ):
-        lines += [f"![paired delta by regime, {title}](plots/{plot})", ""]
+      )
   return lines
-
-
-def ce_still_rising(ce_runs, metric) -> list[str]:
-  """How much streamed CE gained over its last eval interval, per seed."""
-  gains = [
-      100 * (run["curves"][metric][-1] - run["curves"][metric][-2])
-      for run in ce_runs.values()
-      if len(run["curves"][metric]) > 1
-  ]
-  if not gains:
-    return []
-  steps = next(iter(ce_runs.values()))["curves"]["eval_steps"]
-  return [
-      f"Streamed CE over its last {steps[-1] - steps[-2]:,} steps "
-      f"(step {steps[-2]:,} -> {steps[-1]:,}): {min(gains):+.1f} to "
-      f"{max(gains):+.1f} points (mean {np.mean(gains):+.1f}, "
-      f"{len(gains)} seeds).",
-      "",
-  ]
 
 
 def write_report(runs, out_dir, discussion=None, budget=None):
