@@ -69,6 +69,17 @@ def test_llm_smoke_grid_records_zero_shot_and_resumes(tmp_path):
   assert runs[:3] == first
   assert [r["name"] for r in runs[3:]] == ["ntl_mse-s0"]
   assert "zero-shot" not in out and "ce-s0" not in out
+  # Two processes finish the grid, each cell once.
+  run(*common, "--workers=2")
+  runs = results_io.load_results(results)
+  assert [r["name"] for r in runs[:4]] == [
+      "zero-shot",
+      "ce-s0",
+      "emd-s0",
+      "ntl_mse-s0",
+  ]
+  assert sorted(r["name"] for r in runs[4:]) == ["ntil-s0", "soft_label-s0"]
+  assert len({r["config_hash"] for r in runs}) == 6
 
 
 def test_llm_flags_are_refused_for_other_profiles(tmp_path):

@@ -473,6 +473,35 @@ def test_results_file_is_one_line_per_run_and_round_trips(tmp_path):
   assert not pathlib.Path(path + ".tmp").exists()
 
 
+def test_workers_share_one_gpu_memory_and_cpu_threads(monkeypatch):
+  started = []
+
+  class Process:
+
+    def __init__(self, command, env):
+      started.append((command, env))
+
+    def wait(self):
+      return 0
+
+  monkeypatch.setattr(results_io.subprocess, "Popen", Process)
+  monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+  argv = ["run.py", "--groups=main", "--workers=3"]
+  assert results_io.spawn_workers("experiments.x.run", argv, 3) == 0
+  assert len(started) == 3
+  for command, env in started:
+    assert command[-3:] == ["experiments.x.run", "--groups=main", "--workers=1"]
+    assert env["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.30"  # 0.9 / 3
+    assert results_io.ONE_THREAD_XLA in env["XLA_FLAGS"]
+  # A fraction the user set is kept.
+  started.clear()
+  monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.2")
+  results_io.spawn_workers("experiments.x.run", argv, 3)
+  assert {env["XLA_PYTHON_CLIENT_MEM_FRACTION"] for _, env in started} == {
+      "0.2"
+  }
+
+
 def test_predictions_are_kept_apart_one_file_per_group(tmp_path):
   path = str(tmp_path / "results.json")
   runs = [

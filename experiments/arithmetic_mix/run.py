@@ -110,7 +110,7 @@ flags.DEFINE_integer(
     "workers",
     1,
     "Processes running the grid at once, each taking the next cell no other "
-    "holds (not for the llm profiles).",
+    "holds (on one GPU they share its memory).",
 )
 # The llm profiles only (their defaults are in LLM_PROFILES).
 flags.DEFINE_string(
@@ -657,45 +657,48 @@ def run_llm(profile) -> None:
         f"--groups={','.join(unknown)}: the {profile} grid has "
         f"{', '.join(cells)}."
     )
-  runs = common.load_results(results)
-  done = {r["config_hash"] for r in runs}
+  if FLAGS.workers > 1:  # after `prepare`: the workers share its data
+    sys.exit(
+        common.spawn_workers(
+            "experiments.arithmetic_mix.run", sys.argv, FLAGS.workers
+        )
+    )
   todo = [cell for group in groups for cell in cells[group]]
-  new = 0
-  for index, cell in enumerate(todo):
+
+  def configure(cell):
+    group, _, method, seed, _ = cell
+    if group == "zero_shot":
+      config = llm_cell_config(settings, "ce", 0, FLAGS.data_dir)
+      return zero_shot_hash(config, profile, settings)
+    config = llm_cell_config(settings, method, seed, FLAGS.data_dir)
+    return llm_hash(config, profile, settings)
+
+  def execute(cell, digest):
     group, name, method, seed, _ = cell
     if group == "zero_shot":
       config = llm_cell_config(settings, "ce", 0, FLAGS.data_dir)
-      digest = zero_shot_hash(config, profile, settings)
-    else:
-      config = llm_cell_config(settings, method, seed, FLAGS.data_dir)
-      digest = llm_hash(config, profile, settings)
-    if digest in done:
-      continue
-    if FLAGS.max_cells and new >= FLAGS.max_cells:
-      break
-    logging.info("cell %d/%d: %s", index + 1, len(todo), name)
-    if group == "zero_shot":
-      record = zero_shot_record(profile, settings, config, digest)
-    else:
-      record = llm_cell_record(profile, settings, cell, config, digest)
-    runs.append(record)
-    common.save_results(results, runs)
-    done.add(digest)
-    new += 1
-    if group != "zero_shot":  # recorded: its checkpoints are never read again
-      shutil.rmtree(
-          os.path.join(
-              llm_workdir(profile, settings, name, digest), "checkpoints"
-          ),
-          ignore_errors=True,
-      )
-    print(
-        f"[{index + 1}/{len(todo)}] {settings['dataset']} {name}: exact "
-        f"match {100 * record['exact_match']:.2f}% "
-        f"({record['wall_seconds']:.0f}s)",
-        flush=True,
+      return zero_shot_record(profile, settings, config, digest)
+    config = llm_cell_config(settings, method, seed, FLAGS.data_dir)
+    record = llm_cell_record(profile, settings, cell, config, digest)
+    # Finished: its checkpoints (1.6 GB for 135M parameters) are never read
+    # again. A crash before the record is saved retrains the cell.
+    shutil.rmtree(
+        os.path.join(
+            llm_workdir(profile, settings, name, digest), "checkpoints"
+        ),
+        ignore_errors=True,
     )
-  print(f"{len(runs)} runs in {results}")
+    return record
+
+  def describe(record):
+    return (
+        f"{settings['dataset']} {record['name']}: exact match "
+        f"{100 * record['exact_match']:.2f}%"
+    )
+
+  common.run_grid(
+      todo, configure, execute, describe, results, max_runs=FLAGS.max_cells
+  )
 
 
 def main(argv):
