@@ -101,11 +101,12 @@ def test_llm_flags_are_refused_for_other_profiles(tmp_path):
 _HASHES = """
 import json, sys
 from experiments.arithmetic_mix import run as grid
-path = sys.argv[1]
+path, data_dir = sys.argv[1:3]
 settings = dict(grid.LLM_PROFILES["llm_smoke"], pretrained=path)
 settings["train_size"] = settings["train_steps"] * settings["batch_size"]
-config = grid.llm_cell_config(settings, "ntil", 0, "data")
+config = grid.llm_cell_config(settings, "ntil", 0, data_dir)
 assert config.pretrained == path  # the run reads it from there
+assert config.data_dir == data_dir
 print(json.dumps([
     grid.llm_hash(config, "llm_smoke", settings),
     grid.zero_shot_hash(config, "llm_smoke", settings),
@@ -114,15 +115,15 @@ print(json.dumps([
 """
 
 
-def test_cell_hashes_name_the_snapshot_not_its_location(tmp_path):
+def test_cell_hashes_name_the_snapshot_and_data_not_their_location(tmp_path):
   fixture = ROOT / "tests" / "fixtures" / "hf" / "qwen2_tiny"
   here, there = tmp_path / "a" / "qwen2_tiny", tmp_path / "b" / "qwen2_tiny"
   shutil.copytree(fixture, here)
   shutil.copytree(fixture, there)
 
-  def hashes(path):
+  def hashes(path, data_dir="data"):
     result = subprocess.run(
-        [sys.executable, "-c", _HASHES, str(path)],
+        [sys.executable, "-c", _HASHES, str(path), data_dir],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -133,6 +134,8 @@ def test_cell_hashes_name_the_snapshot_not_its_location(tmp_path):
 
   ours = hashes(here)
   assert ours == hashes(there)
+  # Nor where its data is (a device reads a copy from elsewhere).
+  assert ours == hashes(here, str(tmp_path / "elsewhere"))
   assert ours[2].startswith("qwen2_tiny@")
   # Another model under the same name is another cell.
   config = json.loads((there / "config.json").read_text())

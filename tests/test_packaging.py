@@ -148,6 +148,32 @@ def _tracked_python_files():
   return {str(ROOT / name) for name in listed if (ROOT / name).exists()}
 
 
+def test_device_wheels_satisfy_the_project_requirements():
+  """scripts/device_wheels.txt pins what a GPU machine gets: in range."""
+  from packaging import requirements  # pylint: disable=g-import-not-at-top
+  import tomllib  # pylint: disable=g-import-not-at-top
+
+  project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+  wanted = {}
+  for line in project["dependencies"] + [
+      r for extra in project["optional-dependencies"].values() for r in extra
+  ]:
+    if not line.startswith("ntil-jax"):
+      requirement = requirements.Requirement(line)
+      wanted[requirement.name.lower().replace("_", "-")] = requirement
+  pinned = {}
+  for line in (ROOT / "scripts" / "device_wheels.txt").read_text().splitlines():
+    if line.strip() and not line.startswith("#"):
+      name, version = line.split("==")
+      pinned[name.lower().replace("_", "-")] = version
+  checked = sorted(set(pinned) & set(wanted))
+  assert {"flax", "optax", "orbax-checkpoint", "google-tunix", "gguf"} <= set(
+      checked
+  )
+  for name in checked:
+    assert wanted[name].specifier.contains(pinned[name]), (name, pinned[name])
+
+
 def test_no_tracked_file_is_over_two_mib():
   try:
     listed = (

@@ -473,10 +473,11 @@ def snapshot_identity(path) -> str:
 
 def _located_nowhere(config, settings):
   """``config`` and ``settings`` with the snapshot path replaced by its
-  `snapshot_identity`, for hashing."""
+  `snapshot_identity` and no data directory, for hashing."""
   identity = snapshot_identity(settings["pretrained"])
   config = ml_collections.ConfigDict(config.to_dict())
   config.pretrained = identity
+  config.data_dir = ""  # the data is named by dataset_config, wherever it is
   data = {k: v for k, v in settings.items() if k != "seeds"}
   data["pretrained"] = identity
   return config, data

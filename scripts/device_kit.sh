@@ -1,0 +1,54 @@
+#!/bin/bash
+# Prepares, on this machine (pip works, the arithmetic-data extra installed),
+# what the SmolLM2 grid needs on a lent GPU machine, which reaches nothing
+# outside itself and takes at most 64 MiB a call:
+#   .devkit/whl/        the wheels of scripts/device_wheels.txt (about 35 MB)
+#   .devkit/data/       the grid's problems: STEPS x BATCH (each seen once)
+#                       and TEST_SIZE test problems, both datasets
+#   .devkit/gguf.sha256 to check the joined GGUF there
+#   .devgguf/a, b       the SmolLM2 GGUF (98 MB) in two halves, one a call
+# Then, with the device tool (calls back to back: the machine stays warm
+# about 30 s after each, and /tmp is lost when it goes back):
+#   1. carry [".devgguf/a"]: mkdir -p /tmp/kit && cp .devgguf/a/* /tmp/kit/
+#   2. carry [".devgguf/b"]: cp .devgguf/b/* /tmp/kit/ && ls -l /tmp/kit
+#   3. carry [".devkit"], timeout_s 540:
+#      STEPS=300 BATCH=32 bash scripts/device_llm_grid.sh
+#   The results come back under $OUT/llm/: copy them over
+#   experiments/arithmetic_mix/llm/SmolLM2-135M-Instruct/ and commit.
+# Usage: bash scripts/device_kit.sh   (STEPS, BATCH, TEST_SIZE: environment)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+STEPS=${STEPS:-300}
+BATCH=${BATCH:-32}
+TEST_SIZE=${TEST_SIZE:-2000}
+KIT=.devkit
+for ignored in "/$KIT/" /.devgguf/; do
+  grep -qx "$ignored" .git/info/exclude || echo "$ignored" >>.git/info/exclude
+done
+
+echo "== wheels"
+mkdir -p "$KIT/whl"
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+  --implementation cp --platform manylinux_2_28_x86_64 \
+  --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
+  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+  --platform manylinux1_x86_64 -d "$KIT/whl" -r scripts/device_wheels.txt
+# Published as a source archive alone (pure Python): built into a wheel here.
+python3 -m pip wheel -q --no-deps -w "$KIT/whl" promise==2.3
+
+echo "== the GGUF, split"
+GGUF=$($PY -c "from train import gguf_to_hf; print(gguf_to_hf.default_gguf_path())")
+rm -rf .devgguf && mkdir -p .devgguf/a .devgguf/b
+half=$(( ($(stat -c %s "$GGUF") + 1) / 2 ))
+split -b "$half" -d "$GGUF" .devgguf/part-
+mv .devgguf/part-00 .devgguf/a/ && mv .devgguf/part-01 .devgguf/b/
+sha256sum "$GGUF" | cut -d' ' -f1 >"$KIT/gguf.sha256"
+
+echo "== data: ${STEPS} x ${BATCH} problems (each seen once) + ${TEST_SIZE} test"
+for module in arithmetic__add_or_sub arithmetic__mixed; do
+  difficulty=easy
+  [ "$module" = arithmetic__mixed ] && difficulty=
+  $PY -c "from train import arithmetic_data as d; print(d.prepare('$KIT/data', $((STEPS * BATCH)), $TEST_SIZE, module='$module', difficulty='$difficulty', workers=2))"
+done
+du -sh "$KIT"/* .devgguf/*

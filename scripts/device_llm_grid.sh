@@ -1,0 +1,58 @@
+#!/bin/bash
+# Runs the SmolLM2 grid on a lent GPU machine, from what scripts/device_kit.sh
+# prepared (read its header first): installs the wheels, joins and checks the
+# GGUF, converts it, runs the add_or_sub grid (5 losses x 5 seeds), then
+# arithmetic_mix (5 x 3) while time is left, WORKERS processes sharing the
+# GPU, and copies the results to $OUT/llm/. Every finished cell is recorded at
+# once, so a grid cut short resumes in the next call or session.
+# Environment: STEPS, BATCH, TEST_SIZE, LR (the schedule and test set, as
+# device_kit.sh's data), WORKERS (6), BUDGET_S (seconds for the grids, 360).
+set -uo pipefail
+KIT=.devkit
+STEPS=${STEPS:-300}
+BATCH=${BATCH:-32}
+TEST_SIZE=${TEST_SIZE:-2000}
+LR=${LR:-1e-4}
+WORKERS=${WORKERS:-6}
+BUDGET_S=${BUDGET_S:-360}
+OUT=${OUT:-/tmp/out}
+SNAPSHOT=${SNAPSHOT:-/tmp/models/SmolLM2-135M-Instruct}
+RESULTS=experiments/arithmetic_mix/llm/SmolLM2-135M-Instruct
+export PYTHONUNBUFFERED=1
+start=$(date +%s)
+
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+  --upgrade --target /tmp/site "$KIT"/whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD
+python3 -c "import jax; print('jax', jax.__version__, jax.devices())" || exit 1
+
+if [ ! -d "$SNAPSHOT" ]; then
+  cat /tmp/kit/part-00 /tmp/kit/part-01 >/tmp/smollm2.gguf 2>/dev/null
+  if [ "$(sha256sum /tmp/smollm2.gguf | cut -d' ' -f1)" != "$(cat $KIT/gguf.sha256)" ]; then
+    echo "the GGUF halves in /tmp/kit are missing or wrong (calls 1-2 of device_kit.sh):"
+    ls -l /tmp/kit
+    exit 1
+  fi
+  python3 -m train.gguf_to_hf --gguf=/tmp/smollm2.gguf --out="$SNAPSHOT" || exit 1
+fi
+
+grid() {  # dataset, seeds, seconds
+  python3 -m experiments.arithmetic_mix.run --profile=llm \
+    --pretrained="$SNAPSHOT" --dataset="$1" --seeds="$2" \
+    --learning_rate="$LR" --train_steps="$STEPS" --batch_size="$BATCH" \
+    --test_size="$TEST_SIZE" --data_dir="$KIT/data" --data_workers=1 --workers="$WORKERS" &
+  local pid=$!
+  (sleep "$3"; pkill -INT -f experiments.arithmetic_mix.run) &
+  local timer=$!
+  wait "$pid"
+  kill "$timer" 2>/dev/null
+}
+grid add_or_sub 0,1,2,3,4 "$BUDGET_S"
+left=$(( BUDGET_S - ($(date +%s) - start) ))
+[ "$left" -gt 90 ] && grid arithmetic_mix 0,1,2 "$left"
+
+mkdir -p "$OUT/llm"
+cp "$RESULTS/results.json" "$OUT/llm/"
+cp -r "$RESULTS/results_predictions" "$OUT/llm/" 2>/dev/null
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv
+echo "done in $(( $(date +%s) - start )) s"
