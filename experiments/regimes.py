@@ -217,7 +217,7 @@ def ce_last_gain(ce_runs, metric, scale=100) -> list[str]:
       f"Streamed CE over its last {steps[-1] - steps[-2]:,} steps "
       f"(step {steps[-2]:,} -> {steps[-1]:,}): {min(gains):+.1f} to "
       f"{max(gains):+.1f} points (mean {np.mean(gains):+.1f}, "
-      f"{len(gains)} seeds).",
+      f"{len(gains)} seed{'s' if len(gains) != 1 else ''}).",
       "",
   ]
 

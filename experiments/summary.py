@@ -74,10 +74,13 @@ def _clock(groups, stream):
   )
 
 
-def _boxes(task, label, groups, train_size):
-  metric, name = ("acc_at_50", "Acc@0.5")
-  if task == "grounding_multi":
+def _boxes(task, label, groups, train_size, metric=None):
+  if metric == "exact_match":
+    name = "exact box"
+  elif task == "grounding_multi":
     metric, name = ("f1_at_50", "F1@0.5")
+  else:
+    metric, name = ("acc_at_50", "Acc@0.5")
   return Cell(
       label,
       "experiments/grounding/results.json",
@@ -130,11 +133,14 @@ CELLS = (
         None,
     ),
     _boxes("grounding_single", "one object", ("single",), 1000),
+    # Streamed, one object is found about 99% of the time (Acc@0.5) by
+    # every loss: the exact box, still in the middle, tells them apart.
     _boxes(
         "grounding_single",
         "one object",
         ("stream_single", "stream_single_control"),
         None,
+        metric="exact_match",
     ),
     _boxes("grounding_multi", "every box of a colour", ("multi",), 5000),
 )

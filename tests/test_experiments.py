@@ -358,6 +358,44 @@ def test_grounding_stream_section_keeps_budgets_apart(tmp_path):
   assert "| CE | 35.0 ± 7.1 | 50.0 ± 0.0 |" in table
 
 
+def test_grounding_stream_at_the_ceiling_adds_the_exact_box(tmp_path):
+  from experiments.grounding import report  # pylint: disable=g-import-not-at-top
+
+  def record(method, seed, regime, acc, exact):
+    return dict(
+        task="grounding_single",
+        variant="main",
+        method=method,
+        seed=seed,
+        regime=regime,
+        steps=1200,
+        curves=dict(eval_steps=[600, 1200], acc_at_50=acc, exact_match=exact),
+    )
+
+  fixed = [record("ce", s, "fixed", [0.6, 0.65], [0.0, 0.0]) for s in (0, 1)]
+  streamed = [
+      record("ce", 0, "stream", [0.9, 0.99], [0.1, 0.5]),
+      record("ce", 1, "stream", [0.9, 0.99], [0.1, 0.4]),
+      record("emd", 0, "stream", [0.9, 0.98], [0.2, 0.6]),
+      record("emd", 1, "stream", [0.9, 0.98], [0.2, 0.5]),
+  ]
+  (tmp_path / "plots").mkdir()
+  text = "\n".join(report.stream_section(fixed, streamed, str(tmp_path)))
+  exact = text.index("### grounding_single, 1,200 steps (exact box)")
+  assert "Acc@0.5 >= 90%" in text[:exact]
+  # EMD: one point below CE at Acc@0.5, ten above on the exact box.
+  assert "| 98.0 ± 0.0 (-1.0: 0/2" in text[:exact]
+  assert "| 55.0 ± 7.1 (+10.0: 2/2" in text[exact:]
+  assert (
+      tmp_path / "plots" / "regimes_paired_grounding_single_exact.png"
+  ).exists()
+  # Below the ceiling there is no exact-box section.
+  for run in streamed:
+    run["curves"]["acc_at_50"] = [0.5, 0.8]
+  text = "\n".join(report.stream_section(fixed, streamed, str(tmp_path)))
+  assert "(exact box)" not in text
+
+
 def test_learning_speed_metrics_by_hand():
   from experiments.clock_time import report  # pylint: disable=g-import-not-at-top
 
