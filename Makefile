@@ -57,7 +57,7 @@ experiments-stream: install
 	  --groups=stream,stream_control,stream_converged,stream_converged_control
 	$(PY) -m experiments.clock_time.report
 	$(PY) -m experiments.grounding.run --workers=$(WORKERS) \
-	  --groups=stream,stream_control,stream_single,stream_single_control,stream_long,stream_long_control
+	  --groups=stream,stream_control,stream_single,stream_single_control,stream_long,stream_long_control,stream_single_long,stream_single_long_control
 	$(PY) -m experiments.grounding.report
 	$(PY) -m experiments.summary --readme
 

@@ -142,6 +142,13 @@ CELLS = (
         None,
         metric="exact_match",
     ),
+    _boxes(
+        "grounding_single",
+        "one object",
+        ("stream_single_long", "stream_single_long_control"),
+        None,
+        metric="exact_match",
+    ),
     _boxes("grounding_multi", "every box of a colour", ("multi",), 5000),
 )
 

@@ -704,8 +704,8 @@ def stream_section(fixed, streamed, out_dir) -> list[str]:
       "their prepared scenes again and again, the streamed runs "
       "(`--groups=stream,stream_control,stream_single,"
       "stream_single_control`, `train_stream=True`) a new scene every "
-      "time; `stream_long` and `stream_long_control` stream twice as many "
-      "steps, which no fixed-set run has. Each cell: the headline metric in "
+      "time; the `*_long` groups stream twice as many steps, which no "
+      "fixed-set run has. Each cell: the headline metric in "
       "% (mean ± sd over seeds) and, for the other losses, (Δ vs CE of the same regime and seed: "
       "seeds better/paired, p).",
       "",

@@ -3,7 +3,7 @@ r"""The grounding comparison: every method paired by seed, controls, ablations.
   python -m experiments.grounding.run                     # the CPU grid
   python -m experiments.grounding.run --groups=main       # main table only
   python -m experiments.grounding.run --groups=stream,stream_single
-  python -m experiments.grounding.run --groups=stream_long,stream_long_control
+  python -m experiments.grounding.run --groups=stream_long,stream_long_control,stream_single_long,stream_single_long_control
   python -m experiments.grounding.report                  # results.md, plots
 
 Trains the same model from scratch on the same rendered scenes with each
@@ -29,9 +29,10 @@ runs of one seed differ only by their loss (paired). Groups, in run order
   none a test scene), at the same steps and batch; recorded with ``regime:
   "stream"`` (records without a regime are ``"fixed"``: the prepared train
   scenes);
-* ``stream_long`` and ``stream_long_control`` (not run unless named): the
-  five methods and the control streamed on ``grounding`` at twice the steps
-  (CE's streamed curve still rises at the fixed-set budget).
+* ``stream_long``, ``stream_long_control``, ``stream_single_long`` and
+  ``stream_single_long_control`` (not run unless named): the five methods
+  and the control streamed on ``grounding`` and ``grounding_single`` at
+  twice the steps (CE's streamed curves still rise at the fixed-set budget).
 
 Each finished run is appended to ``results.json`` at once (with its test
 predictions and curves), so an interrupted grid resumes where it stopped (a
