@@ -488,7 +488,7 @@ def test_grounding_grid_pairs_seeds_and_report_renders(tmp_path):
       runs,
       lambda r: r["task"] == "grounding",
       "acc_at_50",
-      {"### grounding (Acc@0.5": "regimes_paired_grounding.png"},
+      {"### grounding, 2 steps (Acc@0.5": "regimes_paired_grounding.png"},
       lambda r: True,
   )
 

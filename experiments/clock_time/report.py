@@ -29,13 +29,19 @@ from train.tasks import clock_time as task
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FLAGS = flags.FLAGS
-flags.DEFINE_string("results", os.path.join(HERE, "results.json"), "Input.")
-flags.DEFINE_string("out_dir", HERE, "Where results.md and plots/ go.")
-flags.DEFINE_string(
-    "discussion",
-    os.path.join(HERE, "discussion.md"),
-    "Hand-written reading of the results, appended if it " "exists.",
-)
+
+
+def define_flags():
+  """The command's flags; defined when run, so that tests may import this
+  module beside other reports that define the same names."""
+  flags.DEFINE_string("results", os.path.join(HERE, "results.json"), "Input.")
+  flags.DEFINE_string("out_dir", HERE, "Where results.md and plots/ go.")
+  flags.DEFINE_string(
+      "discussion",
+      os.path.join(HERE, "discussion.md"),
+      "Hand-written reading of the results, appended if it exists.",
+  )
+
 
 METHODS = clock_time.METHODS
 LABELS = dict(
@@ -881,4 +887,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

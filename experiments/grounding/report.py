@@ -31,19 +31,25 @@ from train.tasks import grounding_scenes as scenes
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FLAGS = flags.FLAGS
-flags.DEFINE_string("results", os.path.join(HERE, "results.json"), "Input.")
-flags.DEFINE_string("out_dir", HERE, "Where results.md and plots/ go.")
-flags.DEFINE_string(
-    "discussion",
-    os.path.join(HERE, "discussion.md"),
-    "Hand-written reading of the results, appended if it exists.",
-)
-flags.DEFINE_string(
-    "budget",
-    os.path.join(HERE, "budget.md"),
-    "Hand-written record of the pilots that chose the budget, appended if "
-    "it exists.",
-)
+
+
+def define_flags():
+  """The command's flags; defined when run, so that tests may import this
+  module beside other reports that define the same names."""
+  flags.DEFINE_string("results", os.path.join(HERE, "results.json"), "Input.")
+  flags.DEFINE_string("out_dir", HERE, "Where results.md and plots/ go.")
+  flags.DEFINE_string(
+      "discussion",
+      os.path.join(HERE, "discussion.md"),
+      "Hand-written reading of the results, appended if it exists.",
+  )
+  flags.DEFINE_string(
+      "budget",
+      os.path.join(HERE, "budget.md"),
+      "Hand-written record of the pilots that chose the budget, appended if "
+      "it exists.",
+  )
+
 
 METHODS = grounding.METHODS
 LABELS = dict(
@@ -820,4 +826,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)
