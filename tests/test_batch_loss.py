@@ -19,10 +19,9 @@ VOCAB, DIM, BATCH, LENGTH = 24, 8, 2, 10
 
 
 class FakeModel:
-  """What batch_loss reads of a model: logits, or hidden states and W.
+  """What batch_loss reads of a model: hidden states, W and the projection.
 
-  Its outputs (hidden states for the fused path, logits for the logits path)
-  are NaN where ``poison`` is true.
+  Its hidden states are NaN where ``poison`` is true.
   """
 
   class config:  # pylint: disable=invalid-name
@@ -35,12 +34,8 @@ class FakeModel:
     del inputs, images
     return jnp.where(self.poison[..., None], jnp.nan, self.hidden)
 
-  def __call__(self, inputs, images):
-    del inputs, images
-    # Added, not selected: the NaN's cotangent flows back into h and W, so
-    # only a zero gradient at those logits keeps them finite.
-    offset = jnp.where(self.poison[..., None], jnp.nan, 0.0)
-    return self.hidden @ self.unembedding + offset
+  def project(self, hidden):
+    return hidden @ self.unembedding
 
 
 def make_batch(seed):
@@ -157,3 +152,53 @@ def test_fused_implementations_agree():
   for fused in (True, "chunked", "tokamax"):
     for got, exact in zip(jax.tree.leaves(results[fused]), want):
       np.testing.assert_allclose(got, exact, rtol=2e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("method", ["ce", "ntil", "emd"])
+def test_score_positions_give_the_same_loss_and_gradient(fused, method):
+  """Unembedding only a window of positions that holds every scored one."""
+  config = arithmetic_mix.get_config(method)
+  config.fused_loss = fused
+  batch = make_batch(3)  # positions 4-7 scored in both rows
+  rng = np.random.default_rng(4)
+  hidden = rng.normal(size=(BATCH, LENGTH, DIM)).astype(np.float32)
+  unembedding = rng.normal(size=(DIM, VOCAB)).astype(np.float32)
+  no_poison = np.zeros((BATCH, LENGTH), bool)
+  # Each row's window differs, holds unscored positions and is unordered.
+  windowed = dict(
+      batch,
+      score_positions=jnp.asarray([[7, 2, 3, 4, 5, 6], [9, 8, 4, 5, 6, 7]]),
+  )
+
+  def loss(h, w, data):
+    model = FakeModel(h, w, no_poison)
+    return step.batch_loss(model, data, config, None)
+
+  grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))
+  (value, metrics), (dh, dw) = grad(hidden, unembedding, batch)
+  (win_value, win_metrics), (win_dh, win_dw) = grad(
+      hidden, unembedding, windowed
+  )
+  assert value > 0
+  np.testing.assert_allclose(win_value, value, rtol=1e-6)
+  for name in ("ce", "numeric"):
+    np.testing.assert_allclose(win_metrics[name], metrics[name], rtol=1e-6)
+  np.testing.assert_allclose(win_dw, dw, rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(win_dh, dh, rtol=1e-5, atol=1e-7)
+  # A window that misses a scored position loses its loss: the window
+  # must hold every scored position (the task's contract).
+  short = dict(batch, score_positions=jnp.asarray([[4, 5, 6], [4, 5, 6]]))
+  (short_value, _), _ = grad(hidden, unembedding, short)
+  assert not np.isclose(short_value, value, rtol=1e-3)
+
+
+def test_scored_window_gathers_labels_per_row():
+  batch = make_batch(5)
+  positions = np.array([[1, 4, 7], [0, 9, 5]])
+  window = step.scored_window(dict(batch, score_positions=positions))
+  for name in step.LABEL_KEYS:
+    full = np.asarray(batch[name])
+    expected = np.stack([full[0, [1, 4, 7]], full[1, [0, 9, 5]]])
+    np.testing.assert_array_equal(window[name], expected)
+  assert step.scored_window(batch)["targets"] is batch["targets"]

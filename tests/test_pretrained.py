@@ -382,6 +382,18 @@ def test_batches_score_the_answer_and_its_digits(data_dir, split_digits):
     assert not (batch["digit_mask"][row] & ~batch["loss_mask"][row]).any()
     # Llama's prompt starts with BOS; the input is the prompt and the answer.
     assert batch["inputs"][row][0] == lm.bos_id
+  # The window the step unembeds: K distinct positions per row, in range,
+  # holding every scored one (the prompt's end is its first).
+  positions = batch["score_positions"]
+  length = batch["targets"].shape[1]
+  assert positions.shape == (len(answers), config.max_answer_len + 1)
+  for row in range(len(answers)):
+    assert len(set(positions[row].tolist())) == positions.shape[1]
+    assert 0 <= positions[row].min() and positions[row].max() < length
+    scored = set(np.flatnonzero(batch["loss_mask"][row]).tolist())
+    assert scored <= set(positions[row].tolist())
+  with pytest.raises(ValueError, match="max_answer_len"):
+    task.encode_examples(config, ["Q?"], ["1" * 40])
   if split_digits:
     assert batch["digit_mask"][0].sum() == 4
   else:

@@ -6,7 +6,14 @@ import pytest
 
 from tests.test_experiments import run as run_module
 
-VARIANTS = ("ce:logits", "ntil:logits", "ce:fused", "ntil:fused")
+VARIANTS = (
+    "ce:logits",
+    "ntil:logits",
+    "ce:fused",
+    "ntil:fused",
+    "ce:window",
+    "ntil:window",
+)
 
 
 @pytest.mark.parametrize("model", ["tiny", "qwen2-tiny"])
@@ -17,6 +24,7 @@ def test_step_benchmark_smoke(tmp_path, model):
       f"--model={model}",
       "--batch_size=4",
       "--seq_len=16",
+      "--scored_len=5",
       "--blocks=1",
       "--per_block=1",
       f"--out={out}",
@@ -32,6 +40,10 @@ def test_step_benchmark_smoke(tmp_path, model):
       "ntil/ce time, fused path",
       "fused/logits time, ce",
       "fused/logits time, ntil",
+      "ntil/ce time, window path",
+      "window/logits time, ce",
+      "window/logits time, ntil",
   }
+  assert results["scored_len"] == 5
   assert results["device"].startswith("cpu")
   assert "| ntil:fused |" in output

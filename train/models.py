@@ -845,13 +845,15 @@ class Transformer(nnx.Module):
       new_caches.append(cache)
     return self.final_norm(x[:, num_prefix:]), tuple(new_caches)
 
+  def project(self, hidden: jax.Array) -> jax.Array:
+    """float32 logits [..., V] of final hidden states [..., D]."""
+    return hidden @ self.unembedding.astype(jnp.float32)
+
   def __call__(
       self, tokens: jax.Array, images: jax.Array | None = None
   ) -> jax.Array:
     """float32 logits [B, L, V] for integer tokens [B, L] (and images)."""
-    return self.hidden_states(tokens, images) @ self.unembedding.astype(
-        jnp.float32
-    )
+    return self.project(self.hidden_states(tokens, images))
 
 
 # ----------------------------------------------------------------------------

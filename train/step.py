@@ -118,10 +118,45 @@ def model_config(config, task) -> models.ModelConfig:
   )
 
 
+LABEL_KEYS = ("targets", "loss_mask", "digit_mask")
+
+
+def scored_window(batch):
+  """The batch's labels at its ``score_positions`` only, if it has them.
+
+  A task whose scored tokens sit in a short span of each row (an LLM's
+  answer after a long prompt) may add ``score_positions``, int [B, K]: K
+  distinct positions per row that include every scored one. The step then
+  unembeds only those K positions, not all L: the same loss and gradient
+  (the other positions carry none) for K/L of the [N, V] logits' cost.
+
+  Returns:
+    ``targets``, ``loss_mask`` and ``digit_mask``, each [B, K] (or [B, L]
+    when the batch has no ``score_positions``).
+  """
+  positions = batch.get("score_positions")
+  labels = {name: batch[name] for name in LABEL_KEYS}
+  if positions is None:
+    return labels
+  return {
+      name: jnp.take_along_axis(value, positions, axis=1)
+      for name, value in labels.items()
+  }
+
+
+def scored_hidden_states(model, batch):
+  """Final hidden states [B, L, D], or [B, K, D] at ``score_positions``."""
+  hidden = model.hidden_states(batch["inputs"], batch.get("images"))
+  positions = batch.get("score_positions")
+  if positions is None:
+    return hidden
+  return jnp.take_along_axis(hidden, positions[..., None], axis=1)
+
+
 def batch_loss(model, batch, config, key):
   """Mean loss over scored tokens and per-component metrics."""
-  inputs, targets = batch["inputs"], batch["targets"]
-  images = batch.get("images")
+  labels = scored_window(batch)
+  targets = labels["targets"]
   # A pretrained model's digits are its tokenizer's; ours are ids 0..9.
   digit_ids = getattr(model, "digit_token_ids", None)
   # A '.' between two digits makes "3.25" one number, not the integer 325.
@@ -129,10 +164,10 @@ def batch_loss(model, batch, config, key):
   decimal_points = None if point_id is None else targets == point_id
   # Unscored positions (padding, questions) are masked out of the
   # statistics, so a NaN or inf output there cannot reach loss or gradient.
-  scored_mask = batch["loss_mask"]
+  scored_mask = labels["loss_mask"]
   if use_fused_loss(config, targets.size, model.config.vocab_size):
     stats = ntil_jax.fused_token_statistics(
-        model.hidden_states(inputs, images),
+        scored_hidden_states(model, batch),
         model.unembedding,
         targets,
         digit_token_ids=digit_ids,
@@ -141,12 +176,20 @@ def batch_loss(model, batch, config, key):
         implementation=common.fused_implementation(config.fused_loss),
     )
   else:
+    # Zeroed, not just masked: a NaN hidden state at an unscored position
+    # would reach the unembedding's gradient through 0 * NaN.
+    hidden = jnp.where(
+        scored_mask[..., None], scored_hidden_states(model, batch), 0.0
+    )
     stats = ntil_jax.token_statistics(
-        model(inputs, images), targets, digit_ids, mask=scored_mask
+        model.project(hidden),
+        targets,
+        digit_ids,
+        mask=scored_mask,
     )
   shared = dict(
       vocab_size=model.config.vocab_size,
-      loss_mask=batch["loss_mask"],
+      loss_mask=scored_mask,
       digit_token_ids=digit_ids,
   )
   kwargs = common.loss_kwargs(config)
@@ -155,7 +198,7 @@ def batch_loss(model, batch, config, key):
   per_token = ntil_jax.loss_from_statistics(
       stats,
       targets,
-      digit_mask=batch["digit_mask"],
+      digit_mask=labels["digit_mask"],
       decimal_point_mask=decimal_points,
       method=config.method,
       lam=config.lam,
@@ -164,8 +207,8 @@ def batch_loss(model, batch, config, key):
       **kwargs,
   )
   ce = ntil_jax.loss_from_statistics(stats, targets, method="ce", **shared)
-  scored = batch["loss_mask"].sum()
-  digit_tokens = batch["loss_mask"] & batch["digit_mask"]
+  scored = scored_mask.sum()
+  digit_tokens = scored_mask & labels["digit_mask"]
   digits = digit_tokens.sum()
   if config.lam:
     numeric = (per_token - ce).sum() / (config.lam * jnp.maximum(digits, 1))
@@ -174,7 +217,7 @@ def batch_loss(model, batch, config, key):
         ntil_jax.loss_from_statistics(
             stats,
             targets,
-            digit_mask=batch["digit_mask"],
+            digit_mask=labels["digit_mask"],
             decimal_point_mask=decimal_points,
             method=config.method,
             lam=1.0,

@@ -202,7 +202,11 @@ def encode_examples(config, questions, answers) -> dict:
   """A training batch: ``inputs``, ``targets``, ``loss_mask``, ``digit_mask``.
 
   Each [B, L]; the loss mask covers the answer tokens and the EOS after
-  them, the digit mask the answer tokens that are single digits.
+  them, the digit mask the answer tokens that are single digits. And
+  ``score_positions``, int32 [B, K] with K = ``max_answer_len`` + 1: the
+  window of each row that holds its scored positions, the only ones the
+  step unembeds (``train.step.scored_window``; 13 of 44 positions on
+  add_or_sub with SmolLM2).
   """
   tokenizer = _tokenizer(config)
   eos = Codec(config).eos_id
@@ -218,6 +222,11 @@ def encode_examples(config, questions, answers) -> dict:
   sequences, _ = _pad(rows, width, eos, "question and answer")
   columns = np.arange(width)
   answer_lengths = np.asarray([len(a) for a in answer_rows])
+  if answer_lengths.size and answer_lengths.max() > config.max_answer_len:
+    raise ValueError(
+        f"an answer has {answer_lengths.max()} tokens, more than "
+        f"max_answer_len={config.max_answer_len}."
+    )
   start = prompt_lengths[:, None]
   end = start + answer_lengths[:, None]  # the EOS column
   is_answer = (columns >= start) & (columns < end)
@@ -227,7 +236,19 @@ def encode_examples(config, questions, answers) -> dict:
       "targets": sequences[:, 1:],
       "loss_mask": ((columns >= start) & (columns <= end))[:, 1:],
       "digit_mask": (is_answer & is_digit)[:, 1:],
+      "score_positions": score_positions(prompt_lengths, config),
   }
+
+
+def score_positions(prompt_lengths, config) -> np.ndarray:
+  """int32 [B, K]: each row's K = max_answer_len + 1 positions from its
+  first scored target (the prediction of the answer's first token). They
+  hold the answer and its EOS, at most K targets, so every scored position,
+  and end by the row's end: a prompt has at most P tokens and a row
+  P + max_answer_len."""
+  window = config.max_answer_len + 1
+  first = np.asarray(prompt_lengths) - 1
+  return (first[:, None] + np.arange(window)).astype(np.int32)
 
 
 def _digit_ids(config):
