@@ -55,6 +55,20 @@ def define_grid_flags(here: str, groups: list[str], data_help: str) -> None:
   )
 
 
+def define_report_flags(here: str) -> None:
+  """A report's flags: its results, where it writes and its discussion.
+
+  Called when the report runs, not when it is imported, so that tests may
+  import several reports that define the same names."""
+  flags.DEFINE_string("results", os.path.join(here, "results.json"), "Input.")
+  flags.DEFINE_string("out_dir", here, "Where results.md and plots/ go.")
+  flags.DEFINE_string(
+      "discussion",
+      os.path.join(here, "discussion.md"),
+      "Hand-written reading of the results, appended if it exists.",
+  )
+
+
 def cell_config(config, settings, dataset_config, seed, overrides, data_dir):
   """``config`` set up for one cell of a task grid: data, schedule, seed.
 

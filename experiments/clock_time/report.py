@@ -32,15 +32,8 @@ FLAGS = flags.FLAGS
 
 
 def define_flags():
-  """The command's flags; defined when run, so that tests may import this
-  module beside other reports that define the same names."""
-  flags.DEFINE_string("results", os.path.join(HERE, "results.json"), "Input.")
-  flags.DEFINE_string("out_dir", HERE, "Where results.md and plots/ go.")
-  flags.DEFINE_string(
-      "discussion",
-      os.path.join(HERE, "discussion.md"),
-      "Hand-written reading of the results, appended if it exists.",
-  )
+  """The command's flags (`common.define_report_flags`)."""
+  common.define_report_flags(HERE)
 
 
 METHODS = clock_time.METHODS
