@@ -224,7 +224,10 @@ def breakdown(predictions, problems, key) -> dict:
 
 
 BREAKDOWN_NAMES = dict(
-    digits="answer digits", operation="operation", decimals="answer"
+    digits="answer digits",
+    operation="operation",
+    decimals="answer",
+    form="answer",
 )
 # (name, title, bucket of (question, answer), bucket order)
 BREAKDOWNS = (
@@ -276,13 +279,14 @@ def label(key) -> str:
   return dict(ABLATIONS).get(key, key)
 
 
-def run_view(run, problems, early=EARLY_STEP) -> dict:
+def run_view(run, problems, early=EARLY_STEP, breakdowns=None) -> dict:
   """The run's figures for the tables, ``dict(run, ...)`` with:
 
   em_end, em_early (step ``early``), within_1_percent, log_error,
   unparsed, from_predictions (whether the figures and breakdowns were
   computed from the stored predictions against ``problems``), and
-  ``breakdowns``: {name: {bucket: rate}} (empty without problems).
+  ``breakdowns``: {name: {bucket: rate}} (empty without problems), over
+  ``breakdowns`` (`BREAKDOWNS` if None).
   """
   view = dict(
       run,
@@ -309,7 +313,7 @@ def run_view(run, problems, early=EARLY_STEP) -> dict:
       unparsed=scores["unparsed"],
       from_predictions=True,
   )
-  for name, _, key, _ in BREAKDOWNS:
+  for name, _, key, _ in breakdowns or BREAKDOWNS:
     view["breakdowns"][name] = {
         b: c / t for b, (c, t) in breakdown(predictions, problems, key).items()
     }
@@ -324,12 +328,14 @@ def early_step(runs) -> int:
   return steps[0]
 
 
-def group_runs(runs, problems=None, early=EARLY_STEP) -> dict:
+def group_runs(runs, problems=None, early=EARLY_STEP, breakdowns=None) -> dict:
   """{cell kind: {seed: run_view}}; a later record of a cell replaces one
   before it."""
   grouped = collections.defaultdict(dict)
   for run in runs:
-    grouped[cell_key(run)][run["seed"]] = run_view(run, problems, early)
+    grouped[cell_key(run)][run["seed"]] = run_view(
+        run, problems, early, breakdowns
+    )
   return dict(grouped)
 
 
@@ -739,9 +745,12 @@ def _delta_text(d, scale_name, digits) -> str:
   )
 
 
-def reading(grouped, early) -> list[str]:
+def reading(grouped, early, seeds=len(SEEDS), breakdowns=None) -> list[str]:
   """Statements computed from the numbers: rankings, paired verdicts,
-  where NTIL does not beat CE, the control and the ablations."""
+  where NTIL does not beat CE, the control and the ablations.
+
+  ``seeds``: the grid's seeds per cell; ``breakdowns``: as `run_view`'s.
+  """
   lines = []
   keys = main_keys(grouped)
   if not keys:
@@ -782,7 +791,7 @@ def reading(grouped, early) -> list[str]:
         + (", ".join(beaten) if beaten else "none")
         + "."
     )
-  lines += _ntil_vs_ce(grouped, early)
+  lines += _ntil_vs_ce(grouped, early, breakdowns)
   if CONTROL in grouped and "ntil" in grouped:
     d = stats.paired(grouped["ntil"], grouped[CONTROL], "em_end", 100.0, True)
     if d is not None:
@@ -799,17 +808,17 @@ def reading(grouped, early) -> list[str]:
         f"- {label(k)} − full NTIL, exact match at the end: "
         f"{_delta_text(d, 'points', 2)}: {_verdict(d)}."
     )
-  few = [k for k in keys if len(grouped[k]) < len(SEEDS)]
+  few = [k for k in keys if len(grouped[k]) < seeds]
   if few:
     lines.append(
         f"- Partial grid: {', '.join(label(k) for k in few)} "
-        f"{'has' if len(few) == 1 else 'have'} fewer than {len(SEEDS)} "
+        f"{'has' if len(few) == 1 else 'have'} fewer than {seeds} "
         "seeds; every statement above can change as cells come in."
     )
   return lines
 
 
-def _ntil_vs_ce(grouped, early) -> list[str]:
+def _ntil_vs_ce(grouped, early, breakdowns=None) -> list[str]:
   """Where NTIL does not beat CE: metrics and breakdown buckets whose
   paired mean is not in NTIL's favour, and whether the rest beat noise."""
   if "ntil" not in grouped or "ce" not in grouped:
@@ -833,7 +842,7 @@ def _ntil_vs_ce(grouped, early) -> list[str]:
       sort(d, f"{name} ({d['mean']:+.{digits}f}{unit})", higher)
   ntil_b = {s: r for s, r in ntil.items() if r["breakdowns"]}
   ce_b = {s: r for s, r in ce.items() if r["breakdowns"]}
-  for name, _, _, order in BREAKDOWNS:
+  for name, _, _, order in breakdowns or BREAKDOWNS:
     for b in order:
       d = stats.paired(ntil_b, ce_b, bucket_metric(name, b), 100, True)
       if d is not None:

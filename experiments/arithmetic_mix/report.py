@@ -2,9 +2,12 @@ r"""results.json -> results.md and plots. Every number comes from results.json.
 
 python -m experiments.arithmetic_mix.report
 python -m experiments.arithmetic_mix.report --profile=digits  # digits/
+python -m experiments.arithmetic_mix.report --profile=llm     # llm/<snapshot>/
 
 The digits profile's report (``digits/results.json`` -> ``digits/results.md``
-and ``digits/plots/``) is `experiments.arithmetic_mix.digits_report`.
+and ``digits/plots/``) is `experiments.arithmetic_mix.digits_report`; the
+pretrained-LLM grid's (``llm/<snapshot>/results.json``) is
+`experiments.arithmetic_mix.llm_report`.
 """
 
 import collections
@@ -21,6 +24,7 @@ import numpy as np
 from configs import arithmetic_mix
 from experiments import common
 from experiments.arithmetic_mix import digits_report
+from experiments.arithmetic_mix import llm_report
 from train import plots
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -28,10 +32,16 @@ FLAGS = flags.FLAGS
 flags.DEFINE_enum(
     "profile",
     "default",
-    ["default", "digits", "digits_long"],
+    ["default", "digits", "digits_long", "llm"],
     "Which grid's report: default (results.json of the cpu, accelerator or "
-    "smoke profile), digits (digits/results.json) or digits_long "
-    "(digits/results_long.json -> digits/long/).",
+    "smoke profile), digits (digits/results.json), digits_long "
+    "(digits/results_long.json -> digits/long/) or llm "
+    "(llm/<--snapshot>/results.json).",
+)
+flags.DEFINE_string(
+    "snapshot",
+    llm_report.DEFAULT_SNAPSHOT,
+    "--profile=llm: the snapshot folder's name under llm/.",
 )
 flags.DEFINE_string(
     "results",
@@ -347,6 +357,13 @@ def write_report(runs, out_dir):
 
 def main(argv):
   del argv
+  if FLAGS.profile == "llm":
+    results = FLAGS.results or os.path.join(
+        llm_report.HERE, FLAGS.snapshot, "results.json"
+    )
+    path = llm_report.main(results, FLAGS.out_dir, FLAGS.data_dir)
+    print(f"wrote {path} and plots/")
+    return
   if FLAGS.profile in digits_report.PROFILES:
     name, folder = digits_report.PROFILES[FLAGS.profile]
     path = digits_report.main(

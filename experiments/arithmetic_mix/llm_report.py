@@ -1,0 +1,348 @@
+r"""The pretrained-LLM grid's report: llm/<snapshot>/results.json -> results.md.
+
+  python -m experiments.arithmetic_mix.report --profile=llm \
+      [--snapshot=SmolLM2-135M-Instruct] [--data_dir=data]
+
+The grid (``run.py --profile=llm --pretrained=SNAPSHOT``, once per
+``--dataset``): the snapshot's zero-shot score, then CE, EMD, NTL-MSE, soft
+labels and NTIL fine-tuned per seed, every training problem read once. One
+results.json holds both datasets (``add_or_sub``: multi-digit answers;
+``arithmetic_mix``: the paper's Table 3 data); the report gives each its
+section: the zero-shot row, the fine-tuned table, paired differences vs CE
+(same seed: same data order), breakdowns of exact match and a reading
+computed from the numbers. Any subset of the cells renders.
+
+The tables and the reading are `digits_report`'s (the from-scratch grid's
+report), so both grids are read by the same definitions.
+"""
+
+import glob
+import math
+import os
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+import numpy as np
+
+from experiments import common
+from experiments.arithmetic_mix import digits_report as dr
+
+HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "llm")
+DEFAULT_SNAPSHOT = "SmolLM2-135M-Instruct"
+# The datasets in report order, with their seeds per cell (issue 27's grid:
+# 5 on the multi-digit task, 3 on arithmetic_mix as the paper) and titles.
+DATASETS = {
+    "add_or_sub": (
+        5,
+        "add_or_sub: multi-digit answers (mathematics_dataset "
+        "`arithmetic__add_or_sub`, easy)",
+    ),
+    "arithmetic_mix": (
+        3,
+        "arithmetic_mix: the paper's Table 3 data " "(`arithmetic__mixed`)",
+    ),
+}
+
+
+def answer_form(answer: str) -> str:
+  """``'fraction'``, ``'decimal'`` or ``'integer'``: how the answer is
+  written (arithmetic_mix's answers are integers or fractions)."""
+  if "/" in answer:
+    return "fraction"
+  return "decimal" if "." in answer else "integer"
+
+
+FORMS = ("integer", "decimal", "fraction")
+# Per dataset: the breakdowns of exact match that apply to its questions
+# (operation words are add_or_sub's; arithmetic_mix mixes operations).
+BREAKDOWNS = {
+    "add_or_sub": dr.BREAKDOWNS,
+    "arithmetic_mix": (
+        dr.BREAKDOWNS[0],
+        (
+            "form",
+            "By how the answer is written",
+            lambda q, a: answer_form(a),
+            FORMS,
+        ),
+    ),
+}
+
+
+def split_runs(runs) -> dict:
+  """{dataset: (zero-shot records, fine-tuned records)}, datasets ordered
+  as `DATASETS` (others after them)."""
+  found = {}
+  for run in runs:
+    zero, tuned = found.setdefault(run.get("dataset", "?"), ([], []))
+    (zero if run["group"] == "zero_shot" else tuned).append(run)
+  order = [d for d in DATASETS if d in found] + sorted(
+      d for d in found if d not in DATASETS
+  )
+  return {d: found[d] for d in order}
+
+
+def _pct(value) -> str:
+  return (
+      "-" if value is None or not math.isfinite(value) else f"{100 * value:.2f}"
+  )
+
+
+def zero_shot_lines(records, problems) -> list[str]:
+  """The snapshot before fine-tuning: one row per zero-shot record."""
+  if not records:
+    return ["Zero-shot: not recorded (`--groups=zero_shot`)."]
+  lines = [
+      "| snapshot, zero-shot | exact match (%) | within 1% (%) | output "
+      "parses as a number (%) | mean log10(1+abs err) | test problems |",
+      "|---|---|---|---|---|---|",
+  ]
+  for record in records:
+    within = record.get("within_1_percent")
+    if problems is not None and len(record.get("predictions") or []) == len(
+        problems
+    ):
+      within = dr.score(record["predictions"], problems)["within_1_percent"]
+    lines.append(
+        f"| {record.get('snapshot', '?')} | {_pct(record['exact_match'])} | "
+        f"{_pct(within)} | {_pct(record.get('parsed_rate'))} | "
+        f"{record.get('mean_log10_abs_error', float('nan')):.3f} | "
+        f"{record['num_test_examples']:,} |"
+    )
+  return lines
+
+
+def setup_lines(tuned, grouped, problems, source) -> list[str]:
+  """What the fine-tuned cells share: schedule, data, hardware, speed."""
+  first = tuned[0]
+  seen = first.get("problems_seen", first["steps"] * first["batch_size"])
+  size = dr.train_size(source)
+  once = (
+      "each seen once"
+      if size is None or size >= seen
+      else f"some seen more than once ({size:,} generated)"
+  )
+  speeds = [r["steps_per_second"] for r in tuned if r.get("steps_per_second")]
+  walls = [r["wall_seconds"] for r in tuned if r.get("wall_seconds")]
+  lines = [
+      f"- Model: `{first.get('snapshot', '?')}`, pretrained, **full "
+      "fine-tuning** (every parameter), one config for every method.",
+      f"- Schedule: {first['steps']} steps × {first['batch_size']} problems "
+      f"= {seen:,} problems read, {once}; peak learning rate "
+      f"{first.get('learning_rate', float('nan')):g} (AdamW, warmup then "
+      "cosine decay); the losses' settings are the paper's (λ = 0.3, α = β "
+      "= σ = 0.2).",
+      f"- Test: {first['num_test_examples']:,} problems, greedy decoding, "
+      "exact string match of the first line; evaluated at steps "
+      f"{', '.join(str(s) for s in dr.eval_steps(grouped))}.",
+  ]
+  if problems:
+    digits = [dr.answer_digits(a) for _, a in problems]
+    lines.append(
+        f"- Test answers: {np.median(digits):g} digits at the median "
+        f"({min(digits)} to {max(digits)}), from {source}."
+    )
+  if speeds:
+    lines.append(
+        f"- Hardware: {first['device']} ({first['host']}): "
+        f"{np.median(speeds):.3f} steps/s at the median "
+        f"({1 / np.median(speeds):.1f} s a step), "
+        f"{np.median(walls) / 60:.0f} minutes a cell with its evaluations."
+    )
+  return lines
+
+
+def plot_dataset_curves(grouped, zero, path, title):
+  """Exact match vs step, mean over seeds per method, from the zero-shot
+  score at step 0."""
+  steps = dr.eval_steps(grouped)
+  start = [r["exact_match"] for r in zero]
+  fig, ax = plt.subplots(figsize=(5.5, 3.4))
+  for key in dr.main_keys(grouped):
+    runs = list(grouped[key].values())
+    means = [np.nanmean([dr.curve_value(r, s) for r in runs]) for s in steps]
+    xs, ys = list(steps), [100 * m for m in means]
+    if start:
+      xs, ys = [0] + xs, [100 * float(np.mean(start))] + ys
+    ax.plot(
+        xs,
+        ys,
+        marker="o",
+        ms=3,
+        color=dr.color(key),
+        label=f"{dr.label(key)} ({len(runs)})",
+    )
+  ax.set_xlabel("fine-tuning step (0: zero-shot)")
+  ax.set_ylabel("test exact match (%, mean over seeds)")
+  ax.set_title(title, fontsize=9)
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=90)
+  plt.close(fig)
+
+
+def dataset_section(dataset, zero, tuned, problems, source, plot_dir):
+  """The lines of one dataset's section (and its plots, if fine-tuned)."""
+  seeds, title = DATASETS.get(dataset, (5, dataset))
+  breakdowns = BREAKDOWNS.get(dataset, dr.BREAKDOWNS[:1])
+  lines = [f"## {title}", "", *zero_shot_lines(zero, problems), ""]
+  if not tuned:
+    return lines + ["Fine-tuned cells: none recorded yet.", ""]
+  early = dr.early_step(tuned)
+  grouped = dr.group_runs(tuned, problems, early, breakdowns)
+  keys = dr.main_keys(grouped)
+  curve = f"{dataset}_exact_match_curve.png"
+  paired = f"{dataset}_paired_delta_curve.png"
+  plot_dataset_curves(grouped, zero, os.path.join(plot_dir, curve), title)
+  dr.plot_paired_curves(grouped, os.path.join(plot_dir, paired))
+  recorded = sum(len(grouped[k]) for k in keys)
+  lines += [
+      *setup_lines(tuned, grouped, problems, source),
+      "",
+      f"**{recorded} of the {len(dr.METHODS) * seeds} fine-tuned cells "
+      f"recorded** ({len(dr.METHODS)} losses × {seeds} seeds); "
+      + ", ".join(
+          f"{dr.label(m)} {len(grouped.get(m, {}))}" for m in dr.METHODS
+      )
+      + ".",
+      "",
+      *dr.values_table(grouped, keys, early),
+      "",
+      *dr.paired_table(
+          [
+              (f"{dr.label(k)} − CE", grouped[k], grouped.get("ce"))
+              for k in keys
+              if k != "ce"
+          ],
+          early,
+      ),
+      "",
+      "Mean ± sd over seeds; paired Δ = run − CE on each seed (same data "
+      "order), better = seeds where the run is better (log error: lower), "
+      "p = two-sided paired t-test; '-' below 2 paired seeds. Unparseable "
+      "outputs count as wrong; the log error is over those that parse.",
+      "",
+      f"![exact match vs step](plots/{curve})",
+      "",
+      f"![paired delta vs CE](plots/{paired})",
+      "",
+  ]
+  if problems is not None and any(
+      r["from_predictions"] for runs in grouped.values() for r in runs.values()
+  ):
+    for name, heading, key, order in breakdowns:
+      lines += [
+          f"### {heading}",
+          "",
+          *dr.breakdown_table(grouped, keys, problems, name, key, order),
+          "",
+      ]
+  else:
+    lines += [
+        f"Breakdowns: need the test problems ({source} not found, or its "
+        "problems do not reproduce the recorded exact match).",
+        "",
+    ]
+  lines += [
+      "### What it shows",
+      "",
+      *dr.reading(grouped, early, seeds, breakdowns),
+      "",
+  ]
+  return lines
+
+
+def dataset_dir(dataset, tuned, zero, data_dir):
+  """The prepared data of the dataset's test split (any training size)."""
+  runs = tuned or zero
+  data = runs[0].get("data") or {}
+  size = runs[0]["num_test_examples"]
+  prefix = ""
+  if data.get("module"):
+    module = data["module"].removeprefix("arithmetic__")
+    prefix = f"{module}-{data.get('difficulty', 'easy')}_"
+  pattern = os.path.join(
+      data_dir, "arithmetic_mix", f"{prefix}train*_test{size}_seed0"
+  )
+  found = sorted(glob.glob(os.path.join(pattern, "*", "dataset_info.json")))
+  seen = runs[0].get("problems_seen")
+  found.sort(key=lambda path: f"_train{seen}_test" not in path)
+  if not found:
+    return None, pattern
+  return os.path.basename(os.path.dirname(os.path.dirname(found[0]))), pattern
+
+
+def load_problems(dataset, tuned, zero, data_dir):
+  """(problems or None, where they were looked for)."""
+  config, pattern = dataset_dir(dataset, tuned, zero, data_dir)
+  if config is None:
+    return None, pattern
+  from train import input_pipeline  # pylint: disable=g-import-not-at-top
+
+  source = input_pipeline.load_split(data_dir, "test", config_name=config)
+  records = source.__getitems__(list(range(len(source))))
+  problems = [input_pipeline.decode_record(r) for r in records]
+  return problems, os.path.join(data_dir, "arithmetic_mix", config)
+
+
+def write_report(runs, problems, out_dir, sources=None) -> str:
+  """Writes results.md and plots/ under ``out_dir``; returns results.md.
+
+  Args:
+    runs: the grid's records (any datasets, any subset of cells).
+    problems: {dataset: the test split's (question, answer) pairs in the
+      order the runs were scored, or None}.
+    out_dir: where results.md and plots/ go.
+    sources: {dataset: where the problems came from}, for the text.
+  """
+  sources = sources or {}
+  plot_dir = os.path.join(out_dir, "plots")
+  os.makedirs(plot_dir, exist_ok=True)
+  snapshots = sorted({r.get("snapshot", "?") for r in runs})
+  lines = [
+      f"# {', '.join(snapshots)}, fine-tuned on arithmetic: CE vs EMD vs "
+      "NTL-MSE vs soft labels vs NTIL",
+      "",
+      "Generated by `python -m experiments.arithmetic_mix.report "
+      "--profile=llm` from this folder's results.json (written by `python -m "
+      "experiments.arithmetic_mix.run --profile=llm --pretrained=SNAPSHOT "
+      "--dataset=...`). Nothing here is typed by hand.",
+      "",
+      "Regime: a **pretrained** model fine-tuned on abundant data, every "
+      "training problem read once (the paper's setting, at a smaller model "
+      "and budget); exact match at the first evaluation (learning faster) "
+      "and at the end (after the budget) are kept apart.",
+      "",
+  ]
+  for dataset, (zero, tuned) in split_runs(runs).items():
+    lines += dataset_section(
+        dataset,
+        zero,
+        tuned,
+        problems.get(dataset),
+        sources.get(dataset, "?"),
+        plot_dir,
+    )
+  path = os.path.join(out_dir, "results.md")
+  with open(path, "w") as f:
+    f.write("\n".join(lines).rstrip("\n") + "\n")
+  return path
+
+
+def main(results, out_dir, data_dir) -> str:
+  """Reads ``results``, finds each dataset's test problems, writes the
+  report; returns the path of results.md."""
+  runs = common.load_results(results)
+  if not runs:
+    raise SystemExit(f"no runs in {results}")
+  problems, sources = {}, {}
+  for dataset, (zero, tuned) in split_runs(runs).items():
+    problems[dataset], sources[dataset] = load_problems(
+        dataset, tuned, zero, data_dir
+    )
+  return write_report(
+      runs, problems, out_dir or os.path.dirname(results), sources
+  )
