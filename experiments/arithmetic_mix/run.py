@@ -700,6 +700,11 @@ def run_llm(profile) -> None:
   common.run_grid(
       todo, configure, execute, describe, results, max_runs=FLAGS.max_cells
   )
+  logging.info(
+      "now: python -m experiments.arithmetic_mix.report --profile=llm "
+      "--snapshot=%s",
+      snapshot_name(settings),
+  )
 
 
 def main(argv):
