@@ -440,6 +440,18 @@ def paired_table(comparisons, early) -> list[str]:
   return stats.table(head, rows)
 
 
+def paired_vs_ce(grouped, keys, early) -> list[str]:
+  """`paired_table` of each of ``keys`` but CE against CE."""
+  return paired_table(
+      [
+          (f"{label(k)} − CE", grouped[k], grouped.get("ce"))
+          for k in keys
+          if k != "ce"
+      ],
+      early,
+  )
+
+
 def breakdown_counts(problems, key) -> dict:
   counts = collections.Counter()
   for question, answer in problems:
@@ -960,14 +972,7 @@ def write_report(
       "",
       "## Paired differences vs CE",
       "",
-      *paired_table(
-          [
-              (f"{label(k)} − CE", grouped[k], grouped.get("ce"))
-              for k in keys
-              if k != "ce"
-          ],
-          early,
-      ),
+      *paired_vs_ce(grouped, keys, early),
       "",
       "Same seed = same initialisation and data order. Δ = run − CE on each "
       "seed, mean ± sd; better = seeds where the run is better (log error: "

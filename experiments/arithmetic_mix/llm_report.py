@@ -211,14 +211,7 @@ def dataset_section(dataset, zero, tuned, problems, source, plot_dir):
       "",
       *dr.values_table(grouped, keys, early),
       "",
-      *dr.paired_table(
-          [
-              (f"{dr.label(k)} − CE", grouped[k], grouped.get("ce"))
-              for k in keys
-              if k != "ce"
-          ],
-          early,
-      ),
+      *dr.paired_vs_ce(grouped, keys, early),
       "",
       "Mean ± sd over seeds; paired Δ = run − CE on each seed (same data "
       "order), better = seeds where the run is better (log error: lower), "
