@@ -607,3 +607,33 @@ def test_tied_llama_equals_untied_with_a_copied_head(tmp_path):
   want = np.asarray(pretrained.load(untied).logits(ids))
   got = np.asarray(pretrained.load(tied).logits(ids))
   np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_answer_window_gives_the_full_rows_loss_and_gradient(data_dir):
+  """The task's score_positions: the trainer's loss and gradient on a real
+  (tiny) tunix model are those of unembedding every position."""
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  from train import step  # pylint: disable=g-import-not-at-top
+
+  config = make_config(data_dir, "llama3_tiny", method="ntil")
+  config.gumbel_noise = 0.0  # deterministic: the same loss twice
+  model = pretrained.load(config.pretrained).model
+  questions = ["What is 1234 + 5?", "Calculate 0.5 - 2.", "Sum 3 and 4."]
+  batch = task.encode_examples(config, questions, ["1239", "-1.5", "7"])
+  assert batch["score_positions"].shape[1] < batch["targets"].shape[1]
+  full = {k: v for k, v in batch.items() if k != "score_positions"}
+
+  def loss_and_grad(data):
+    def loss(m):
+      return step.batch_loss(m, data, config, jax.random.key(0))[0]
+
+    return nnx.value_and_grad(loss)(model)
+
+  value, grads = loss_and_grad(jax.tree.map(jnp.asarray, batch))
+  full_value, full_grads = loss_and_grad(jax.tree.map(jnp.asarray, full))
+  assert np.isfinite(value) and value > 0
+  np.testing.assert_allclose(value, full_value, rtol=1e-5)
+  for ours, theirs in zip(
+      jax.tree.leaves(nnx.state(grads)), jax.tree.leaves(nnx.state(full_grads))
+  ):
+    np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-6)
