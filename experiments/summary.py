@@ -52,6 +52,8 @@ class Cell:
     train_size: the fixed training set's size (None: each example seen
       once, a stream or data generated as read).
     task_field: where a results file holds several tasks, the row's.
+    dataset: where a results file holds several datasets (the LLM grid's),
+      the row's.
   """
 
   task: str
@@ -61,6 +63,7 @@ class Cell:
   metric_name: str
   train_size: int | None
   task_field: str | None = None
+  dataset: str | None = None
 
 
 def _clock(groups, stream):
@@ -100,6 +103,18 @@ def _digits(path):
       "exact_match",
       "exact match",
       None,
+  )
+
+
+def _llm(dataset, label):
+  return Cell(
+      f"SmolLM2-135M fine-tuned: {label}",
+      "experiments/arithmetic_mix/llm/SmolLM2-135M-Instruct/results.json",
+      ("main",),
+      "exact_match",
+      "exact match",
+      None,
+      dataset=dataset,
   )
 
 
@@ -150,6 +165,9 @@ CELLS = (
         metric="exact_match",
     ),
     _boxes("grounding_multi", "every box of a colour", ("multi",), 5000),
+    # A pretrained model, the paper's setting (each problem read once).
+    _llm("add_or_sub", "multi-digit sums (add_or_sub)"),
+    _llm("arithmetic_mix", "arithmetic_mix"),
 )
 
 
@@ -178,6 +196,8 @@ def select(runs, cell) -> dict:
     if run.get("group") not in cell.groups:
       continue
     if cell.task_field and run.get("task") != cell.task_field:
+      continue
+    if cell.dataset and run.get("dataset") != cell.dataset:
       continue
     k = key(run)
     if k is not None:

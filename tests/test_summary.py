@@ -99,6 +99,33 @@ def test_arithmetic_control_and_bold(tmp_path):
   assert cells[5] == "-20.0 (0/1)"
 
 
+def test_llm_rows_by_dataset(tmp_path):
+  def llm(method, seed, end, dataset="add_or_sub", group="main"):
+    run = clock(method, seed, [end / 2, end], steps=300)
+    del run["variant"]
+    run.update(group=group, dataset=dataset, overrides={}, batch_size=32)
+    return run
+
+  runs = [llm("ce", 0, 0.2), llm("ce", 1, 0.3), llm("ntil", 0, 0.25)]
+  runs += [llm("ntil", 1, 0.3), llm("ce", 0, 0.1, "arithmetic_mix")]
+  zero = llm("ce", 0, 0.0, group="zero_shot")  # not a fine-tuned run
+  runs.append(dict(zero, method=None, seed=None))
+  write(
+      tmp_path,
+      "experiments/arithmetic_mix/llm/SmolLM2-135M-Instruct/results.json",
+      runs,
+  )
+  rows = parse(summary.table(str(tmp_path)))
+  once = "each seen once (9,600 examples)"
+  add = rows[
+      ("SmolLM2-135M fine-tuned: multi-digit sums (add_or_sub)", once, "300")
+  ]
+  assert add[0] == "exact match 25.0 ± 7.1 (2 seeds)"
+  assert add[4] == "+2.5 (1/2, p = 0.50)"
+  mix = rows[("SmolLM2-135M fine-tuned: arithmetic_mix", once, "300")]
+  assert mix[0] == "exact match 10.0 (1 seed)"
+
+
 def test_replace_block():
   text = f"a\n{summary.START}\nold\n{summary.END}\nb\n"
   assert summary.replace_block(text, ["x", "y"]) == (
