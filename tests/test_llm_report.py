@@ -96,7 +96,7 @@ def test_llm_report_sections_tables_and_breakdowns(tmp_path):
   assert "| CE | 2 (0,1) | 25.00 ± 0.00 | 75.00 ± 35.36 |" in add
   assert "| CE + NTIL | 2 (0,1) | 25.00 ± 0.00 | 87.50 ± 17.68 |" in add
   assert "| CE + NTIL − CE | +12.50 ± 17.68 | 1/2 |" in add
-  assert "0.125 steps/s at the median (8.0 s a step), 45 minutes a cell" in add
+  assert "0.125 steps/s at the median (8.0 s a step), 45 minutes of" in add
   # Breakdowns by answer digits, operation and decimals on add_or_sub; by
   # how the answer is written on arithmetic_mix (no operation words).
   assert "### By operation, as the question writes it" in add

@@ -149,7 +149,8 @@ def setup_lines(tuned, grouped, problems, source) -> list[str]:
         f"- Hardware: {first['device']} ({first['host']}): "
         f"{np.median(speeds):.3f} steps/s at the median "
         f"({1 / np.median(speeds):.1f} s a step), "
-        f"{np.median(walls) / 60:.0f} minutes a cell with its evaluations."
+        f"{np.median(walls) / 60:.0f} minutes of wall time a cell with its "
+        "evaluations (on a machine shared with other jobs)."
     )
   return lines
 
