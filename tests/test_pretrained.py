@@ -172,16 +172,31 @@ def test_loading_leaves_flax_flags_alone():
   assert flax.config.flax_always_shard_variable == before
 
 
-def test_bfloat16_parameters():
-  lm = pretrained.load(str(FIXTURES / "qwen2_tiny"), dtype="bfloat16")
-  params = jax.tree.leaves(flax.nnx.state(lm.model, flax.nnx.Param))
-  assert {p.dtype for p in params} == {jnp.dtype(jnp.bfloat16)}
-  want = expected("qwen2_tiny")
+def _param_dtypes(model):
+  return {p.dtype for p in jax.tree.leaves(flax.nnx.state(model, flax.nnx.Param))}
+
+
+@pytest.mark.parametrize("name", SNAPSHOTS)
+def test_bfloat16_parameters(name):
+  lm = pretrained.load(str(FIXTURES / name), dtype="bfloat16")
+  assert _param_dtypes(lm.model) == {jnp.dtype(jnp.bfloat16)}
+  want = expected(name)
   got = np.asarray(lm.logits(want["ids"]))
   assert got.dtype == np.float32
   # bf16 rounding of weights and activations: close, not equal.
   assert np.abs(got - want["logits"]).max() < 0.25
   assert np.mean(got.argmax(-1) == want["logits"].argmax(-1)) > 0.8
+
+
+@pytest.mark.parametrize("name", SNAPSHOTS)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_random_model_has_the_dtype_asked_for(name, dtype):
+  # tunix's Llama config has no dtype field: its parameters are created in
+  # float32 whatever was asked, and must be cast.
+  hf_config = pretrained.cached_config(str(FIXTURES / name))
+  model = pretrained.random_model(hf_config, dtype=dtype)
+  assert _param_dtypes(model) == {jnp.dtype(dtype)}
+  assert model.compute_dtype == jnp.dtype(dtype)
 
 
 # ----------------------------------------------------------------------------

@@ -622,6 +622,21 @@ def random_model(
   model_class = module.Qwen2 if kind == "qwen2" else module.Llama3
   with _tunix_flags():
     lm = model_class(config, rngs=nnx.Rngs(seed))
+  if kind == "llama":
+    # tunix's Llama config has no dtype: it creates float32 parameters and
+    # computes in theirs, so bfloat16 is a cast of the parameters.
+    graphdef, state = nnx.split(lm)
+    lm = nnx.merge(
+        graphdef,
+        jax.tree.map(
+            lambda x: (
+                x.astype(DTYPES[dtype])
+                if jnp.issubdtype(x.dtype, jnp.floating)
+                else x
+            ),
+            state,
+        ),
+    )
   return CausalLM(lm, kind, digit_token_ids, rope_scaling(hf_config))
 
 
