@@ -173,7 +173,9 @@ def test_loading_leaves_flax_flags_alone():
 
 
 def _param_dtypes(model):
-  return {p.dtype for p in jax.tree.leaves(flax.nnx.state(model, flax.nnx.Param))}
+  return {
+      p.dtype for p in jax.tree.leaves(flax.nnx.state(model, flax.nnx.Param))
+  }
 
 
 @pytest.mark.parametrize("name", SNAPSHOTS)
