@@ -15,7 +15,7 @@ METHODS = ("ce", "emd", "ntl_mse", "soft_label", "ntil")
 # that every earlier run had: a run recorded without one resumes as if it
 # held its default, and an experiment's config hash leaves it out while it
 # holds its default (experiments/common.py), so recorded cells keep theirs.
-ADDED_FIELDS = {"train_stream": False}
+ADDED_FIELDS = {"train_stream": False, "param_dtype": "float32"}
 _FUSED_MODES = {"auto": "auto", "true": True, "false": False}
 
 
@@ -95,7 +95,10 @@ def base_config(method: str) -> ml_collections.ConfigDict:
 
   # Model: a size from train/models.py MODEL_SIZES.
   config.model = "small"
-  config.dtype = "float32"
+  config.dtype = "float32"  # the computation's: matmuls and activations
+  # The parameters' and the optimizer's (float32 "master" weights under
+  # bfloat16 computation; bfloat16 parameters lose small updates).
+  config.param_dtype = "float32"
   config.image_size = 0  # image tasks: side of the image prefix
   config.image_channels = (16, 32, 64)  # image encoder's hidden convs
 

@@ -472,6 +472,7 @@ def test_config_errors_are_one_line(data_dir):
       (dict(pretrained="/nonexistent"), "not a directory"),
       (dict(prompt_template="Q: {q}"), "prompt_template"),
       (dict(dtype="float16"), "dtype"),
+      (dict(param_dtype="float16"), "param_dtype 'float16' is not supported"),
       (dict(max_prompt_tokens=-1), "max_prompt_tokens must be >= 0"),
   ]:
     with pytest.raises(train.ConfigError, match=message):
@@ -654,3 +655,63 @@ def test_answer_window_gives_the_full_rows_loss_and_gradient(data_dir):
       jax.tree.leaves(nnx.state(grads)), jax.tree.leaves(nnx.state(full_grads))
   ):
     np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", SNAPSHOTS)
+def test_bfloat16_computation_on_float32_parameters(name):
+  """Mixed precision: float32 parameters and gradients, bfloat16 matmuls."""
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+
+  path = str(FIXTURES / name)
+  mixed = pretrained.load(path, dtype="bfloat16", param_dtype="float32")
+  pure = pretrained.load(path, dtype="bfloat16")
+  assert _param_dtypes(mixed.model) == {jnp.dtype(jnp.float32)}
+  assert mixed.model.compute_dtype == jnp.bfloat16
+  want = expected(name)
+  ids = jnp.asarray(want["ids"])
+  assert mixed.model.hidden_states(ids).dtype == jnp.bfloat16
+  assert mixed.model.unembedding.dtype == jnp.bfloat16
+  got = np.asarray(mixed.logits(want["ids"]))
+  assert got.dtype == np.float32
+  # bfloat16 parameters hold the same rounded values: the same computation.
+  np.testing.assert_allclose(
+      got, np.asarray(pure.logits(want["ids"])), atol=0.02
+  )
+  assert np.abs(got - want["logits"]).max() > 1e-3  # not float32's
+
+  grads = nnx.grad(lambda m: m(ids).sum())(mixed.model)
+  leaves = jax.tree.leaves(nnx.state(grads))
+  assert {g.dtype for g in leaves} == {jnp.dtype(jnp.float32)}
+  assert all(np.isfinite(g).all() for g in leaves)
+  assert sum(float(jnp.abs(g).sum()) for g in leaves) > 0
+
+
+def test_trainer_computes_in_dtype_and_keeps_param_dtype(data_dir):
+  """--config.dtype=bfloat16 (the default param_dtype float32): a train
+  step updates float32 parameters from a bfloat16 computation."""
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  from train import step  # pylint: disable=g-import-not-at-top
+
+  config = make_config(data_dir, "llama3_tiny", dtype="bfloat16")
+  assert config.param_dtype == "float32"
+  task.check_config(config)
+  model = task.create_model(config, task.make_mesh(config))
+  assert model.compute_dtype == jnp.bfloat16
+  before = jax.tree.map(np.array, nnx.state(model, nnx.Param))  # copies
+  optimizer = nnx.Optimizer(model, step.make_optimizer(config), wrt=nnx.Param)
+  batch = task.encode_examples(
+      config, ["What is 1234 + 5?", "Sum 3 and 4."], ["1239", "7"]
+  )
+  train_step = step.make_train_step(config)
+  for index in range(2):  # the learning rate is 0 at step 0 (warmup)
+    metrics = train_step(
+        model, optimizer, jax.tree.map(jnp.asarray, batch), index
+    )
+    assert np.isfinite(float(metrics["loss"]))
+  after = nnx.state(model, nnx.Param)
+  assert _param_dtypes(model) == {jnp.dtype(jnp.float32)}
+  moved = [
+      float(np.abs(np.asarray(a) - b).max())
+      for a, b in zip(jax.tree.leaves(after), jax.tree.leaves(before))
+  ]
+  assert max(moved) > 0

@@ -1,5 +1,8 @@
 """train.step: which loss path ``fused_loss`` picks, and its checks."""
 
+from flax import nnx
+import jax
+import jax.numpy as jnp
 import ml_collections
 import pytest
 
@@ -120,3 +123,24 @@ def test_bad_fused_loss_is_a_config_error():
     config.fused_loss = "sometimes"
   with pytest.raises(errors.ConfigError, match="fused_loss must be"):
     checks.check_config(config)
+
+
+def test_model_config_takes_both_dtypes():
+  """``dtype`` is the computation's, ``param_dtype`` the parameters'."""
+  from train import models  # pylint: disable=g-import-not-at-top
+  from train import tasks  # pylint: disable=g-import-not-at-top
+
+  config = arithmetic_mix.get_config("ce")
+  config.model = "tiny"
+  config.dtype = "bfloat16"
+  assert config.param_dtype == "float32"  # the default: master weights
+  model_config = step.model_config(config, tasks.get(config.task))
+  model = models.create_model(model_config, nnx.Rngs(params=0))
+  params = nnx.state(model, nnx.Param)
+  assert {p.dtype for p in jax.tree.leaves(params)} == {jnp.dtype(jnp.float32)}
+  assert jnp.dtype(model_config.dtype) == jnp.bfloat16
+  config.param_dtype = "bfloat16"
+  model_config = step.model_config(config, tasks.get(config.task))
+  model = models.create_model(model_config, nnx.Rngs(params=0))
+  params = nnx.state(model, nnx.Param)
+  assert {p.dtype for p in jax.tree.leaves(params)} == {jnp.dtype(jnp.bfloat16)}

@@ -90,6 +90,7 @@ def assert_one_error(result, message, returncode=2):
         ("learning_rate", 0.0, "learning_rate must be > 0"),
         ("learning_rate", -1e-3, "learning_rate must be > 0"),
         ("dtype", "float8", "unknown dtype 'float8'"),
+        ("param_dtype", "int8", "unknown param_dtype 'int8'"),
         ("lam", float("nan"), "must be finite numbers, got lam=nan"),
         ("learning_rate", float("inf"), "got learning_rate=inf"),
         ("tau", 0.0, "tau must be > 0"),

@@ -125,10 +125,11 @@ def check_config(config):
         f"unknown weighting {config.weighting!r}; use one of "
         f"{', '.join(ntil_jax.losses.WEIGHTINGS)}."
     )
-  if config.dtype not in DTYPES:
-    raise errors.ConfigError(
-        f"unknown dtype {config.dtype!r}; use one of " f"{', '.join(DTYPES)}."
-    )
+  for name in ("dtype", "param_dtype"):
+    if config[name] not in DTYPES:
+      raise errors.ConfigError(
+          f"unknown {name} {config[name]!r}; use one of {', '.join(DTYPES)}."
+      )
   _check_numbers(config)
   try:
     implementation = common.fused_implementation(config.fused_loss)

@@ -233,21 +233,30 @@ def _require(hf_config: dict, name: str) -> Any:
   return hf_config[name]
 
 
-def model_config(hf_config: dict, *, dtype: str = "float32"):
+def _check_dtype(name: str, dtype: str) -> None:
+  if dtype not in DTYPES:
+    raise SnapshotError(
+        f"{name} {dtype!r} is not supported; use one of {', '.join(DTYPES)}."
+    )
+
+
+def model_config(
+    hf_config: dict, *, dtype: str = "float32", param_dtype: str | None = None
+):
   """The tunix ModelConfig of a Hugging Face config.json dict.
 
   Args:
     hf_config: the parsed config.json.
-    dtype: 'float32' or 'bfloat16', for parameters and computation.
+    dtype: 'float32' or 'bfloat16', the computation's.
+    param_dtype: the parameters' ('float32' or 'bfloat16'); None: ``dtype``.
 
   Returns:
     (family, tunix ModelConfig).
   """
   kind = family(hf_config)
-  if dtype not in DTYPES:
-    raise SnapshotError(
-        f"dtype {dtype!r} is not supported; use one of {', '.join(DTYPES)}."
-    )
+  _check_dtype("dtype", dtype)
+  param_dtype = param_dtype or dtype
+  _check_dtype("param_dtype", param_dtype)
   if hf_config.get("hidden_act", "silu") != "silu":
     raise SnapshotError(
         f"hidden_act {hf_config['hidden_act']!r} is not supported (silu)."
@@ -278,13 +287,33 @@ def model_config(hf_config: dict, *, dtype: str = "float32"):
         **fields,
         use_tied_embedding=tied,
         dtype=DTYPES[dtype],
-        param_dtype=DTYPES[dtype],
+        param_dtype=DTYPES[param_dtype],
     )
   llama3 = tunix_module("llama3.model")
   for name in ("attention_bias", "mlp_bias"):
     if hf_config.get(name):
       raise SnapshotError(f"{name}=true is not supported for Llama.")
+  # tunix's Llama computes in its parameters' dtype (its config has none):
+  # `CausalLM` casts them to the computation's dtype where they differ.
   return kind, llama3.ModelConfig(**fields, weight_tying=tied)
+
+
+def cast_floating(module: nnx.Module, dtype) -> nnx.Module:
+  """A copy of ``module`` whose floating-point state is cast to ``dtype``.
+
+  Differentiable: under `nnx.grad`, the gradients reach the original
+  (say float32) parameters in their own dtype.
+  """
+  graphdef, state = nnx.split(module)
+  return nnx.merge(
+      graphdef,
+      jax.tree.map(
+          lambda x: (
+              x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x
+          ),
+          state,
+      ),
+  )
 
 
 # ----------------------------------------------------------------------------
@@ -307,6 +336,10 @@ class CausalLM(nnx.Module):
     decimal_point_token_id: the id of its '.' token (None if it has none),
       which joins integer and fractional digits into one number.
     rope_scaling: Llama 3.1's RoPE scaling (:func:`rope_scaling`) or None.
+    compute_dtype: the dtype of the matmuls and activations. Parameters
+      stored in another dtype (float32 "master" weights under bfloat16
+      computation) are cast at each use, so gradients and the optimizer
+      stay in the parameters' dtype.
   """
 
   def __init__(
@@ -316,8 +349,12 @@ class CausalLM(nnx.Module):
       digit_token_ids,
       rope_scaling_=None,
       decimal_point_token_id=None,
+      compute_dtype=None,
   ):
     self.lm = lm
+    self._compute_dtype = (
+        None if compute_dtype is None else jnp.dtype(compute_dtype)
+    )
     self.family = family_
     self.config = lm.config
     self.digit_token_ids = tuple(int(i) for i in digit_token_ids)
@@ -327,22 +364,38 @@ class CausalLM(nnx.Module):
     self.rope_scaling = rope_scaling_
 
   @property
-  def compute_dtype(self):
-    if self.family == "qwen2":
-      return self.config.dtype
+  def param_dtype(self):
     return self.lm.embedder.input_embedding.value.dtype
 
   @property
+  def compute_dtype(self):
+    if self._compute_dtype is not None:
+      return self._compute_dtype
+    if self.family == "qwen2":
+      return jnp.dtype(self.config.dtype)
+    return self.param_dtype
+
+  def _computing_lm(self):
+    """The tunix model to run: Qwen2 casts its parameters itself (its config
+    has both dtypes); Llama's are cast here when they differ."""
+    if self.family == "qwen2" or self.param_dtype == self.compute_dtype:
+      return self.lm
+    return cast_floating(self.lm, self.compute_dtype)
+
+  @property
   def unembedding(self) -> jax.Array:
-    """The [D, V] unembedding: the embedding's transpose when tied."""
+    """The [D, V] unembedding (the embedding's transpose when tied), in the
+    computation's dtype."""
     tied = (
         self.config.use_tied_embedding
         if self.family == "qwen2"
         else self.config.weight_tying
     )
     if tied:
-      return self.lm.embedder.input_embedding.value.T
-    return self.lm.lm_head.w.value
+      weight = self.lm.embedder.input_embedding.value.T
+    else:
+      weight = self.lm.lm_head.w.value
+    return weight.astype(self.compute_dtype)
 
   def forward(self, tokens, positions, cache=None, mask=None):
     """Final-normed hidden states [B, T, D] and the updated cache.
@@ -356,7 +409,7 @@ class CausalLM(nnx.Module):
     return self._forward(tokens, positions, cache, mask)
 
   def _forward(self, tokens, positions, cache, mask):
-    lm = self.lm
+    lm = self._computing_lm()
     x = lm.embedder.encode(tokens)
     new_cache = None if cache is None else {}
     if self.family == "qwen2":
@@ -563,13 +616,20 @@ def _logits(model, token_ids):
 
 
 def load(
-    path: str, *, dtype: str = "float32", mesh: jax.sharding.Mesh | None = None
+    path: str,
+    *,
+    dtype: str = "float32",
+    param_dtype: str | None = None,
+    mesh: jax.sharding.Mesh | None = None,
 ) -> PretrainedLM:
   """Loads a local Hugging Face Qwen2/2.5 or Llama 3 snapshot.
 
   Args:
     path: a directory with config.json, *.safetensors and tokenizer.json.
-    dtype: 'float32' or 'bfloat16' parameters (and computation).
+    dtype: 'float32' or 'bfloat16' computation.
+    param_dtype: the parameters' dtype; None: ``dtype``. For fine-tuning in
+      bfloat16 keep float32 parameters (``param_dtype='float32'``): a
+      bfloat16 weight cannot take an update below about 1/256 of itself.
     mesh: shard the parameters over it (axes 'fsdp' and 'tp' at least, as
       tunix's sharding rules name them); None puts them on one device.
 
@@ -584,11 +644,11 @@ def load(
         "directory of a local Hugging Face snapshot."
     )
   hf_config = read_json(os.path.join(path, "config.json"), "config")
-  kind, config = model_config(hf_config, dtype=dtype)
+  kind, config = model_config(hf_config, dtype=dtype, param_dtype=param_dtype)
   tokenizer = Tokenizer(path)
   if not any(name.endswith(".safetensors") for name in os.listdir(path)):
     raise SnapshotError(f"no *.safetensors weights in {path}.")
-  lm = _load_weights(kind, path, config, mesh, DTYPES[dtype])
+  lm = _load_weights(kind, path, config, mesh, DTYPES[param_dtype or dtype])
   digits = tokenizer.digit_token_ids
   if int(digits.max()) >= config.vocab_size:
     raise SnapshotError(
@@ -601,6 +661,7 @@ def load(
       digits,
       rope_scaling(hf_config),
       decimal_point_token_id=tokenizer.vocab().get("."),
+      compute_dtype=DTYPES[dtype],
   )
   return PretrainedLM(path, model, tokenizer, hf_config)
 
@@ -609,35 +670,29 @@ def random_model(
     hf_config: dict,
     *,
     dtype: str = "float32",
+    param_dtype: str | None = None,
     digit_token_ids=tuple(range(10)),
     seed: int = 0,
 ) -> CausalLM:
   """A model of a config.json's shape with random weights (benchmarks).
 
   Nothing is read or downloaded: a Qwen2.5-1.5B-shaped model is a dict of
-  its config.json's fields away.
+  its config.json's fields away. ``dtype`` and ``param_dtype`` as in `load`.
   """
-  kind, config = model_config(hf_config, dtype=dtype)
+  kind, config = model_config(hf_config, dtype=dtype, param_dtype=param_dtype)
   module = tunix_module(f"{'qwen2' if kind == 'qwen2' else 'llama3'}.model")
   model_class = module.Qwen2 if kind == "qwen2" else module.Llama3
   with _tunix_flags():
     lm = model_class(config, rngs=nnx.Rngs(seed))
-  if kind == "llama":
-    # tunix's Llama config has no dtype: it creates float32 parameters and
-    # computes in theirs, so bfloat16 is a cast of the parameters.
-    graphdef, state = nnx.split(lm)
-    lm = nnx.merge(
-        graphdef,
-        jax.tree.map(
-            lambda x: (
-                x.astype(DTYPES[dtype])
-                if jnp.issubdtype(x.dtype, jnp.floating)
-                else x
-            ),
-            state,
-        ),
-    )
-  return CausalLM(lm, kind, digit_token_ids, rope_scaling(hf_config))
+  if kind == "llama":  # tunix creates float32 Llama parameters
+    lm = cast_floating(lm, DTYPES[param_dtype or dtype])
+  return CausalLM(
+      lm,
+      kind,
+      digit_token_ids,
+      rope_scaling(hf_config),
+      compute_dtype=DTYPES[dtype],
+  )
 
 
 def expected_tensors(kind: str, config) -> list[str]:

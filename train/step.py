@@ -114,7 +114,10 @@ def make_optimizer(config) -> optax.GradientTransformation:
 def model_config(config, task) -> models.ModelConfig:
   """The decoder's config: the size's defaults and the task's fields."""
   return models.model_config(
-      config.model, dtype=config.dtype, **task.model_fields(config)
+      config.model,
+      dtype=config.dtype,
+      param_dtype=config.param_dtype,
+      **task.model_fields(config),
   )
 
 

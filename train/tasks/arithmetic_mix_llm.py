@@ -51,7 +51,9 @@ def check_config(config) -> None:
         f"pretrained snapshot {config.pretrained} is not a directory."
     )
   hf_config = pretrained.cached_config(config.pretrained)
-  pretrained.model_config(hf_config, dtype=config.dtype)
+  pretrained.model_config(
+      hf_config, dtype=config.dtype, param_dtype=config.param_dtype
+  )
   pretrained.cached_tokenizer(os.path.abspath(config.pretrained))
   if pretrained.token_id(hf_config, "eos_token_id") is None:
     raise ValueError(f"{config.pretrained}/config.json has no eos_token_id.")
@@ -88,7 +90,12 @@ def make_mesh(config) -> jax.sharding.Mesh:
 
 def create_model(config, mesh):
   """The snapshot's model (a `pretrained.CausalLM`), sharded over ``mesh``."""
-  return pretrained.load(config.pretrained, dtype=config.dtype, mesh=mesh).model
+  return pretrained.load(
+      config.pretrained,
+      dtype=config.dtype,
+      param_dtype=config.param_dtype,
+      mesh=mesh,
+  ).model
 
 
 class Codec:

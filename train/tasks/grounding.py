@@ -233,7 +233,10 @@ class GroundingTask:
 
   def _model_config(self, config):
     return models.model_config(
-        config.model, dtype=config.dtype, **self.model_fields(config)
+        config.model,
+        dtype=config.dtype,
+        param_dtype=config.param_dtype,
+        **self.model_fields(config),
     )
 
   def _find(self, config):
