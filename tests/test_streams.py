@@ -539,7 +539,10 @@ def _grid_hashes(which):
     ],
 )
 def test_recorded_cells_keep_their_config_hash(which, results):
-  assert common_config.ADDED_FIELDS == {"train_stream": False}
+  assert common_config.ADDED_FIELDS == {
+      "train_stream": False,
+      "param_dtype": "float32",
+  }
   hashes = _grid_hashes(which)
   for path in results:
     runs = json.loads((ROOT / path).read_text())["runs"]
