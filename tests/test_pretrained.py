@@ -15,6 +15,7 @@ import sys
 
 import flax
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -684,6 +685,72 @@ def test_bfloat16_computation_on_float32_parameters(name):
   assert {g.dtype for g in leaves} == {jnp.dtype(jnp.float32)}
   assert all(np.isfinite(g).all() for g in leaves)
   assert sum(float(jnp.abs(g).sum()) for g in leaves) > 0
+
+
+def _sub_jaxprs(eqn):
+  for value in eqn.params.values():
+    for item in value if isinstance(value, (list, tuple)) else [value]:
+      if isinstance(item, jax.extend.core.ClosedJaxpr):
+        yield item.jaxpr
+      elif isinstance(item, jax.extend.core.Jaxpr):
+        yield item
+
+
+def _scan_bodies(jaxpr):
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "scan":
+      yield eqn.params["jaxpr"].jaxpr
+    for sub in _sub_jaxprs(eqn):
+      yield from _scan_bodies(sub)
+
+
+def _float32_casts(jaxpr, shapes):
+  """float32 -> bfloat16 casts of arrays of the given shapes, nested too."""
+  count = 0
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "convert_element_type":
+      source = eqn.invars[0].aval
+      count += (
+          source.dtype == jnp.float32
+          and eqn.outvars[0].aval.dtype == jnp.bfloat16
+          and tuple(source.shape) in shapes
+      )
+    for sub in _sub_jaxprs(eqn):
+      count += _float32_casts(sub, shapes)
+  return count
+
+
+def test_mixed_precision_decode_casts_parameters_once():
+  """bfloat16 decoding of float32 Llama parameters: the same tokens as the
+  bfloat16 model, and no parameter cast inside the per-token loop."""
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+
+  path = str(FIXTURES / "llama3_tiny")
+  mixed = pretrained.load(path, dtype="bfloat16", param_dtype="float32")
+  pure = pretrained.load(path, dtype="bfloat16")
+  prompts = np.asarray(
+      [[7, 8, 9, 5, 5, 5], [10, 11, 12, 13, 14, 15], [3, 5, 5, 5, 5, 5]],
+      np.int32,
+  )
+  lengths = np.asarray([3, 6, 1], np.int32)
+  decode = lambda lm: jax.jit(
+      lambda p, n: lm.model.greedy_decode(p, n, 5, -1, 0)
+  )(prompts, lengths)
+  np.testing.assert_array_equal(decode(mixed), decode(pure))
+
+  shapes = {
+      tuple(x.shape)
+      for x in jax.tree.leaves(nnx.state(mixed.model, nnx.Param))
+      if x.ndim >= 2
+  }
+  shapes |= {s[::-1] for s in shapes}  # the tied unembedding's transpose
+  jaxpr = jax.make_jaxpr(
+      lambda p, n: mixed.model.greedy_decode(p, n, 5, -1, 0)
+  )(prompts, lengths).jaxpr
+  bodies = list(_scan_bodies(jaxpr))
+  assert bodies  # the decoding loop is a scan
+  assert [_float32_casts(body, shapes) for body in bodies] == [0] * len(bodies)
+  assert _float32_casts(jaxpr, shapes) > 0  # cast before the loop
 
 
 def test_trainer_computes_in_dtype_and_keeps_param_dtype(data_dir):

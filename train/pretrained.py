@@ -397,19 +397,22 @@ class CausalLM(nnx.Module):
       weight = self.lm.lm_head.w.value
     return weight.astype(self.compute_dtype)
 
-  def forward(self, tokens, positions, cache=None, mask=None):
+  def forward(self, tokens, positions, cache=None, mask=None, lm=None):
     """Final-normed hidden states [B, T, D] and the updated cache.
 
     Mirrors the tunix model's ``__call__`` without its output projection.
-    ``mask`` is bool [B or 1, T, S] (S: T, or the cache length).
+    ``mask`` is bool [B or 1, T, S] (S: T, or the cache length). ``lm`` is
+    the tunix model to run, ``_computing_lm()`` by default; a caller that
+    runs many forwards (a decoding loop) passes it once cast.
     """
+    if lm is None:
+      lm = self._computing_lm()
     if self.family == "llama":
       with _llama_rope(self.config.rope_theta, self.rope_scaling):
-        return self._forward(tokens, positions, cache, mask)
-    return self._forward(tokens, positions, cache, mask)
+        return self._forward(lm, tokens, positions, cache, mask)
+    return self._forward(lm, tokens, positions, cache, mask)
 
-  def _forward(self, tokens, positions, cache, mask):
-    lm = self._computing_lm()
+  def _forward(self, lm, tokens, positions, cache, mask):
     x = lm.embedder.encode(tokens)
     new_cache = None if cache is None else {}
     if self.family == "qwen2":
@@ -440,10 +443,15 @@ class CausalLM(nnx.Module):
         0
     ]
 
-  def project(self, hidden) -> jax.Array:
-    """float32 logits of hidden states, computed as the tunix model does."""
+  def project(self, hidden, unembedding=None) -> jax.Array:
+    """float32 logits of hidden states, computed as the tunix model does.
+
+    ``unembedding`` defaults to `unembedding` (a decoding loop passes it).
+    """
     dtype = self.compute_dtype
-    return jnp.dot(hidden.astype(dtype), self.unembedding.astype(dtype)).astype(
+    if unembedding is None:
+      unembedding = self.unembedding
+    return jnp.dot(hidden.astype(dtype), unembedding.astype(dtype)).astype(
         jnp.float32
     )
 
@@ -470,7 +478,8 @@ class CausalLM(nnx.Module):
     every row at one index, so the prompts are moved to the right end of
     the [B, P] window (left padding, masked out) and decoding continues at
     P, P+1, ... for all rows; each row's RoPE positions count from its own
-    first token.
+    first token. Parameters stored in another dtype than the computation's
+    are cast once, before the decoding loop, not at every token.
     """
     if images is not None:
       raise ValueError("pretrained language models take no images.")
@@ -486,12 +495,14 @@ class CausalLM(nnx.Module):
     keys = jnp.arange(total)
     real = keys[None] >= offset[:, None]  # [B, S]: not left padding
     mask = (keys[None, None] <= columns[None, :, None]) & real[:, None]
+    lm, unembedding = self._computing_lm(), self.unembedding
     hidden, cache = self.forward(
-        moved, positions, self.init_cache(batch, total), mask
+        moved, positions, self.init_cache(batch, total), mask, lm=lm
     )
 
     def next_token(hidden_row, finished):
-      token = jnp.argmax(self.project(hidden_row), axis=-1).astype(jnp.int32)
+      logits = self.project(hidden_row, unembedding)
+      token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
       token = jnp.where(finished, pad_id, token)
       return token, finished | (token == eos_id)
 
@@ -501,7 +512,7 @@ class CausalLM(nnx.Module):
       cache, token, finished = carry
       step_mask = ((keys <= width + index)[None] & real)[:, None]
       hidden, cache = self.forward(
-          token[:, None], (lengths + index)[:, None], cache, step_mask
+          token[:, None], (lengths + index)[:, None], cache, step_mask, lm=lm
       )
       token, finished = next_token(hidden[:, 0], finished)
       return (cache, token, finished), token

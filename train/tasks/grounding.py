@@ -39,6 +39,7 @@ import tensorflow_datasets as tfds
 from train import input_pipeline
 from train import generated_data
 from train import models
+from train import step
 from train import streams
 from train import tokenizer
 from train.tasks import boxes
@@ -227,17 +228,9 @@ class GroundingTask:
             f"{config[field]}."
         )
     try:  # the model's own checks (patch size, encoder name)
-      self._model_config(config)
+      step.model_config(config, self)
     except ValueError as error:
       raise ValueError(f"{self.name}: {error}") from error
-
-  def _model_config(self, config):
-    return models.model_config(
-        config.model,
-        dtype=config.dtype,
-        param_dtype=config.param_dtype,
-        **self.model_fields(config),
-    )
 
   def _find(self, config):
     return input_pipeline.find_dataset_dir(
