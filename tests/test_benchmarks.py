@@ -196,6 +196,42 @@ class BenchmarkTest(absltest.TestCase):
     self.assertIn("% of optax CE", stdout)
     self.assertIn("median over 2 blocks", stdout)
 
+  def test_bf16_updates_counts_what_rounding_loses(self):
+    from benchmarks import bf16_updates  # pylint: disable=g-import-not-at-top
+    import numpy as np  # pylint: disable=g-import-not-at-top
+
+    # bfloat16 spacing is 2**-7 at 1 and 2**-8 at 0.5: adding 1e-5 moves
+    # neither, nor -1; it moves 1e-3 (spacing 2**-17) and 1e-6.
+    weights = [np.asarray([1.0, 0.5, 1e-3, 1e-6, -1.0]), np.arange(4)]
+    self.assertEqual(
+        bf16_updates.unchanged_shares(weights, [1e-5, 1.0]),
+        {1e-5: 3 / 5, 1.0: 0.0},
+    )
+    # Half the spacing at 1 rounds back to 1 (ties to even); a bit more
+    # does not.
+    self.assertEqual(bf16_updates.unchanged_count([1.0], 2.0**-8), 1)
+    self.assertEqual(bf16_updates.unchanged_count([1.0], 2.0**-8 * 1.01), 0)
+    with self.assertRaisesRegex(ValueError, "no floating-point weights"):
+      bf16_updates.unchanged_shares([np.arange(3)], [1e-5])
+
+  def test_bf16_updates_on_a_snapshot(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      out = os.path.join(tmp, "shares.json")
+      stdout = run_module(
+          "benchmarks.bf16_updates",
+          "--snapshot=tests/fixtures/hf/llama3_tiny",
+          "--learning_rates=1e-5,10",
+          f"--out={out}",
+      )
+      with open(out) as f:
+        shares = json.load(f)
+    self.assertRegex(stdout, r"\+1e-05: \d+\.\d% unchanged in bfloat16")
+    self.assertGreater(shares["parameters"], 0)
+    # A tiny random model's weights are O(0.02-1): 1e-5 moves almost none
+    # of them, 10 moves every one.
+    self.assertGreater(shares["unchanged"]["1e-05"], 0.5)
+    self.assertEqual(shares["unchanged"]["10"], 0.0)
+
 
 if __name__ == "__main__":
   absltest.main()
