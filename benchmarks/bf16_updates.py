@@ -23,9 +23,14 @@ import ml_dtypes
 import numpy as np
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("snapshot", None, "A local Hugging Face snapshot.")
-flags.DEFINE_list("learning_rates", ["1e-5", "1e-4", "1e-3"], "Added values.")
-flags.DEFINE_string("out", None, "Optional JSON file for the shares.")
+
+
+def define_flags():
+  """The command's flags, defined when it runs (the functions below are
+  imported beside other benchmarks, whose ``--out`` this would clash with)."""
+  flags.DEFINE_string("snapshot", None, "A local Hugging Face snapshot.")
+  flags.DEFINE_list("learning_rates", ["1e-5", "1e-4", "1e-3"], "Added values.")
+  flags.DEFINE_string("out", None, "Optional JSON file for the shares.")
 
 
 def unchanged_count(weights, learning_rate: float) -> int:
@@ -89,4 +94,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)
