@@ -18,25 +18,29 @@ from benchmarks import report
 from tests.test_experiments import run as run_module
 
 
+def run_with_json(module, *args):
+  """The stdout of ``python -m module *args --out=FILE`` and FILE's JSON."""
+  with tempfile.TemporaryDirectory() as tmp:
+    out = os.path.join(tmp, "out.json")
+    stdout = run_module(module, *args, f"--out={out}")
+    with open(out) as f:
+      return stdout, json.load(f)
+
+
 class BenchmarkTest(absltest.TestCase):
 
   def test_run_writes_every_row_and_the_report_renders_it(self):
-    with tempfile.TemporaryDirectory() as tmp:
-      out = os.path.join(tmp, "results.json")
-      stdout = run_module(
-          "benchmarks.run",
-          "--sizes=64:256,128:512",
-          "--seq_len=32",
-          "--hidden_dim=16",
-          "--blocks=2",
-          "--per_block=1",
-          "--hidden_blocks=1",
-          "--chunk_size=8",
-          f"--full_max_elements={64 * 256}",
-          f"--out={out}",
-      )
-      with open(out) as f:
-        results = json.load(f)
+    stdout, results = run_with_json(
+        "benchmarks.run",
+        "--sizes=64:256,128:512",
+        "--seq_len=32",
+        "--hidden_dim=16",
+        "--blocks=2",
+        "--per_block=1",
+        "--hidden_blocks=1",
+        "--chunk_size=8",
+        f"--full_max_elements={64 * 256}",
+    )
     self.assertIn("median over 2 blocks", results["estimators"]["logits_path"])
     self.assertEqual(
         [(r["tokens"], r["vocab"]) for r in results["runs"]],
@@ -101,21 +105,16 @@ class BenchmarkTest(absltest.TestCase):
     self.assertIn("fused_numeric_loss ntil (w.r.t. hidden and W)", text)
 
   def test_bfloat16_run_records_its_setting(self):
-    with tempfile.TemporaryDirectory() as tmp:
-      out = os.path.join(tmp, "results.json")
-      stdout = run_module(
-          "benchmarks.run",
-          "--dtype=bfloat16",
-          "--hidden_dim=24",
-          "--sizes=64:256",
-          "--seq_len=32",
-          "--blocks=1",
-          "--per_block=1",
-          "--hidden_blocks=1",
-          f"--out={out}",
-      )
-      with open(out) as f:
-        results = json.load(f)
+    stdout, results = run_with_json(
+        "benchmarks.run",
+        "--dtype=bfloat16",
+        "--hidden_dim=24",
+        "--sizes=64:256",
+        "--seq_len=32",
+        "--blocks=1",
+        "--per_block=1",
+        "--hidden_blocks=1",
+    )
     device = jax.devices()[0]
     self.assertEqual(results["dtype"], "bfloat16")
     self.assertEqual(results["hidden_dim"], 24)
@@ -138,18 +137,13 @@ class BenchmarkTest(absltest.TestCase):
     self.assertIn(f"chunks of {chunk} tokens (the default)", text)
 
   def test_implementations_side_by_side(self):
-    with tempfile.TemporaryDirectory() as tmp:
-      out = os.path.join(tmp, "implementations.json")
-      stdout = run_module(
-          "benchmarks.implementations",
-          "--shapes=64:16:2048,64:16:1000",
-          "--dtypes=float32,bfloat16",
-          "--seq_len=32",
-          "--blocks=1",
-          f"--out={out}",
-      )
-      with open(out) as f:
-        results = json.load(f)
+    stdout, results = run_with_json(
+        "benchmarks.implementations",
+        "--shapes=64:16:2048,64:16:1000",
+        "--dtypes=float32,bfloat16",
+        "--seq_len=32",
+        "--blocks=1",
+    )
     self.assertIn("median over 1 blocks", results["estimator"])
     self.assertEqual(
         [(r["dtype"], r["vocab"]) for r in results["runs"]],
@@ -215,16 +209,11 @@ class BenchmarkTest(absltest.TestCase):
       bf16_updates.unchanged_shares([np.arange(3)], [1e-5])
 
   def test_bf16_updates_on_a_snapshot(self):
-    with tempfile.TemporaryDirectory() as tmp:
-      out = os.path.join(tmp, "shares.json")
-      stdout = run_module(
-          "benchmarks.bf16_updates",
-          "--snapshot=tests/fixtures/hf/llama3_tiny",
-          "--learning_rates=1e-5,10",
-          f"--out={out}",
-      )
-      with open(out) as f:
-        shares = json.load(f)
+    stdout, shares = run_with_json(
+        "benchmarks.bf16_updates",
+        "--snapshot=tests/fixtures/hf/llama3_tiny",
+        "--learning_rates=1e-5,10",
+    )
     self.assertRegex(stdout, r"\+1e-05: \d+\.\d% unchanged in bfloat16")
     self.assertGreater(shares["parameters"], 0)
     # A tiny random model's weights are O(0.02-1): 1e-5 moves almost none
