@@ -4,7 +4,9 @@
 # GGUF, converts it, runs the add_or_sub grid (5 losses x 5 seeds), then
 # arithmetic_mix (5 x 3) while time is left, WORKERS processes sharing the
 # GPU, and copies the results to $OUT/llm/. Every finished cell is recorded at
-# once, so a grid cut short resumes in the next call or session.
+# once, so a grid cut short resumes in the next call or session. Cells the
+# carried results.json already holds (from this CPU) are not run again; the
+# report names each pair whose two cells ran on different hardware.
 # Environment: STEPS, BATCH, TEST_SIZE, LR (the schedule and test set, as
 # device_kit.sh's data), WORKERS (6), BUDGET_S (seconds for the grids, 360).
 set -uo pipefail

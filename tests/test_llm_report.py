@@ -96,7 +96,10 @@ def test_llm_report_sections_tables_and_breakdowns(tmp_path):
   assert "| CE | 2 (0,1) | 25.00 ± 0.00 | 75.00 ± 35.36 |" in add
   assert "| CE + NTIL | 2 (0,1) | 25.00 ± 0.00 | 87.50 ± 17.68 |" in add
   assert "| CE + NTIL − CE | +12.50 ± 17.68 | 1/2 |" in add
-  assert "0.125 steps/s at the median (8.0 s a step), 45 minutes of" in add
+  assert (
+      "- Hardware: cpu:cpu x1 (vm): 0.125 steps/s at the median (8.0 s" in add
+  )
+  assert "other hardware" not in text
   # Breakdowns by answer digits, operation and decimals on add_or_sub; by
   # how the answer is written on arithmetic_mix (no operation words).
   assert "### By operation, as the question writes it" in add
@@ -111,6 +114,28 @@ def test_llm_report_sections_tables_and_breakdowns(tmp_path):
   for name in ("add_or_sub", "arithmetic_mix"):
     assert (tmp_path / "plots" / f"{name}_exact_match_curve.png").stat().st_size
   assert "Partial grid" in add
+
+
+def test_cells_on_two_devices_are_named(tmp_path):
+  """A grid finished on a GPU: each device's speed, and the pairs across
+  devices flagged."""
+  from experiments.arithmetic_mix import llm_report  # pylint: disable=g-import-not-at-top
+
+  runs = [zero_shot("add_or_sub")]
+  for seed in (0, 1):
+    for method in ("ce", "emd", "ntil"):
+      cell = record("add_or_sub", method, seed, {0, 1})
+      if (method, seed) not in (("ce", 0), ("emd", 0)):  # the CPU's cells
+        cell.update(device="gpu:H100 x1", host="box", steps_per_second=4.0)
+      runs.append(cell)
+  text = open(llm_report.write_report(runs, PROBLEMS, str(tmp_path))).read()
+  assert "- Hardware: 2 cells on cpu:cpu x1 (vm): 0.125 steps/s" in text
+  assert "- Hardware: 4 cells on gpu:H100 x1 (box): 4.000 steps/s" in text
+  # Seed 0: NTIL on the GPU against CE on the CPU; seed 1 all on the GPU.
+  assert (
+      "**1 paired cell(s) ran on other hardware than CE's cell of the same "
+      "seed** (CE + NTIL s0)"
+  ) in text
 
 
 @pytest.mark.parametrize(

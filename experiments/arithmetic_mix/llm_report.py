@@ -124,8 +124,6 @@ def setup_lines(tuned, grouped, problems, source) -> list[str]:
       if size is None or size >= seen
       else f"some seen more than once ({size:,} generated)"
   )
-  speeds = [r["steps_per_second"] for r in tuned if r.get("steps_per_second")]
-  walls = [r["wall_seconds"] for r in tuned if r.get("wall_seconds")]
   lines = [
       f"- Model: `{first.get('snapshot', '?')}`, pretrained, **full "
       "fine-tuning** (every parameter), one config for every method.",
@@ -144,13 +142,46 @@ def setup_lines(tuned, grouped, problems, source) -> list[str]:
         f"- Test answers: {np.median(digits):g} digits at the median "
         f"({min(digits)} to {max(digits)}), from {source}."
     )
-  if speeds:
+  return lines + hardware_lines(tuned)
+
+
+def hardware_lines(tuned) -> list[str]:
+  """Each device's cells and speed; the paired seeds run on two devices.
+
+  A grid may be finished on other hardware than it began on (a GPU lent to
+  one session): a pair across devices differs in the arithmetic as well as
+  in the loss, so the report names such pairs.
+  """
+  devices = {}
+  for r in tuned:
+    devices.setdefault((r.get("device", "?"), r.get("host", "?")), []).append(r)
+  lines = []
+  for (device, host), runs in devices.items():
+    speeds = [r["steps_per_second"] for r in runs if r.get("steps_per_second")]
+    walls = [r["wall_seconds"] for r in runs if r.get("wall_seconds")]
+    if not speeds:
+      continue
+    cells = f"{len(runs)} cells on " if len(devices) > 1 else ""
     lines.append(
-        f"- Hardware: {first['device']} ({first['host']}): "
+        f"- Hardware: {cells}{device} ({host}): "
         f"{np.median(speeds):.3f} steps/s at the median "
         f"({1 / np.median(speeds):.1f} s a step), "
         f"{np.median(walls) / 60:.0f} minutes of wall time a cell with its "
         "evaluations (on a machine shared with other jobs)."
+    )
+  ce = {r["seed"]: r.get("device") for r in tuned if r["method"] == "ce"}
+  mixed = sorted(
+      f"{dr.label(r['method'])} s{r['seed']}"
+      for r in tuned
+      if r["method"] != "ce"
+      and r["seed"] in ce
+      and r.get("device") != ce[r["seed"]]
+  )
+  if mixed:
+    lines.append(
+        f"- **{len(mixed)} paired cell(s) ran on other hardware than CE's "
+        f"cell of the same seed** ({', '.join(mixed)}): their Δ mixes the "
+        "loss with the devices' arithmetic."
     )
   return lines
 
