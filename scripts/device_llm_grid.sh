@@ -8,7 +8,11 @@
 # carried results.json already holds (from this CPU) are not run again; the
 # report names each pair whose two cells ran on different hardware.
 # Environment: STEPS, BATCH, TEST_SIZE, LR (the schedule and test set, as
-# device_kit.sh's data), WORKERS (6), BUDGET_S (seconds for the grids, 360).
+# device_kit.sh's data), WORKERS (6), BUDGET_S (seconds for the grids, 360),
+# SIGNAL (INT: unfinished cells save a checkpoint to resume from; KILL skips
+# those saves, 1.6 GB a cell, where the machine and its disk go back anyway),
+# FRESH (1: run every cell here, ignoring the carried results.json, so that
+# the grid runs on one kind of hardware).
 set -uo pipefail
 KIT=.devkit
 STEPS=${STEPS:-300}
@@ -17,6 +21,8 @@ TEST_SIZE=${TEST_SIZE:-2000}
 LR=${LR:-1e-4}
 WORKERS=${WORKERS:-6}
 BUDGET_S=${BUDGET_S:-360}
+SIGNAL=${SIGNAL:-INT}
+FRESH=${FRESH:-0}
 OUT=${OUT:-/tmp/out}
 SNAPSHOT=${SNAPSHOT:-/tmp/models/SmolLM2-135M-Instruct}
 RESULTS=experiments/arithmetic_mix/llm/SmolLM2-135M-Instruct
@@ -37,6 +43,7 @@ if [ ! -d "$SNAPSHOT" ]; then
   fi
   python3 -m train.gguf_to_hf --gguf=/tmp/smollm2.gguf --out="$SNAPSHOT" || exit 1
 fi
+[ "$FRESH" = 1 ] && rm -rf "$RESULTS/results.json" "$RESULTS/results_predictions"
 
 grid() {  # dataset, seeds, seconds
   python3 -m experiments.arithmetic_mix.run --profile=llm \
@@ -44,7 +51,7 @@ grid() {  # dataset, seeds, seconds
     --learning_rate="$LR" --train_steps="$STEPS" --batch_size="$BATCH" \
     --test_size="$TEST_SIZE" --data_dir="$KIT/data" --data_workers=1 --workers="$WORKERS" &
   local pid=$!
-  (sleep "$3"; pkill -INT -f experiments.arithmetic_mix.run) &
+  (sleep "$3"; pkill -"$SIGNAL" -f experiments.arithmetic_mix.run) &
   local timer=$!
   wait "$pid"
   kill "$timer" 2>/dev/null
