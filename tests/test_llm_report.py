@@ -162,3 +162,22 @@ def test_runs_split_by_dataset_in_report_order():
   assert [r["name"] for r in zero] == ["zero-shot"]
   assert [r["name"] for r in tuned] == ["ntil-s1"]
   assert np.isclose(split["arithmetic_mix"][1][0]["exact_match"], 0.25)
+
+
+@pytest.mark.parametrize(
+    "data, prefix",
+    [({}, ""), ({"module": "arithmetic__add_or_sub"}, "add_or_sub-easy_")],
+)
+def test_report_reads_the_test_split_the_cells_trained_beside(
+    tmp_path, data, prefix
+):
+  """Of several prepared sizes, the one whose training size the cells read."""
+  from experiments.arithmetic_mix import llm_report
+
+  for size in (96000, 9600, 960):
+    info = tmp_path / "arithmetic_mix" / f"{prefix}train{size}_test2000_seed0"
+    (info / "1.0.0").mkdir(parents=True)
+    (info / "1.0.0" / "dataset_info.json").write_text("{}")
+  tuned = [dict(data=data, num_test_examples=2000, problems_seen=9600)]
+  config, _ = llm_report.dataset_dir("any", tuned, [], str(tmp_path))
+  assert config == f"{prefix}train9600_test2000_seed0"

@@ -145,6 +145,10 @@ def setup_lines(tuned, grouped, problems, source) -> list[str]:
   return lines + hardware_lines(tuned)
 
 
+def _duration(seconds) -> str:
+  return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} minutes"
+
+
 def hardware_lines(tuned) -> list[str]:
   """Each device's cells and speed; the paired seeds run on two devices.
 
@@ -166,7 +170,7 @@ def hardware_lines(tuned) -> list[str]:
         f"- Hardware: {cells}{device} ({host}): "
         f"{np.median(speeds):.3f} steps/s at the median "
         f"({1 / np.median(speeds):.1f} s a step), "
-        f"{np.median(walls) / 60:.0f} minutes of wall time a cell with its "
+        f"{_duration(np.median(walls))} of wall time a cell with its "
         "evaluations (on a machine shared with other jobs)."
     )
   ce = {r["seed"]: r.get("device") for r in tuned if r["method"] == "ce"}
@@ -294,7 +298,9 @@ def dataset_dir(dataset, tuned, zero, data_dir):
   )
   found = sorted(glob.glob(os.path.join(pattern, "*", "dataset_info.json")))
   seen = runs[0].get("problems_seen")
-  found.sort(key=lambda path: f"_train{seen}_test" not in path)
+  wanted = f"{prefix}train{seen}_test{size}_seed0"  # the one the cells read
+  found.sort(key=lambda path: os.path.basename(os.path.dirname(
+      os.path.dirname(path))) != wanted)
   if not found:
     return None, pattern
   return os.path.basename(os.path.dirname(os.path.dirname(found[0]))), pattern
