@@ -346,11 +346,53 @@ def claim(directory, digest):
     os.close(fd)
 
 
+def _kept_record_path(results_path, digest) -> str:
+  return os.path.join(
+      os.path.dirname(results_path), "runs", ".records", f"{digest}.json"
+  )
+
+
+def _keep_record(results_path, record) -> None:
+  """A copy of a finished run's record beside its run, before results.json.
+
+  results.json is tracked by git and so can be reverted (a checkout, a
+  stash, a device machine's copy of the tree) or be left without the record
+  by a crash; the copy under the ignored ``runs/`` then restores it.
+  """
+  path = _kept_record_path(results_path, record["config_hash"])
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  temporary = f"{path}.tmp{os.getpid()}"
+  with open(temporary, "w") as f:
+    json.dump(record, f)
+  os.replace(temporary, path)
+
+
+def _kept_record(results_path, digest):
+  """The kept record of run ``digest``, or None."""
+  path = _kept_record_path(results_path, digest)
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    record = json.load(f)
+  if record.get("config_hash") != digest:
+    return None
+  logging.info(
+      "run %s: finished before, its record restored from %s (delete it to "
+      "run the cell again)",
+      digest,
+      path,
+  )
+  return record
+
+
 def run_grid(todo, configure, execute, describe, results_path, *, max_runs=0):
   """Runs each cell of ``todo`` whose config hash is not yet recorded.
 
   Several processes may run one grid at once (``--workers``): each takes the
-  next cell that is neither recorded nor held by another process.
+  next cell that is neither recorded nor held by another process. Each
+  finished record is also kept under ``runs/.records/``: a cell whose record
+  is there but missing from results.json (a crash between the two writes,
+  or results.json reverted) is recorded again without being rerun.
 
   Args:
     todo: the cells, in run order.
@@ -383,7 +425,10 @@ def run_grid(todo, configure, execute, describe, results_path, *, max_runs=0):
     with claim(claims, digest) as mine:
       if not mine or digest in recorded():  # another worker has it
         continue
-      record = execute(cell, digest)
+      record = _kept_record(results_path, digest)
+      if record is None:
+        record = execute(cell, digest)
+        _keep_record(results_path, record)
       append_result(results_path, record)
     new += 1
     per_run = (time.time() - start) / new

@@ -583,3 +583,71 @@ def test_append_keeps_every_run_and_its_predictions(tmp_path):
     )
   loaded = results_io.load_results(path)
   assert [r["predictions"] for r in loaded] == [["0"] * 3, ["1"] * 3, ["2"] * 3]
+
+
+def _grid(tmp_path, executed, fail_append=False, monkeypatch=None):
+  """A two-cell grid whose runs are recorded by hand: cell -> record."""
+  results = tmp_path / "results.json"
+
+  def execute(cell, digest):
+    executed.append(cell)
+    return dict(
+        name=cell,
+        group="main",
+        config_hash=digest,
+        wall_seconds=1.0,
+        score=len(cell),
+        predictions=[cell.upper()],
+    )
+
+  if fail_append:
+
+    def crash(path, record):
+      raise RuntimeError("killed between the run and its record")
+
+    monkeypatch.setattr(results_io, "append_result", crash)
+  results_io.run_grid(
+      ["ab", "cde"],
+      lambda cell: f"hash-{cell}",
+      execute,
+      lambda r: r["name"],
+      str(results),
+  )
+  return results
+
+
+def test_a_reverted_results_file_is_restored_without_rerunning(tmp_path):
+  executed = []
+  results = _grid(tmp_path, executed)
+  first = results.read_text()
+  assert executed == ["ab", "cde"]
+  # results.json is tracked by git: a checkout (or a copied tree) reverts it.
+  results.write_text('{"runs": []}\n')
+  _grid(tmp_path, executed)
+  assert executed == ["ab", "cde"]  # nothing ran again
+  assert results.read_text() == first
+  records = results_io.load_results(results)
+  assert [(r["name"], r["predictions"]) for r in records] == [
+      ("ab", ["AB"]),
+      ("cde", ["CDE"]),
+  ]
+  # Deleting a kept record runs its cell again.
+  (tmp_path / "runs" / ".records" / "hash-ab.json").unlink()
+  results.write_text('{"runs": []}\n')
+  _grid(tmp_path, executed)
+  assert executed == ["ab", "cde", "ab"]
+
+
+def test_a_crash_before_the_record_is_saved_loses_no_finished_run(
+    tmp_path, monkeypatch
+):
+  executed = []
+  try:
+    _grid(tmp_path, executed, fail_append=True, monkeypatch=monkeypatch)
+  except RuntimeError:
+    pass
+  assert executed == ["ab"]
+  monkeypatch.undo()
+  results = _grid(tmp_path, executed)
+  assert executed == ["ab", "cde"]  # "ab" finished before the crash
+  assert [r["name"] for r in results_io.load_results(results)] == ["ab", "cde"]

@@ -682,7 +682,7 @@ def run_llm(profile) -> None:
     config = llm_cell_config(settings, method, seed, FLAGS.data_dir)
     record = llm_cell_record(profile, settings, cell, config, digest)
     # Finished: its checkpoints (1.6 GB for 135M parameters) are never read
-    # again. A crash before the record is saved retrains the cell.
+    # again. run_grid keeps the record beside the run as soon as this returns.
     shutil.rmtree(
         os.path.join(
             llm_workdir(profile, settings, name, digest), "checkpoints"
