@@ -181,3 +181,38 @@ def test_report_reads_the_test_split_the_cells_trained_beside(
   tuned = [dict(data=data, num_test_examples=2000, problems_seen=9600)]
   config, _ = llm_report.dataset_dir("any", tuned, [], str(tmp_path))
   assert config == f"{prefix}train9600_test2000_seed0"
+
+
+def test_the_same_cells_run_elsewhere_are_compared(tmp_path):
+  """Cells run again on a GPU (same hash) beside the CPU's runs of them."""
+  from experiments import common  # pylint: disable=g-import-not-at-top
+  from experiments.arithmetic_mix import llm_report  # pylint: disable=g-import-not-at-top
+
+  gpu = [dict(zero_shot("add_or_sub"), config_hash="z", device="gpu:H100")]
+  for method in ("ce", "emd"):
+    gpu.append(
+        dict(
+            record("add_or_sub", method, 0, {0, 1}),  # 50%
+            config_hash=method,
+            device="gpu:H100 x1",
+            host="box",
+        )
+    )
+  cpu = [dict(zero_shot("add_or_sub"), config_hash="z")]
+  cpu.append(dict(record("add_or_sub", "ce", 0, {0, 1, 2}), config_hash="ce"))
+  cpu.append(dict(record("add_or_sub", "ntil", 0, {0}), config_hash="other"))
+  common.save_results(str(tmp_path / "results.json"), gpu)
+  common.save_results(str(tmp_path / "results_cpu.json"), cpu)
+  text = open(
+      llm_report.main(
+          str(tmp_path / "results.json"),
+          str(tmp_path),
+          str(tmp_path / "no-data"),
+          [str(tmp_path / "results_cpu.json"), str(tmp_path / "absent.json")],
+      )
+  ).read()
+  section = text.split("## The same cells on another device")[1]
+  # Only the fine-tuned cell run on both: 50% on the GPU, 75% on the CPU.
+  assert "| ce-s0 | 50.00 | 75.00 (cpu:cpu x1) | -25.00 |" in section
+  assert "zero-shot" not in section and "ntil" not in section
+  assert "Mean absolute difference 25.00 points over 1 cells" in section

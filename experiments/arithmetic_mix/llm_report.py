@@ -299,8 +299,10 @@ def dataset_dir(dataset, tuned, zero, data_dir):
   found = sorted(glob.glob(os.path.join(pattern, "*", "dataset_info.json")))
   seen = runs[0].get("problems_seen")
   wanted = f"{prefix}train{seen}_test{size}_seed0"  # the one the cells read
-  found.sort(key=lambda path: os.path.basename(os.path.dirname(
-      os.path.dirname(path))) != wanted)
+  found.sort(
+      key=lambda path: os.path.basename(os.path.dirname(os.path.dirname(path)))
+      != wanted
+  )
   if not found:
     return None, pattern
   return os.path.basename(os.path.dirname(os.path.dirname(found[0]))), pattern
@@ -319,7 +321,7 @@ def load_problems(dataset, tuned, zero, data_dir):
   return problems, os.path.join(data_dir, "arithmetic_mix", config)
 
 
-def write_report(runs, problems, out_dir, sources=None) -> str:
+def write_report(runs, problems, out_dir, sources=None, other=()) -> str:
   """Writes results.md and plots/ under ``out_dir``; returns results.md.
 
   Args:
@@ -328,6 +330,8 @@ def write_report(runs, problems, out_dir, sources=None) -> str:
       order the runs were scored, or None}.
     out_dir: where results.md and plots/ go.
     sources: {dataset: where the problems came from}, for the text.
+    other: records of the same cells run elsewhere (another device), for
+      the section that compares the two runs of each.
   """
   sources = sources or {}
   plot_dir = os.path.join(out_dir, "plots")
@@ -357,15 +361,22 @@ def write_report(runs, problems, out_dir, sources=None) -> str:
         sources.get(dataset, "?"),
         plot_dir,
     )
+  check = dr.device_check([r for r in runs if r.get("method")], other)
+  if check:
+    lines += ["## The same cells on another device", "", *check, ""]
   path = os.path.join(out_dir, "results.md")
   with open(path, "w") as f:
     f.write("\n".join(lines).rstrip("\n") + "\n")
   return path
 
 
-def main(results, out_dir, data_dir) -> str:
+def main(results, out_dir, data_dir, other_results=()) -> str:
   """Reads ``results``, finds each dataset's test problems, writes the
-  report; returns the path of results.md."""
+  report; returns the path of results.md.
+
+  ``other_results``: results files of the same cells run elsewhere (another
+  device); those that exist are compared cell by cell.
+  """
   runs = common.load_results(results)
   if not runs:
     raise SystemExit(f"no runs in {results}")
@@ -374,6 +385,7 @@ def main(results, out_dir, data_dir) -> str:
     problems[dataset], sources[dataset] = load_problems(
         dataset, tuned, zero, data_dir
     )
+  other = [r for path in other_results for r in common.load_results(path)]
   return write_report(
-      runs, problems, out_dir or os.path.dirname(results), sources
+      runs, problems, out_dir or os.path.dirname(results), sources, other
   )

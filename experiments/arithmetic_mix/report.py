@@ -361,7 +361,13 @@ def main(argv):
     results = FLAGS.results or os.path.join(
         llm_report.HERE, FLAGS.snapshot, "results.json"
     )
-    path = llm_report.main(results, FLAGS.out_dir, FLAGS.data_dir)
+    path = llm_report.main(
+        results,
+        FLAGS.out_dir,
+        FLAGS.data_dir,
+        # The same cells on the CPU, where some were first run.
+        [os.path.join(os.path.dirname(results), "results_cpu.json")],
+    )
     print(f"wrote {path} and plots/")
     return
   if FLAGS.profile in digits_report.PROFILES:
