@@ -45,6 +45,18 @@ if [ ! -d "$SNAPSHOT" ]; then
 fi
 [ "$FRESH" = 1 ] && rm -rf "$RESULTS/results.json" "$RESULTS/results_predictions"
 
+# What is under $OUT comes back even when the call is cut at its time limit:
+# copy the results there every few seconds, not only at the end (the
+# predictions first, so results.json never names predictions not yet there;
+# both files are replaced whole when written, never half written).
+mkdir -p "$OUT/llm"
+save() {
+  cp -r "$RESULTS/results_predictions" "$OUT/llm/" 2>/dev/null
+  cp "$RESULTS/results.json" "$OUT/llm/" 2>/dev/null
+}
+(while sleep 10; do save; done) &
+saver=$!
+
 grid() {  # dataset, seeds, seconds
   python3 -m experiments.arithmetic_mix.run --profile=llm \
     --pretrained="$SNAPSHOT" --dataset="$1" --seeds="$2" \
@@ -60,8 +72,7 @@ grid add_or_sub 0,1,2,3,4 "$BUDGET_S"
 left=$(( BUDGET_S - ($(date +%s) - start) ))
 [ "$left" -gt 90 ] && grid arithmetic_mix 0,1,2 "$left"
 
-mkdir -p "$OUT/llm"
-cp "$RESULTS/results.json" "$OUT/llm/"
-cp -r "$RESULTS/results_predictions" "$OUT/llm/" 2>/dev/null
+kill "$saver" 2>/dev/null
+save
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv
 echo "done in $(( $(date +%s) - start )) s"
