@@ -19,6 +19,7 @@ report), so both grids are read by the same definitions.
 import glob
 import math
 import os
+import textwrap
 
 import matplotlib
 
@@ -212,7 +213,7 @@ def plot_dataset_curves(grouped, zero, path, title):
     )
   ax.set_xlabel("fine-tuning step (0: zero-shot)")
   ax.set_ylabel("test exact match (%, mean over seeds)")
-  ax.set_title(title, fontsize=9)
+  ax.set_title("\n".join(textwrap.wrap(title, 70)), fontsize=9)
   ax.grid(alpha=0.3)
   ax.legend(fontsize=7)
   fig.tight_layout()
