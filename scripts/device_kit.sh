@@ -3,6 +3,8 @@
 # what the SmolLM2 grid needs on a lent GPU machine, which reaches nothing
 # outside itself and takes at most 64 MiB a call:
 #   .devkit/whl/        the wheels of scripts/device_wheels.txt (about 35 MB)
+#   .devkit/whl_bench/  those of scripts/device_bench_wheels.txt (6 MB), for
+#                       scripts/device_bench.sh (one call: carry [".devkit"])
 #   .devkit/data/       the grid's problems: STEPS x BATCH (each seen once)
 #                       and TEST_SIZE test problems, both datasets
 #   .devkit/gguf.sha256 to check the joined GGUF there
@@ -28,12 +30,16 @@ for ignored in "/$KIT/" /.devgguf/; do
 done
 
 echo "== wheels"
-mkdir -p "$KIT/whl"
-python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-  --implementation cp --platform manylinux_2_28_x86_64 \
-  --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
-  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-  --platform manylinux1_x86_64 -d "$KIT/whl" -r scripts/device_wheels.txt
+download() {  # folder, requirements file
+  mkdir -p "$1"
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+    --implementation cp --platform manylinux_2_28_x86_64 \
+    --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
+    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    --platform manylinux1_x86_64 -d "$1" -r "$2"
+}
+download "$KIT/whl" scripts/device_wheels.txt
+download "$KIT/whl_bench" scripts/device_bench_wheels.txt
 # Published as a source archive alone (pure Python): built into a wheel here.
 python3 -m pip wheel -q --no-deps -w "$KIT/whl" promise==2.3
 

@@ -149,7 +149,7 @@ def _tracked_python_files():
 
 
 def test_device_wheels_satisfy_the_project_requirements():
-  """scripts/device_wheels.txt pins what a GPU machine gets: in range."""
+  """scripts/device_*wheels.txt pin what a GPU machine gets: in range."""
   from packaging import requirements  # pylint: disable=g-import-not-at-top
   import tomllib  # pylint: disable=g-import-not-at-top
 
@@ -162,14 +162,22 @@ def test_device_wheels_satisfy_the_project_requirements():
       requirement = requirements.Requirement(line)
       wanted[requirement.name.lower().replace("_", "-")] = requirement
   pinned = {}
-  for line in (ROOT / "scripts" / "device_wheels.txt").read_text().splitlines():
+  for line in "\n".join(
+      (ROOT / "scripts" / name).read_text()
+      for name in ("device_wheels.txt", "device_bench_wheels.txt")
+  ).splitlines():
     if line.strip() and not line.startswith("#"):
       name, version = line.split("==")
       pinned[name.lower().replace("_", "-")] = version
   checked = sorted(set(pinned) & set(wanted))
-  assert {"flax", "optax", "orbax-checkpoint", "google-tunix", "gguf"} <= set(
-      checked
-  )
+  assert {
+      "flax",
+      "optax",
+      "orbax-checkpoint",
+      "google-tunix",
+      "gguf",
+      "tokamax",
+  } <= set(checked)
   for name in checked:
     assert wanted[name].specifier.contains(pinned[name]), (name, pinned[name])
 

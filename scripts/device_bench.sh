@@ -1,0 +1,54 @@
+#!/bin/bash
+# Runs `make bench`'s measurements on a lent GPU machine (no network, at most
+# 64 MiB carried a call) in one call, from what scripts/device_kit.sh
+# prepared: carry [".devkit"], timeout_s 560:
+#   bash scripts/device_bench.sh
+# It installs the wheels (.devkit/whl and .devkit/whl_bench: tokamax and its
+# small requirements), then times, each under its own limit, at the README's
+# accelerator shapes (bfloat16, D = 1536, V = 151,936: Qwen2.5-1.5B's):
+#   benchmarks.run             the losses on logits and from hidden states
+#   benchmarks.step            a whole train step, Qwen2.5-1.5B-shaped
+#   benchmarks.implementations the fused path's implementations side by side
+# JSON and logs go to $OUT/bench/ (the logs hold every row printed, even of a
+# benchmark cut at its limit); copy the JSON over benchmarks/ and run
+# `python -m benchmarks.report`. Environment: RUN_S, STEP_S, IMPL_S (each
+# benchmark's seconds: 200, 150, 150).
+set -uo pipefail
+RUN_S=${RUN_S:-200}
+STEP_S=${STEP_S:-150}
+IMPL_S=${IMPL_S:-150}
+OUT=${OUT:-/tmp/out}
+SITE=/tmp/site
+export PYTHONUNBUFFERED=1
+start=$(date +%s)
+
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+  --upgrade --target "$SITE" .devkit/whl/*.whl .devkit/whl_bench/*.whl || exit 1
+# tokamax imports xprof's kernel-stats tool for its own profiling, which is
+# not used here; xprof (32 MB) and its requirements (duckdb, Google Cloud
+# Storage, ...) do not fit a call, so a stub stands in for that one name.
+if ! PYTHONPATH=$SITE python3 -c "import xprof.cli.tools" 2>/dev/null; then
+  mkdir -p "$SITE/xprof/cli"
+  touch "$SITE/xprof/__init__.py" "$SITE/xprof/cli/__init__.py"
+  echo "get_kernel_stats_tool = None  # stub: tokamax's profiling, unused" \
+    >"$SITE/xprof/cli/tools.py"
+fi
+export PYTHONPATH=$SITE:$PWD
+python3 -c "import jax, tokamax; print('jax', jax.__version__, jax.devices())" || exit 1
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+
+mkdir -p "$OUT/bench"
+bench() {  # name, seconds, module and flags
+  local name=$1 seconds=$2
+  shift 2
+  echo "== $name ($seconds s at most): $*"
+  timeout "$seconds" python3 -m "$@" --out="$OUT/bench/$name.json" \
+    >"$OUT/bench/$name.log" 2>&1
+  echo "rc $? after $(( $(date +%s) - start )) s"
+  grep -v "^I[0-9]\|^W[0-9]" "$OUT/bench/$name.log" | tail -40
+}
+bench run "$RUN_S" benchmarks.run --dtype=bfloat16 --hidden_dim=1536
+bench step "$STEP_S" benchmarks.step --model=qwen2.5-1.5b --dtype=bfloat16 \
+  --batch_size=64 --seq_len=128
+bench implementations "$IMPL_S" benchmarks.implementations
+echo "done in $(( $(date +%s) - start )) s"
