@@ -143,3 +143,42 @@ def test_cell_hashes_name_the_snapshot_and_data_not_their_location(tmp_path):
   (there / "config.json").write_text(json.dumps(config))
   theirs = hashes(there)
   assert ours[0] != theirs[0] and ours[1] != theirs[1]
+
+
+def test_a_second_schedule_needs_its_own_results_file(tmp_path):
+  """Cells of two schedules of one dataset never share a report."""
+  import pytest  # pylint: disable=g-import-not-at-top
+  from absl import app  # pylint: disable=g-import-not-at-top
+  from experiments.arithmetic_mix import run as run_lib  # pylint: disable=g-import-not-at-top
+
+  results = str(tmp_path / "results.json")
+  cell = dict(
+      name="ce-s0",
+      group="main",
+      dataset="add_or_sub",
+      config_hash="a",
+      steps=300,
+      batch_size=32,
+      learning_rate=1e-4,
+      num_test_examples=2000,
+  )
+  zero = dict(
+      cell, name="zero-shot", group="zero_shot", steps=0, config_hash="z"
+  )
+  results_io.save_results(results, [zero, cell])
+  settings = dict(
+      dataset="add_or_sub",
+      train_steps=300,
+      batch_size=32,
+      learning_rate=1e-4,
+      test_size=2000,
+  )
+  run_lib.check_one_schedule(results, settings)  # the same schedule
+  run_lib.check_one_schedule(results, dict(settings, dataset="arithmetic_mix"))
+  with pytest.raises(app.UsageError) as error:
+    run_lib.check_one_schedule(
+        results, dict(settings, train_steps=3000, learning_rate=1e-5)
+    )
+  assert "steps 300 there, 3000 here" in str(error.value)
+  assert "learning_rate 0.0001 there, 1e-05 here" in str(error.value)
+  assert "--results=" in str(error.value)

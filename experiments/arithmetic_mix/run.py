@@ -633,10 +633,44 @@ def llm_results_path(settings) -> str:
   return os.path.join(HERE, "llm", snapshot_name(settings), "results.json")
 
 
+def check_one_schedule(results, settings) -> None:
+  """UsageError if ``results`` holds this dataset's cells at another schedule.
+
+  The report pairs a dataset's cells by method and seed: cells of two
+  schedules (steps, batch, learning rate, test size) in one file would be
+  compared as if they were one grid.
+  """
+  wanted = dict(
+      steps=settings["train_steps"],
+      batch_size=settings["batch_size"],
+      learning_rate=settings["learning_rate"],
+      num_test_examples=settings["test_size"],
+  )
+  for record in common.load_results(results):
+    if (
+        record.get("dataset") != settings["dataset"]
+        or record["group"] != "main"
+    ):
+      continue
+    differ = {
+        k: (record.get(k), v) for k, v in wanted.items() if record.get(k) != v
+    }
+    if differ:
+      raise app.UsageError(
+          f"{results} holds {settings['dataset']} cells at another schedule ("
+          + ", ".join(
+              f"{k} {a} there, {b} here" for k, (a, b) in differ.items()
+          )
+          + "): pass --results=ANOTHER.json for this one, so that each "
+          "report compares one grid."
+      )
+
+
 def run_llm(profile) -> None:
   """The llm grid: zero-shot, then each method and seed; resumable."""
   settings = llm_settings(profile)
   results = llm_results_path(settings)
+  check_one_schedule(results, settings)
   os.makedirs(os.path.dirname(os.path.abspath(results)), exist_ok=True)
   arithmetic_data.prepare(
       FLAGS.data_dir,
