@@ -372,9 +372,13 @@ def _kept_record(results_path, digest):
   path = _kept_record_path(results_path, digest)
   if not os.path.exists(path):
     return None
-  with open(path) as f:
-    record = json.load(f)
-  if record.get("config_hash") != digest:
+  try:
+    with open(path) as f:
+      record = json.load(f)
+  except (OSError, ValueError) as error:
+    logging.warning("%s unreadable (%s): the cell runs again.", path, error)
+    return None
+  if not isinstance(record, dict) or record.get("config_hash") != digest:
     return None
   logging.info(
       "run %s: finished before, its record restored from %s (delete it to "

@@ -631,11 +631,12 @@ def test_a_reverted_results_file_is_restored_without_rerunning(tmp_path):
       ("ab", ["AB"]),
       ("cde", ["CDE"]),
   ]
-  # Deleting a kept record runs its cell again.
+  # Deleting a kept record runs its cell again; so does an unreadable one.
   (tmp_path / "runs" / ".records" / "hash-ab.json").unlink()
+  (tmp_path / "runs" / ".records" / "hash-cde.json").write_text('{"na')
   results.write_text('{"runs": []}\n')
   _grid(tmp_path, executed)
-  assert executed == ["ab", "cde", "ab"]
+  assert executed == ["ab", "cde", "ab", "cde"]
 
 
 def test_a_crash_before_the_record_is_saved_loses_no_finished_run(
