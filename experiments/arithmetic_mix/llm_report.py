@@ -299,14 +299,14 @@ def dataset_dir(dataset, tuned, zero, data_dir):
   )
   found = sorted(glob.glob(os.path.join(pattern, "*", "dataset_info.json")))
   seen = runs[0].get("problems_seen")
+  configs = [
+      os.path.basename(os.path.dirname(os.path.dirname(path))) for path in found
+  ]
   wanted = f"{prefix}train{seen}_test{size}_seed0"  # the one the cells read
-  found.sort(
-      key=lambda path: os.path.basename(os.path.dirname(os.path.dirname(path)))
-      != wanted
-  )
-  if not found:
+  configs.sort(key=lambda config: config != wanted)
+  if not configs:
     return None, pattern
-  return os.path.basename(os.path.dirname(os.path.dirname(found[0]))), pattern
+  return configs[0], pattern
 
 
 def load_problems(dataset, tuned, zero, data_dir):
