@@ -336,12 +336,9 @@ def generate_problems(
 
 
 @dataclasses.dataclass
-class ArithmeticMixConfig(tfds.core.BuilderConfig):
-  """Builder config: the split sizes and the seed that fix the dataset's content."""
+class ArithmeticMixConfig(generated_data.SplitSizes):
+  """Builder config: the split sizes, seed and module that fix the content."""
 
-  train_size: int = 0
-  test_size: int = 0
-  seed: int = 0
   module: str = MODULE_NAME
   difficulty: str = ""
 
@@ -435,16 +432,6 @@ class ArithmeticMix(generated_data.GeneratedBuilder, skip_registration=True):
         ),
     )
 
-  def _split_generators(self, dl_manager):
-    del dl_manager  # Nothing to download.
-    config = self.builder_config
-    return {
-        "train": self._generate_examples(
-            "train", config.train_size, config.seed
-        ),
-        "test": self._generate_examples("test", config.test_size, config.seed),
-    }
-
   workers = 1  # processes drawing the problems (set by `prepare`)
 
   def _generate_examples(self, split: str, size: int, seed: int):
@@ -488,9 +475,4 @@ def prepare(
       file_format="array_record",
   )
   builder.workers = workers
-  if builder.is_prepared():
-    logging.info("Reusing existing dataset at %s", builder.data_dir)
-  else:
-    builder.download_and_prepare()
-    logging.info("Wrote dataset to %s", builder.data_dir)
-  return str(builder.data_dir)
+  return generated_data.prepare(builder)

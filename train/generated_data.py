@@ -11,7 +11,9 @@ Our builders live in a package and are read back with
   nothing, so the banners become log lines.
 """
 
+import dataclasses
 import inspect
+import os
 
 from absl import logging
 from etils import epath
@@ -21,8 +23,56 @@ from tensorflow_datasets.core import utils as tfds_utils
 from train import logs
 
 
+@dataclasses.dataclass
+class SplitSizes(tfds.core.BuilderConfig):
+  """Builder config: the split sizes and the seed that fix the content."""
+
+  train_size: int = 0
+  test_size: int = 0
+  seed: int = 0
+
+
+def config_name(train_size: int, test_size: int, seed: int = 0) -> str:
+  """A dataset config's name, e.g. 'train20000_test1000_seed0'."""
+  return f"train{train_size}_test{test_size}_seed{seed}"
+
+
+def split_sizes(
+    train_size: int, test_size: int, seed: int, unit: str
+) -> SplitSizes:
+  """The checked config of a rendered dataset (``unit``: 'clocks', ...).
+
+  ``train_size=0`` is allowed: the test split alone, for runs that render
+  their training examples as they read them (``train_stream``).
+  """
+  if train_size < 0 or test_size <= 0:
+    raise ValueError(
+        "train_size must be >= 0 and test_size positive, got "
+        f"{train_size} and {test_size}."
+    )
+  if seed < 0:
+    raise ValueError(f"seed must be non-negative, got {seed}.")
+  return SplitSizes(
+      name=config_name(train_size, test_size, seed),
+      description=f"{train_size} train, {test_size} test {unit}, seed {seed}.",
+      train_size=train_size,
+      test_size=test_size,
+      seed=seed,
+  )
+
+
+def as_str(value) -> str:
+  """A text feature as read back (bytes) or as written (str), as str."""
+  return value.decode("utf-8") if isinstance(value, bytes) else value
+
+
 class GeneratedBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
-  """A `GeneratorBasedBuilder` for data generated locally (abstract)."""
+  """A `GeneratorBasedBuilder` for data generated locally (abstract).
+
+  Its config has ``train_size``, ``test_size`` and ``seed`` (`SplitSizes` or
+  a subclass); a subclass writes ``_generate_examples(split, size, seed)``.
+  A split of size 0 is not written.
+  """
 
   @tfds_utils.classproperty
   @classmethod
@@ -34,3 +84,38 @@ class GeneratedBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
 
   def _log_download_done(self):
     logs.file_only("generated %s in %s", self.name, self.data_dir)
+
+  def _split_generators(self, dl_manager):
+    del dl_manager  # nothing to download
+    config = self.builder_config
+    return {
+        split: self._generate_examples(split, size, config.seed)
+        for split, size in (
+            ("train", config.train_size),
+            ("test", config.test_size),
+        )
+        if size
+    }
+
+
+def prepare(builder, plot_samples=None, num_samples: int = 24) -> str:
+  """Writes ``builder``'s dataset unless it exists; its directory.
+
+  Args:
+    builder: a `GeneratedBuilder` with its data_dir and config.
+    plot_samples: if given, ``plot_samples(records, path)`` draws the first
+      ``num_samples`` test records into ``samples.png`` beside the dataset's
+      version folders, unless that file exists.
+    num_samples: how many test records ``plot_samples`` gets at most.
+  """
+  if builder.is_prepared():
+    logging.info("Reusing existing dataset at %s", builder.data_dir)
+  else:
+    builder.download_and_prepare()
+    logging.info("Wrote dataset to %s", builder.data_dir)
+  samples = os.path.join(os.path.dirname(str(builder.data_dir)), "samples.png")
+  if plot_samples is not None and not os.path.exists(samples):
+    source = builder.as_data_source(split="test")
+    count = min(num_samples, len(source))
+    plot_samples(source.__getitems__(list(range(count))), samples)
+  return str(builder.data_dir)

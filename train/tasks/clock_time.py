@@ -25,9 +25,7 @@ question) and the loss is on the answer and EOS. Metrics: `score_answers`.
 """
 
 from collections.abc import Iterator
-import dataclasses
 import functools
-import os
 import re
 import time
 
@@ -365,18 +363,7 @@ def generate_clocks(
 # The TFDS dataset.
 
 
-@dataclasses.dataclass
-class ClockTimeConfig(tfds.core.BuilderConfig):
-  """Builder config: the split sizes and the seed that fix the content."""
-
-  train_size: int = 0
-  test_size: int = 0
-  seed: int = 0
-
-
-def config_name(train_size: int, test_size: int, seed: int = 0) -> str:
-  """The dataset config's name, e.g. 'train20000_test1000_seed0'."""
-  return f"train{train_size}_test{test_size}_seed{seed}"
+config_name = generated_data.config_name
 
 
 class ClockTime(generated_data.GeneratedBuilder, skip_registration=True):
@@ -386,7 +373,7 @@ class ClockTime(generated_data.GeneratedBuilder, skip_registration=True):
   """
 
   VERSION = tfds.core.Version(VERSION)
-  BUILDER_CONFIG_CLASS = ClockTimeConfig
+  BUILDER_CONFIG_CLASS = generated_data.SplitSizes
 
   def _info(self) -> tfds.core.DatasetInfo:
     return tfds.core.DatasetInfo(
@@ -410,18 +397,6 @@ class ClockTime(generated_data.GeneratedBuilder, skip_registration=True):
         ),
     )
 
-  def _split_generators(self, dl_manager):
-    del dl_manager  # nothing to download
-    config = self.builder_config
-    return {
-        split: self._generate_examples(split, size, config.seed)
-        for split, size in (
-            ("train", config.train_size),
-            ("test", config.test_size),
-        )
-        if size  # train_size=0: the test split alone (a streamed run's)
-    }
-
   def _generate_examples(self, split, size, seed):
     for index, (image, answer) in enumerate(generate_clocks(split, size, seed)):
       yield index, {"image": image, "answer": answer}
@@ -435,46 +410,25 @@ def prepare(
   ``train_size=0`` writes the test split alone (for ``train_stream`` runs).
   Also writes ``samples.png`` (24 test clocks with their labels) beside it.
   """
-  if train_size < 0 or test_size <= 0:
-    raise ValueError(
-        f"train_size must be >= 0 and test_size positive, got "
-        f"{train_size} and {test_size}."
-    )
-  if seed < 0:
-    raise ValueError(f"seed must be non-negative, got {seed}.")
   builder = ClockTime(
       data_dir=data_dir,
-      config=ClockTimeConfig(
-          name=config_name(train_size, test_size, seed),
-          description=f"{train_size} train, {test_size} test clocks, "
-          f"seed {seed}.",
-          train_size=train_size,
-          test_size=test_size,
-          seed=seed,
-      ),
+      config=generated_data.split_sizes(train_size, test_size, seed, "clocks"),
       file_format="array_record",
   )
-  if builder.is_prepared():
-    logging.info("Reusing existing dataset at %s", builder.data_dir)
-  else:
-    builder.download_and_prepare()
-    logging.info("Wrote dataset to %s", builder.data_dir)
-  samples = os.path.join(os.path.dirname(str(builder.data_dir)), "samples.png")
-  if not os.path.exists(samples):
+
+  def plot_samples(records, path):
     from train import plots  # pylint: disable=g-import-not-at-top
 
-    source = builder.as_data_source(split="test")
-    records = source.__getitems__(list(range(min(24, len(source)))))
     plots.plot_clock_grid(
         [r["image"] for r in records],
         [_as_str(r["answer"]) for r in records],
-        samples,
+        path,
     )
-  return str(builder.data_dir)
+
+  return generated_data.prepare(builder, plot_samples)
 
 
-def _as_str(value) -> str:
-  return value.decode("utf-8") if isinstance(value, bytes) else value
+_as_str = generated_data.as_str
 
 
 # ----------------------------------------------------------------------------

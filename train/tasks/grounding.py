@@ -28,11 +28,8 @@ EOS. Each of the four numbers of a box is a digit run, so the numeric losses
 score it as a number. Metrics: `train.tasks.boxes`.
 """
 
-import dataclasses
 import functools
-import os
 
-from absl import logging
 import numpy as np
 import tensorflow_datasets as tfds
 
@@ -50,18 +47,7 @@ IMAGE_SIZE = scenes.IMAGE_SIZE
 NUM_SAMPLES = 24  # test scenes in samples.png
 
 
-@dataclasses.dataclass
-class GroundingConfig(tfds.core.BuilderConfig):
-  """Builder config: the split sizes and the seed that fix the content."""
-
-  train_size: int = 0
-  test_size: int = 0
-  seed: int = 0
-
-
-def config_name(train_size: int, test_size: int, seed: int = 0) -> str:
-  """The dataset config's name, e.g. 'train20000_test1000_seed0'."""
-  return f"train{train_size}_test{test_size}_seed{seed}"
+config_name = generated_data.config_name
 
 
 class _SceneBuilder(generated_data.GeneratedBuilder, skip_registration=True):
@@ -71,7 +57,7 @@ class _SceneBuilder(generated_data.GeneratedBuilder, skip_registration=True):
   """
 
   VERSION = tfds.core.Version(VERSION)
-  BUILDER_CONFIG_CLASS = GroundingConfig
+  BUILDER_CONFIG_CLASS = generated_data.SplitSizes
   VARIANT: scenes.Variant
 
   def _info(self) -> tfds.core.DatasetInfo:
@@ -102,18 +88,6 @@ class _SceneBuilder(generated_data.GeneratedBuilder, skip_registration=True):
         ),
     )
 
-  def _split_generators(self, dl_manager):
-    del dl_manager  # nothing to download
-    config = self.builder_config
-    return {
-        split: self._generate_examples(split, size, config.seed)
-        for split, size in (
-            ("train", config.train_size),
-            ("test", config.test_size),
-        )
-        if size  # train_size=0: the test split alone (a streamed run's)
-    }
-
   def _generate_examples(self, split, size, seed):
     for index, scene in enumerate(
         scenes.generate_scenes(self.VARIANT, split, size, seed)
@@ -141,8 +115,7 @@ _BUILDERS = {
 }
 
 
-def _as_str(value) -> str:
-  return value.decode("utf-8") if isinstance(value, bytes) else value
+_as_str = generated_data.as_str
 
 
 class GroundingTask:
@@ -167,46 +140,26 @@ class GroundingTask:
     runs). Also writes ``samples.png`` (test scenes with query and boxes)
     beside it.
     """
-    if train_size < 0 or test_size <= 0:
-      raise ValueError(
-          "train_size must be >= 0 and test_size positive, got "
-          f"{train_size} and {test_size}."
-      )
-    if seed < 0:
-      raise ValueError(f"seed must be non-negative, got {seed}.")
     builder = self.builder_class(
         data_dir=data_dir,
-        config=GroundingConfig(
-            name=config_name(train_size, test_size, seed),
-            description=f"{train_size} train, {test_size} test scenes, "
-            f"seed {seed}.",
-            train_size=train_size,
-            test_size=test_size,
-            seed=seed,
+        config=generated_data.split_sizes(
+            train_size, test_size, seed, "scenes"
         ),
         file_format="array_record",
     )
-    if builder.is_prepared():
-      logging.info("Reusing existing dataset at %s", builder.data_dir)
-    else:
-      builder.download_and_prepare()
-      logging.info("Wrote dataset to %s", builder.data_dir)
-    samples = os.path.join(
-        os.path.dirname(str(builder.data_dir)), "samples.png"
-    )
-    if not os.path.exists(samples):
+
+    def plot_samples(records, path):
       from train import plots  # pylint: disable=g-import-not-at-top
 
-      source = builder.as_data_source(split="test")
-      records = source.__getitems__(list(range(min(NUM_SAMPLES, len(source)))))
       answers = [_as_str(r["answer"]) for r in records]
       plots.plot_scene_grid(
           [r["image"] for r in records],
           [_as_str(r["question"]) for r in records],
           {"answer": [boxes.parse_boxes(a, IMAGE_SIZE) for a in answers]},
-          samples,
+          path,
       )
-    return str(builder.data_dir)
+
+    return generated_data.prepare(builder, plot_samples, NUM_SAMPLES)
 
   def dataset_config_name(self, train_size, test_size, seed) -> str:
     return config_name(train_size, test_size, seed)
