@@ -44,13 +44,7 @@ RESULTS = os.path.join(HERE, "results.json")
 
 METHODS = arithmetic_mix.METHODS
 SEEDS = (0, 1, 2, 3, 4)
-LABELS = dict(
-    ce="CE",
-    emd="CE + EMD",
-    ntl_mse="CE + NTL-MSE",
-    soft_label="CE + soft labels",
-    ntil="CE + NTIL",
-)
+LABELS = common.LABELS
 CONTROL = "ce-digit-weight"
 CONTROL_LABEL = "CE, digit tokens weighted 1.3"
 # (cell name prefix, label): run.py's digits_grid ablations.

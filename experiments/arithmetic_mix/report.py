@@ -61,13 +61,7 @@ flags.DEFINE_string(
 )
 
 METHODS = arithmetic_mix.METHODS
-LABELS = dict(
-    ce="CE",
-    emd="CE + EMD",
-    ntl_mse="CE + NTL-MSE",
-    soft_label="CE + soft labels",
-    ntil="CE + NTIL",
-)
+LABELS = common.LABELS
 # The NTIL paper's Table 3 (exact match %, fine-tuned LLMs, single runs), as
 # quoted in the project's experiment issue; context only, not comparable.
 PAPER_TABLE3 = (

@@ -37,19 +37,9 @@ def define_flags():
 
 
 METHODS = clock_time.METHODS
-LABELS = dict(
-    ce="CE",
-    emd="CE + EMD",
-    ntl_mse="CE + NTL-MSE",
-    soft_label="CE + soft labels",
-    ntil="CE + NTIL",
-)
+LABELS = common.LABELS
 VARIANT_LABELS = {
-    "ce_digit_weighted": "CE, digit tokens weighted 1 + 0.3",
-    "ntil_reference": "CE + NTIL, authors' scaling",
-    "exp_off": "NTIL, Exp off (sigma = 0)",
-    "rel_off": "NTIL, Rel off",
-    "mag_off": "NTIL, Mag off",
+    **common.VARIANT_LABELS,
     "sigma=0.1": "NTIL, sigma = 0.1",
     "sigma=0.5": "NTIL, sigma = 0.5",
     "lam=0.1": "NTIL, lambda = 0.1",

@@ -45,20 +45,8 @@ def define_flags():
 
 
 METHODS = grounding.METHODS
-LABELS = dict(
-    ce="CE",
-    emd="CE + EMD",
-    ntl_mse="CE + NTL-MSE",
-    soft_label="CE + soft labels",
-    ntil="CE + NTIL",
-)
-VARIANT_LABELS = {
-    "ce_digit_weighted": "CE, digit tokens weighted 1 + 0.3",
-    "ntil_reference": "CE + NTIL, authors' scaling",
-    "exp_off": "NTIL, Exp off (sigma = 0)",
-    "rel_off": "NTIL, Rel off (alpha = 0)",
-    "mag_off": "NTIL, Mag off (beta = 0)",
-}
+LABELS = common.LABELS
+VARIANT_LABELS = common.VARIANT_LABELS
 TASK_TITLES = {
     "grounding": "grounding: the box of the object a query names (2-4 "
     "objects; the paper's Table 1)",
