@@ -1,6 +1,7 @@
 """The "what holds where" table (experiments/summary.py), by hand."""
 
 import json
+import math
 import pathlib
 
 import pytest
@@ -72,6 +73,31 @@ def test_clock_rows_by_hand(tmp_path):
   streamed = rows[("clocks", "each seen once (240,000 examples)", "2,400")]
   assert streamed[0] == "exact match 80.0 (1 seed)"
   assert streamed[1:] == ["–"] * 6
+
+
+def test_interval_and_figure(tmp_path):
+  # NTIL - CE: +10 and 0 points on 2 seeds: mean 5, sd 5 * sqrt(2); the
+  # 97.5% point of Student's t with 1 degree of freedom is 12.7062, so the
+  # half width is 12.7062 * 5 * sqrt(2) / sqrt(2) = 63.53.
+  d = dict(n=2, mean=5.0, std=5.0 * 2**0.5)
+  assert summary.interval(d) == pytest.approx(63.531, abs=1e-3)
+  # One seed has no interval.
+  assert math.isnan(summary.interval(dict(n=1, mean=5.0, std=float("nan"))))
+  runs = [
+      clock("ce", 0, [0.2, 0.5]),
+      clock("ce", 1, [0.2, 0.6]),
+      clock("ntil", 0, [0.41, 0.6]),
+      clock("ntil", 1, [0.3, 0.6]),
+  ]
+  write(tmp_path, "experiments/clock_time/results.json", runs)
+  out = summary.figure(str(tmp_path / "out" / "summary.png"), str(tmp_path))
+  assert pathlib.Path(out).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_readme_shows_the_figure():
+  text = (ROOT / "README.md").read_text()
+  assert f"]({summary.FIGURE})" in text
+  assert (ROOT / summary.FIGURE).exists()
 
 
 def test_arithmetic_control_and_bold(tmp_path):
