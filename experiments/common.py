@@ -142,24 +142,6 @@ def run_record(
   )
 
 
-# How the reports name each loss (CE plus its numeric term) and the variants
-# that several grids run.
-LABELS = dict(
-    ce="CE",
-    emd="CE + EMD",
-    ntl_mse="CE + NTL-MSE",
-    soft_label="CE + soft labels",
-    ntil="CE + NTIL",
-)
-VARIANT_LABELS = {
-    "ce_digit_weighted": "CE, digit tokens weighted 1 + 0.3",
-    "ntil_reference": "CE + NTIL, authors' scaling",
-    "exp_off": "NTIL, Exp off (sigma = 0)",
-    "rel_off": "NTIL, Rel off (alpha = 0)",
-    "mag_off": "NTIL, Mag off (beta = 0)",
-}
-
-
 # How a run's train examples were had: a prepared train split read in
 # epochs, or rendered as they were read (``train_stream``).
 FIXED, STREAM = "fixed", "stream"

@@ -20,6 +20,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 import numpy as np
 
+from experiments import labels
 from experiments import stats
 
 REGIMES = ("fixed", "stream")
@@ -184,6 +185,7 @@ def plot_paired_by_regime(groupings, rows, metric, path, title, scale=100):
           yerr=np.nanstd(deltas, axis=0) if len(seeds) > 1 else None,
           marker="o",
           capsize=2,
+          color=labels.color(key),
           label=f"{label} ({len(seeds)})",
       )
     ax.axhline(0, color="black", linewidth=0.8)

@@ -29,6 +29,7 @@ import textwrap
 import numpy as np
 from scipy import stats as scipy_stats
 
+from experiments import labels
 from experiments import stats
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -345,7 +346,7 @@ def figure(out_path, root=ROOT) -> str:
         markersize=4,
         capsize=2,
         linewidth=1,
-        color=f"C{index}",
+        color=labels.color(k),
         label=label,
     )
   ax.axvline(0, color="black", linewidth=0.8)

@@ -167,3 +167,17 @@ def test_readme_table_is_the_recorded_one():
   text = (ROOT / "README.md").read_text()
   block = text.split(summary.START, 1)[1].split(summary.END, 1)[0]
   assert block.strip().splitlines() == summary.table(str(ROOT))
+
+
+def test_every_loss_has_its_own_colour_in_every_figure():
+  from experiments import labels  # pylint: disable=g-import-not-at-top
+
+  keys = [*labels.LABELS, "ce_digit_weighted", "ntil_reference"]
+  ablations = ["ntil-no-exp", "ntil-no-rel", "ntil-no-mag"]
+  colours = [labels.color(k, ablations) for k in keys + ablations]
+  assert len(set(colours)) == len(colours)
+  # A key's colour does not depend on which other keys a figure holds.
+  assert labels.color("ntil") == labels.color("ntil", ablations)
+  assert labels.color("ntil-no-mag", ablations) == labels.color(
+      "ntil-no-mag", ["ntil", *ablations]
+  )

@@ -36,6 +36,7 @@ import numpy as np
 
 from configs import arithmetic_mix
 from experiments import common
+from experiments import labels
 from experiments import stats
 from train.tasks import arithmetic_mix as task
 
@@ -44,7 +45,7 @@ RESULTS = os.path.join(HERE, "results.json")
 
 METHODS = arithmetic_mix.METHODS
 SEEDS = (0, 1, 2, 3, 4)
-LABELS = common.LABELS
+LABELS = labels.LABELS
 CONTROL = "ce-digit-weight"
 CONTROL_LABEL = "CE, digit tokens weighted 1.3"
 # (cell name prefix, label): run.py's digits_grid ablations.
@@ -514,8 +515,8 @@ def eval_steps(grouped) -> list[int]:
 
 def color(key) -> str:
   """One colour per cell kind, the same in every plot."""
-  kinds = [*METHODS, CONTROL, *(k for k, _ in ABLATIONS)]
-  return f"C{kinds.index(key) % 10}" if key in kinds else "k"
+  key = {CONTROL: "ce_digit_weighted"}.get(key, key)
+  return labels.color(key, [k for k, _ in ABLATIONS])
 
 
 def plot_curves(grouped, path):

@@ -23,6 +23,7 @@ import numpy as np
 
 from configs import arithmetic_mix
 from experiments import common
+from experiments import labels
 from experiments.arithmetic_mix import digits_report
 from experiments.arithmetic_mix import llm_report
 from train import plots
@@ -61,7 +62,7 @@ flags.DEFINE_string(
 )
 
 METHODS = arithmetic_mix.METHODS
-LABELS = common.LABELS
+LABELS = labels.LABELS
 # The NTIL paper's Table 3 (exact match %, fine-tuned LLMs, single runs), as
 # quoted in the project's experiment issue; context only, not comparable.
 PAPER_TABLE3 = (
@@ -98,7 +99,14 @@ def plot_exact_match(main, path):
   for i, (method, runs) in enumerate(main.items()):
     values = [100 * r["exact_match"] for r in runs]
     mean, std = mean_std(values)
-    ax.bar(i, mean, yerr=0 if np.isnan(std) else std, capsize=5, alpha=0.6)
+    ax.bar(
+        i,
+        mean,
+        yerr=0 if np.isnan(std) else std,
+        capsize=5,
+        alpha=0.6,
+        color=labels.color(method),
+    )
     ax.scatter([i] * len(values), values, color="k", s=14, zorder=3)
   ax.set_xticks(range(len(main)), [LABELS[m] for m in main], rotation=15)
   ax.set_ylabel("exact match (%)")
@@ -114,10 +122,21 @@ def plot_curves(main, path):
   for method, runs in main.items():
     steps = runs[0]["curves"]["steps"]
     ce = np.mean([r["curves"]["ce"] for r in runs], axis=0)
-    left.plot(steps, plots.smooth(ce, 8), label=LABELS[method])
+    left.plot(
+        steps,
+        plots.smooth(ce, 8),
+        label=LABELS[method],
+        color=labels.color(method),
+    )
     eval_steps = runs[0]["curves"]["eval_steps"]
     em = np.mean([r["curves"]["exact_match"] for r in runs], axis=0)
-    right.plot(eval_steps, 100 * em, marker="o", label=LABELS[method])
+    right.plot(
+        eval_steps,
+        100 * em,
+        marker="o",
+        label=LABELS[method],
+        color=labels.color(method),
+    )
   left.set_xlabel("step")
   left.set_ylabel("train CE per answer token (mean over seeds)")
   right.set_xlabel("step")
@@ -143,7 +162,13 @@ def plot_by_length(main, path):
         )
         for k in lengths
     ]
-    ax.plot(lengths, values, marker="o", label=LABELS[method])
+    ax.plot(
+        lengths,
+        values,
+        marker="o",
+        label=LABELS[method],
+        color=labels.color(method),
+    )
   ax.set_xlabel("answer length (characters, e.g. '-8/3' is 4)")
   ax.set_ylabel("exact match (%, mean over seeds)")
   ax.grid(alpha=0.3)

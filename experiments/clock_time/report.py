@@ -21,6 +21,7 @@ import numpy as np
 
 from configs import clock_time
 from experiments import common
+from experiments import labels
 from experiments import regimes
 from experiments import stats as stats_lib
 from experiments.clock_time import grid
@@ -37,9 +38,9 @@ def define_flags():
 
 
 METHODS = clock_time.METHODS
-LABELS = common.LABELS
+LABELS = labels.LABELS
 VARIANT_LABELS = {
-    **common.VARIANT_LABELS,
+    **labels.VARIANT_LABELS,
     "sigma=0.1": "NTIL, sigma = 0.1",
     "sigma=0.5": "NTIL, sigma = 0.5",
     "lam=0.1": "NTIL, lambda = 0.1",
@@ -201,7 +202,7 @@ def plot_main(grouped, path, title):
           yerr=0 if np.isnan(std) else std,
           capsize=4,
           alpha=0.6,
-          color=f"C{i}",
+          color=labels.color(method),
       )
       ax.scatter([i] * len(values), values, color="k", s=12, zorder=3)
     ax.set_xticks(
@@ -219,13 +220,17 @@ def plot_main(grouped, path, title):
 
 def plot_curves(grouped, path, mark_step=None):
   fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
-  for i, method in enumerate(m for m in METHODS if m in grouped):
+  for method in (m for m in METHODS if m in grouped):
     runs = list(grouped[method].values())
     steps = runs[0]["curves"]["eval_steps"]
     for ax, (metric, _, scale, _) in zip(axes, PAIRED):
       values = np.mean([r["curves"][metric] for r in runs], axis=0)
       ax.plot(
-          steps, scale * values, marker="o", label=LABELS[method], color=f"C{i}"
+          steps,
+          scale * values,
+          marker="o",
+          label=LABELS[method],
+          color=labels.color(method),
       )
   for ax in axes:
     if mark_step:

@@ -22,6 +22,7 @@ import numpy as np
 
 from configs import grounding
 from experiments import common
+from experiments import labels
 from experiments import regimes
 from experiments import stats
 from experiments.grounding import grid
@@ -45,8 +46,8 @@ def define_flags():
 
 
 METHODS = grounding.METHODS
-LABELS = common.LABELS
-VARIANT_LABELS = common.VARIANT_LABELS
+LABELS = labels.LABELS
+VARIANT_LABELS = labels.VARIANT_LABELS
 TASK_TITLES = {
     "grounding": "grounding: the box of the object a query names (2-4 "
     "objects; the paper's Table 1)",
@@ -402,7 +403,7 @@ def plot_main(task, grouped, path):
           yerr=0 if np.isnan(std) else std,
           capsize=4,
           alpha=0.6,
-          color=f"C{i}",
+          color=labels.color(method),
       )
       ax.scatter([i] * len(values), values, color="k", s=12, zorder=3)
     ax.set_xticks(
@@ -426,7 +427,7 @@ def plot_main(task, grouped, path):
 def plot_curves(task, grouped, path):
   metrics = grid.CURVE_METRICS[task]
   fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.6))
-  for i, method in enumerate(m for m in METHODS if m in grouped):
+  for method in (m for m in METHODS if m in grouped):
     runs = list(grouped[method].values())
     steps = runs[0]["curves"]["eval_steps"]
     for ax, metric in zip(axes, metrics):
@@ -436,7 +437,7 @@ def plot_curves(task, grouped, path):
           100 * values,
           marker="o",
           label=LABELS[method],
-          color=f"C{i}",
+          color=labels.color(method),
       )
   for ax, metric in zip(axes, metrics):
     ax.set_xlabel("step")

@@ -1,0 +1,38 @@
+"""How every report and figure names and colours the losses and variants."""
+
+# How the reports name each loss (CE plus its numeric term) and the variants
+# that several grids run.
+LABELS = dict(
+    ce="CE",
+    emd="CE + EMD",
+    ntl_mse="CE + NTL-MSE",
+    soft_label="CE + soft labels",
+    ntil="CE + NTIL",
+)
+VARIANT_LABELS = {
+    "ce_digit_weighted": "CE, digit tokens weighted 1 + 0.3",
+    "ntil_reference": "CE + NTIL, authors' scaling",
+    "exp_off": "NTIL, Exp off (sigma = 0)",
+    "rel_off": "NTIL, Rel off (alpha = 0)",
+    "mag_off": "NTIL, Mag off (beta = 0)",
+}
+
+# One colour per loss in every figure: CE, the reference, in black; the
+# numeric losses and the control in the first colours of matplotlib's cycle.
+COLORS = dict(
+    ce="k",
+    emd="C0",
+    ntl_mse="C1",
+    soft_label="C2",
+    ntil="C3",
+    ce_digit_weighted="C4",
+    ntil_reference="C5",
+)
+
+
+def color(key, others=()) -> str:
+  """``key``'s colour: its own, else by its place in ``others`` (C6 on)."""
+  if key in COLORS:
+    return COLORS[key]
+  others = [k for k in others if k not in COLORS]
+  return f"C{6 + others.index(key) % 4}" if key in others else "0.5"
