@@ -368,14 +368,16 @@ def figure(out_path, root=ROOT) -> str:
       "(mean over seeds; bars: 95% paired t interval)",
       fontsize=8,
   )
-  ax.set_title("What holds where: each numeric loss against CE", fontsize=10)
+  ax.set_title(
+      "What holds where: each numeric loss against CE", fontsize=10, pad=24
+  )
   ax.legend(
       fontsize=7,
-      loc="upper center",
-      bbox_to_anchor=(0.5, -0.06 * 16 / len(cells)),
+      loc="lower center",
+      bbox_to_anchor=(0.5, 1.0),
       ncol=len(LOSSES),
+      frameon=False,
   )
-  fig.tight_layout()
   os.makedirs(os.path.dirname(out_path) or ".", exist_ok=True)
   fig.savefig(out_path, dpi=90, bbox_inches="tight")
   plt.close(fig)
