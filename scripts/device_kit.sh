@@ -17,6 +17,14 @@
 #      STEPS=300 BATCH=32 bash scripts/device_llm_grid.sh
 #   The results come back under $OUT/llm/: copy them over
 #   experiments/arithmetic_mix/llm/SmolLM2-135M-Instruct/ and commit.
+# The paper's budget (lr 1e-5, 3,000 steps of 32): run this script with
+# STEPS=3000 (96,000 problems a dataset), then in call 3
+#   STEPS=3000 LR=1e-5 METHODS=ce,ntil GRIDS="add_or_sub:0,1,2"
+#   RESULTS_JSON=experiments/arithmetic_mix/llm/SmolLM2-135M-Instruct/paper/results.json
+#   BUDGET_S=500 SIGNAL=INT bash scripts/device_llm_grid.sh
+# (6 cells at once; a cell cut short resumes from its checkpoint in a next
+# call while the machine is still warm), and report it with
+# `report --profile=llm --results=.../paper/results.json`.
 # Usage: bash scripts/device_kit.sh   (STEPS, BATCH, TEST_SIZE: environment)
 set -euo pipefail
 cd "$(dirname "$0")/.."

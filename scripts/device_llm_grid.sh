@@ -12,7 +12,11 @@
 # SIGNAL (INT: unfinished cells save a checkpoint to resume from; KILL skips
 # those saves, 1.6 GB a cell, where the machine and its disk go back anyway),
 # FRESH (1: run every cell here, ignoring the carried results.json, so that
-# the grid runs on one kind of hardware).
+# the grid runs on one kind of hardware), GRIDS (which datasets and seeds, in
+# order: "add_or_sub:0,1,2,3,4 arithmetic_mix:0,1,2"), METHODS (the losses,
+# e.g. ce,ntil; default all five), RESULTS_JSON (the results file; another
+# schedule needs its own, e.g. .../paper/results.json for the paper's
+# budget: STEPS=3000 LR=1e-5, with device_kit.sh's data at STEPS=3000).
 set -uo pipefail
 KIT=.devkit
 STEPS=${STEPS:-300}
@@ -26,6 +30,10 @@ FRESH=${FRESH:-0}
 OUT=${OUT:-/tmp/out}
 SNAPSHOT=${SNAPSHOT:-/tmp/models/SmolLM2-135M-Instruct}
 RESULTS=experiments/arithmetic_mix/llm/SmolLM2-135M-Instruct
+RESULTS_JSON=${RESULTS_JSON:-$RESULTS/results.json}
+PREDICTIONS=${RESULTS_JSON%.json}_predictions
+GRIDS=${GRIDS:-add_or_sub:0,1,2,3,4 arithmetic_mix:0,1,2}
+METHODS=${METHODS:-}
 export PYTHONUNBUFFERED=1
 start=$(date +%s)
 
@@ -43,7 +51,7 @@ if [ ! -d "$SNAPSHOT" ]; then
   fi
   python3 -m train.gguf_to_hf --gguf=/tmp/smollm2.gguf --out="$SNAPSHOT" || exit 1
 fi
-[ "$FRESH" = 1 ] && rm -rf "$RESULTS/results.json" "$RESULTS/results_predictions"
+[ "$FRESH" = 1 ] && rm -rf "$RESULTS_JSON" "$PREDICTIONS"
 
 # What is under $OUT comes back even when the call is cut at its time limit:
 # copy the results there every few seconds, not only at the end (the
@@ -51,8 +59,8 @@ fi
 # both files are replaced whole when written, never half written).
 mkdir -p "$OUT/llm"
 save() {
-  cp -r "$RESULTS/results_predictions" "$OUT/llm/" 2>/dev/null
-  cp "$RESULTS/results.json" "$OUT/llm/" 2>/dev/null
+  cp -r "$PREDICTIONS" "$OUT/llm/" 2>/dev/null
+  cp "$RESULTS_JSON" "$OUT/llm/" 2>/dev/null
 }
 (while sleep 10; do save; done) &
 saver=$!
@@ -61,16 +69,18 @@ grid() {  # dataset, seeds, seconds
   python3 -m experiments.arithmetic_mix.run --profile=llm \
     --pretrained="$SNAPSHOT" --dataset="$1" --seeds="$2" \
     --learning_rate="$LR" --train_steps="$STEPS" --batch_size="$BATCH" \
-    --test_size="$TEST_SIZE" --data_dir="$KIT/data" --data_workers=1 --workers="$WORKERS" &
+    --test_size="$TEST_SIZE" --data_dir="$KIT/data" --data_workers=1 --workers="$WORKERS" \
+    --results="$RESULTS_JSON" ${METHODS:+--methods="$METHODS"} &
   local pid=$!
   (sleep "$3"; pkill -"$SIGNAL" -f experiments.arithmetic_mix.run) &
   local timer=$!
   wait "$pid"
   kill "$timer" 2>/dev/null
 }
-grid add_or_sub 0,1,2,3,4 "$BUDGET_S"
-left=$(( BUDGET_S - ($(date +%s) - start) ))
-[ "$left" -gt 90 ] && grid arithmetic_mix 0,1,2 "$left"
+for entry in $GRIDS; do  # dataset:seeds, while more than 90 s are left
+  left=$(( BUDGET_S - ($(date +%s) - start) ))
+  [ "$left" -gt 90 ] && grid "${entry%%:*}" "${entry#*:}" "$left"
+done
 
 kill "$saver" 2>/dev/null
 save

@@ -63,11 +63,12 @@ def test_llm_smoke_grid_records_zero_shot_and_resumes(tmp_path):
     assert (workdir / "metrics.jsonl").is_file()
     assert not (workdir / "checkpoints").exists()  # deleted once recorded
   assert len({r["config_hash"] for r in first}) == 3
-  # Rerun: finished cells (the zero-shot one too) are skipped.
-  out = run(*common, "--max_cells=1").stdout
+  # Rerun with --methods: finished cells (the zero-shot one too) are
+  # skipped, and of the others only the losses named run.
+  out = run(*common, "--methods=ntil,ce").stdout
   runs = results_io.load_results(results)
   assert runs[:3] == first
-  assert [r["name"] for r in runs[3:]] == ["ntl_mse-s0"]
+  assert [r["name"] for r in runs[3:]] == ["ntil-s0"]
   assert "zero-shot" not in out and "ce-s0" not in out
   # Two processes finish the grid, each cell once.
   run(*common, "--workers=2")
@@ -76,9 +77,9 @@ def test_llm_smoke_grid_records_zero_shot_and_resumes(tmp_path):
       "zero-shot",
       "ce-s0",
       "emd-s0",
-      "ntl_mse-s0",
+      "ntil-s0",
   ]
-  assert sorted(r["name"] for r in runs[4:]) == ["ntil-s0", "soft_label-s0"]
+  assert sorted(r["name"] for r in runs[4:]) == ["ntl_mse-s0", "soft_label-s0"]
   assert len({r["config_hash"] for r in runs}) == 6
 
 
@@ -91,6 +92,21 @@ def test_llm_flags_are_refused_for_other_profiles(tmp_path):
   )
   assert result.returncode != 0
   assert "--learning_rate: only for --profile=llm" in result.stderr
+  result = run(
+      "--profile=smoke",
+      "--methods=ntil",
+      f"--results={tmp_path / 'results.json'}",
+      check=False,
+  )
+  assert "--methods: only for --profile=llm" in result.stderr
+  result = run(
+      "--profile=llm_smoke",
+      "--methods=ce,nitl",
+      f"--results={tmp_path / 'results.json'}",
+      check=False,
+  )
+  assert result.returncode != 0
+  assert "--methods=ce,nitl: choose from ce, emd" in result.stderr
   result = run("--profile=llm", check=False)
   assert result.returncode != 0
   assert "--pretrained=SNAPSHOT_DIR" in result.stderr

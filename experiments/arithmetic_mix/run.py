@@ -134,6 +134,12 @@ flags.DEFINE_integer("test_size", None, "llm: test problems.")
 flags.DEFINE_bool(
     "split_digits", None, "llm: every digit its own token (for Llama 3)."
 )
+flags.DEFINE_list(
+    "methods",
+    None,
+    "llm: the losses to run (default: all five); the others' cells are left "
+    "for a later run, e.g. --methods=ce,ntil on a short device loan.",
+)
 LLM_FLAGS = (
     "pretrained",
     "dataset",
@@ -419,13 +425,27 @@ def snapshot_name(settings) -> str:
   return os.path.basename(settings["pretrained"].rstrip(os.sep))
 
 
-def llm_grid(settings):
-  """The zero-shot evaluation, then every method for each seed."""
+def llm_methods() -> tuple[str, ...]:
+  """``--methods`` (default: every method), in the grid's order; UsageError
+  for a name that is not one."""
+  if FLAGS.methods is None:
+    return METHODS
+  unknown = [m for m in FLAGS.methods if m not in METHODS]
+  if unknown or not FLAGS.methods:
+    raise app.UsageError(
+        f"--methods={','.join(FLAGS.methods)}: choose from "
+        f"{', '.join(METHODS)}."
+    )
+  return tuple(m for m in METHODS if m in FLAGS.methods)
+
+
+def llm_grid(settings, methods=METHODS):
+  """The zero-shot evaluation, then each of ``methods`` for each seed."""
   cells = {"zero_shot": [("zero_shot", "zero-shot", None, None, {})]}
   cells["main"] = [
       ("main", f"{method}-s{seed}", method, seed, {})
       for seed in settings["seeds"]  # seed-major, as the other grids
-      for method in METHODS
+      for method in methods
   ]
   return cells
 
@@ -669,6 +689,7 @@ def check_one_schedule(results, settings) -> None:
 def run_llm(profile) -> None:
   """The llm grid: zero-shot, then each method and seed; resumable."""
   settings = llm_settings(profile)
+  methods = llm_methods()
   results = llm_results_path(settings)
   check_one_schedule(results, settings)
   os.makedirs(os.path.dirname(os.path.abspath(results)), exist_ok=True)
@@ -684,7 +705,7 @@ def run_llm(profile) -> None:
       llm_cell_config(settings, "ce", 0, FLAGS.data_dir)
   )
   logging.info("prompts padded to %d tokens", settings["max_prompt_tokens"])
-  cells = llm_grid(settings)
+  cells = llm_grid(settings, methods)
   groups = FLAGS.groups if FLAGS["groups"].present else list(cells)
   unknown = [group for group in groups if group not in cells]
   if unknown:
@@ -747,7 +768,9 @@ def main(argv):
   if FLAGS.profile in LLM_PROFILES:
     run_llm(FLAGS.profile)
     return
-  given = [name for name in LLM_FLAGS if FLAGS[name].value is not None]
+  given = [
+      name for name in (*LLM_FLAGS, "methods") if FLAGS[name].value is not None
+  ]
   if given:
     raise app.UsageError(
         f"--{', --'.join(given)}: only for --profile=llm (or llm_smoke)."
