@@ -29,6 +29,15 @@ def smooth(values, window):
   )
 
 
+def seed_bar(ax, position, values, color):
+  """A bar at the mean of ``values`` (error bar: their sample sd) with one
+  black dot per value (a seed's run)."""
+  values = np.asarray(values, float)
+  std = values.std(ddof=1) if len(values) > 1 else 0.0
+  ax.bar(position, values.mean(), yerr=std, capsize=4, alpha=0.6, color=color)
+  ax.scatter([position] * len(values), values, color="k", s=12, zorder=3)
+
+
 def plot_training(metrics_path, out_path, title=""):
   """Loss, CE and exact match over steps of one run, saved as a PNG."""
   train, evals = read_metrics(metrics_path)

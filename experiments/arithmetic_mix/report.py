@@ -98,16 +98,7 @@ def plot_exact_match(main, path):
   fig, ax = plt.subplots(figsize=(7, 3.6))
   for i, (method, runs) in enumerate(main.items()):
     values = [100 * r["exact_match"] for r in runs]
-    mean, std = mean_std(values)
-    ax.bar(
-        i,
-        mean,
-        yerr=0 if np.isnan(std) else std,
-        capsize=5,
-        alpha=0.6,
-        color=labels.color(method),
-    )
-    ax.scatter([i] * len(values), values, color="k", s=14, zorder=3)
+    plots.seed_bar(ax, i, values, labels.color(method))
   ax.set_xticks(range(len(main)), [LABELS[m] for m in main], rotation=15)
   ax.set_ylabel("exact match (%)")
   ax.set_title("arithmetic_mix test: mean ± std over seeds (dots: seeds)")

@@ -195,16 +195,7 @@ def plot_main(grouped, path, title):
     for i, method in enumerate(methods):
       runs = [grouped[method][s] for s in sorted(grouped[method])]
       values = [scale * r[metric] for r in runs]
-      mean, std = stats_lib.mean_std(values)
-      ax.bar(
-          i,
-          mean,
-          yerr=0 if np.isnan(std) else std,
-          capsize=4,
-          alpha=0.6,
-          color=labels.color(method),
-      )
-      ax.scatter([i] * len(values), values, color="k", s=12, zorder=3)
+      plots.seed_bar(ax, i, values, labels.color(method))
     ax.set_xticks(
         range(len(methods)), [LABELS[m] for m in methods], rotation=15
     )

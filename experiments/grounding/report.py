@@ -396,16 +396,7 @@ def plot_main(task, grouped, path):
   for ax, (metric, name, scale, higher) in zip(np.atleast_1d(axes), metrics):
     for i, method in enumerate(methods):
       values = [scale * r[metric] for r in grouped[method].values()]
-      mean, std = stats.mean_std(values)
-      ax.bar(
-          i,
-          mean,
-          yerr=0 if np.isnan(std) else std,
-          capsize=4,
-          alpha=0.6,
-          color=labels.color(method),
-      )
-      ax.scatter([i] * len(values), values, color="k", s=12, zorder=3)
+      plots.seed_bar(ax, i, values, labels.color(method))
     ax.set_xticks(
         range(len(methods)),
         [LABELS[m] for m in methods],
