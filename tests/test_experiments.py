@@ -361,7 +361,7 @@ def test_grounding_stream_section_keeps_budgets_apart(tmp_path):
 def test_grounding_stream_at_the_ceiling_adds_the_exact_box(tmp_path):
   from experiments.grounding import report  # pylint: disable=g-import-not-at-top
 
-  def record(method, seed, regime, acc, exact):
+  def record(method, seed, regime, acc, exact, error=0.0, coordinates=0.0):
     return dict(
         task="grounding_single",
         variant="main",
@@ -370,14 +370,16 @@ def test_grounding_stream_at_the_ceiling_adds_the_exact_box(tmp_path):
         regime=regime,
         steps=1200,
         curves=dict(eval_steps=[600, 1200], acc_at_50=acc, exact_match=exact),
+        mean_coordinate_error=error,
+        coordinate_accuracy=coordinates,
     )
 
   fixed = [record("ce", s, "fixed", [0.6, 0.65], [0.0, 0.0]) for s in (0, 1)]
   streamed = [
-      record("ce", 0, "stream", [0.9, 0.99], [0.1, 0.5]),
-      record("ce", 1, "stream", [0.9, 0.99], [0.1, 0.4]),
-      record("emd", 0, "stream", [0.9, 0.98], [0.2, 0.6]),
-      record("emd", 1, "stream", [0.9, 0.98], [0.2, 0.5]),
+      record("ce", 0, "stream", [0.9, 0.99], [0.1, 0.5], 0.2, 0.8),
+      record("ce", 1, "stream", [0.9, 0.99], [0.1, 0.4], 0.3, 0.7),
+      record("emd", 0, "stream", [0.9, 0.98], [0.2, 0.6], 0.1, 0.9),
+      record("emd", 1, "stream", [0.9, 0.98], [0.2, 0.5], 0.25, 0.7),
   ]
   (tmp_path / "plots").mkdir()
   text = "\n".join(report.stream_section(fixed, streamed, str(tmp_path)))
@@ -389,6 +391,17 @@ def test_grounding_stream_at_the_ceiling_adds_the_exact_box(tmp_path):
   assert (
       tmp_path / "plots" / "regimes_paired_grounding_single_exact.png"
   ).exists()
+  # How close the boxes are: CE 0.2, 0.3 px; EMD 0.1, 0.25, lower (better)
+  # on both seeds: Δ -0.1, -0.05 (mean -0.075, sd 0.035, t = -3 with 1
+  # degree of freedom: p = 1 - 2 atan(3) / pi = 0.205). Coordinates exact:
+  # CE 80, 70 %; EMD 90, 70: Δ +10, 0 (mean +5, sd 7.1, better on 1 of 2,
+  # t = 1, p = 0.5).
+  closeness = text[text.index("How close the streamed boxes") :]
+  assert "| CE | 0.250 ± 0.071 |  |  |  | 75.0 ± 7.1 |" in closeness
+  assert (
+      "| CE + EMD | 0.175 ± 0.106 | -0.075 ± 0.035 | 2/2 | -3.00 (p = 0.205)"
+      " | 80.0 ± 14.1 | +5.0 ± 7.1 | 1/2 | +1.00 (p = 0.500) |"
+  ) in closeness
   # Below the ceiling there is no exact-box section.
   for run in streamed:
     run["curves"]["acc_at_50"] = [0.5, 0.8]

@@ -740,8 +740,50 @@ def stream_section(fixed, streamed, out_dir) -> list[str]:
                 plot.replace(".png", "_exact.png"),
                 f"{task}, {steps:,} steps: paired Δ exact box vs CE",
             ),
+            *stream_closeness(groupings[common.STREAM], rows),
         ]
   return lines
+
+
+# (record field, label, scale, digits, higher is better): how close the
+# streamed boxes are at the end of the budget, where Acc@0.5 is at its
+# ceiling.
+CLOSENESS = (
+    ("mean_coordinate_error", "coordinate error (px)", 1, 3, False),
+    ("coordinate_accuracy", "coordinates exact %", 100, 1, True),
+)
+
+
+def stream_closeness(grouped, rows) -> list[str]:
+  """End-of-budget table: how close each loss's streamed boxes are, paired
+  with CE's of the same seed (an unreadable box counts 48 px)."""
+  if "ce" not in grouped:
+    return []
+  head = ["loss"]
+  for _, label, _, _, _ in CLOSENESS:
+    head += [label, "Δ vs CE", "seeds better", "paired t"]
+  lines = [
+      "How close the streamed boxes are at the end (each coordinate against "
+      "the truth; an unreadable box counts 48 px):",
+      "",
+      "| " + " | ".join(head) + " |",
+      "|" + "---|" * len(head),
+  ]
+  for key, label in rows:
+    runs = grouped.get(key)
+    if not runs:
+      continue
+    row = [label]
+    for metric, _, scale, digits, higher in CLOSENESS:
+      row.append(stats.fmt([scale * r[metric] for r in runs.values()], digits))
+      if key == "ce":
+        row += [""] * 3
+      else:
+        row += stats.paired_cells(
+            runs, grouped["ce"], metric, scale, higher, digits
+        )
+    lines.append("| " + " | ".join(row) + " |")
+  return lines + [""]
 
 
 def write_report(runs, out_dir, discussion=None, budget=None):
