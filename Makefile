@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 PY312 := $(shell for p in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/bin/python3.12 /usr/local/bin/python3.12; do \
 	$$p -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1 && { echo $$p; break; }; done)
 
-.PHONY: install demo test lint format bench experiments experiments-stream experiments-llm clean
+.PHONY: install demo test lint format bench experiments experiments-stream experiments-llm reports clean
 
 $(STAMP): pyproject.toml
 	@test -n "$(PY312)" || { echo "error: python3.12 not found; install Python 3.12 and retry" >&2; exit 1; }
@@ -75,6 +75,19 @@ experiments-llm: install
 	$(PY) -m experiments.arithmetic_mix.run --profile=llm --pretrained=$(SNAPSHOT) \
 	  --dataset=arithmetic_mix --seeds=0,1,2 $(LLM_BUDGET) --workers=$(WORKERS)
 	$(PY) -m experiments.arithmetic_mix.report --profile=llm
+
+# Every report, table and figure again from the recorded results, no
+# training. The arithmetic breakdowns (by answer length, operation, decimals)
+# also read the test problems under data/: where they are missing the report
+# leaves those sections out and prints the command that prepares them.
+reports: install
+	$(PY) -m experiments.clock_time.report
+	$(PY) -m experiments.grounding.report
+	$(PY) -m experiments.arithmetic_mix.report
+	$(PY) -m experiments.arithmetic_mix.report --profile=digits
+	$(PY) -m experiments.arithmetic_mix.report --profile=digits_long
+	$(PY) -m experiments.arithmetic_mix.report --profile=llm
+	$(PY) -m experiments.summary --readme
 
 clean:
 	rm -rf $(VENV) workdirs data .pytest_cache

@@ -414,6 +414,9 @@ def test_command_line_without_the_data(tmp_path):
   report = (tmp_path / "results.md").read_text()
   assert "4 of the 45 cells recorded" in report
   assert "Not available: they need the test problems (not found:" in report
+  # The terminal says so too, with the command that prepares them.
+  assert "warning: no test problems under" in result.stderr
+  assert "python -m train.prepare_data --data_dir=" in result.stderr
   # Recorded figures: end 50, 50 vs 66.67, 83.33: +25 ± 11.79 on 2/2 seeds.
   paired = row(sections(report)["Paired differences vs CE"], "CE + NTIL − CE")
   assert paired[:2] == ["+25.00 ± 11.79", "2/2"]

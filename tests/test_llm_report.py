@@ -216,3 +216,34 @@ def test_the_same_cells_run_elsewhere_are_compared(tmp_path):
   assert "| ce-s0 | 50.00 | 75.00 (cpu:cpu x1) | -25.00 |" in section
   assert "zero-shot" not in section and "ntil" not in section
   assert "Mean absolute difference 25.00 points over 1 cells" in section
+
+
+def test_missing_test_problems_name_the_command_that_prepares_them(
+    tmp_path, capsys
+):
+  from experiments import common  # pylint: disable=g-import-not-at-top
+  from experiments.arithmetic_mix import llm_report  # pylint: disable=g-import-not-at-top
+
+  mix = [record("arithmetic_mix", "ce", 0, {0})]
+  digits = [record("add_or_sub", "ce", 0, {0})]
+  digits[0]["data"] = dict(module="arithmetic__add_or_sub", difficulty="easy")
+  # The paper's arithmetic__mixed: no module or difficulty flags.
+  assert llm_report.prepare_command(mix, "d") == (
+      "python -m train.prepare_data --data_dir=d --train_size=9600 "
+      "--test_size=4 --workers=2"
+  )
+  assert llm_report.prepare_command(digits, "d") == (
+      "python -m train.prepare_data --data_dir=d "
+      "--module=arithmetic__add_or_sub --difficulty=easy --train_size=9600 "
+      "--test_size=4 --workers=2"
+  )
+  results = tmp_path / "results.json"
+  common.save_results(str(results), mix + digits)
+  path = llm_report.main(str(results), str(tmp_path), str(tmp_path / "none"))
+  text = open(path).read()
+  warnings = capsys.readouterr().err
+  for runs in (mix, digits):
+    command = llm_report.prepare_command(runs, str(tmp_path / "none"))
+    assert f"prepare them with `{command}` and run the report again." in text
+    assert command in warnings
+  assert "### By answer length" not in text

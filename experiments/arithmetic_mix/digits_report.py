@@ -26,6 +26,7 @@ import collections
 import glob
 import math
 import os
+import sys
 import re
 
 import matplotlib
@@ -1139,6 +1140,14 @@ def main(results, out_dir, data_dir, profile="digits", other_results=()):
   for path in other_results:
     other += common.load_results(path)  # [] where it is missing
   problems, source = load_test_problems(runs, data_dir)
+  if problems is None:
+    print(
+        f"warning: no test problems under {source}, so the breakdowns by "
+        "answer length, operation and decimals are left out of the report; "
+        f"prepare them with `{prepare_command(runs, data_dir)}` (the "
+        "arithmetic-data extra) and run the report again.",
+        file=sys.stderr,
+    )
   os.makedirs(out_dir, exist_ok=True)
   write_report(runs, problems, out_dir, source, profile, other)
   return os.path.join(out_dir, "results.md")

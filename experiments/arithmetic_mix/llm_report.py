@@ -19,6 +19,7 @@ report), so both grids are read by the same definitions.
 import glob
 import math
 import os
+import sys
 import textwrap
 
 import matplotlib
@@ -221,7 +222,7 @@ def plot_dataset_curves(grouped, zero, path, title):
   plt.close(fig)
 
 
-def dataset_section(dataset, zero, tuned, problems, source, plot_dir):
+def dataset_section(dataset, zero, tuned, problems, source, plot_dir, hint=""):
   """The lines of one dataset's section (and its plots, if fine-tuned)."""
   seeds, title = DATASETS.get(dataset, (5, dataset))
   breakdowns = BREAKDOWNS.get(dataset, dr.BREAKDOWNS[:1])
@@ -273,7 +274,12 @@ def dataset_section(dataset, zero, tuned, problems, source, plot_dir):
   else:
     lines += [
         f"Breakdowns: need the test problems ({source} not found, or its "
-        "problems do not reproduce the recorded exact match).",
+        "problems do not reproduce the recorded exact match)"
+        + (
+            f"; prepare them with `{hint}` and run the report again."
+            if hint
+            else "."
+        ),
         "",
     ]
   lines += [
@@ -322,7 +328,9 @@ def load_problems(dataset, tuned, zero, data_dir):
   return problems, os.path.join(data_dir, "arithmetic_mix", config)
 
 
-def write_report(runs, problems, out_dir, sources=None, other=()) -> str:
+def write_report(
+    runs, problems, out_dir, sources=None, other=(), hints=None
+) -> str:
   """Writes results.md and plots/ under ``out_dir``; returns results.md.
 
   Args:
@@ -333,8 +341,10 @@ def write_report(runs, problems, out_dir, sources=None, other=()) -> str:
     sources: {dataset: where the problems came from}, for the text.
     other: records of the same cells run elsewhere (another device), for
       the section that compares the two runs of each.
+    hints: {dataset: the command that prepares its test problems}, for the
+      text where they are missing.
   """
-  sources = sources or {}
+  sources, hints = sources or {}, hints or {}
   plot_dir = os.path.join(out_dir, "plots")
   os.makedirs(plot_dir, exist_ok=True)
   snapshots = sorted({r.get("snapshot", "?") for r in runs})
@@ -361,6 +371,7 @@ def write_report(runs, problems, out_dir, sources=None, other=()) -> str:
         problems.get(dataset),
         sources.get(dataset, "?"),
         plot_dir,
+        hints.get(dataset, ""),
     )
   check = dr.device_check([r for r in runs if r.get("method")], other)
   if check:
@@ -381,12 +392,43 @@ def main(results, out_dir, data_dir, other_results=()) -> str:
   runs = common.load_results(results)
   if not runs:
     raise SystemExit(f"no runs in {results}")
-  problems, sources = {}, {}
+  problems, sources, hints = {}, {}, {}
   for dataset, (zero, tuned) in split_runs(runs).items():
     problems[dataset], sources[dataset] = load_problems(
         dataset, tuned, zero, data_dir
     )
+    if problems[dataset] is None:
+      hints[dataset] = prepare_command(tuned or zero, data_dir)
+      print(
+          f"warning: {dataset}: no test problems under {sources[dataset]}, "
+          "so the breakdowns by answer length, operation and decimals are "
+          f"left out of the report; prepare them with `{hints[dataset]}` "
+          "(the arithmetic-data extra) and run the report again.",
+          file=sys.stderr,
+      )
   other = [r for path in other_results for r in common.load_results(path)]
   return write_report(
-      runs, problems, out_dir or os.path.dirname(results), sources, other
+      runs,
+      problems,
+      out_dir or os.path.dirname(results),
+      sources,
+      other,
+      hints,
+  )
+
+
+def prepare_command(runs, data_dir) -> str:
+  """The command that generates the test problems the runs were scored on
+  (and their training problems; needs the arithmetic-data extra)."""
+  data = runs[0].get("data") or {}
+  options = "".join(
+      f" --{name}={data[name]}"
+      for name in ("module", "difficulty")
+      if data.get(name)  # none: the paper's arithmetic__mixed
+  )
+  seen = runs[0].get("problems_seen") or runs[0]["num_test_examples"]
+  return (
+      f"python -m train.prepare_data --data_dir={data_dir}{options} "
+      f"--train_size={seen} --test_size={runs[0]['num_test_examples']} "
+      "--workers=2"
   )
