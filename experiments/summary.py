@@ -13,8 +13,9 @@ the area under the curve over the steps: a faster learner leads there even
 where the end is level). The
 README's copy sits between two markers and a test checks it is the table
 these records give, so no figure in it is typed by hand. ``--readme`` also
-draws the same end-of-budget differences with their 95% confidence
-intervals (`figure`: ``experiments/summary.png``, shown in the README).
+draws the differences mid-way through each budget and at its end, with
+their 95% confidence intervals (`figure`: ``experiments/summary.png``,
+shown in the README).
 
 Pure functions of the records, no flags (importable from tests).
 """
@@ -30,6 +31,7 @@ import numpy as np
 from scipy import stats as scipy_stats
 
 from experiments import labels
+from experiments import regimes
 from experiments import stats
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -309,72 +311,85 @@ def interval(d, level=0.95) -> float:
 
 
 def figure(out_path, root=ROOT) -> str:
-  """Draws each row's end-of-budget differences to CE, with 95% intervals.
+  """Draws each row's differences to CE mid-way and at the end, with 95%
+  intervals.
 
   One line per task, regime and budget (the table's rows, top to bottom);
   on it a marker per loss at its mean paired difference in points, its bar
-  the paired t interval over the seeds. Returns ``out_path``.
+  the paired t interval over the seeds. The left panel reads the learning
+  curves at the eval nearest half the budget (a lead there and not at the
+  end is faster learning), the right one at the end. Returns ``out_path``.
   """
   from train import plots  # pylint: disable=g-import-not-at-top
 
   plt = plots.plt
   cells = recorded(root)
-  fig, ax = plt.subplots(figsize=(9, 0.55 * len(cells) + 1.6))
+  mids = [regimes.mid_eval_step({"all": grouped}) for _, grouped in cells]
+  fig, axes = plt.subplots(
+      1, 2, figsize=(12, 0.55 * len(cells) + 1.6), sharex=True, sharey=True
+  )
   offsets = np.linspace(-0.3, 0.3, len(LOSSES))
-  for index, (k, label) in enumerate(LOSSES):
-    ys, means, bars = [], [], []
-    for position, (cell, grouped) in enumerate(cells):
-      if k not in grouped:
-        continue
-      d = stats.paired(
-          grouped[k],
-          grouped["ce"],
-          lambda run, m=cell.metric: float(run["curves"][m][-1]),
-          100,
-          True,
+  for ax, at_end in zip(axes, (False, True)):
+    for index, (k, label) in enumerate(LOSSES):
+      ys, means, bars = [], [], []
+      for position, (cell, grouped) in enumerate(cells):
+        if k not in grouped:
+          continue
+
+        def read(run, metric=cell.metric, step=mids[position]):
+          if at_end:
+            return float(run["curves"][metric][-1])
+          return regimes.at_step(run, metric, step)
+
+        d = stats.paired(grouped[k], grouped["ce"], read, 100, True)
+        if d is None:
+          continue
+        ys.append(position + offsets[index])
+        means.append(d["mean"])
+        bars.append(interval(d))
+      ax.errorbar(
+          means,
+          ys,
+          xerr=np.nan_to_num(bars),
+          fmt="o",
+          markersize=4,
+          capsize=2,
+          linewidth=1,
+          color=labels.color(k),
+          label=label,
       )
-      if d is None:
-        continue
-      ys.append(position + offsets[index])
-      means.append(d["mean"])
-      bars.append(interval(d))
-    ax.errorbar(
-        means,
-        ys,
-        xerr=np.nan_to_num(bars),
-        fmt="o",
-        markersize=4,
-        capsize=2,
-        linewidth=1,
-        color=labels.color(k),
-        label=label,
+    ax.axvline(0, color="black", linewidth=0.8)
+    for position in range(1, len(cells)):
+      ax.axhline(position - 0.5, color="0.85", linewidth=0.5)
+    ax.grid(axis="x", alpha=0.3)
+    ax.set_xlabel(
+        "paired difference to CE, points (mean over seeds;\n"
+        "bars: 95% paired t interval)",
+        fontsize=8,
     )
-  ax.axvline(0, color="black", linewidth=0.8)
-  ax.set_yticks(
+    ax.set_title(
+        "at the end of the budget"
+        if at_end
+        else "mid-way (the eval nearest half the budget)",
+        fontsize=9,
+    )
+  axes[0].set_yticks(
       range(len(cells)),
       [
           textwrap.fill(f"{cell.task} ({cell.metric_name})", 48)
           + f"\n{regime(cell, grouped)}, "
           f"{next(iter(grouped['ce'].values()))['steps']:,} steps"
-          for cell, grouped in cells
+          + (f" (mid: {mid:,})" if mid is not None else "")
+          for (cell, grouped), mid in zip(cells, mids)
       ],
       fontsize=7,
   )
-  for position in range(1, len(cells)):
-    ax.axhline(position - 0.5, color="0.85", linewidth=0.5)
-  ax.set_ylim(len(cells) - 0.5, -0.5)
-  ax.set_xlabel(
-      "paired difference to CE at the end of the budget, points\n"
-      "(mean over seeds; bars: 95% paired t interval)",
-      fontsize=8,
-  )
-  ax.set_title(
-      "What holds where: each numeric loss against CE", fontsize=10, pad=24
-  )
-  ax.legend(
+  axes[0].set_ylim(len(cells) - 0.5, -0.5)
+  fig.suptitle("What holds where: each numeric loss against CE", fontsize=10)
+  axes[1].legend(
       fontsize=7,
       loc="lower center",
-      bbox_to_anchor=(0.5, 1.0),
+      bbox_to_anchor=(-0.05, 1.04),
       ncol=len(LOSSES),
       frameon=False,
   )
