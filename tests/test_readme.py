@@ -32,3 +32,25 @@ def test_readme_example_runs_and_learns():
   )
   assert result.returncode == 0, result.stderr
   assert "loss after 20 steps:" in result.stdout
+
+
+def github_anchor(heading: str) -> str:
+  """The anchor GitHub gives a heading: lower case, punctuation dropped
+  (but '-' and '_'), spaces as '-'."""
+  text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+  return text.replace(" ", "-")
+
+
+def test_readme_links_to_its_own_sections_and_files_resolve():
+  text = (ROOT / "README.md").read_text()
+  anchors = {
+      github_anchor(m.group(1)) for m in re.finditer(r"^#+ (.+)$", text, re.M)
+  }
+  assert "the-trainer-tasks-train-configs" in anchors  # the rule, by hand
+  links = re.findall(r"\]\(([^)\s]+)\)", text)
+  assert any(link.startswith("#") for link in links)
+  for link in links:
+    if link.startswith("#"):
+      assert link[1:] in anchors, link
+    elif not re.match(r"https?://", link):
+      assert (ROOT / link).exists(), link
