@@ -4,16 +4,19 @@ Every expected number below is worked out by hand from the synthetic
 problems and predictions (see the comments), not by the code under test.
 """
 
+import fractions
 import json
 import math
 import pathlib
 import subprocess
 import sys
 
+import ml_collections
 import pytest
 from scipy import stats
 
 from experiments.arithmetic_mix import digits_report as dr
+from train.tasks import arithmetic_mix as task
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -83,6 +86,27 @@ def test_log10_error_and_within_1_percent():
   assert not dr.within_1_percent("98", "100")
   assert dr.within_1_percent("0", "0")
   assert not dr.within_1_percent("x", "1")
+
+
+@pytest.mark.parametrize(
+    "text", ["1e400", "1e1000000000", "1E5", "inf", "nan", "3/0", "1_000", ""]
+)
+def test_scorer_reads_only_the_answer_grammar(text):
+  """Exponents, inf, nan and digit separators are not answers: a model that
+  writes "1e1000000000" must not stall (or overflow) the evaluation."""
+  assert task.parse_number(text) is None
+  sums = task.score_answers(
+      [text], ["12"], ml_collections.ConfigDict(dict(max_answer_len=8))
+  )
+  assert sums["count"] == 1 and sums["parsed"] == 0 and sums["correct"] == 0
+
+
+def test_scorer_reads_answers():
+  assert task.parse_number(" -8/3 ") == fractions.Fraction(-8, 3)
+  assert task.parse_number("0.5") == fractions.Fraction(1, 2)
+  assert task.parse_number(".5") == fractions.Fraction(1, 2)
+  assert task.parse_number("+7.") == 7
+  assert task.parse_number("1.5/2") is None
 
 
 def test_score_and_breakdown():

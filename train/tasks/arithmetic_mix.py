@@ -8,6 +8,7 @@ and by the numeric error of answers that parse.
 
 from fractions import Fraction
 import math
+import re
 
 import numpy as np
 
@@ -72,11 +73,20 @@ def eval_batches(config, *, process_index=None, process_count=None):
   )
 
 
+# The answers' grammar: an integer, a decimal or a fraction of integers.
+# Not `Fraction`'s own (it reads exponents: a prediction of "1e400" would
+# overflow the scorer, and "1e1000000000" would keep it busy for minutes).
+_NUMBER = re.compile(r"[-+]?(?:\d+/\d+|\d+(?:\.\d*)?|\.\d+)")
+
+
 def parse_number(text: str):
   """The value of an answer such as ``-8/3``, ``12`` or ``0.5``; else None."""
+  text = text.strip()
+  if not _NUMBER.fullmatch(text):
+    return None
   try:
-    return Fraction(text.strip())
-  except (ValueError, ZeroDivisionError):
+    return Fraction(text)
+  except ZeroDivisionError:  # "3/0"
     return None
 
 
