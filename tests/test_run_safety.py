@@ -26,6 +26,7 @@ from train import arithmetic_data
 from train import checkpoints
 from train import checks
 from train import digests
+from train import errors
 from train import rundir
 from train import step as step_lib
 from train import train
@@ -261,6 +262,103 @@ def test_flipped_low_bit_of_a_value_is_caught_by_the_digest(
   assert "does not match its digest" in caplog.text
   assert "checkpoint 6 is unreadable" in caplog.text
   assert "restored checkpoint 3" in caplog.text
+
+
+def _tree(workdir: pathlib.Path) -> dict:
+  """``{relative path: SHA-256}`` of every file under ``workdir``."""
+  return {
+      str(p.relative_to(workdir)): hashlib.sha256(p.read_bytes()).hexdigest()
+      for p in sorted(workdir.rglob("*"))
+      if p.is_file()
+  }
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        RuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 1.2GiB"),
+        OSError(28, "No space left on device"),
+        ValueError("a failure orbax never meant"),  # sealed files: not damage
+    ],
+)
+def test_a_failed_restore_of_intact_files_stops_and_moves_nothing(
+    data_dir, finished_run, tmp_path, failure
+):
+  """A busy GPU or a full disk at restore must not cost a run its
+  checkpoints and, through a restart at step 0, its metrics history."""
+  workdir = tmp_path / "run"
+  shutil.copytree(finished_run, workdir)
+  before = _tree(workdir)
+  original = checkpoints.ocp.CheckpointManager.restore
+
+  def failing(self, step, *args, **kwargs):
+    if "state" in dict(kwargs["args"].items()):
+      raise failure
+    return original(self, step, *args, **kwargs)
+
+  config = make_config(data_dir, train_steps=9, lr_decay_steps=9)
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(checkpoints.ocp.CheckpointManager, "restore", failing)
+    with pytest.raises(errors.TrainingError, match="nothing was moved"):
+      train.train_and_evaluate(config, str(workdir))
+  assert _tree(workdir) == before
+  assert logged(str(workdir)) == logged(str(finished_run))
+
+
+def test_a_failure_of_the_machine_moves_nothing_without_a_seal(
+    data_dir, finished_run, tmp_path
+):
+  workdir = tmp_path / "run"
+  shutil.copytree(finished_run / "checkpoints", workdir / "checkpoints")
+  for step in ("3", "6"):  # stopped between the save and its seal
+    (workdir / "checkpoints" / step / checkpoints.FILE_DIGESTS).unlink()
+  before = _tree(workdir)
+  original = checkpoints.ocp.CheckpointManager.restore
+
+  def failing(self, step, *args, **kwargs):
+    if "state" in dict(kwargs["args"].items()):
+      raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory")
+    return original(self, step, *args, **kwargs)
+
+  config = make_config(data_dir, train_steps=6, lr_decay_steps=9)
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(checkpoints.ocp.CheckpointManager, "restore", failing)
+    with pytest.raises(errors.TrainingError, match="the machine's"):
+      _restore(config, str(workdir))
+  assert _tree(workdir) == before
+
+
+def test_every_checkpoint_rejected_restarts_where_a_fresh_run_does(
+    data_dir, finished_run, tmp_path, caplog
+):
+  """A rejected checkpoint's data position must not outlive it."""
+  workdir = tmp_path / "run"
+  shutil.copytree(finished_run / "checkpoints", workdir / "checkpoints")
+  config = make_config(data_dir, train_steps=6, lr_decay_steps=9)
+  restore = _Restorer(config)
+  train_iter = restore.state[2]
+  fresh = train_iter.get_state()
+  with pytest.MonkeyPatch.context() as patch:  # restored, then rejected
+    patch.setattr(digests, "tree_mismatches", lambda tree, saved: ["[w]"])
+    assert restore(str(workdir)) == 0
+  assert "training restarts from step 0" in caplog.text
+  assert train_iter.get_state() == fresh
+  assert (workdir / "checkpoints" / "corrupt-3").is_dir()
+
+
+def test_another_process_count_is_refused_and_nothing_moved(
+    data_dir, finished_run, tmp_path
+):
+  workdir = tmp_path / "run"
+  shutil.copytree(finished_run, workdir)
+  for step in ("3", "6"):  # as two processes would have saved them
+    folder = workdir / "checkpoints" / step / "train_iter"
+    (folder / "process_0-of-1.json").rename(folder / "process_0-of-2.json")
+  before = _tree(workdir)
+  config = make_config(data_dir, train_steps=9, lr_decay_steps=9)
+  with pytest.raises(errors.ConfigError, match="saved by 2 process"):
+    train.train_and_evaluate(config, str(workdir))
+  assert _tree(workdir) == before
 
 
 def test_missing_digest_counts_as_damage_in_a_recorded_run(

@@ -9,11 +9,15 @@ save that cannot be written stops the run at once (`save_checkpoint`).
 `restore_latest` tells a checkpoint saved for another model or optimizer
 (refused: `errors.ConfigError`, nothing touched) from a damaged one (an
 unreadable file, a digest that does not match, NaN or inf: moved aside with
-one warning, and the previous one tried).
+one warning, and the previous one tried) from a restore that failed for the
+machine's sake, or on files that ``files.sha256`` vouches for (the run
+stops, nothing moved: `errors.TrainingError`).
 """
 
+import errno
 import hashlib
 import os
+import re
 import shutil
 
 from absl import logging
@@ -132,12 +136,15 @@ def seal_finished(manager) -> None:
     os.replace(path + ".tmp", path)
 
 
-def _check_files(manager, step) -> None:
-  """Damaged if a file differs from ``files.sha256`` (when there is one)."""
+def _check_files(manager, step) -> bool:
+  """Whether ``files.sha256`` vouches for every file; Damaged if one differs.
+
+  False for a checkpoint without it (the run stopped between save and seal).
+  """
   checkpoint = os.path.join(str(manager.directory), str(step))
   path = os.path.join(checkpoint, FILE_DIGESTS)
   if not os.path.exists(path):
-    return  # the run stopped between the save and its seal
+    return False  # the run stopped between the save and its seal
   try:
     with open(path) as f:
       want = dict(
@@ -151,6 +158,7 @@ def _check_files(manager, step) -> None:
     raise Damaged(
         f"{len(bad)} file(s) differ from {FILE_DIGESTS}, e.g. {bad[0]}"
     )
+  return True
 
 
 def all_finite(tree) -> bool:
@@ -165,6 +173,49 @@ def all_finite(tree) -> bool:
 
 class Damaged(Exception):
   """A checkpoint whose files do not hold what was saved."""
+
+
+# Failures of the machine, not of the files: out of (device) memory, a full
+# or vanished filesystem. A checkpoint is never moved aside for one.
+_ENVIRONMENT_MARKERS = ("RESOURCE_EXHAUSTED", "out of memory", "Out of memory")
+
+
+def _environmental(error: BaseException) -> bool:
+  if isinstance(error, (MemoryError, PermissionError)):
+    return True
+  if isinstance(error, OSError) and error.errno in (
+      errno.ENOSPC,
+      errno.EIO,
+      errno.ENOMEM,
+      errno.ESTALE,
+  ):
+    return True
+  text = str(error)
+  return any(marker in text for marker in _ENVIRONMENT_MARKERS)
+
+
+def _failed(step, error, *, intact: bool) -> Exception:
+  """What a failed read of checkpoint ``step`` raises.
+
+  ``Damaged`` (the checkpoint is moved aside) only where the files may be
+  at fault: a failure of the machine, or any failure reading files that
+  ``files.sha256`` vouches for, stops the run with the checkpoint untouched,
+  so that a full disk or a busy GPU never costs a run its checkpoints and
+  its metrics history.
+  """
+  gist = f"{type(error).__name__}: {errors.first_line(error)}"
+  if intact or _environmental(error):
+    why = (
+        "its files match their files.sha256"
+        if intact
+        else "the failure is the machine's, not the files'"
+    )
+    return errors.TrainingError(
+        f"restoring checkpoint {step} failed ({gist}); {why}, so nothing "
+        "was moved or deleted. Fix the cause (memory, disk, a changed "
+        "number of processes) and rerun to resume from it."
+    )
+  return Damaged(gist)
 
 
 def _layout(tree) -> dict:
@@ -202,20 +253,18 @@ def layout_mismatch(saved, target) -> str | None:
   return "; ".join(parts)
 
 
-def _saved_layout(manager, step):
+def _saved_layout(manager, step, *, intact=False):
   """The saved state's array metadata; Damaged if it cannot be read."""
   try:
     metadata = manager.item_metadata(step)["state"]
   except Exception as error:  # pylint: disable=broad-except
-    raise Damaged(
-        f"{type(error).__name__}: {errors.first_line(error)}"
-    ) from error
+    raise _failed(step, error, intact=intact) from error
   if metadata is None:
     raise Damaged("its state has no metadata")
   return metadata
 
 
-def _restore(manager, step, target, train_iter):
+def _restore(manager, step, target, train_iter, *, intact=False):
   """Restores ``step``: (state, step had a digest); Damaged if it is bad."""
   try:
     restored = manager.restore(
@@ -226,9 +275,7 @@ def _restore(manager, step, target, train_iter):
         ),
     )
   except Exception as error:  # pylint: disable=broad-except
-    raise Damaged(
-        f"{type(error).__name__}: {errors.first_line(error)}"
-    ) from error
+    raise _failed(step, error, intact=intact) from error
   state = restored["state"]
   saved_digest = _saved_digest(manager, step)
   if saved_digest is not None:
@@ -299,10 +346,16 @@ def restore_latest(
       ocp.utils.to_shape_dtype_struct, nnx.to_pure_dict(state)
   )
   steps = sorted(manager.all_steps(), reverse=True)
+  # A rejected checkpoint may have moved the iterator before its digest
+  # was checked: with none left, training starts where a fresh run does.
+  fresh_position = train_iter.get_state()
   for step in steps:
+    _check_process_count(manager, step)
     try:
-      _check_files(manager, step)
-      mismatch = layout_mismatch(_saved_layout(manager, step), target)
+      intact = _check_files(manager, step)
+      mismatch = layout_mismatch(
+          _saved_layout(manager, step, intact=intact), target
+      )
       if mismatch:
         raise errors.ConfigError(
             f"checkpoint {step} in {manager.directory} was saved for another "
@@ -310,7 +363,9 @@ def restore_latest(
             "to resume it, or pass --start_over to move it aside and start "
             "afresh."
         )
-      restored, verified = _restore(manager, step, target, train_iter)
+      restored, verified = _restore(
+          manager, step, target, train_iter, intact=intact
+      )
       if require_digest and not verified:
         raise Damaged("it has no digest")
     except Damaged as damage:
@@ -331,9 +386,40 @@ def restore_latest(
     )
     return step
   if steps:
+    train_iter.set_state(fresh_position)
     logging.warning(
         "no readable checkpoint among steps %s: training "
         "restarts from step 0.",
         sorted(steps),
     )
   return 0
+
+
+_PROCESS_FILE = re.compile(r"process_\d+-of-(\d+)\.json")
+
+
+def _check_process_count(manager, step) -> None:
+  """ConfigError if ``step`` was saved by another number of processes.
+
+  Each process saves its own data position (grain's
+  ``process_<i>-of-<n>.json``), so a run resumes with the processes that
+  saved it; anything else would read no position or another's.
+  """
+  folder = os.path.join(str(manager.directory), str(step), "train_iter")
+  try:
+    names = os.listdir(folder)
+  except OSError:
+    return  # no iterator folder: the restore says what is wrong
+  counts = {
+      int(match.group(1))
+      for match in map(_PROCESS_FILE.fullmatch, names)
+      if match
+  }
+  if counts and counts != {jax.process_count()}:
+    saved = "/".join(str(n) for n in sorted(counts))
+    raise errors.ConfigError(
+        f"checkpoint {step} in {manager.directory} was saved by {saved} "
+        f"process(es) and this run has {jax.process_count()}: each process "
+        "saved its own data position, so resume with the same number of "
+        "processes (or pass --start_over to move the checkpoints aside)."
+    )
