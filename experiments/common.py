@@ -170,6 +170,18 @@ def config_hash(config, profile, settings) -> str:
   return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
+def cell_workdir(runs_dir, profile, name, digest) -> str:
+  """A cell's work directory, named by its config hash as well as its name.
+
+  The trainer resumes a workdir whose schedule length changed (a run
+  extended on purpose), so a grid cell whose profile changed its
+  ``train_steps`` must not find the old cell's finished run there: it would
+  resume it with a warm restart of the learning-rate schedule and be
+  recorded as a straight run of the new length.
+  """
+  return os.path.join(runs_dir, profile, f"{name}-{digest}")
+
+
 # A run's test predictions are most of its record (a thousand strings), so
 # they are kept beside results.json, one file per group, and every file stays
 # far below git's 2 MiB limit however many runs a grid records:

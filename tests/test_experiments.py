@@ -256,9 +256,8 @@ def test_clock_grid_runs_a_streamed_cell(tmp_path):
   # The test split alone was prepared for it: no train clocks on disk.
   (prepared,) = (tmp_path / "data" / "clock_time").iterdir()
   assert prepared.name == "train0_test16_seed0"
-  config = json.loads(
-      (tmp_path / "runs" / "smoke" / record["name"] / "config.json").read_text()
-  )["config"]
+  (workdir,) = (tmp_path / "runs" / "smoke").glob(f"{record['name']}-*")
+  config = json.loads((workdir / "config.json").read_text())["config"]
   assert config["train_stream"] is True
   assert config["dataset_config"] == "train0_test16_seed0"
 

@@ -138,6 +138,19 @@ def test_resume_equals_straight_run(data_dir, tmp_path):
   assert got == want  # bitwise on CPU: params, optimizer, data and rng resume
 
 
+def test_rerun_of_a_finished_run_returns_what_it_did(data_dir, tmp_path):
+  """A grid reruns a finished workdir whose record was lost (a signal in
+  its final eval): it must get the run's metrics, not a KeyError."""
+  config = make_config(data_dir, train_steps=4, lr_decay_steps=4)
+  first = train.train_and_evaluate(config, str(tmp_path))
+  again = train.train_and_evaluate(config, str(tmp_path))
+  assert again["step"] == 4 and not again["stopped_early"]
+  assert set(first["train"]) >= {"loss", "ce"}
+  assert again["train"] == first["train"]
+  assert again["eval"] == first["eval"]
+  assert sorted(logged(str(tmp_path))) == [1, 2, 3, 4]  # nothing re-logged
+
+
 def test_corrupt_newest_checkpoint_falls_back(data_dir, tmp_path, caplog):
   config = make_config(
       data_dir, train_steps=6, lr_decay_steps=9, checkpoint_every_steps=3

@@ -19,6 +19,7 @@ See configs/common.py for every shared knob.
 """
 
 import contextlib
+import os
 import sys
 import time
 
@@ -264,9 +265,13 @@ def _train(config, task, workdir, mesh):
         saved_step = step
     if stop.requested and saved_step != step:  # signal after the last check
       save(metrics, logged=False)
-    if start_step >= config.train_steps > 0 and config.eval_every_steps:
-      # Already finished: evaluate the final model again (it was logged).
-      last_eval = run_eval(True, record=False)
+    if start_step >= config.train_steps > 0:
+      # Already finished (say, stopped by a signal during its final eval):
+      # the training metrics it logged last, and the final model evaluated
+      # again (it was logged too), so a rerun returns what the run did.
+      last_train = _last_logged_train(workdir, start_step)
+      if config.eval_every_steps:
+        last_eval = run_eval(True, record=False)
     stop.blocking = True
     manager.wait_until_finished()
     stop.check()
@@ -298,6 +303,19 @@ def _train(config, task, workdir, mesh):
       stopped_early=stop.requested,
       signal=stop.signum,
   )
+
+
+def _last_logged_train(workdir, step) -> dict:
+  """The training metrics last logged at or before ``step`` ({} if none)."""
+  records = [
+      record
+      for record in rundir.read_metrics(os.path.join(workdir, "metrics.jsonl"))
+      if "loss" in record and record["step"] <= step
+  ]
+  if not records:
+    return {}
+  skip = ("step", "steps_per_second")
+  return {k: v for k, v in records[-1].items() if k not in skip}
 
 
 def print_samples(samples):

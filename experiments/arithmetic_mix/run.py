@@ -331,7 +331,7 @@ def config_hash(config, profile) -> str:
 
 def run_cell(profile, group, name, method, seed, overrides, digest):
   config = cell_config(profile, method, seed, overrides, FLAGS.data_dir)
-  workdir = os.path.join(FLAGS.runs_dir, profile, name)
+  workdir = common.cell_workdir(FLAGS.runs_dir, profile, name, digest)
   start = time.time()
   result = train.train_and_evaluate(config, workdir)
   if result["stopped_early"]:
@@ -611,8 +611,11 @@ def _steps_per_second(metrics_path) -> float | None:
 
 def llm_workdir(profile, settings, name, digest) -> str:
   """One directory per cell and settings: a changed flag never resumes it."""
-  return os.path.join(
-      FLAGS.runs_dir, profile, snapshot_name(settings), f"{name}-{digest}"
+  return common.cell_workdir(
+      os.path.join(FLAGS.runs_dir, profile),
+      snapshot_name(settings),
+      name,
+      digest,
   )
 
 

@@ -80,7 +80,7 @@ def run_one(profile, group, variant, method, seed, overrides, digest):
   name = run_name(group, variant, method, seed)
   return common.run_record(
       config,
-      os.path.join(FLAGS.runs_dir, profile, name),
+      common.cell_workdir(FLAGS.runs_dir, profile, name, digest),
       digest,
       grid_lib.METRICS,
       ("exact_match", "mean_time_gap_minutes"),

@@ -66,7 +66,7 @@ def run_one(profile, group, task, variant, method, seed, overrides, digest):
   name = grid_lib.run_name(group, task, variant, method, seed)
   return common.run_record(
       config,
-      os.path.join(FLAGS.runs_dir, profile, name),
+      common.cell_workdir(FLAGS.runs_dir, profile, name, digest),
       digest,
       grid_lib.METRICS[task],
       grid_lib.CURVE_METRICS[task],
