@@ -119,10 +119,17 @@ def numeric_token_loss(
   tokens of scored positions (``digit_mask & loss_mask``).
 
   ``weighting="sum"`` (default) uses :math:`w = 1`. ``weighting="reference"``
-  reproduces the NTIL authors' code, ``CE + stop_gradient(CE/aux) * lam *
+  takes the NTIL authors' scaling, ``CE + stop_gradient(CE/aux) * lam *
   aux``: :math:`w = \mathrm{sg}(\sum_t \mathrm{CE}_t / \sum_t
   \mathrm{aux}_t)` over the whole batch, so the auxiliary term's value is
-  always ``lam`` times the CE and only its direction is learned.
+  always ``lam`` times the CE and only its direction is learned. Their
+  scaling, not their aggregation: their code averages ``aux`` per sample
+  (the weighted EMD over the sample's digits, the relative and magnitude
+  deviations over its numbers) and then over samples, where ``aux`` here is
+  a sum over tokens; the value is the same (``lam`` times the CE), the
+  direction is not wherever samples hold numbers of different lengths
+  (here a 5-digit number weighs 5 times a 1-digit one, and the number-level
+  terms weigh about 1/digits as much against the EMD as in their code).
 
   With ``method="soft_label"`` and ``w = 1``, ``CE + lam * CE_soft`` equals
   ``(1 + lam)`` times a soft-label CE with ``eta' = lam * eta / (1 + lam)``.

@@ -165,10 +165,10 @@ def test_score_positions_give_the_same_loss_and_gradient(fused, method):
   hidden = rng.normal(size=(BATCH, LENGTH, DIM)).astype(np.float32)
   unembedding = rng.normal(size=(DIM, VOCAB)).astype(np.float32)
   no_poison = np.zeros((BATCH, LENGTH), bool)
-  # Each row's window differs, holds unscored positions and is unordered.
+  # Each row's window differs and holds unscored positions, in order.
   windowed = dict(
       batch,
-      score_positions=jnp.asarray([[7, 2, 3, 4, 5, 6], [9, 8, 4, 5, 6, 7]]),
+      score_positions=jnp.asarray([[2, 3, 4, 5, 6, 7], [4, 5, 6, 7, 8, 9]]),
   )
 
   def loss(h, w, data):
@@ -191,6 +191,12 @@ def test_score_positions_give_the_same_loss_and_gradient(fused, method):
   short = dict(batch, score_positions=jnp.asarray([[4, 5, 6], [4, 5, 6]]))
   (short_value, _), _ = grad(hidden, unembedding, short)
   assert not np.isclose(short_value, value, rtol=1e-3)
+  if method == "ntil":  # NTIL reads numbers from adjacent digits, in order
+    shuffled = dict(
+        batch, score_positions=jnp.asarray([[7, 2, 3, 4, 6, 5]] * BATCH)
+    )
+    (shuffled_value, _), _ = grad(hidden, unembedding, shuffled)
+    assert not np.isclose(shuffled_value, value, rtol=1e-5)
 
 
 def test_scored_window_gathers_labels_per_row():

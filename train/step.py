@@ -129,9 +129,13 @@ def scored_window(batch):
 
   A task whose scored tokens sit in a short span of each row (an LLM's
   answer after a long prompt) may add ``score_positions``, int [B, K]: K
-  distinct positions per row that include every scored one. The step then
+  distinct positions per row, in increasing order, that include every
+  scored one and every position between two scored ones. The step then
   unembeds only those K positions, not all L: the same loss and gradient
-  (the other positions carry none) for K/L of the [N, V] logits' cost.
+  (the other positions carry none) for K/L of the [N, V] logits' cost. The
+  order and the gaps matter: NTIL reads a number from adjacent digits, so
+  a window that reorders them, or drops the token between two numbers,
+  reads other numbers.
 
   Returns:
     ``targets``, ``loss_mask`` and ``digit_mask``, each [B, K] (or [B, L]
