@@ -401,7 +401,16 @@ def _kept_record(results_path, digest):
   return record
 
 
-def run_grid(todo, configure, execute, describe, results_path, *, max_runs=0):
+def run_grid(
+    todo,
+    configure,
+    execute,
+    describe,
+    results_path,
+    *,
+    max_runs=0,
+    after_keep=None,
+):
   """Runs each cell of ``todo`` whose config hash is not yet recorded.
 
   Several processes may run one grid at once (``--workers``): each takes the
@@ -417,6 +426,9 @@ def run_grid(todo, configure, execute, describe, results_path, *, max_runs=0):
     describe: record -> one line for the progress log.
     results_path: results.json; every finished record is saved at once.
     max_runs: stop after this many new runs (0: no limit).
+    after_keep: (cell, hash) -> None, called once the cell's record is kept
+      (say, to delete what the run needs no more: before that, a crash
+      would leave neither the record nor what it takes to resume).
   """
   # Runs of one shape share compiled steps across seeds and restarts (in
   # the cache the caller set, e.g. by JAX_COMPILATION_CACHE_DIR, if any).
@@ -445,6 +457,8 @@ def run_grid(todo, configure, execute, describe, results_path, *, max_runs=0):
       if record is None:
         record = execute(cell, digest)
         _keep_record(results_path, record)
+      if after_keep is not None:
+        after_keep(cell, digest)
       append_result(results_path, record)
     new += 1
     per_run = (time.time() - start) / new

@@ -664,3 +664,30 @@ def test_a_crash_before_the_record_is_saved_loses_no_finished_run(
   results = _grid(tmp_path, executed)
   assert executed == ["ab", "cde"]  # "ab" finished before the crash
   assert [r["name"] for r in results_io.load_results(results)] == ["ab", "cde"]
+
+
+def test_after_keep_runs_once_the_record_is_kept(tmp_path):
+  """A run's checkpoints may go only once its record is safe: a crash
+  between the two would otherwise leave neither."""
+  results = tmp_path / "results.json"
+  kept = tmp_path / "runs" / ".records"
+  seen = []
+
+  def execute(cell, digest):
+    assert not (kept / f"{digest}.json").exists()
+    return dict(name=cell, group="main", config_hash=digest, wall_seconds=1.0)
+
+  def after_keep(cell, digest):
+    assert (kept / f"{digest}.json").is_file()  # the record is safe
+    seen.append(cell)
+
+  results_io.run_grid(
+      ["ab", "cde"],
+      lambda cell: f"hash-{cell}",
+      execute,
+      lambda r: r["name"],
+      str(results),
+      after_keep=after_keep,
+  )
+  assert seen == ["ab", "cde"]
+  assert len(results_io.load_results(results)) == 2

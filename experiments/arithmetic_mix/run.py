@@ -738,16 +738,19 @@ def run_llm(profile) -> None:
       config = llm_cell_config(settings, "ce", 0, FLAGS.data_dir)
       return zero_shot_record(profile, settings, config, digest)
     config = llm_cell_config(settings, method, seed, FLAGS.data_dir)
-    record = llm_cell_record(profile, settings, cell, config, digest)
-    # Finished: its checkpoints (1.6 GB for 135M parameters) are never read
-    # again. run_grid keeps the record beside the run as soon as this returns.
-    shutil.rmtree(
-        os.path.join(
-            llm_workdir(profile, settings, name, digest), "checkpoints"
-        ),
-        ignore_errors=True,
-    )
-    return record
+    return llm_cell_record(profile, settings, cell, config, digest)
+
+  def after_keep(cell, digest):
+    # Recorded: its checkpoints (1.6 GB for 135M parameters) are never read
+    # again. Not before the record is kept, or a crash in between retrains.
+    group, name, _, _, _ = cell
+    if group != "zero_shot":
+      shutil.rmtree(
+          os.path.join(
+              llm_workdir(profile, settings, name, digest), "checkpoints"
+          ),
+          ignore_errors=True,
+      )
 
   def describe(record):
     return (
@@ -756,7 +759,13 @@ def run_llm(profile) -> None:
     )
 
   common.run_grid(
-      todo, configure, execute, describe, results, max_runs=FLAGS.max_cells
+      todo,
+      configure,
+      execute,
+      describe,
+      results,
+      max_runs=FLAGS.max_cells,
+      after_keep=after_keep,
   )
   logging.info(
       "now: python -m experiments.arithmetic_mix.report --profile=llm "
