@@ -117,6 +117,17 @@ def test_llm_config_defaults_to_auto():
   assert arithmetic_mix_llm.get_config("ntil").fused_loss == "auto"
 
 
+@pytest.mark.parametrize("seed", [-1, 2**32])
+def test_seed_out_of_range_is_a_config_error(seed):
+  """Before anything is built or compiled, not from the data pipeline."""
+  config = arithmetic_mix.get_config("ntil")
+  config.seed = seed
+  with pytest.raises(
+      errors.ConfigError, match=r"seed must be in \[0, 2\*\*32\)"
+  ):
+    checks.check_config(config)
+
+
 def test_bad_fused_loss_is_a_config_error():
   config = arithmetic_mix.get_config("ntil")
   with config.ignore_type():

@@ -97,6 +97,8 @@ def _check_numbers(config) -> None:
   for name in ("learning_rate", "grad_clip_norm"):
     if not config[name] > 0:
       raise errors.ConfigError(f"{name} must be > 0, got {config[name]}.")
+  if not 0 <= config.seed < 2**32:  # numpy's and grain's seeds are uint32
+    raise errors.ConfigError(f"seed must be in [0, 2**32), got {config.seed}.")
 
 
 def check_directory(path: str, what: str) -> None:
