@@ -314,6 +314,69 @@ def test_two_processes_equal_one(data_dir, tmp_path):
   )
 
 
+def test_a_signal_to_one_process_stops_both_at_one_step(data_dir, tmp_path):
+  """SIGTERM to process 0 alone: both processes stop at the same step, save
+  it together and exit 143. A stop seen by one host alone left the other
+  in the next step's collectives: the run hung, its save lost."""
+  config = make_config(
+      data_dir,
+      train_steps=100000,
+      log_every_steps=1,
+      eval_every_steps=0,
+      checkpoint_every_steps=100000,
+  )
+  workdir = tmp_path / "two"
+  env = dict(os.environ, JAX_NUM_CPU_DEVICES="1")
+  command = [
+      sys.executable,
+      "-m",
+      "train.main",
+      f"--config={ROOT}/configs/arithmetic_mix.py:ntil",
+      f"--workdir={workdir}",
+      *config_flags(config),
+      f"--coordinator_address=127.0.0.1:{_free_port()}",
+      "--num_processes=2",
+  ]
+  processes = [
+      subprocess.Popen(
+          command + [f"--process_id={i}"],
+          cwd=ROOT,
+          env=env,
+          stdout=subprocess.PIPE,
+          stderr=subprocess.PIPE,
+          text=True,
+      )
+      for i in range(2)
+  ]
+  try:
+    deadline = time.time() + 300
+    metrics = workdir / "metrics.jsonl"
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+      assert time.time() < deadline, "no training steps logged"
+      assert all(p.poll() is None for p in processes)
+      time.sleep(0.05)
+    processes[0].send_signal(signal.SIGTERM)
+    outputs = [p.communicate(timeout=120)[1] for p in processes]
+  finally:
+    for process in processes:
+      process.kill()
+  for process, stderr in zip(processes, outputs):
+    assert process.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+  stops = [
+      [
+          line
+          for line in stderr.splitlines()
+          if "stopped by signal 15 at" in line
+      ]
+      for stderr in outputs
+  ]
+  assert all(stops), outputs[1][-3000:]
+  (saved,) = os.listdir(workdir / "checkpoints")
+  assert 3 <= int(saved) < 100000
+  for lines in stops:  # both at the step that was saved
+    assert f"at step {saved}" in lines[-1], lines
+
+
 @pytest.mark.parametrize(
     "case, overrides, env, message",
     [

@@ -13,6 +13,9 @@ import os
 import signal
 
 from absl import logging
+import jax
+from jax.experimental import multihost_utils
+import numpy as np
 
 from train import errors
 
@@ -94,3 +97,18 @@ def watch_background_failures(stop: StopOnSignal):
     yield
   finally:
     pylogging.getLogger().removeHandler(handler)
+
+
+def agreed_signal(signum: int | None) -> int | None:
+  """The signal that any process has seen (the largest number), or None.
+
+  On several processes this is a collective, called by all at the same
+  step, so that all stop at that step and enter the checkpoint save
+  together: a stop seen by one host alone (a signal it got first, or alone)
+  would leave the others in the next step's collectives, and the run would
+  hang until the scheduler killed it, its last save lost.
+  """
+  if jax.process_count() == 1:
+    return signum
+  seen = multihost_utils.process_allgather(np.asarray(signum or 0, np.int32))
+  return int(np.max(seen)) or None

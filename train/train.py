@@ -234,7 +234,11 @@ def _train(config, task, workdir, mesh):
     watch.__enter__()
     saved_step = start_step
     in_flight = None
-    while step < config.train_steps and not stop.requested:
+    agreed = None  # the signal that stops every process at this step
+    while step < config.train_steps:
+      agreed = signals.agreed_signal(stop.signum)
+      if agreed is not None:
+        break
       stop.check()
       batch = jax.tree.map(to_global, next(train_iter))
       metrics = train_step(model, optimizer, batch, step)
@@ -260,10 +264,12 @@ def _train(config, task, workdir, mesh):
           step % config.eval_every_steps == 0 or is_last
       ):
         last_eval = run_eval(is_last)
-      if step % config.checkpoint_every_steps == 0 or is_last or stop.requested:
+      if step % config.checkpoint_every_steps == 0 or is_last:
         save(metrics, logged)
         saved_step = step
-    if stop.requested and saved_step != step:  # signal after the last check
+    if agreed is None:  # a signal in the last step or eval, or none
+      agreed = signals.agreed_signal(stop.signum)
+    if agreed is not None and saved_step != step:
       save(metrics, logged=False)
     if start_step >= config.train_steps > 0:
       # Already finished (say, stopped by a signal during its final eval):
@@ -289,19 +295,19 @@ def _train(config, task, workdir, mesh):
     writer.close()
     if hasattr(train_iter, "close"):
       train_iter.close()
-  if stop.requested:
+  if agreed is not None:
     logging.warning(
         "stopped by signal %d at step %d; checkpoint saved. Rerun "
         "the same command to resume.",
-        stop.signum,
+        agreed,
         step,
     )
   return dict(
       step=step,
       train=last_train,
       eval=last_eval,
-      stopped_early=stop.requested,
-      signal=stop.signum,
+      stopped_early=agreed is not None,
+      signal=agreed,
   )
 
 
