@@ -254,6 +254,31 @@ def _free_port():
     return s.getsockname()[1]
 
 
+def _two_processes(config, workdir):
+  """Two `train.main` processes of one run (jax.distributed), started."""
+  command = [
+      sys.executable,
+      "-m",
+      "train.main",
+      f"--config={ROOT}/configs/arithmetic_mix.py:ntil",
+      f"--workdir={workdir}",
+      *config_flags(config),
+      f"--coordinator_address=127.0.0.1:{_free_port()}",
+      "--num_processes=2",
+  ]
+  return [
+      subprocess.Popen(
+          command + [f"--process_id={i}"],
+          cwd=ROOT,
+          env=dict(os.environ, JAX_NUM_CPU_DEVICES="1"),
+          stdout=subprocess.PIPE,
+          stderr=subprocess.PIPE,
+          text=True,
+      )
+      for i in range(2)
+  ]
+
+
 def test_four_devices_equal_one(data_dir, tmp_path, caplog):
   config = make_config(data_dir, train_steps=4, fsdp=2, lr_decay_steps=6)
   run_cli(config, tmp_path / "four", env={"JAX_NUM_CPU_DEVICES": "4"})
@@ -278,29 +303,7 @@ def test_four_devices_equal_one(data_dir, tmp_path, caplog):
 
 def test_two_processes_equal_one(data_dir, tmp_path):
   config = make_config(data_dir, train_steps=4, eval_every_steps=4)
-  address = f"127.0.0.1:{_free_port()}"
-  env = dict(os.environ, JAX_NUM_CPU_DEVICES="1")
-  command = [
-      sys.executable,
-      "-m",
-      "train.main",
-      f"--config={ROOT}/configs/arithmetic_mix.py:ntil",
-      f"--workdir={tmp_path / 'two'}",
-      *config_flags(config),
-      f"--coordinator_address={address}",
-      "--num_processes=2",
-  ]
-  processes = [
-      subprocess.Popen(
-          command + [f"--process_id={i}"],
-          cwd=ROOT,
-          env=env,
-          stdout=subprocess.PIPE,
-          stderr=subprocess.PIPE,
-          text=True,
-      )
-      for i in range(2)
-  ]
+  processes = _two_processes(config, tmp_path / "two")
   for process in processes:
     _, stderr = process.communicate(timeout=600)
     assert process.returncode == 0, stderr[-3000:]
@@ -326,28 +329,7 @@ def test_a_signal_to_one_process_stops_both_at_one_step(data_dir, tmp_path):
       checkpoint_every_steps=100000,
   )
   workdir = tmp_path / "two"
-  env = dict(os.environ, JAX_NUM_CPU_DEVICES="1")
-  command = [
-      sys.executable,
-      "-m",
-      "train.main",
-      f"--config={ROOT}/configs/arithmetic_mix.py:ntil",
-      f"--workdir={workdir}",
-      *config_flags(config),
-      f"--coordinator_address=127.0.0.1:{_free_port()}",
-      "--num_processes=2",
-  ]
-  processes = [
-      subprocess.Popen(
-          command + [f"--process_id={i}"],
-          cwd=ROOT,
-          env=env,
-          stdout=subprocess.PIPE,
-          stderr=subprocess.PIPE,
-          text=True,
-      )
-      for i in range(2)
-  ]
+  processes = _two_processes(config, workdir)
   try:
     deadline = time.time() + 300
     metrics = workdir / "metrics.jsonl"
