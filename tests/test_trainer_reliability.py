@@ -18,6 +18,8 @@ import sys
 import threading
 import time
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
@@ -31,6 +33,7 @@ from train import arithmetic_data
 from train import checkpoints
 from train import logs
 from train import rundir
+from train import signals
 from train import train
 
 
@@ -268,6 +271,27 @@ def test_sigterm_during_a_hung_save_ends_at_once(
     train.train_and_evaluate(config, str(tmp_path))
   assert raised.value.signum == signal.SIGTERM
   assert time.perf_counter() - started < 120
+
+
+def test_stop_agreement_answers_one_poll_late_and_never_waits():
+  """The agreement used on several processes, run on one: each poll answers
+  with the signal seen at the poll before, without waiting for the step
+  dispatched since (an all-gather at each step waited for it)."""
+
+  @jax.jit
+  def step(x):  # about half a second or more on 2 cores
+    return jax.lax.fori_loop(0, 40, lambda i, y: jnp.tanh(y @ y), x)
+
+  x = jnp.full((1024, 1024), 1e-3)
+  step(x).block_until_ready()
+  agreement = signals.StopAgreement(jax.device_put, 4, pipelined=True)
+  assert agreement.poll(None) is None
+  running_step = step(x)
+  assert agreement.poll(signal.SIGTERM) is None  # the poll before saw none
+  assert not running_step.is_ready(), "the poll waited for the step"
+  assert agreement.poll(None) == signal.SIGTERM
+  alone = signals.StopAgreement(jax.device_put, 4, pipelined=False)
+  assert alone.poll(None) is None and alone.poll(signal.SIGINT) == signal.SIGINT
 
 
 # ----------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import signal
 
 from absl import logging
 import jax
+import jax.numpy as jnp
 from jax.experimental import multihost_utils
 import numpy as np
 
@@ -103,12 +104,47 @@ def agreed_signal(signum: int | None) -> int | None:
   """The signal that any process has seen (the largest number), or None.
 
   On several processes this is a collective, called by all at the same
-  step, so that all stop at that step and enter the checkpoint save
-  together: a stop seen by one host alone (a signal it got first, or alone)
-  would leave the others in the next step's collectives, and the run would
-  hang until the scheduler killed it, its last save lost.
+  point, that waits for every step already dispatched; the loop uses
+  :class:`StopAgreement` instead, which does not wait.
   """
   if jax.process_count() == 1:
     return signum
   seen = multihost_utils.process_allgather(np.asarray(signum or 0, np.int32))
   return int(np.max(seen)) or None
+
+
+class StopAgreement:
+  """Agrees on a stop across processes, one step late, without a host sync.
+
+  A stop seen by one host alone (a signal it got first, or alone) would
+  leave the others in the next step's collectives, and the run would hang
+  until the scheduler killed it, its last save lost; so every process
+  stops at the same step. An all-gather of the signal at each step would
+  make the host wait for the step just dispatched, and so lose the overlap
+  of one step's dispatch with the previous step's work. Instead, each
+  :meth:`poll` dispatches the max over processes of the signal seen here
+  (on the devices, queued before the step) and reads the one dispatched at
+  the previous poll, long since done: every process reads the same value at
+  the same step, and stops there.
+
+  On one process :meth:`poll` is the signal itself, with no device work.
+  """
+
+  def __init__(self, to_global, rows: int, *, pipelined: bool | None = None):
+    """``to_global`` makes a global batch-sharded array of ``rows`` rows."""
+    if pipelined is None:
+      pipelined = jax.process_count() > 1
+    self._to_global = to_global if pipelined else None
+    self._rows = rows
+    self._pending = None
+    self._max = jax.jit(jnp.max)
+
+  def poll(self, signum: int | None) -> int | None:
+    """The signal any process had seen at the previous poll, or None."""
+    if self._to_global is None:
+      return signum
+    agreed = None if self._pending is None else int(self._pending) or None
+    if agreed is None:  # else every process stops here: nothing to start
+      local = np.full(self._rows, signum or 0, np.int32)
+      self._pending = self._max(self._to_global(local))
+    return agreed

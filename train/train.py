@@ -235,8 +235,11 @@ def _train(config, task, workdir, mesh):
     saved_step = start_step
     in_flight = None
     agreed = None  # the signal that stops every process at this step
+    agreement = signals.StopAgreement(
+        to_global, config.batch_size // jax.process_count()
+    )
     while step < config.train_steps:
-      agreed = signals.agreed_signal(stop.signum)
+      agreed = agreement.poll(stop.signum)
       if agreed is not None:
         break
       stop.check()
