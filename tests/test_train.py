@@ -15,6 +15,7 @@ import pytest
 
 from configs import arithmetic_mix
 from train import arithmetic_data
+from train import checkpoints
 from train import train
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -279,6 +280,18 @@ def _two_processes(config, workdir):
   ]
 
 
+def _finish(processes, timeout=600):
+  """Each process's stderr, once all exited 0; they are killed on a hang."""
+  try:
+    outputs = [p.communicate(timeout=timeout)[1] for p in processes]
+  finally:
+    for process in processes:
+      process.kill()
+  tails = "\n".join(f"process {i}: {e[-2000:]}" for i, e in enumerate(outputs))
+  assert all(p.returncode == 0 for p in processes), tails
+  return outputs
+
+
 def test_four_devices_equal_one(data_dir, tmp_path, caplog):
   config = make_config(data_dir, train_steps=4, fsdp=2, lr_decay_steps=6)
   run_cli(config, tmp_path / "four", env={"JAX_NUM_CPU_DEVICES": "4"})
@@ -303,10 +316,7 @@ def test_four_devices_equal_one(data_dir, tmp_path, caplog):
 
 def test_two_processes_equal_one(data_dir, tmp_path):
   config = make_config(data_dir, train_steps=4, eval_every_steps=4)
-  processes = _two_processes(config, tmp_path / "two")
-  for process in processes:
-    _, stderr = process.communicate(timeout=600)
-    assert process.returncode == 0, stderr[-3000:]
+  _finish(_two_processes(config, tmp_path / "two"))
   single = train.train_and_evaluate(config, str(tmp_path / "one"))
   one, two = logged(str(tmp_path / "one")), logged(str(tmp_path / "two"))
   assert sorted(two) == [1, 2, 3, 4]
@@ -315,6 +325,31 @@ def test_two_processes_equal_one(data_dir, tmp_path):
   assert logged(str(tmp_path / "two"), "exact_match")[4] == pytest.approx(
       single["eval"]["exact_match"]
   )
+
+
+def test_a_checkpoint_one_process_cannot_read_is_skipped_by_both(
+    data_dir, tmp_path
+):
+  """Process 1 alone cannot read checkpoint 4 (its own data position is
+  garbage): both processes set it aside and resume from checkpoint 2
+  together. Each used to decide alone: process 0 resumed at step 4 while
+  process 1 went back to step 2, and their collectives no longer paired."""
+  kept = dict(checkpoint_every_steps=2, eval_every_steps=0, lr_decay_steps=6)
+  _finish(
+      _two_processes(make_config(data_dir, train_steps=4, **kept), tmp_path)
+  )
+  checkpoint = tmp_path / "checkpoints" / "4"
+  (checkpoint / checkpoints.FILE_DIGESTS).unlink()  # no seal to vouch for it
+  (checkpoint / "train_iter" / "process_1-of-2.json").write_text("{garbage")
+  _finish(
+      _two_processes(make_config(data_dir, train_steps=6, **kept), tmp_path),
+      timeout=300,
+  )
+  for name in ("train.log", "train.1.log"):
+    text = (tmp_path / name).read_text()
+    assert "resumed from step 2" in text and "from step 4" not in text, name
+  assert "corrupt-4" in os.listdir(tmp_path / "checkpoints")
+  assert sorted(logged(str(tmp_path))) == list(range(1, 7))
 
 
 def test_a_signal_to_one_process_stops_both_at_one_step(data_dir, tmp_path):

@@ -4,18 +4,21 @@ Each checkpoint proves its content twice: beside the state and the data
 iterator's position orbax writes a digest of both (`digests`), in the same
 atomic save, and a restore recomputes it; once the save has completed, a
 SHA-256 of every file it wrote goes into ``<step>/files.sha256``
-(`seal_finished`), checked before a restore reads anything. orbax saves asynchronously; a
-save that cannot be written stops the run at once (`save_checkpoint`).
+(`seal_finished`), checked before a restore reads anything. orbax saves
+asynchronously; a save that cannot be written stops the run at once
+(`save_checkpoint`).
 `restore_latest` tells a checkpoint saved for another model or optimizer
 (refused: `errors.ConfigError`, nothing touched) from a damaged one (an
 unreadable file, a digest that does not match, NaN or inf: moved aside with
 one warning, and the previous one tried) from a restore that failed for the
 machine's sake, or on files that ``files.sha256`` vouches for (the run
-stops, nothing moved: `errors.TrainingError`).
+stops, nothing moved: `errors.TrainingError`). On several processes every
+read of a checkpoint ends alike on every host (`_on_every_process`).
 """
 
 import errno
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -25,6 +28,8 @@ from flax import nnx
 import grain
 import jax
 import jax.numpy as jnp
+from jax.experimental import multihost_utils
+import numpy as np
 import orbax.checkpoint as ocp
 
 from train import digests
@@ -180,6 +185,11 @@ class Damaged(Exception):
 _ENVIRONMENT_MARKERS = ("RESOURCE_EXHAUSTED", "out of memory", "Out of memory")
 
 
+# Not the files' fault either: one host failed before a barrier of orbax's
+# restore, and another host's barrier met a different collective.
+_OUT_OF_STEP_MARKERS = ("sync_global_devices name mismatch",)
+
+
 def _environmental(error: BaseException) -> bool:
   if isinstance(error, (MemoryError, PermissionError)):
     return True
@@ -191,7 +201,8 @@ def _environmental(error: BaseException) -> bool:
   ):
     return True
   text = str(error)
-  return any(marker in text for marker in _ENVIRONMENT_MARKERS)
+  markers = _ENVIRONMENT_MARKERS + _OUT_OF_STEP_MARKERS
+  return any(marker in text for marker in markers)
 
 
 def _failed(step, error, *, intact: bool) -> Exception:
@@ -253,6 +264,31 @@ def layout_mismatch(saved, target) -> str | None:
   return "; ".join(parts)
 
 
+def _read_position(manager, step, train_iter, *, intact=False) -> None:
+  """Sets ``train_iter`` to this process's saved data position.
+
+  Read the way grain's handler reads it, before orbax's restore: a file
+  that this host alone cannot read then fails here, where the hosts can
+  agree on it, and not inside orbax's restore, which ends in a barrier
+  that a host which failed before it never reaches.
+  """
+  index, count = jax.process_index(), jax.process_count()
+  path = os.path.join(
+      str(manager.directory),
+      str(step),
+      "train_iter",
+      f"process_{index}-of-{count}.json",
+  )
+  try:
+    with open(path, "rb") as f:
+      state = f.read()
+    if isinstance(train_iter, grain.DatasetIterator):
+      state = json.loads(state)
+    train_iter.set_state(state)
+  except Exception as error:  # pylint: disable=broad-except
+    raise _failed(step, error, intact=intact) from error
+
+
 def _saved_layout(manager, step, *, intact=False):
   """The saved state's array metadata; Damaged if it cannot be read."""
   try:
@@ -264,20 +300,75 @@ def _saved_layout(manager, step, *, intact=False):
   return metadata
 
 
+def _on_every_process(step, read):
+  """``read()``, failing on every process if it fails on any.
+
+  A read that fails on one host alone (its own data position, its memory)
+  would send that host on to the previous checkpoint while the others
+  resume this one: their collectives would pair up wrongly and the run
+  would hang, or resume at two steps. So each host says how its read ended
+  (an all-gather), and all end alike: the worst outcome wins (a failure
+  that stops the run, then damage, which moves the checkpoint aside).
+  """
+  try:
+    result, failure = read(), None
+  except Exception as error:  # pylint: disable=broad-except
+    result, failure = None, error
+  if jax.process_count() == 1:
+    if failure is not None:
+      raise failure
+    return result
+  mine = 0 if failure is None else 1 if isinstance(failure, Damaged) else 2
+  if failure is not None:  # the others' messages point here
+    logging.warning(
+        "process %d: reading checkpoint %d failed (%s: %s)",
+        jax.process_index(),
+        step,
+        type(failure).__name__,
+        errors.first_line(failure),
+    )
+  outcomes = np.asarray(
+      multihost_utils.process_allgather(np.asarray(mine, np.int32))
+  ).reshape(-1)
+  worst = int(outcomes.max())
+  if worst > 2:  # an all-gather paired with another collective
+    raise errors.TrainingError(
+        f"restoring checkpoint {step}: the processes fell out of step (one "
+        "failed inside a collective read); nothing was moved or deleted. "
+        "Each process's train.log says why; fix the cause and rerun."
+    )
+  if worst == 0:
+    return result
+  if mine == worst:
+    raise failure
+  where = ", ".join(str(i) for i in np.flatnonzero(outcomes == worst))
+  if worst == 1:
+    raise Damaged(f"process(es) {where} could not read it")
+  raise errors.TrainingError(
+      f"restoring checkpoint {step} failed on process(es) {where} (their "
+      "train.log says why); nothing was moved or deleted. Fix the cause and "
+      "rerun to resume from it."
+  )
+
+
 def _restore(manager, step, target, train_iter, *, intact=False):
   """Restores ``step``: (state, step had a digest); Damaged if it is bad."""
-  try:
-    restored = manager.restore(
-        step,
-        args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(target),
-            train_iter=grain.checkpoint.CheckpointRestore(train_iter),
-        ),
-    )
-  except Exception as error:  # pylint: disable=broad-except
-    raise _failed(step, error, intact=intact) from error
-  state = restored["state"]
-  saved_digest = _saved_digest(manager, step)
+
+  def read():
+    try:
+      restored = manager.restore(
+          step,
+          args=ocp.args.Composite(
+              state=ocp.args.StandardRestore(target),
+              train_iter=grain.checkpoint.CheckpointRestore(train_iter),
+          ),
+      )
+    except Exception as error:  # pylint: disable=broad-except
+      raise _failed(step, error, intact=intact) from error
+    return restored["state"], _saved_digest(manager, step)
+
+  # The checks below are collectives, with the same answer on every host.
+  state, saved_digest = _on_every_process(step, read)
   if saved_digest is not None:
     bad = digests.tree_mismatches(state, saved_digest.get("state", {}))
     if bad:
@@ -321,6 +412,8 @@ def _move_aside(manager, workdir, step, reason):
         os.path.join(directory, str(step)),
         os.path.join(directory, f"corrupt-{step}"),
     )
+  if jax.process_count() > 1:  # moved before any host lists the steps
+    multihost_utils.sync_global_devices(f"moved aside {step}")
   manager.reload()
 
 
@@ -352,10 +445,14 @@ def restore_latest(
   for step in steps:
     _check_process_count(manager, step)
     try:
-      intact = _check_files(manager, step)
-      mismatch = layout_mismatch(
-          _saved_layout(manager, step, intact=intact), target
-      )
+
+      def check(step=step):
+        intact = _check_files(manager, step)
+        _read_position(manager, step, train_iter, intact=intact)
+        return intact, _saved_layout(manager, step, intact=intact)
+
+      intact, saved = _on_every_process(step, check)
+      mismatch = layout_mismatch(saved, target)
       if mismatch:
         raise errors.ConfigError(
             f"checkpoint {step} in {manager.directory} was saved for another "
