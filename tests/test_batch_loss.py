@@ -127,6 +127,13 @@ def test_decimal_points_join_numbers(fused):
   )
   # The decimals change the loss: "3.25" scored as 325 would differ.
   assert abs(float(decimal.sum()) - float(integer.sum())) > 1e-3
+  # The reference weighting logs the same plain auxiliary loss (it logged
+  # the CE rescaled, sg(CE / aux) * aux).
+  config.weighting = "reference"
+  _, reference = step.batch_loss(model, batch, config, None)
+  np.testing.assert_allclose(
+      reference["numeric"], metrics["numeric"], rtol=1e-5
+  )
 
 
 def test_fused_implementations_agree():

@@ -217,9 +217,10 @@ def batch_loss(model, batch, config, key):
   scored = scored_mask.sum()
   digit_tokens = scored_mask & labels["digit_mask"]
   digits = digit_tokens.sum()
-  if config.lam:
+  if config.lam and config.weighting == "sum":
     numeric = (per_token - ce).sum() / (config.lam * jnp.maximum(digits, 1))
-  else:  # lam = 0 trains on CE alone; the numeric loss is still logged
+  else:  # logged as the plain auxiliary loss: CE alone (lam = 0), or
+    # "reference" weighting, under which per_token - ce is CE rescaled
     numeric = jax.lax.stop_gradient(
         ntil_jax.loss_from_statistics(
             stats,
@@ -228,7 +229,6 @@ def batch_loss(model, batch, config, key):
             decimal_point_mask=decimal_points,
             method=config.method,
             lam=1.0,
-            weighting=config.weighting,
             **shared,
             **kwargs,
         )
