@@ -31,6 +31,7 @@ from tests.test_train import ROOT
 from tests.test_train import run_cli
 from train import arithmetic_data
 from train import checkpoints
+from train import evaluate
 from train import logs
 from train import rundir
 from train import signals
@@ -271,6 +272,43 @@ def test_sigterm_during_a_hung_save_ends_at_once(
     train.train_and_evaluate(config, str(tmp_path))
   assert raised.value.signum == signal.SIGTERM
   assert time.perf_counter() - started < 120
+
+
+def test_a_signal_during_an_evaluation_stops_it(
+    data_dir, tmp_path, monkeypatch
+):
+  """SIGTERM during an evaluation: the run stops before the next batch of
+  it and saves the step; it used to finish the evaluation first (minutes
+  for a pretrained model's test set, past a scheduler's grace period)."""
+  if threading.current_thread() is not threading.main_thread():
+    pytest.skip("signal handlers need the main thread")
+  config = make_config(
+      data_dir,
+      train_steps=4,
+      eval_every_steps=2,
+      checkpoint_every_steps=4,
+      eval_batch_size=8,
+      eval_examples=40,
+  )
+  decoded = []
+  original = evaluate._decode
+
+  def decode_then_signal(*args):
+    decoded.append(1)
+    if len(decoded) == 1:
+      os.kill(os.getpid(), signal.SIGTERM)
+    return original(*args)
+
+  monkeypatch.setattr(evaluate, "_decode", decode_then_signal)
+  result = train.train_and_evaluate(config, str(tmp_path))
+  assert result["stopped_early"] and result["signal"] == signal.SIGTERM
+  assert result["step"] == 2
+  assert len(decoded) == 1  # of 5 batches
+  assert os.listdir(tmp_path / "checkpoints") == ["2"]
+  assert 2 not in logged(str(tmp_path), "exact_match")
+  resumed = train.train_and_evaluate(config, str(tmp_path))
+  assert resumed["step"] == 4 and not resumed["stopped_early"]
+  assert 4 in logged(str(tmp_path), "exact_match")
 
 
 def test_stop_agreement_answers_one_poll_late_and_never_waits():

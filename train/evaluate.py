@@ -52,7 +52,9 @@ class _CharCodec:
   decode = staticmethod(tokenizer.decode)
 
 
-def evaluate(model, config, to_global, task, *, num_samples: int = 0):
+def evaluate(
+    model, config, to_global, task, *, num_samples: int = 0, stop=None
+):
   """Greedy-decodes the task's test split.
 
   Args:
@@ -61,17 +63,22 @@ def evaluate(model, config, to_global, task, *, num_samples: int = 0):
     to_global: places a host-local batch array on the mesh.
     task: the task module (`train.tasks`), which builds and scores batches.
     num_samples: how many (question, answer, prediction) triples to return.
+    stop: called before each batch (on every host at once: it may be a
+      collective); a true answer abandons the evaluation.
 
   Returns:
     (metrics, samples, predictions): the task's summary over all hosts, up
     to ``num_samples`` triples, and this host's ``(index, answer,
     prediction)`` for every example it scored (index -1 if the task gives
-    none).
+    none); None if ``stop`` abandoned it.
   """
   model.eval()
   codec = task.codec(config) if hasattr(task, "codec") else _CharCodec()
   sums, samples, predictions_out = None, [], []
   for batch in task.eval_batches(config):
+    if stop is not None and stop():
+      model.train()
+      return None
     images = batch.get("images")
     outputs = _decode(
         model,

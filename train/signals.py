@@ -138,13 +138,18 @@ class StopAgreement:
     self._rows = rows
     self._pending = None
     self._max = jax.jit(jnp.max)
+    self.agreed = None  # the signal every process stops for, once agreed
 
   def poll(self, signum: int | None) -> int | None:
     """The signal any process had seen at the previous poll, or None."""
+    if self.agreed is not None:
+      return self.agreed
     if self._to_global is None:
+      self.agreed = signum
       return signum
     agreed = None if self._pending is None else int(self._pending) or None
     if agreed is None:  # else every process stops here: nothing to start
       local = np.full(self._rows, signum or 0, np.int32)
       self._pending = self._max(self._to_global(local))
+    self.agreed = agreed
     return agreed

@@ -204,14 +204,20 @@ def _train(config, task, workdir, mesh):
   last_train, last_eval = {}, {}
   step = start_step
 
-  def run_eval(is_last, record=True):
-    metrics, samples, predictions = evaluate.evaluate(
+  def run_eval(is_last, record=True, stop_requested=None):
+    """The eval metrics; None if ``stop_requested`` cut the eval short."""
+    evaluated = evaluate.evaluate(
         model,
         config,
         to_global,
         task,
         num_samples=config.num_samples if is_last else 0,
+        stop=stop_requested,
     )
+    if evaluated is None:
+      logging.warning("step %d: evaluation stopped by a signal", step)
+      return None
+    metrics, samples, predictions = evaluated
     if record:
       writer.write(step, **metrics)
     logging.info("step %d: %s", step, task.headline(metrics))
@@ -266,7 +272,15 @@ def _train(config, task, workdir, mesh):
       if config.eval_every_steps and (
           step % config.eval_every_steps == 0 or is_last
       ):
-        last_eval = run_eval(is_last)
+        # A signal during the eval stops it, and the run, at this step.
+        evaluated = run_eval(
+            is_last,
+            stop_requested=lambda: agreement.poll(stop.signum) is not None,
+        )
+        if evaluated is None:
+          agreed = agreement.agreed
+          break
+        last_eval = evaluated
       if step % config.checkpoint_every_steps == 0 or is_last:
         save(metrics, logged)
         saved_step = step
