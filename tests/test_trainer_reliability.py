@@ -309,6 +309,20 @@ def test_a_signal_during_an_evaluation_stops_it(
   resumed = train.train_and_evaluate(config, str(tmp_path))
   assert resumed["step"] == 4 and not resumed["stopped_early"]
   assert 4 in logged(str(tmp_path), "exact_match")
+  # In the final evaluation: the run is finished, and a rerun evaluates it
+  # and records that evaluation, once.
+  decoded.clear()
+  config.train_steps = 6
+  stopped = train.train_and_evaluate(config, str(tmp_path))
+  assert stopped["stopped_early"] and stopped["step"] == 6
+  assert 6 not in logged(str(tmp_path), "exact_match")
+  rerun = train.train_and_evaluate(config, str(tmp_path))
+  assert rerun["step"] == 6 and not rerun["stopped_early"]
+  assert logged(str(tmp_path), "exact_match")[6] == rerun["eval"]["exact_match"]
+  again = train.train_and_evaluate(config, str(tmp_path))
+  assert again["eval"] == rerun["eval"]
+  records = rundir.read_metrics(tmp_path / "metrics.jsonl")
+  assert sum(r["step"] == 6 and "exact_match" in r for r in records) == 1
 
 
 def test_stop_agreement_answers_one_poll_late_and_never_waits():

@@ -291,10 +291,11 @@ def _train(config, task, workdir, mesh):
     if start_step >= config.train_steps > 0:
       # Already finished (say, stopped by a signal during its final eval):
       # the training metrics it logged last, and the final model evaluated
-      # again (it was logged too), so a rerun returns what the run did.
+      # again, so a rerun returns what the run did; recorded only if a
+      # signal cut the final evaluation short.
       last_train = _last_logged_train(workdir, start_step)
       if config.eval_every_steps:
-        last_eval = run_eval(True, record=False)
+        last_eval = run_eval(True, record=not _eval_logged(workdir, start_step))
     stop.blocking = True
     manager.wait_until_finished()
     stop.check()
@@ -325,6 +326,15 @@ def _train(config, task, workdir, mesh):
       eval=last_eval,
       stopped_early=agreed is not None,
       signal=agreed,
+  )
+
+
+def _eval_logged(workdir, step) -> bool:
+  """Whether ``metrics.jsonl`` holds an evaluation at ``step``."""
+  path = os.path.join(workdir, "metrics.jsonl")
+  return any(
+      record["step"] == step and "loss" not in record
+      for record in rundir.read_metrics(path)
   )
 
 
