@@ -14,6 +14,7 @@ from absl import logging
 import jax
 
 from configs import common as common_config
+from train import errors
 from train import plots
 from train import train
 
@@ -401,6 +402,37 @@ def _kept_record(results_path, digest):
   return record
 
 
+def failures_path(results_path) -> str:
+  """``failed.json`` beside results.json: the cells whose run diverged."""
+  return os.path.join(os.path.dirname(results_path), "failed.json")
+
+
+def load_failures(results_path) -> dict:
+  """``{config hash: {"cell", "error"}}`` of the cells that diverged."""
+  path = failures_path(results_path)
+  if not os.path.exists(path):
+    return {}
+  with open(path) as f:
+    return json.load(f)
+
+
+def _record_failure(results_path, digest, cell, error) -> None:
+  """Adds a diverged cell to failed.json, under results.json's lock."""
+  path = failures_path(results_path)
+  fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    failures = load_failures(results_path)
+    failures[digest] = dict(cell=str(cell), error=errors.first_line(error))
+    temporary = f"{path}.tmp{os.getpid()}"
+    with open(temporary, "w") as f:
+      json.dump(failures, f, indent=1, sort_keys=True)
+      f.write("\n")
+    os.replace(temporary, path)
+  finally:
+    os.close(fd)
+
+
 def run_grid(
     todo,
     configure,
@@ -418,6 +450,11 @@ def run_grid(
   finished record is also kept under ``runs/.records/``: a cell whose record
   is there but missing from results.json (a crash between the two writes,
   or results.json reverted) is recorded again without being rerun.
+
+  A cell whose run diverges (`errors.Diverged`: a non-finite loss, the same
+  on every rerun) is listed in ``failed.json`` beside results.json, with
+  the error, and the grid goes on; later runs of the grid skip it, with a
+  warning, until its entry is deleted. Any other failure stops the grid.
 
   Args:
     todo: the cells, in run order.
@@ -443,8 +480,23 @@ def run_grid(
     return {r["config_hash"] for r in load_results(results_path)}
 
   done = recorded()
+  failed = load_failures(results_path)
+  diverged = [cell for cell in todo if configure(cell) in failed]
+  if diverged:
+    logging.warning(
+        "skipping %d cell(s) that diverged before (%s; delete an entry of "
+        "%s to run its cell again): %s",
+        len(diverged),
+        "non-finite loss",
+        failures_path(results_path),
+        ", ".join(str(cell) for cell in diverged),
+    )
   new, start = 0, time.time()
-  pending = [cell for cell in todo if configure(cell) not in done]
+  pending = [
+      cell
+      for cell in todo
+      if configure(cell) not in done and configure(cell) not in failed
+  ]
   logging.info("%d of %d runs to do", len(pending), len(todo))
   for index, cell in enumerate(pending):
     if max_runs and new >= max_runs:
@@ -455,7 +507,17 @@ def run_grid(
         continue
       record = _kept_record(results_path, digest)
       if record is None:
-        record = execute(cell, digest)
+        try:
+          record = execute(cell, digest)
+        except errors.Diverged as error:
+          _record_failure(results_path, digest, cell, error)
+          print(
+              f"[{index + 1}/{len(pending)}] {cell}: diverged "
+              f"({errors.first_line(error)}); listed in "
+              f"{failures_path(results_path)}, the grid goes on",
+              flush=True,
+          )
+          continue
         _keep_record(results_path, record)
       if after_keep is not None:
         after_keep(cell, digest)
@@ -469,3 +531,10 @@ def run_grid(
         flush=True,
     )
   print(f"{len(load_results(results_path))} runs in {results_path}", flush=True)
+  failed = load_failures(results_path)
+  if any(configure(cell) in failed for cell in todo):
+    print(
+        f"{sum(configure(cell) in failed for cell in todo)} cell(s) "
+        f"diverged: {failures_path(results_path)}",
+        flush=True,
+    )

@@ -6,8 +6,11 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 from experiments import common as results_io
 from experiments import stats
+from train import errors
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -597,12 +600,17 @@ def test_append_keeps_every_run_and_its_predictions(tmp_path):
   assert [r["predictions"] for r in loaded] == [["0"] * 3, ["1"] * 3, ["2"] * 3]
 
 
-def _grid(tmp_path, executed, fail_append=False, monkeypatch=None):
-  """A two-cell grid whose runs are recorded by hand: cell -> record."""
+def _grid(tmp_path, executed, fail_append=False, monkeypatch=None, raises=None):
+  """A two-cell grid whose runs are recorded by hand: cell -> record.
+
+  ``raises`` maps a cell to the exception its run raises.
+  """
   results = tmp_path / "results.json"
 
   def execute(cell, digest):
     executed.append(cell)
+    if raises and cell in raises:
+      raise raises[cell]
     return dict(
         name=cell,
         group="main",
@@ -664,6 +672,31 @@ def test_a_crash_before_the_record_is_saved_loses_no_finished_run(
   results = _grid(tmp_path, executed)
   assert executed == ["ab", "cde"]  # "ab" finished before the crash
   assert [r["name"] for r in results_io.load_results(results)] == ["ab", "cde"]
+
+
+def test_a_diverging_cell_is_listed_and_the_grid_goes_on(tmp_path):
+  """A cell whose loss goes non-finite diverges on every rerun: it used to
+  stop the grid there each time, and no later cell ever ran."""
+  executed = []
+  nan = errors.Diverged("non-finite loss=nan at step 6")
+  results = _grid(tmp_path, executed, raises={"ab": nan})
+  assert executed == ["ab", "cde"]
+  assert [r["name"] for r in results_io.load_results(results)] == ["cde"]
+  failed = {"hash-ab": dict(cell="ab", error="non-finite loss=nan at step 6")}
+  assert results_io.load_failures(str(results)) == failed
+  _grid(tmp_path, executed, raises={"ab": nan})
+  assert executed == ["ab", "cde"]  # skipped, not run again
+  (tmp_path / "failed.json").write_text("{}")  # the entry deleted: retried
+  _grid(tmp_path, executed)
+  assert executed == ["ab", "cde", "ab"]
+  assert len(results_io.load_results(results)) == 2
+  # Any other failure (a full disk, a bug) stops the grid at once.
+  with pytest.raises(errors.TrainingError, match="disk"):
+    _grid(
+        tmp_path / "other",
+        executed,
+        raises={"ab": errors.TrainingError("saving failed: disk full")},
+    )
 
 
 def test_after_keep_runs_once_the_record_is_kept(tmp_path):

@@ -17,6 +17,10 @@ class TrainingError(RuntimeError):
   """A run that cannot go on (non-finite loss, failed checkpoint save)."""
 
 
+class Diverged(TrainingError):
+  """A non-finite loss or gradient norm: the run's config diverges."""
+
+
 class Interrupted(Exception):  # pylint: disable=g-bad-exception-name
   """SIGTERM/SIGINT while the loop could not stop cleanly (or a second one)."""
 

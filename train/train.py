@@ -105,7 +105,7 @@ def check_finite(metrics, step, manager):
   if bad:
     manager.wait_until_finished()
     good = manager.latest_step()
-    raise errors.TrainingError(
+    raise errors.Diverged(
         f"non-finite {', '.join(f'{k}={v}' for k, v in bad.items())} at step "
         f"{step}, not saved; "
         + (
