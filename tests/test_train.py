@@ -422,6 +422,12 @@ def test_a_signal_to_one_process_stops_both_at_one_step(data_dir, tmp_path):
             {"JAX_NUM_CPU_DEVICES": "4"},
             "batch_size=6 is not divisible by the 4 devices",
         ),
+        (
+            "fsdp vs a parameter dimension",  # the tiny model's are 2**k
+            dict(fsdp=3, batch_size=6, eval_batch_size=6),
+            {"JAX_NUM_CPU_DEVICES": "3"},
+            "fsdp=3 does not divide every parameter dimension",
+        ),
     ],
 )
 def test_bad_input_one_clear_line(

@@ -119,14 +119,23 @@ def check_finite(metrics, step, manager):
 
 def _create_state(config, task, mesh):
   """The model, its optimizer and the train iterator, before any restore."""
-  if hasattr(task, "create_model"):  # e.g. a pretrained snapshot
-    model = task.create_model(config, mesh)
-  else:
-    model = models.create_model(
-        step_lib.model_config(config, task),
-        nnx.Rngs(params=config.seed),
-        mesh,
-    )
+  try:
+    if hasattr(task, "create_model"):  # e.g. a pretrained snapshot
+      model = task.create_model(config, mesh)
+    else:
+      model = models.create_model(
+          step_lib.model_config(config, task),
+          nnx.Rngs(params=config.seed),
+          mesh,
+      )
+  except ValueError as error:  # JAX's, for a dimension fsdp cannot split
+    if "evenly divide" not in str(error):
+      raise
+    raise errors.ConfigError(
+        f"fsdp={config.fsdp} does not divide every parameter dimension it "
+        f"shards ({errors.first_line(error, limit=300)}); set "
+        "--config.fsdp to a divisor of the model's dimensions."
+    ) from error
   tx = step_lib.make_optimizer(config)
   optimizer = nnx.jit(lambda m: nnx.Optimizer(m, tx, wrt=nnx.Param))(model)
   try:
