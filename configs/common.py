@@ -117,7 +117,10 @@ def base_config(method: str) -> ml_collections.ConfigDict:
   # Loss: CE on answer tokens + lam * numeric loss on their digits.
   config.method = method
   config.lam = 0.3
-  config.weighting = "sum"  # or "reference" (the NTIL authors' scaling)
+  # "sum"; "reference": the NTIL authors' scaling of a token-summed aux;
+  # "authors": their loss whole (their per-sample means; numbers split at
+  # '.', as their code splits them).
+  config.weighting = "sum"
   config.sigma = 0.2  # NTIL place-value weighting
   config.alpha = 0.2  # NTIL relative deviation
   config.beta = 0.2  # NTIL magnitude deviation

@@ -218,7 +218,8 @@ def fused_numeric_loss(
     loss_mask: ``[..., T]`` bool, positions to score (``None``: all valid).
     lam: weight of the numeric loss.
     method: ``"ntil"``, ``"emd"``, ``"ntl_mse"``, ``"soft_label"`` or ``"ce"``.
-    weighting: ``"sum"`` or ``"reference"`` (see ``numeric_token_loss``).
+    weighting: ``"sum"``, ``"reference"`` or ``"authors"`` (see
+      ``numeric_token_loss``).
     digit_token_ids: ``[10]`` digit ids (``None``: 0..9).
     chunk_size: tokens per chunk (a positive int); ``None``:
       :func:`default_chunk_size` (about 4M logits per block on CPU, a

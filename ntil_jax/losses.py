@@ -20,6 +20,8 @@ References:
   Number Tokens for Language Models", ICML 2025.
 """
 
+import functools
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -86,7 +88,7 @@ _FROM_STATISTICS = {
     "soft_label": baselines._soft_label,
     "ntil": ntil._ntil,
 }
-WEIGHTINGS = ("sum", "reference")
+WEIGHTINGS = ("sum", "reference", "authors")
 # The keyword arguments each method's loss takes through numeric_token_loss.
 LOSS_KEYWORDS = {
     "ce": (),
@@ -131,6 +133,17 @@ def numeric_token_loss(
   (here a 5-digit number weighs 5 times a 1-digit one, and the number-level
   terms weigh about 1/digits as much against the EMD as in their code).
 
+  ``weighting="authors"`` is their loss whole: the same scaling of an
+  ``aux`` aggregated as their code does, per sample (each row of the
+  leading axes): the digit terms (NTIL's weighted EMD; the other methods'
+  per-digit loss) averaged over the sample's digits, NTIL's relative and
+  magnitude deviations averaged over its numbers, a sample without digits
+  counting 0, then over samples. The per-token result sums to ``(1 + lam)``
+  times the CE, and its gradient divided by the number of scored tokens is
+  that of their ``mle + sg(mle / aux) * lam * aux`` with ``mle`` the mean
+  CE. Their code splits numbers at every non-digit, '.' included: for their
+  loss exactly, pass no ``decimal_point_mask``.
+
   With ``method="soft_label"`` and ``w = 1``, ``CE + lam * CE_soft`` equals
   ``(1 + lam)`` times a soft-label CE with ``eta' = lam * eta / (1 + lam)``.
 
@@ -141,7 +154,7 @@ def numeric_token_loss(
     digit_mask: ``[..., T]`` bool, where numbers may be (``None``: all).
     method: which numeric loss.
     lam: its weight (``>= 0``).
-    weighting: ``"sum"`` or ``"reference"``.
+    weighting: ``"sum"``, ``"reference"`` or ``"authors"``.
     digit_token_ids: ``[10]`` digit token ids (``None``: 0..9).
     decimal_point_mask: optional ``[..., T]`` bool, true at decimal-point
       labels that join integer and fractional digits into one number (see
@@ -194,6 +207,29 @@ def numeric_token_loss(
       digit_token_ids=digit_token_ids,
       decimal_point_mask=decimal_point_mask,
       **loss_kwargs,
+  )
+
+
+def _per_sample_means(method, stats, layout, **loss_kwargs):
+  """The NTIL authors' aggregation of ``method``'s loss, per token.
+
+  Each sample's (each ``[T]`` row's) digit terms divided by its digit
+  count, and NTIL's number terms by its number count, so that a row sums
+  to the authors' per-sample loss.
+  """
+  if method == "ntil":
+    alpha = loss_kwargs.pop("alpha", 0.2)
+    beta = loss_kwargs.pop("beta", 0.2)
+    parts = ntil._ntil_parts(stats, layout, **loss_kwargs)
+    digit_terms = parts.weights * parts.emd
+    number_terms = alpha * parts.relative + beta * parts.magnitude
+  else:
+    digit_terms = _FROM_STATISTICS[method](stats, layout, **loss_kwargs)
+    number_terms = jnp.zeros_like(digit_terms)
+  digits = jnp.sum(layout.is_digit, axis=-1, keepdims=True)
+  count = jnp.sum(layout.is_last, axis=-1, keepdims=True)
+  return digit_terms / jnp.maximum(digits, 1) + number_terms / jnp.maximum(
+      count, 1
   )
 
 
@@ -310,6 +346,8 @@ def loss_from_statistics(
   if numeric_fn is None:
     return ce
   mask = scored if digit_mask is None else scored & digit_mask.astype(bool)
+  if weighting == "authors":
+    numeric_fn = functools.partial(_per_sample_means, method)
   aux = base._number_loss(
       numeric_fn,
       stats,
@@ -319,7 +357,7 @@ def loss_from_statistics(
       decimal_point_mask,
       **loss_kwargs,
   )
-  if weighting == "reference":
+  if weighting in ("reference", "authors"):
     aux_total = jnp.sum(aux)
     ratio = jnp.where(
         aux_total > 0,

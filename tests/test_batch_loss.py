@@ -134,6 +134,16 @@ def test_decimal_points_join_numbers(fused):
   np.testing.assert_allclose(
       reference["numeric"], metrics["numeric"], rtol=1e-5
   )
+  # The authors' loss splits "3.25" at the point, as their code does; its
+  # value is (1 + lam) times the CE.
+  config.weighting = "authors"
+  value, authors = step.batch_loss(model, batch, config, None)
+  np.testing.assert_allclose(
+      authors["numeric"], integer.sum() / digits.sum(), rtol=1e-5
+  )
+  np.testing.assert_allclose(
+      value, (1 + config.lam) * ce.sum() / loss_mask.sum(), rtol=1e-5
+  )
 
 
 def test_fused_implementations_agree():

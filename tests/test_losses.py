@@ -439,6 +439,125 @@ class CombinedLossTest(parameterized.TestCase):
     np.testing.assert_allclose(combined, 1.5 * single, rtol=1e-5, atol=1e-6)
 
 
+def authors_case(seed, batch=4, length=20, vocab=16):
+  """Numbers of 1-4 digits between non-digits and ignored labels; row 2
+  holds no digit (it counts 0 in the authors' mean over samples)."""
+  rng = np.random.default_rng(seed)
+  labels = np.full((batch, length), 12)
+  for row in range(batch):
+    t = int(rng.integers(0, 2))
+    while t < length and row != 2:
+      n = min(int(rng.integers(1, 5)), length - t)
+      labels[row, t : t + n] = rng.integers(0, 10, n)
+      t += n
+      labels[row, t : t + 1] = rng.choice([10, 11, -100])
+      t += 1 + int(rng.integers(0, 2))
+  logits = (2.0 * rng.standard_normal((batch, length, vocab))).astype(
+      np.float32
+  )
+  return logits, labels.astype(np.int32)
+
+
+def authors_loss(logits, labels, *, lam, sigma, alpha, beta, tau):
+  """The NTIL authors' loss, ``mle + sg(mle / aux) * lam * aux``, written
+  out as their code computes it (loops over samples and digit runs, digits
+  0..9 are ids 0..9, no Gumbel noise): aux is the mean over samples of the
+  sample's place-weighted EMD averaged over its digits plus its relative
+  and magnitude deviations averaged over its numbers."""
+  valid = labels >= 0
+  log_z = jax.nn.logsumexp(logits, -1)
+  label_logits = jnp.take_along_axis(
+      logits, np.maximum(labels, 0)[..., None], -1
+  )[..., 0]
+  mle = jnp.sum(jnp.where(valid, log_z - label_logits, 0.0)) / valid.sum()
+  per_sample = []
+  for row in range(labels.shape[0]):
+    runs, run = [], []
+    for t, label in enumerate(labels[row]):
+      if 0 <= label < 10:
+        run.append(t)
+      elif run:
+        runs.append(run)
+        run = []
+    if run:
+      runs.append(run)
+    if not runs:
+      per_sample.append(jnp.asarray(0.0))
+      continue
+    emds, relative, magnitude = [], [], []
+    for run in runs:
+      z = logits[row, np.array(run), :10]
+      y = labels[row, np.array(run)]
+      places = np.arange(len(run) - 1, -1, -1)
+      probs = jax.nn.softmax(z, -1)
+      emd = jnp.sum(probs * np.abs(np.arange(10) - y[:, None]), -1)
+      emds.append(emd * (1.0 + sigma) ** places)
+      soft = jax.nn.softmax(z / tau, -1)
+      hard = jax.nn.one_hot(jnp.argmax(soft, -1), 10)
+      digits = hard - jax.lax.stop_gradient(soft) + soft
+      x = jnp.sum((digits @ np.arange(10.0)) * 10.0**places)
+      target = float(np.sum(y * 10.0**places))
+      big, small = jnp.maximum(x, target), jnp.minimum(x, target)
+      relative.append(
+          jnp.where(x == target, 0.0, jnp.abs(x - target) / (big + 1.0))
+      )
+      magnitude.append(jnp.log((big + 1.0) / (small + 1.0)))
+    per_sample.append(
+        jnp.mean(jnp.concatenate(emds))
+        + alpha * jnp.mean(jnp.stack(relative))
+        + beta * jnp.mean(jnp.stack(magnitude))
+    )
+  aux = jnp.mean(jnp.stack(per_sample))
+  return mle + jax.lax.stop_gradient(mle / aux) * lam * aux
+
+
+class AuthorsWeightingTest(parameterized.TestCase):
+  """``weighting="authors"`` against the authors' loss written out."""
+
+  @parameterized.parameters(
+      ("ntil", dict(sigma=0.2, alpha=0.2, beta=0.2)),
+      ("ntil", dict(sigma=0.5, alpha=1.0, beta=0.0)),
+      ("emd", dict(sigma=0.0, alpha=0.0, beta=0.0)),  # their EMD module
+  )
+  def test_value_and_gradient(self, method, parameters):
+    logits, labels = authors_case(70)
+    scored = (labels >= 0).sum()
+    kwargs = parameters if method == "ntil" else {}
+
+    def ours(z, weighting="authors"):
+      return (
+          ntil_jax.numeric_token_loss(
+              z, labels, method=method, lam=0.3, weighting=weighting, **kwargs
+          ).sum()
+          / scored
+      )
+
+    want = functools.partial(
+        authors_loss, labels=labels, lam=0.3, tau=0.1, **parameters
+    )
+    np.testing.assert_allclose(ours(logits), want(logits), rtol=1e-5)
+    grad = jax.grad(ours)(logits)
+    np.testing.assert_allclose(
+        grad, jax.grad(want)(logits), rtol=1e-4, atol=1e-6
+    )
+    # The token-summed aux of "reference" points elsewhere.
+    reference = jax.grad(functools.partial(ours, weighting="reference"))
+    self.assertGreater(float(jnp.abs(reference(logits) - grad).max()), 1e-3)
+
+  def test_fused_path_takes_it(self):
+    logits, labels = authors_case(71)
+    rng = np.random.default_rng(72)
+    hidden = rng.standard_normal(logits.shape[:-1] + (8,)).astype(np.float32)
+    unembedding = rng.standard_normal((8, logits.shape[-1])).astype(np.float32)
+    fused = ntil_jax.fused_numeric_loss(
+        hidden, unembedding, labels, weighting="authors", chunk_size=16
+    )
+    plain = ntil_jax.numeric_token_loss(
+        hidden @ unembedding, labels, weighting="authors"
+    )
+    np.testing.assert_allclose(fused, plain, rtol=1e-5, atol=1e-6)
+
+
 def decimal_case(seed, batch=3, length=40, vocab=14):
   """Digits 0..9, points (token 10) and fillers; some unscored positions."""
   rng = np.random.default_rng(seed)

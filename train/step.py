@@ -168,7 +168,9 @@ def batch_loss(model, batch, config, key):
   digit_ids = getattr(model, "digit_token_ids", None)
   # A '.' between two digits makes "3.25" one number, not the integer 325.
   point_id = getattr(model, "decimal_point_token_id", DECIMAL_POINT_ID)
-  decimal_points = None if point_id is None else targets == point_id
+  # The authors' loss splits numbers at '.', as their code does.
+  joins = point_id is not None and config.weighting != "authors"
+  decimal_points = targets == point_id if joins else None
   # Unscored positions (padding, questions) are masked out of the
   # statistics, so a NaN or inf output there cannot reach loss or gradient.
   scored_mask = labels["loss_mask"]
