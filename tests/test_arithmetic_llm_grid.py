@@ -45,6 +45,7 @@ def test_llm_smoke_grid_records_zero_shot_and_resumes(tmp_path):
   assert zero_shot["steps"] == 0 and zero_shot["problems_seen"] == 0
   for record in first:
     assert record["snapshot"] == "qwen2_tiny"
+    assert len(record["snapshot_sha256"]) == 64  # the weights' content
     assert record["dataset"] == "arithmetic_mix" and record["data"] == {}
     assert 0.0 <= record["exact_match"] <= 1.0
     assert record["num_test_examples"] == len(record["predictions"]) == 8
@@ -198,3 +199,41 @@ def test_a_second_schedule_needs_its_own_results_file(tmp_path):
   assert "steps 300 there, 3000 here" in str(error.value)
   assert "learning_rate 0.0001 there, 1e-05 here" in str(error.value)
   assert "--results=" in str(error.value)
+
+
+def test_other_weights_under_one_snapshot_name_are_refused(tmp_path):
+  """A checkpoint saved over another of one architecture keeps the
+  snapshot's identity (name, sizes: the cells' hashes); its content digest
+  differs, and a grid whose results hold the other weights' cells refuses
+  to count them as done."""
+  import pytest  # pylint: disable=g-import-not-at-top
+  from absl import app  # pylint: disable=g-import-not-at-top
+  from experiments.arithmetic_mix import run as run_lib  # pylint: disable=g-import-not-at-top
+
+  here = tmp_path / "qwen2_tiny"
+  shutil.copytree(ROOT / "tests" / "fixtures" / "hf" / "qwen2_tiny", here)
+  cache = str(tmp_path / "runs" / ".snapshot_digests.json")
+  identity = run_lib.snapshot_identity(str(here))
+  before = run_lib.snapshot_contents(str(here), cache)
+  assert run_lib.snapshot_contents(str(here), cache) == before
+  (weights,) = here.glob("*.safetensors")
+  data = bytearray(weights.read_bytes())
+  data[-1] ^= 1  # retrained: the same names and sizes, other bytes
+  weights.write_bytes(bytes(data))
+  assert run_lib.snapshot_identity(str(here)) == identity
+  after = run_lib.snapshot_contents(str(here), cache)
+  assert after != before
+  results = str(tmp_path / "results.json")
+  record = dict(name="ce-s0", group="main", snapshot="qwen2_tiny")
+  results_io.save_results(
+      results,
+      [
+          dict(record, snapshot_sha256=before, config_hash="a"),
+          dict(record, name="ce-s1", config_hash="b"),  # before the digests
+      ],
+  )
+  settings = dict(pretrained=str(here))
+  run_lib.check_same_snapshot(results, settings, before)
+  with pytest.raises(app.UsageError, match="other weights") as error:
+    run_lib.check_same_snapshot(results, settings, after)
+  assert "ce-s0" in str(error.value) and "ce-s1" not in str(error.value)

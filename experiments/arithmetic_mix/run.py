@@ -40,6 +40,7 @@ the plots from results.json.
 """
 
 import hashlib
+import json
 import os
 import platform
 import shutil
@@ -491,6 +492,63 @@ def snapshot_identity(path) -> str:
   return f"{os.path.basename(path.rstrip(os.sep))}@{digest.hexdigest()[:12]}"
 
 
+def snapshot_contents(path, cache_path) -> str:
+  """SHA-256 over the bytes of the snapshot's config.json and weights.
+
+  `snapshot_identity` names the snapshot in cell hashes by its folder name
+  and its files' sizes, so that recorded cells keep their hashes; two
+  checkpoints of one architecture saved under one name have the same
+  identity. This digest tells them apart (`check_same_snapshot`). Each
+  file's digest is cached in ``cache_path`` by its path, size and mtime,
+  so a grid reads the weights once.
+  """
+  try:
+    with open(cache_path) as f:
+      cache = json.load(f)
+  except (OSError, ValueError):
+    cache = {}
+  names = ["config.json"] + sorted(
+      n for n in os.listdir(path) if n.endswith(".safetensors")
+  )
+  digest = hashlib.sha256()
+  for name in names:
+    file_path = os.path.abspath(os.path.join(path, name))
+    stat = os.stat(file_path)
+    key = [stat.st_size, stat.st_mtime_ns]
+    entry = cache.get(file_path)
+    if entry is None or entry[:2] != key:
+      with open(file_path, "rb") as f:
+        sha = hashlib.file_digest(f, "sha256").hexdigest()
+      entry = cache[file_path] = key + [sha]
+    digest.update(f"{name}:{entry[2]}\n".encode())
+  os.makedirs(os.path.dirname(os.path.abspath(cache_path)), exist_ok=True)
+  temporary = f"{cache_path}.tmp{os.getpid()}"
+  with open(temporary, "w") as f:
+    json.dump(cache, f)
+  os.replace(temporary, cache_path)
+  return digest.hexdigest()
+
+
+def check_same_snapshot(results, settings, contents) -> None:
+  """UsageError if ``results`` holds cells of this snapshot's name and
+  identity trained from other weights (a checkpoint saved over another of
+  the same architecture): their cells would count as done."""
+  other = [
+      record["name"]
+      for record in common.load_results(results)
+      if record.get("snapshot") == snapshot_name(settings)
+      and record.get("snapshot_sha256") not in (None, contents)
+  ]
+  if other:
+    raise app.UsageError(
+        f"{results} holds cells ({', '.join(other[:3])}"
+        f"{', ...' if len(other) > 3 else ''}) of a snapshot named "
+        f"{snapshot_name(settings)} with other weights than "
+        f"{settings['pretrained']} (same name and file sizes, other bytes): "
+        "rename this snapshot's folder, or pass --results=ANOTHER.json."
+    )
+
+
 def _located_nowhere(config, settings):
   """``config`` and ``settings`` with the snapshot path replaced by its
   `snapshot_identity` and no data directory, for hashing."""
@@ -695,6 +753,11 @@ def run_llm(profile) -> None:
   methods = llm_methods()
   results = llm_results_path(settings)
   check_one_schedule(results, settings)
+  contents = snapshot_contents(
+      settings["pretrained"],
+      os.path.join(FLAGS.runs_dir, ".snapshot_digests.json"),
+  )
+  check_same_snapshot(results, settings, contents)
   os.makedirs(os.path.dirname(os.path.abspath(results)), exist_ok=True)
   arithmetic_data.prepare(
       FLAGS.data_dir,
@@ -733,12 +796,14 @@ def run_llm(profile) -> None:
     return llm_hash(config, profile, settings)
 
   def execute(cell, digest):
-    group, name, method, seed, _ = cell
+    group, _, method, seed, _ = cell
     if group == "zero_shot":
       config = llm_cell_config(settings, "ce", 0, FLAGS.data_dir)
-      return zero_shot_record(profile, settings, config, digest)
-    config = llm_cell_config(settings, method, seed, FLAGS.data_dir)
-    return llm_cell_record(profile, settings, cell, config, digest)
+      record = zero_shot_record(profile, settings, config, digest)
+    else:
+      config = llm_cell_config(settings, method, seed, FLAGS.data_dir)
+      record = llm_cell_record(profile, settings, cell, config, digest)
+    return dict(record, snapshot_sha256=contents)
 
   def after_keep(cell, digest):
     # Recorded: its checkpoints (1.6 GB for 135M parameters) are never read
