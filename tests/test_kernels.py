@@ -119,18 +119,24 @@ class ImplementationsTest(parameterized.TestCase):
       self.assertTrue(np.all(np.isfinite(np.asarray(g, np.float32))), name)
       error = rel_error(g, w)
       self.assertLessEqual(error, tolerance, f"{name}: {error:.2e}")
+      if dtype == jnp.float32:  # and no one element off: measured ~3e-7
+        g, w = np.asarray(g, np.float64), np.asarray(w, np.float64)
+        worst = np.abs(g - w).max()
+        self.assertLessEqual(worst, tolerance * np.abs(w).max(), name)
     # Ignored positions score exactly 0.
     np.testing.assert_array_equal(np.asarray(got[0])[labels < 0], 0.0)
 
   @parameterized.product(implementation=tuple(IMPLEMENTATIONS), method=METHODS)
   def test_float32_equals_logits_path(self, implementation, method):
-    self._compare(implementation, method, jnp.float32, 2e-4)
+    # Measured on CPU: about 1e-7 (norm), 1e-6 at most for one element.
+    self._compare(implementation, method, jnp.float32, 1e-5)
 
   @parameterized.product(
       implementation=tuple(IMPLEMENTATIONS), method=("ce", "ntil")
   )
   def test_bfloat16_close_to_exact(self, implementation, method):
-    self._compare(implementation, method, jnp.bfloat16, 3e-2)
+    # Measured on CPU: 2e-3 to 5e-3.
+    self._compare(implementation, method, jnp.bfloat16, 1.5e-2)
 
   @parameterized.parameters(*IMPLEMENTATIONS)
   def test_nan_hidden_at_unscored_positions(self, implementation):
