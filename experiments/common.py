@@ -433,6 +433,31 @@ def _record_failure(results_path, digest, cell, error) -> None:
     os.close(fd)
 
 
+def note_failures(results_path, report_path) -> None:
+  """Appends to a report the cells of its grid that diverged, if any.
+
+  Their runs are not in results.json, so the tables would pass them over
+  in silence; the report says which, and why.
+  """
+  failures = load_failures(results_path)
+  if not failures:
+    return
+  lines = [
+      "",
+      "## Cells that diverged",
+      "",
+      f"These {len(failures)} cell(s) went non-finite and are in no table "
+      f"above (`{os.path.basename(failures_path(results_path))}`):",
+      "",
+  ]
+  lines += [
+      f"- {entry['cell']}: {entry['error']}"
+      for entry in sorted(failures.values(), key=lambda e: e["cell"])
+  ]
+  with open(report_path, "a") as f:
+    f.write("\n".join(lines) + "\n")
+
+
 def run_grid(
     todo,
     configure,

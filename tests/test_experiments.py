@@ -699,6 +699,26 @@ def test_a_diverging_cell_is_listed_and_the_grid_goes_on(tmp_path):
     )
 
 
+def test_reports_name_the_cells_that_diverged(tmp_path):
+  executed = []
+  nan = errors.Diverged("non-finite loss=nan at step 6")
+  results = _grid(tmp_path, executed, raises={"ab": nan})
+  report = tmp_path / "results.md"
+  report.write_text("# Results\n")
+  results_io.note_failures(str(results), str(report))
+  text = report.read_text()
+  assert text.startswith("# Results\n")
+  assert "## Cells that diverged" in text
+  assert "- ab: non-finite loss=nan at step 6" in text
+  clean = tmp_path / "clean"
+  clean.mkdir()
+  (clean / "results.md").write_text("# Results\n")
+  results_io.note_failures(
+      str(clean / "results.json"), str(clean / "results.md")
+  )
+  assert (clean / "results.md").read_text() == "# Results\n"
+
+
 def test_after_keep_runs_once_the_record_is_kept(tmp_path):
   """A run's checkpoints may go only once its record is safe: a crash
   between the two would otherwise leave neither."""

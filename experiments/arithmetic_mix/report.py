@@ -378,18 +378,21 @@ def main(argv):
         # The same cells on the CPU, where some were first run.
         [os.path.join(os.path.dirname(results), "results_cpu.json")],
     )
+    common.note_failures(results, path)
     print(f"wrote {path} and plots/")
     return
   if FLAGS.profile in digits_report.PROFILES:
     name, folder = digits_report.PROFILES[FLAGS.profile]
+    results = FLAGS.results or os.path.join(digits_report.HERE, name)
     path = digits_report.main(
-        FLAGS.results or os.path.join(digits_report.HERE, name),
+        results,
         FLAGS.out_dir or os.path.join(digits_report.HERE, folder),
         FLAGS.data_dir,
         FLAGS.profile,
         # The same cells on the CPU, where some were first run.
         [os.path.join(digits_report.HERE, "results_cpu.json")],
     )
+    common.note_failures(results, path)
     print(f"wrote {path} and plots/")
     return
   results = FLAGS.results or os.path.join(HERE, "results.json")
@@ -398,6 +401,7 @@ def main(argv):
   if not runs:
     raise SystemExit(f"no runs in {results}")
   write_report(runs, out_dir)
+  common.note_failures(results, os.path.join(out_dir, "results.md"))
   print(f"wrote {os.path.join(out_dir, 'results.md')} and plots/")
 
 

@@ -862,7 +862,9 @@ def write_report(runs, out_dir, discussion=None):
 def main(argv):
   del argv
   runs = common.load_results(FLAGS.results)
-  print(write_report(runs, FLAGS.out_dir, FLAGS.discussion))
+  path = write_report(runs, FLAGS.out_dir, FLAGS.discussion)
+  common.note_failures(FLAGS.results, path)
+  print(path)
 
 
 if __name__ == "__main__":

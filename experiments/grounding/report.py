@@ -837,7 +837,9 @@ def write_report(runs, out_dir, discussion=None, budget=None):
 def main(argv):
   del argv
   runs = common.load_results(FLAGS.results)
-  print(write_report(runs, FLAGS.out_dir, FLAGS.discussion, FLAGS.budget))
+  path = write_report(runs, FLAGS.out_dir, FLAGS.discussion, FLAGS.budget)
+  common.note_failures(FLAGS.results, path)
+  print(path)
 
 
 if __name__ == "__main__":
