@@ -331,10 +331,17 @@ def append_result(path, record) -> None:
   The file is re-read under an exclusive lock on its directory, so records
   another process added in the meantime are kept.
   """
+  with _results_lock(path):
+    save_results(path, load_results(path) + [record])
+
+
+@contextlib.contextmanager
+def _results_lock(path):
+  """An exclusive ``flock`` on the directory of results file ``path``."""
   fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
   try:
     fcntl.flock(fd, fcntl.LOCK_EX)
-    save_results(path, load_results(path) + [record])
+    yield
   finally:
     os.close(fd)  # releases the lock
 
@@ -419,9 +426,7 @@ def load_failures(results_path) -> dict:
 def _record_failure(results_path, digest, cell, error) -> None:
   """Adds a diverged cell to failed.json, under results.json's lock."""
   path = failures_path(results_path)
-  fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-  try:
-    fcntl.flock(fd, fcntl.LOCK_EX)
+  with _results_lock(results_path):
     failures = load_failures(results_path)
     failures[digest] = dict(cell=str(cell), error=errors.first_line(error))
     temporary = f"{path}.tmp{os.getpid()}"
@@ -429,8 +434,6 @@ def _record_failure(results_path, digest, cell, error) -> None:
       json.dump(failures, f, indent=1, sort_keys=True)
       f.write("\n")
     os.replace(temporary, path)
-  finally:
-    os.close(fd)
 
 
 def note_failures(results_path, report_path) -> None:
@@ -505,8 +508,9 @@ def run_grid(
     return {r["config_hash"] for r in load_results(results_path)}
 
   done = recorded()
+  digests = [configure(cell) for cell in todo]
   failed = load_failures(results_path)
-  diverged = [cell for cell in todo if configure(cell) in failed]
+  diverged = [c for c, d in zip(todo, digests) if d in failed]
   if diverged:
     logging.warning(
         "skipping %d cell(s) that diverged before (%s; delete an entry of "
@@ -518,9 +522,7 @@ def run_grid(
     )
   new, start = 0, time.time()
   pending = [
-      cell
-      for cell in todo
-      if configure(cell) not in done and configure(cell) not in failed
+      c for c, d in zip(todo, digests) if d not in done and d not in failed
   ]
   logging.info("%d of %d runs to do", len(pending), len(todo))
   for index, cell in enumerate(pending):
@@ -557,9 +559,9 @@ def run_grid(
     )
   print(f"{len(load_results(results_path))} runs in {results_path}", flush=True)
   failed = load_failures(results_path)
-  if any(configure(cell) in failed for cell in todo):
+  if any(d in failed for d in digests):
     print(
-        f"{sum(configure(cell) in failed for cell in todo)} cell(s) "
-        f"diverged: {failures_path(results_path)}",
+        f"{sum(d in failed for d in digests)} cell(s) diverged: "
+        f"{failures_path(results_path)}",
         flush=True,
     )
