@@ -78,7 +78,8 @@ experiments-llm: install
 
 # Every report, table and figure again from the recorded results, no
 # training. The arithmetic breakdowns (by answer length, operation, decimals)
-# also read the test problems under data/: where they are missing the report
+# also read the test problems: under data/, or the copy each report keeps
+# beside its results.json (test_problems/); where neither is there the report
 # leaves those sections out and prints the command that prepares them.
 reports: install
 	$(PY) -m experiments.clock_time.report

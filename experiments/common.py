@@ -201,7 +201,8 @@ def _run_key(run):
   return run.get("config_hash") or run.get("name")
 
 
-def _write(path, text) -> None:
+def write_text(path, text) -> None:
+  """Writes ``text`` to ``path`` whole: a reader never sees half of it."""
   temporary = path + ".tmp"
   with open(temporary, "w") as f:
     f.write(text)
@@ -263,12 +264,12 @@ def save_results(path, runs):
           f"{json.dumps(key)}:{json.dumps(value, separators=(',', ':'))}"
           for key, value in predictions.items()
       )
-      _write(os.path.join(folder, f"{group}.json"), "{\n" + lines + "\n}\n")
+      write_text(os.path.join(folder, f"{group}.json"), "{\n" + lines + "\n}\n")
     for name in os.listdir(folder):  # groups no longer in ``runs``
       if name.endswith(".json") and name[: -len(".json")] not in groups:
         os.remove(os.path.join(folder, name))
   lines = ",\n".join(json.dumps(run, separators=(",", ":")) for run in records)
-  _write(path, '{"runs": [\n' + lines + "\n]}\n")
+  write_text(path, '{"runs": [\n' + lines + "\n]}\n")
 
 
 def curves(metrics_path, eval_keys=("exact_match",)):

@@ -495,3 +495,101 @@ def test_same_cells_on_another_device_are_compared(tmp_path):
   assert "ntil-s0" not in section  # its hash has no twin
   assert "Mean absolute difference 5.00 points over 1 cells" in section
   assert "--profile=digits_long` from `digits/results_long.json`" in report
+
+
+def prepared(data_dir, size):
+  """A prepared dataset's folder of training size ``size`` (its records come
+  from `fake_split`)."""
+  folder = (
+      data_dir / "arithmetic_mix" / f"add_or_sub-easy_train{size}_test6_seed0"
+  )
+  (folder / "1.0.0").mkdir(parents=True)
+  (folder / "1.0.0" / "dataset_info.json").write_text("{}")
+  return folder
+
+
+@pytest.fixture(name="fake_split")
+def fixture_fake_split(monkeypatch):
+  """`input_pipeline.load_split` reads PROBLEMS (as TFDS records: bytes)."""
+  from train import input_pipeline  # pylint: disable=g-import-not-at-top
+
+  reads = []
+
+  class Split(list):
+
+    def __getitems__(self, indices):
+      return [self[i] for i in indices]
+
+  def load_split(data_dir, split, config_name):
+    reads.append((data_dir, split, config_name))
+    return Split(
+        dict(question=q.encode(), answer=a.encode()) for q, a in PROBLEMS
+    )
+
+  monkeypatch.setattr(input_pipeline, "load_split", load_split)
+  return reads
+
+
+def test_report_renders_whole_again_from_its_copy_of_the_test_problems(
+    tmp_path, fake_split
+):
+  """Regenerated without the prepared data (a fresh clone), the report keeps
+  its breakdowns: it reads the copy it wrote beside results.json."""
+  runs = [record(n) for n in ("ce-s0", "ce-s1", "ntil-s0", "ntil-s1")]
+  results = tmp_path / "grid" / "results.json"
+  results.parent.mkdir()
+  results.write_text(json.dumps(dict(runs=runs)))
+  data = tmp_path / "data"
+  prepared(data, 102400)
+  out = tmp_path / "out"
+  dr.main(str(results), str(out), str(data))
+  with_data = (out / "results.md").read_text()
+  assert len(fake_split) == 1
+  copy = tmp_path / "grid" / "test_problems"
+  copy /= "add_or_sub-easy_train102400_test6_seed0.json"
+  assert [tuple(p) for p in json.loads(copy.read_text())] == PROBLEMS
+  assert "### By answer length" in with_data
+
+  dr.main(str(results), str(out), str(tmp_path / "no-data"))
+  assert len(fake_split) == 1  # the data was not read again
+  assert (out / "results.md").read_text() == with_data.replace(
+      str(data), str(tmp_path / "no-data")
+  )
+  # A copy that does not match the runs is checked like the data.
+  wrong = [[q, "0"] for q, _ in PROBLEMS]
+  copy.write_text(json.dumps(wrong))
+  dr.main(str(results), str(out), str(tmp_path / "no-data"))
+  assert "### By answer length" not in (out / "results.md").read_text()
+  assert (
+      "did not reproduce the recorded exact match"
+      in (out / "results.md").read_text()
+  )
+
+
+def test_another_training_size_gives_the_test_split_not_the_regime(
+    tmp_path, fake_split
+):
+  """The test split is the same for any training size, so a dataset of 9,600
+  problems lends its test problems but does not say the runs (102,400 read)
+  saw some problems twice; the runs' own size is read first, even from the
+  report's copy where only another size is prepared."""
+  del fake_split
+  runs = [record(n) for n in ("ce-s0", "ntil-s0")]
+  results = tmp_path / "results.json"
+  results.write_text(json.dumps(dict(runs=runs)))
+  prepared(tmp_path / "data", 9600)
+  dr.main(str(results), str(tmp_path), str(tmp_path / "data"))
+  report = (tmp_path / "results.md").read_text()
+  assert "seen twice" not in report and "9,600 generated" not in report
+  assert "so **each is seen once**" in report
+  assert "add_or_sub-easy_train9600_test6_seed0" in report  # its source
+
+  kept = tmp_path / "test_problems"
+  own = kept / "add_or_sub-easy_train102400_test6_seed0.json"
+  own.write_text(
+      (kept / "add_or_sub-easy_train9600_test6_seed0.json").read_text()
+  )
+  dr.main(str(results), str(tmp_path), str(tmp_path / "data"))
+  report = (tmp_path / "results.md").read_text()
+  assert "add_or_sub-easy_train102400_test6_seed0" in report
+  assert "of 102,400 generated training problems" in report

@@ -12,9 +12,11 @@ Every figure comes from the records: the final metrics and learning curves
 they hold, and their stored predictions (the test split's order). The
 breakdowns by answer digits, operation and decimals also need the test
 problems themselves (questions and answers are not in the records), read
-from the prepared data (``--data_dir``); without it, or if a run's stored
-predictions do not reproduce its recorded exact match against them, those
-breakdowns are left out and the report says so.
+from the prepared data (``--data_dir``). The report keeps a copy of them
+beside results.json (``test_problems/``, `read_test_problems`), so that it
+renders whole again where the data is not prepared; without either, or if a
+run's stored predictions do not reproduce its recorded exact match against
+them, those breakdowns are left out and the report says so.
 
 Paired comparisons use `experiments.stats.paired`: the same seed means the
 same initialisation and data order, so run - reference on each seed, the
@@ -24,6 +26,7 @@ seeds where the run is better, and a two-sided paired t-test
 
 import collections
 import glob
+import json
 import math
 import os
 import sys
@@ -644,7 +647,7 @@ def coverage(grouped) -> list[str]:
 
 def train_size(source) -> int | None:
   """The training set's size, from the prepared data's name, if known."""
-  match = re.search(r"_train(\d+)_test", os.path.basename(source or ""))
+  match = re.search(r"(?:^|_)train(\d+)_test", os.path.basename(source or ""))
   return int(match.group(1)) if match else None
 
 
@@ -663,19 +666,18 @@ def regime(grouped, early, problems=None, source="") -> list[str]:
         f"({min(digits)} to {max(digits)}), {100 * decimals:.0f}% with "
         "decimals"
     )
-  size = train_size(source)
-  if size is None:
+  # The test split is the same for every training size: only the runs' own
+  # dataset (as many problems as they read) names how many it held.
+  if train_size(source) == seen:
+    once = (
+        f"of {seen:,} generated training problems: **each seen at most "
+        "once** (exactly once)"
+    )
+  else:
     once = (
         "the digits profile generates exactly that many training problems, "
         "so **each is seen once**"
     )
-  elif size >= seen:
-    once = (
-        f"of {size:,} generated training problems: **each seen at most "
-        "once**" + (" (exactly once)" if size == seen else "")
-    )
-  else:
-    once = f"of {size:,} generated training problems: some seen twice or more"
   lines = [
       f"- Task: mathematics_dataset `{data.get('module', '?')}` at difficulty "
       f"`{data.get('difficulty', '?')}` (train and test drawn at it)"
@@ -1099,24 +1101,94 @@ def dataset_pattern(runs, data_dir) -> str:
   )
 
 
-def load_test_problems(runs, data_dir):
-  """(problems, source): the test split's (question, answer) pairs in the
-  order the runs were scored, and its path; problems None if not found."""
-  pattern = dataset_pattern(runs, data_dir)
-  found = sorted(glob.glob(os.path.join(pattern, "*", "dataset_info.json")))
-  seen = runs[0].get("problems_seen")
-  # The test split is the same for every training size; the runs' own
-  # dataset first, so the regime states its size.
-  found.sort(key=lambda path: f"_train{seen}_test" not in path)
-  if not found:
-    return None, pattern
+def kept_problems_dir(results) -> str:
+  """Where the report of ``results`` keeps its copies of test splits."""
+  return os.path.join(os.path.dirname(results) or ".", "test_problems")
+
+
+def prepared_configs(pattern, seen) -> list[str]:
+  """The dataset folders that ``pattern`` matches (any training size: it does
+  not change the test split), the runs' own (``seen`` problems) first."""
+  found = glob.glob(os.path.join(pattern, "*", "dataset_info.json"))
+  names = sorted(
+      os.path.basename(os.path.dirname(os.path.dirname(path))) for path in found
+  )
+  return sorted(names, key=lambda name: train_size(name) != seen)
+
+
+def read_test_problems(data_dir, pattern, seen, kept):
+  """(problems, source) of a prepared test split, or of the report's copy.
+
+  Reading prepared data writes or refreshes its copy under ``kept``, so that
+  a report regenerated where the data is not prepared (a fresh clone,
+  another machine) renders the same breakdowns from the same problems
+  instead of leaving them out. The runs' own dataset comes first, prepared
+  or kept, then any prepared one, then any copy. A copy is checked like the
+  data: the breakdowns need every run's stored predictions to reproduce its
+  recorded exact match against it.
+
+  Args:
+    data_dir: the prepared data.
+    pattern: the dataset folders under ``data_dir`` that would do (a glob).
+    seen: the problems each run read (its dataset's training size).
+    kept: the folder of the copies (`kept_problems_dir`), one a dataset.
+
+  Returns:
+    The (question, answer) pairs in the order the runs were scored and the
+    dataset's path under ``data_dir``; (None, None) where none is there.
+  """
+  copies = sorted(
+      os.path.basename(path)[: -len(".json")]
+      for path in glob.glob(
+          os.path.join(kept, os.path.basename(pattern) + ".json")
+      )
+  )
+  candidates = sorted(
+      [(name, True) for name in prepared_configs(pattern, seen)]
+      + [(name, False) for name in copies],
+      key=lambda c: (train_size(c[0]) != seen, not c[1]),
+  )
+  if not candidates:
+    return None, None
+  config, is_prepared = candidates[0]
+  source = os.path.join(data_dir, task.NAME, config)
+  copy = os.path.join(kept, f"{config}.json")
+  if not is_prepared:
+    print(
+        f"the test problems of {config} are not prepared under {data_dir}; "
+        f"reading the report's copy of them ({copy})",
+        file=sys.stderr,
+    )
+    with open(copy) as f:
+      return [tuple(p) for p in json.load(f)], source
   from train import input_pipeline  # pylint: disable=g-import-not-at-top
 
-  config = os.path.basename(os.path.dirname(os.path.dirname(found[0])))
-  source = input_pipeline.load_split(data_dir, "test", config_name=config)
-  records = source.__getitems__(list(range(len(source))))
+  split = input_pipeline.load_split(data_dir, "test", config_name=config)
+  records = split.__getitems__(list(range(len(split))))
   problems = [input_pipeline.decode_record(r) for r in records]
-  return problems, os.path.join(data_dir, task.NAME, config)
+  text = "[\n" + ",\n".join(json.dumps(list(p)) for p in problems) + "\n]\n"
+  old = None
+  if os.path.exists(copy):
+    with open(copy) as f:
+      old = f.read()
+  if text != old:
+    os.makedirs(kept, exist_ok=True)
+    common.write_text(copy, text)
+  return problems, source
+
+
+def load_test_problems(runs, data_dir, results):
+  """(problems, source): the test split's (question, answer) pairs in the
+  order the runs were scored, and its path; problems None if not found
+  (in the prepared data or the copies kept beside ``results``)."""
+  pattern = dataset_pattern(runs, data_dir)
+  problems, source = read_test_problems(
+      data_dir,
+      pattern,
+      runs[0].get("problems_seen"),
+      kept_problems_dir(results),
+  )
+  return problems, source or pattern
 
 
 def main(results, out_dir, data_dir, profile="digits", other_results=()):
@@ -1139,7 +1211,7 @@ def main(results, out_dir, data_dir, profile="digits", other_results=()):
   other = []
   for path in other_results:
     other += common.load_results(path)  # [] where it is missing
-  problems, source = load_test_problems(runs, data_dir)
+  problems, source = load_test_problems(runs, data_dir, results)
   if problems is None:
     print(
         f"warning: no test problems under {source}, so the breakdowns by "

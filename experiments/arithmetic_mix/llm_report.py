@@ -16,7 +16,6 @@ The tables and the reading are `digits_report`'s (the from-scratch grid's
 report), so both grids are read by the same definitions.
 """
 
-import glob
 import math
 import os
 import sys
@@ -120,12 +119,10 @@ def setup_lines(tuned, grouped, problems, source) -> list[str]:
   """What the fine-tuned cells share: schedule, data, hardware, speed."""
   first = tuned[0]
   seen = first.get("problems_seen", first["steps"] * first["batch_size"])
-  size = dr.train_size(source)
-  once = (
-      "each seen once"
-      if size is None or size >= seen
-      else f"some seen more than once ({size:,} generated)"
-  )
+  # The llm grid generates as many training problems as a run reads; the
+  # test split's dataset may be another size's (the split does not depend
+  # on it), which says nothing of the runs' own.
+  once = "each seen once"
   lines = [
       f"- Model: `{first.get('snapshot', '?')}`, pretrained, **full "
       "fine-tuning** (every parameter), one config for every method.",
@@ -303,29 +300,22 @@ def dataset_dir(dataset, tuned, zero, data_dir):
   pattern = os.path.join(
       data_dir, "arithmetic_mix", f"{prefix}train*_test{size}_seed0"
   )
-  found = sorted(glob.glob(os.path.join(pattern, "*", "dataset_info.json")))
-  seen = runs[0].get("problems_seen")
-  configs = [
-      os.path.basename(os.path.dirname(os.path.dirname(path))) for path in found
-  ]
-  wanted = f"{prefix}train{seen}_test{size}_seed0"  # the one the cells read
-  configs.sort(key=lambda config: config != wanted)
-  if not configs:
-    return None, pattern
-  return configs[0], pattern
+  configs = dr.prepared_configs(pattern, runs[0].get("problems_seen"))
+  return (configs[0] if configs else None), pattern
 
 
-def load_problems(dataset, tuned, zero, data_dir):
-  """(problems or None, where they were looked for)."""
-  config, pattern = dataset_dir(dataset, tuned, zero, data_dir)
-  if config is None:
-    return None, pattern
-  from train import input_pipeline  # pylint: disable=g-import-not-at-top
-
-  source = input_pipeline.load_split(data_dir, "test", config_name=config)
-  records = source.__getitems__(list(range(len(source))))
-  problems = [input_pipeline.decode_record(r) for r in records]
-  return problems, os.path.join(data_dir, "arithmetic_mix", config)
+def load_problems(dataset, tuned, zero, data_dir, results):
+  """(problems or None, where they were found or looked for): from the
+  prepared data, or else from the copy the report keeps beside ``results``
+  (`digits_report.read_test_problems`)."""
+  _, pattern = dataset_dir(dataset, tuned, zero, data_dir)
+  problems, source = dr.read_test_problems(
+      data_dir,
+      pattern,
+      (tuned or zero)[0].get("problems_seen"),
+      dr.kept_problems_dir(results),
+  )
+  return problems, source or pattern
 
 
 def write_report(
@@ -395,7 +385,7 @@ def main(results, out_dir, data_dir, other_results=()) -> str:
   problems, sources, hints = {}, {}, {}
   for dataset, (zero, tuned) in split_runs(runs).items():
     problems[dataset], sources[dataset] = load_problems(
-        dataset, tuned, zero, data_dir
+        dataset, tuned, zero, data_dir, results
     )
     if problems[dataset] is None:
       hints[dataset] = prepare_command(tuned or zero, data_dir)
