@@ -401,10 +401,7 @@ _SHARDED_SCRIPT = textwrap.dedent("""
 def test_sharded_creation_on_four_cpu_devices():
   env = dict(
       os.environ,
-      XLA_FLAGS=(
-          os.environ.get("XLA_FLAGS", "")
-          + " --xla_force_host_platform_device_count=4"
-      ),
+      XLA_FLAGS="--xla_force_host_platform_device_count=4",
       JAX_PLATFORMS="cpu",
   )
   result = subprocess.run(

@@ -574,9 +574,7 @@ train.train_and_evaluate(config, {str(tmp_path / "four")!r})
       text=True,
       timeout=600,
       env=dict(
-          os.environ,
-          XLA_FLAGS=os.environ.get("XLA_FLAGS", "")
-          + " --xla_force_host_platform_device_count=4",
+          os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4"
       ),
   )
   assert result.returncode == 0, result.stderr[-3000:]
