@@ -342,6 +342,34 @@ def test_create_model_on_a_one_device_mesh():
   np.testing.assert_allclose(logits, single(tokens), rtol=1e-5, atol=1e-5)
 
 
+def test_models_of_one_shape_share_the_initialiser_and_keep_their_seeds():
+  """A grid builds a model per run: the second of one shape and mesh reuses
+  the first's compiled initialiser, and each seed still gets its own
+  parameters, those a model built alone from that seed gets."""
+  mesh = jax.make_mesh(
+      (1, 1), ("data", "fsdp"), axis_types=(jax.sharding.AxisType.Explicit,) * 2
+  )
+  config = _tiny_config()
+
+  def params(seed):
+    model = models.create_model(
+        config, nnx.Rngs(jax.random.key(seed, impl="rbg")), mesh
+    )
+    return [np.asarray(p) for p in jax.tree.leaves(nnx.state(model, nnx.Param))]
+
+  first = params(0)
+  misses = models._sharded_init.cache_info().misses
+  second, again = params(1), params(0)
+  assert models._sharded_init.cache_info().misses == misses
+  assert not all(np.array_equal(a, b) for a, b in zip(first, second))
+  for a, b in zip(first, again):
+    np.testing.assert_array_equal(a, b)
+  # Seed 1 as if it were the first model built: traced afresh.
+  models._sharded_init.cache_clear()
+  for a, b in zip(second, params(1)):
+    np.testing.assert_array_equal(a, b)
+
+
 def test_create_model_needs_an_fsdp_axis():
   mesh = jax.make_mesh((1,), ("data",))
   with pytest.raises(ValueError, match="fsdp"):

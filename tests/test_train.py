@@ -1,5 +1,6 @@
 """End-to-end trainer tests: methods, resume, sharding, multi-process, errors."""
 
+import collections
 import json
 import os
 import pathlib
@@ -137,6 +138,45 @@ def test_resume_equals_straight_run(data_dir, tmp_path):
   got = logged(str(tmp_path / "resumed"))
   assert sorted(got) == list(range(1, 9))
   assert got == want  # bitwise on CPU: params, optimizer, data and rng resume
+
+
+def test_seeds_share_one_traced_step_and_keep_their_own_runs(
+    data_dir, tmp_path, monkeypatch
+):
+  """A grid's runs that differ only in their seed trace the step once (the
+  seed's key is an argument), and each seed's run is bitwise the one it
+  makes with the step traced afresh."""
+  traces = []
+  keyed = train.step_lib._keyed_step
+
+  def counting(config):
+    step = keyed(config)
+
+    def counted(*args):
+      traces.append(config.seed)
+      return step(*args)
+
+    return counted
+
+  monkeypatch.setattr(train.step_lib, "_keyed_step", counting)
+  monkeypatch.setattr(train.step_lib, "_SHARED", collections.OrderedDict())
+  runs = {}
+  for seed in (0, 1):
+    config = make_config(data_dir, seed=seed, train_steps=3, lr_decay_steps=3)
+    train.train_and_evaluate(config, str(tmp_path / f"s{seed}"))
+    runs[seed] = logged(str(tmp_path / f"s{seed}"))
+  assert traces == [0]  # traced for seed 0, reused for seed 1
+  assert runs[0] != runs[1]  # yet seed 1 trained with its own key and init
+  train.step_lib._SHARED.clear()
+  config = make_config(data_dir, seed=1, train_steps=3, lr_decay_steps=3)
+  train.train_and_evaluate(config, str(tmp_path / "alone"))
+  assert traces == [0, 1]
+  assert logged(str(tmp_path / "alone")) == runs[1]
+  # Another setting is another program.
+  config = make_config(data_dir, seed=1, train_steps=3, lr_decay_steps=3)
+  config.sigma = 0.5
+  train.train_and_evaluate(config, str(tmp_path / "sigma"))
+  assert traces == [0, 1, 1]
 
 
 def test_rerun_of_a_finished_run_returns_what_it_did(data_dir, tmp_path):

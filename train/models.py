@@ -30,6 +30,7 @@ Example::
 """
 
 import dataclasses
+import functools
 import math
 from typing import Any, NamedTuple
 
@@ -882,7 +883,18 @@ def create_model(
         f"mesh must have an axis named {FSDP_AXIS!r}, got {mesh.axis_names}."
     )
   with jax.set_mesh(mesh):
-    return nnx.jit(lambda rngs: Transformer(config, rngs=rngs))(rngs)
+    return _sharded_init(config, mesh)(rngs)
+
+
+@functools.lru_cache(maxsize=8)
+def _sharded_init(config: ModelConfig, mesh: jax.sharding.Mesh):
+  """The compiled initialiser of ``config`` on ``mesh``: rngs -> model.
+
+  One function object per (shape, mesh), so that the runs of a grid (seeds
+  differ only in the rngs, an argument) reuse its trace and compiled program
+  instead of tracing and lowering the model again each run.
+  """
+  return nnx.jit(lambda rngs: Transformer(config, rngs=rngs))
 
 
 def count_params(model: nnx.Module) -> int:

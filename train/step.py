@@ -7,6 +7,9 @@ clipping. Parameters are FSDP-sharded and batches data-sharded over a
 ``('data', 'fsdp')`` mesh with explicit axis types.
 """
 
+import collections
+import copy
+import json
 import os
 
 from absl import logging
@@ -96,7 +99,56 @@ def make_mesh(config, task) -> jax.sharding.Mesh:
   )
 
 
+# The programs of one run that other runs may share: a grid's runs that
+# differ only in their seed trace, lower and compile each of them once.
+# Keyed by everything in the config but the seed (`_program_key`): the seed
+# reaches the step as an argument, and a field that does not change the
+# program only costs a miss. The last few are kept (a grid cycles through
+# its methods and variants).
+_SHARED = collections.OrderedDict()
+_MAX_SHARED = 24
+
+
+def _program_key(config) -> str:
+  fields = config.to_dict()
+  fields.pop("seed", None)
+  return json.dumps(fields, sort_keys=True, default=repr)
+
+
+def _shared(kind, config, build):
+  """``build()`` once per ``kind`` and config without its seed."""
+  key = (kind, _program_key(config))
+  if key in _SHARED:
+    _SHARED.move_to_end(key)
+    return _SHARED[key]
+  value = _SHARED[key] = build()
+  while len(_SHARED) > _MAX_SHARED:
+    _SHARED.popitem(last=False)
+  return value
+
+
 def make_optimizer(config) -> optax.GradientTransformation:
+  """AdamW with warmup and cosine decay, after clipping the global norm.
+
+  Pure functions of the config: runs that differ only in their seed get the
+  same object (`_shared`), so that their optimizers, and the steps that
+  update them, share one traced program.
+  """
+  return _shared("optimizer", config, lambda: _optimizer(config))
+
+
+def init_optimizer(model, config) -> nnx.Optimizer:
+  """The optimizer of ``model``, its state created on the model's devices."""
+  tx = make_optimizer(config)
+  init = _shared(
+      "optimizer_init",
+      config,
+      lambda: nnx.jit(lambda m: nnx.Optimizer(m, tx, wrt=nnx.Param)),
+  )
+  return init(model)
+
+
+def _optimizer(config) -> optax.GradientTransformation:
   decay_steps = config.lr_decay_steps or config.train_steps
   schedule = optax.warmup_cosine_decay_schedule(
       init_value=0.0,
@@ -248,15 +300,11 @@ def batch_loss(model, batch, config, key):
   )
 
 
-def train_step_fn(config):
-  """The step, not yet compiled: (model, optimizer, batch, step) -> metrics.
+def _keyed_step(config):
+  """(model, optimizer, batch, step, base_key) -> metrics; the seed's key
+  an argument, so that the function is the same for every seed."""
 
-  Updates ``model`` and ``optimizer`` in place (NNX); `make_train_step`
-  compiles it for the trainer, benchmarks/step.py as a pure function.
-  """
-  base_key = jax.random.key(config.seed + 1)
-
-  def train_step(model, optimizer, batch, step):
+  def train_step(model, optimizer, batch, step, base_key):
     key = jax.random.fold_in(base_key, step)
     grad_fn = nnx.value_and_grad(batch_loss, has_aux=True)
     (_, metrics), grads = grad_fn(model, batch, config, key)
@@ -267,6 +315,35 @@ def train_step_fn(config):
   return train_step
 
 
+def _with_seed(step, config):
+  base_key = jax.random.key(config.seed + 1)
+
+  def train_step(model, optimizer, batch, step_number):
+    return step(model, optimizer, batch, step_number, base_key)
+
+  return train_step
+
+
+def train_step_fn(config):
+  """The step, not yet compiled: (model, optimizer, batch, step) -> metrics.
+
+  Updates ``model`` and ``optimizer`` in place (NNX); `make_train_step`
+  compiles it for the trainer, benchmarks/step.py as a pure function.
+  """
+  return _with_seed(_keyed_step(config), config)
+
+
 def make_train_step(config):
-  """The jit-compiled step: (model, optimizer, batch, step) -> metrics."""
-  return nnx.jit(train_step_fn(config), donate_argnums=(0, 1))
+  """The jit-compiled step: (model, optimizer, batch, step) -> metrics.
+
+  Runs that differ only in their seed share one compiled step (`_shared`;
+  the seed's key is its argument): a grid traces and lowers it once, not
+  once a run. It holds a copy of the config, read when it traces.
+  """
+  frozen = copy.deepcopy(config)
+  step = _shared(
+      "train_step",
+      config,
+      lambda: nnx.jit(_keyed_step(frozen), donate_argnums=(0, 1)),
+  )
+  return _with_seed(step, config)

@@ -136,8 +136,7 @@ def _create_state(config, task, mesh):
         f"shards ({errors.first_line(error, limit=300)}); set "
         "--config.fsdp to a divisor of the model's dimensions."
     ) from error
-  tx = step_lib.make_optimizer(config)
-  optimizer = nnx.jit(lambda m: nnx.Optimizer(m, tx, wrt=nnx.Param))(model)
+  optimizer = step_lib.init_optimizer(model, config)
   try:
     train_iter = task.train_iterator(config)
   except ValueError as error:  # e.g. fewer examples than one batch
