@@ -172,11 +172,15 @@ def test_seeds_share_one_traced_step_and_keep_their_own_runs(
   train.train_and_evaluate(config, str(tmp_path / "alone"))
   assert traces == [0, 1]
   assert logged(str(tmp_path / "alone")) == runs[1]
-  # Another setting is another program.
-  config = make_config(data_dir, seed=1, train_steps=3, lr_decay_steps=3)
-  config.sigma = 0.5
-  train.train_and_evaluate(config, str(tmp_path / "sigma"))
-  assert traces == [0, 1, 1]
+  # Any other setting is another program: only the seed is left out.
+  other = make_config(data_dir, seed=1, train_steps=3, lr_decay_steps=3)
+  assert train.step_lib._program_key(other) == train.step_lib._program_key(
+      make_config(data_dir, seed=0, train_steps=3, lr_decay_steps=3)
+  )
+  other.sigma = 0.5
+  assert train.step_lib._program_key(other) != train.step_lib._program_key(
+      config
+  )
 
 
 def test_rerun_of_a_finished_run_returns_what_it_did(data_dir, tmp_path):
