@@ -1,6 +1,7 @@
 """End-to-end trainer tests: methods, resume, sharding, multi-process, errors."""
 
 import collections
+import copy
 import json
 import os
 import pathlib
@@ -140,12 +141,12 @@ def test_resume_equals_straight_run(data_dir, tmp_path):
   assert got == want  # bitwise on CPU: params, optimizer, data and rng resume
 
 
-def test_seeds_share_one_traced_step_and_keep_their_own_runs(
+def test_seeds_and_weights_share_one_traced_step_and_keep_their_own_runs(
     data_dir, tmp_path, monkeypatch
 ):
-  """A grid's runs that differ only in their seed trace the step once (the
-  seed's key is an argument), and each seed's run is bitwise the one it
-  makes with the step traced afresh."""
+  """A grid's runs that differ only in their seed, length or loss weights
+  trace the step once (the seed's key and the weights are arguments), and
+  each run is bitwise the one it makes with the step traced afresh."""
   traces = []
   keyed = train.step_lib._keyed_step
 
@@ -153,34 +154,56 @@ def test_seeds_share_one_traced_step_and_keep_their_own_runs(
     step = keyed(config)
 
     def counted(*args):
-      traces.append(config.seed)
+      traces.append((config.seed, config.sigma))
       return step(*args)
 
     return counted
 
   monkeypatch.setattr(train.step_lib, "_keyed_step", counting)
   monkeypatch.setattr(train.step_lib, "_SHARED", collections.OrderedDict())
+  # The second run: another seed, other weights, a longer run on the same
+  # schedule, another eval cadence.
+  first = make_config(data_dir, seed=0, train_steps=3, lr_decay_steps=4)
+  second = make_config(
+      data_dir, seed=1, sigma=0.5, lam=1.0, alpha=0.0, train_steps=4
+  )
+  second.lr_decay_steps = 4
+  second.checkpoint_every_steps = 2
   runs = {}
-  for seed in (0, 1):
-    config = make_config(data_dir, seed=seed, train_steps=3, lr_decay_steps=3)
-    train.train_and_evaluate(config, str(tmp_path / f"s{seed}"))
-    runs[seed] = logged(str(tmp_path / f"s{seed}"))
-  assert traces == [0]  # traced for seed 0, reused for seed 1
-  assert runs[0] != runs[1]  # yet seed 1 trained with its own key and init
+  for name, config in (("first", first), ("second", second)):
+    train.train_and_evaluate(config, str(tmp_path / name))
+    runs[name] = logged(str(tmp_path / name))
+  assert traces == [(0, 0.2)]  # traced for the first, reused
+  assert runs["first"] != {k: runs["second"][k] for k in runs["first"]}
   train.step_lib._SHARED.clear()
-  config = make_config(data_dir, seed=1, train_steps=3, lr_decay_steps=3)
-  train.train_and_evaluate(config, str(tmp_path / "alone"))
-  assert traces == [0, 1]
-  assert logged(str(tmp_path / "alone")) == runs[1]
-  # Any other setting is another program: only the seed is left out.
-  other = make_config(data_dir, seed=1, train_steps=3, lr_decay_steps=3)
-  assert train.step_lib._program_key(other) == train.step_lib._program_key(
-      make_config(data_dir, seed=0, train_steps=3, lr_decay_steps=3)
-  )
-  other.sigma = 0.5
-  assert train.step_lib._program_key(other) != train.step_lib._program_key(
-      config
-  )
+  train.train_and_evaluate(second, str(tmp_path / "alone"))
+  assert traces == [(0, 0.2), (1, 0.5)]
+  # The shared step trained with the second run's own key and weights.
+  assert logged(str(tmp_path / "alone")) == runs["second"]
+  # Left out of the key: the seed, the weights, the trainer's cadence and
+  # the run's length where the schedule stays the same; any other setting
+  # is another program.
+  key = train.step_lib._program_key
+  assert key(first) == key(second)
+  for name, value in (
+      ("lam", 0.0),  # no numeric loss: the step leaves it out
+      ("tau", 0.5),
+      ("weighting", "reference"),
+      ("lr_decay_steps", 12),  # the same length, another schedule
+      ("learning_rate", 2 * first.learning_rate),
+      ("batch_size", 2 * first.batch_size),
+  ):
+    changed = copy.deepcopy(first)
+    changed[name] = value
+    assert key(changed) != key(first), name
+  # Within the warmup, the horizon is warmup_steps + 1 whatever the length.
+  short, long = copy.deepcopy(first), copy.deepcopy(first)
+  short.lr_decay_steps = long.lr_decay_steps = 0
+  short.warmup_steps = long.warmup_steps = 50
+  short.train_steps, long.train_steps = 2, 16
+  assert key(short) == key(long)
+  long.train_steps = 60
+  assert key(short) != key(long)
 
 
 def test_rerun_of_a_finished_run_returns_what_it_did(data_dir, tmp_path):

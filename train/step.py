@@ -36,6 +36,11 @@ AUTO_FUSED_MEMORY_FRACTION = 0.25
 # The decimal point of the project's character tokenizer.
 DECIMAL_POINT_ID = tokenizer.vocab()["."]
 fused_mode = common.fused_mode
+# The loss weights that sweeps and ablations change (lambda; NTIL's sigma,
+# alpha and beta): float32 arguments of the step, not constants traced into
+# it, so that runs that differ only in them share one compiled step (the
+# config's checks have vetted their values; `loss_weights`).
+TRACED_WEIGHTS = ("lam", "sigma", "alpha", "beta")
 
 
 def device_memory_bytes(device=None) -> int:
@@ -101,17 +106,44 @@ def make_mesh(config, task) -> jax.sharding.Mesh:
 
 # The programs of one run that other runs may share: a grid's runs that
 # differ only in their seed trace, lower and compile each of them once.
-# Keyed by everything in the config but the seed (`_program_key`): the seed
-# reaches the step as an argument, and a field that does not change the
-# program only costs a miss. The last few are kept (a grid cycles through
-# its methods and variants).
+# Keyed by the config without the fields no program reads (`_program_key`:
+# the seed and the loss weights reach the step as arguments; the run's
+# length only through the schedule's horizon), and a field that does not
+# change the program only costs a miss. The last few are kept: a grid
+# cycles through its methods and variants, three programs each.
 _SHARED = collections.OrderedDict()
-_MAX_SHARED = 24
+_MAX_SHARED = 96
+
+
+# Fields that reach none of the shared programs: the seed (an argument),
+# and when and how much the trainer logs, evaluates and saves.
+_NOT_IN_PROGRAM = (
+    "seed",
+    "log_every_steps",
+    "eval_every_steps",
+    "eval_examples",
+    "eval_batch_size",
+    "checkpoint_every_steps",
+    "keep_checkpoints",
+    "num_samples",
+)
+
+
+def _decay_steps(config) -> int:
+  """The cosine decay's horizon: all the step reads of the run's length."""
+  decay_steps = config.lr_decay_steps or config.train_steps
+  return max(decay_steps, config.warmup_steps + 1)
 
 
 def _program_key(config) -> str:
   fields = config.to_dict()
-  fields.pop("seed", None)
+  for name in _NOT_IN_PROGRAM + TRACED_WEIGHTS:
+    fields.pop(name, None)
+  fields["lam_is_zero"] = not config.lam  # `batch_loss` branches on it
+  # Runs of other lengths on one schedule (a fixed lr_decay_steps, or all
+  # within the warmup's horizon) share the step too.
+  fields.pop("train_steps", None)
+  fields["lr_decay_steps"] = _decay_steps(config)
   return json.dumps(fields, sort_keys=True, default=repr)
 
 
@@ -149,12 +181,11 @@ def init_optimizer(model, config) -> nnx.Optimizer:
 
 
 def _optimizer(config) -> optax.GradientTransformation:
-  decay_steps = config.lr_decay_steps or config.train_steps
   schedule = optax.warmup_cosine_decay_schedule(
       init_value=0.0,
       peak_value=config.learning_rate,
       warmup_steps=config.warmup_steps,
-      decay_steps=max(decay_steps, config.warmup_steps + 1),
+      decay_steps=_decay_steps(config),
       end_value=0.1 * config.learning_rate,
   )
   return optax.chain(
@@ -212,8 +243,20 @@ def scored_hidden_states(model, batch):
   return jnp.take_along_axis(hidden, positions[..., None], axis=1)
 
 
-def batch_loss(model, batch, config, key):
-  """Mean loss over scored tokens and per-component metrics."""
+def loss_weights(config) -> dict:
+  """The config's `TRACED_WEIGHTS`, as the step's float32 arguments."""
+  return {name: jnp.float32(config[name]) for name in TRACED_WEIGHTS}
+
+
+def batch_loss(model, batch, config, key, weights=None):
+  """Mean loss over scored tokens and per-component metrics.
+
+  ``weights`` (`loss_weights`) stand in for the config's loss weights, as
+  traced values; ``None`` reads them from ``config`` as constants.
+  """
+  if weights is None:
+    weights = {name: config[name] for name in TRACED_WEIGHTS}
+  lam = weights["lam"]
   labels = scored_window(batch)
   targets = labels["targets"]
   # A pretrained model's digits are its tokenizer's; ours are ids 0..9.
@@ -254,6 +297,9 @@ def batch_loss(model, batch, config, key):
       digit_token_ids=digit_ids,
   )
   kwargs = common.loss_kwargs(config)
+  for name in TRACED_WEIGHTS:
+    if name in kwargs:
+      kwargs[name] = weights[name]
   if config.method == "ntil" and config.gumbel_noise > 0:
     kwargs["key"] = key
   per_token = ntil_jax.loss_from_statistics(
@@ -262,7 +308,7 @@ def batch_loss(model, batch, config, key):
       digit_mask=labels["digit_mask"],
       decimal_point_mask=decimal_points,
       method=config.method,
-      lam=config.lam,
+      lam=lam,
       weighting=config.weighting,
       **shared,
       **kwargs,
@@ -272,7 +318,7 @@ def batch_loss(model, batch, config, key):
   digit_tokens = scored_mask & labels["digit_mask"]
   digits = digit_tokens.sum()
   if config.lam and config.weighting == "sum":
-    numeric = (per_token - ce).sum() / (config.lam * jnp.maximum(digits, 1))
+    numeric = (per_token - ce).sum() / (lam * jnp.maximum(digits, 1))
   else:  # logged as the plain auxiliary loss: CE alone (lam = 0), or
     # "reference" weighting, under which per_token - ce is CE rescaled
     numeric = jax.lax.stop_gradient(
@@ -301,13 +347,14 @@ def batch_loss(model, batch, config, key):
 
 
 def _keyed_step(config):
-  """(model, optimizer, batch, step, base_key) -> metrics; the seed's key
-  an argument, so that the function is the same for every seed."""
+  """(model, optimizer, batch, step, base_key, weights) -> metrics; the
+  seed's key and the loss weights arguments, so that the function is the
+  same for every seed and every weight."""
 
-  def train_step(model, optimizer, batch, step, base_key):
+  def train_step(model, optimizer, batch, step, base_key, weights):
     key = jax.random.fold_in(base_key, step)
     grad_fn = nnx.value_and_grad(batch_loss, has_aux=True)
-    (_, metrics), grads = grad_fn(model, batch, config, key)
+    (_, metrics), grads = grad_fn(model, batch, config, key, weights)
     optimizer.update(model, grads)
     metrics["grad_norm"] = optax.global_norm(grads)
     return metrics
@@ -317,9 +364,10 @@ def _keyed_step(config):
 
 def _with_seed(step, config):
   base_key = jax.random.key(config.seed + 1)
+  weights = loss_weights(config)
 
   def train_step(model, optimizer, batch, step_number):
-    return step(model, optimizer, batch, step_number, base_key)
+    return step(model, optimizer, batch, step_number, base_key, weights)
 
   return train_step
 
@@ -336,9 +384,10 @@ def train_step_fn(config):
 def make_train_step(config):
   """The jit-compiled step: (model, optimizer, batch, step) -> metrics.
 
-  Runs that differ only in their seed share one compiled step (`_shared`;
-  the seed's key is its argument): a grid traces and lowers it once, not
-  once a run. It holds a copy of the config, read when it traces.
+  Runs that differ only in their seed, length or loss weights share one
+  compiled step (`_shared`; the seed's key and the weights are its
+  arguments): a grid traces and lowers it once, not once a run. It holds a
+  copy of the config, read when it traces.
   """
   frozen = copy.deepcopy(config)
   step = _shared(
