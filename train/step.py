@@ -21,6 +21,7 @@ import optax
 
 from configs import common
 import ntil_jax
+from train import checks
 from train import models
 from train import tokenizer
 
@@ -117,16 +118,7 @@ _MAX_SHARED = 96
 
 # Fields that reach none of the shared programs: the seed (an argument),
 # and when and how much the trainer logs, evaluates and saves.
-_NOT_IN_PROGRAM = (
-    "seed",
-    "log_every_steps",
-    "eval_every_steps",
-    "eval_examples",
-    "eval_batch_size",
-    "checkpoint_every_steps",
-    "keep_checkpoints",
-    "num_samples",
-)
+_NOT_IN_PROGRAM = ("seed", *checks.CADENCE_FIELDS)
 
 
 def _decay_steps(config) -> int:
