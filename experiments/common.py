@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+from absl import app
 from absl import flags
 from absl import logging
 import jax
@@ -47,12 +48,15 @@ def define_grid_flags(here: str, groups: list[str], data_help: str) -> None:
       "Work directories of the runs (not in git).",
   )
   flags.DEFINE_string("data_dir", "data", data_help)
-  flags.DEFINE_integer("max_runs", 0, "Stop after this many new runs (0: all).")
+  flags.DEFINE_integer(
+      "max_runs", 0, "Stop after this many new runs (0: all).", lower_bound=0
+  )
   flags.DEFINE_integer(
       "workers",
       1,
       "Processes running the grid at once, one XLA thread each (2 on a "
       "2-core machine trains about twice as fast as 1).",
+      lower_bound=1,
   )
 
 
@@ -68,6 +72,39 @@ def define_report_flags(here: str) -> None:
       os.path.join(here, "discussion.md"),
       "Hand-written reading of the results, appended if it exists.",
   )
+
+
+def parse_flags(argv):
+  """absl's parsing, with a bad flag reported as one ``error:`` line (exit 2)."""
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as error:
+    print(f"error: {error}", file=sys.stderr)
+    sys.exit(2)
+
+
+def cli_main(main):
+  """``main`` for ``app.run``: a refused input is one ``error:`` line.
+
+  A `errors.ConfigError` (a results file that is not JSON, say) or an
+  ``app.UsageError`` (an unknown group) exits with status 2, a
+  `errors.TrainingError` with 1, with no traceback (`errors.exit_on_error`).
+  """
+
+  def checked(argv):
+    try:
+      with errors.exit_on_error():
+        return main(argv)
+    except app.UsageError as error:
+      print(f"error: {error}", file=sys.stderr)
+      sys.exit(2)
+
+  return checked
+
+
+def run_main(main) -> None:
+  """``app.run(main)`` for the grids and reports: `parse_flags`, `cli_main`."""
+  app.run(cli_main(main), flags_parser=parse_flags)
 
 
 def cell_config(config, settings, dataset_config, seed, overrides, data_dir):
@@ -209,6 +246,22 @@ def write_text(path, text) -> None:
   os.replace(temporary, path)  # never a half-written file
 
 
+def read_json(path):
+  """The JSON value in file ``path``.
+
+  Raises:
+    errors.ConfigError: the file is not JSON (the message names it).
+  """
+  try:
+    with open(path, encoding="utf-8") as f:
+      return json.load(f)
+  except ValueError as error:  # JSONDecodeError, UnicodeDecodeError
+    raise errors.ConfigError(
+        f"{path} is not valid JSON ({error}); restore it (e.g. git "
+        "checkout) or move it aside."
+    ) from None
+
+
 def load_results(path):
   """The runs of ``path``, each with its predictions put back.
 
@@ -218,19 +271,33 @@ def load_results(path):
 
   Returns:
     The list of run records, in file order.
+
+  Raises:
+    errors.ConfigError: ``path`` or a predictions file beside it is not
+      JSON, or not what `save_results` writes (the message names the file).
   """
   if not os.path.exists(path):
     return []
-  with open(path) as f:
-    runs = json.load(f)["runs"]
+  contents = read_json(path)
+  runs = contents.get("runs") if isinstance(contents, dict) else None
+  if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
+    raise errors.ConfigError(
+        f'{path} holds no {{"runs": [...]}} list of records; restore it '
+        "(e.g. git checkout) or move it aside."
+    )
   folder = predictions_dir(path)
   if not os.path.isdir(folder):
     return runs
   kept = {}
   for name in sorted(os.listdir(folder)):
     if name.endswith(".json"):
-      with open(os.path.join(folder, name)) as f:
-        kept.update(json.load(f))
+      predictions = read_json(os.path.join(folder, name))
+      if not isinstance(predictions, dict):
+        raise errors.ConfigError(
+            f"{os.path.join(folder, name)} holds no {{run: predictions}} "
+            "map; restore it (e.g. git checkout) or move it aside."
+        )
+      kept.update(predictions)
   for run in runs:
     key = _run_key(run)
     if PREDICTIONS not in run and key in kept:
@@ -367,47 +434,97 @@ def claim(directory, digest):
     os.close(fd)
 
 
-def _kept_record_path(results_path, digest) -> str:
-  return os.path.join(
-      os.path.dirname(results_path), "runs", ".records", f"{digest}.json"
+def _records_dir(results_path) -> str:
+  return os.path.join(os.path.dirname(results_path), "runs", ".records")
+
+
+def _made_for(results_path, runs_dir) -> dict:
+  """The grid a kept record belongs to: its results file and runs folder."""
+  return dict(
+      results=os.path.abspath(results_path), runs_dir=os.path.abspath(runs_dir)
   )
 
 
-def _keep_record(results_path, record) -> None:
+def _kept_record_path(results_path, runs_dir, digest) -> str:
+  """Where run ``digest``'s record is kept for this results file and runs
+  folder (named by both: two grids in one folder keep theirs apart)."""
+  made_for = _made_for(results_path, runs_dir)
+  tag = hashlib.sha256(
+      f"{made_for['results']}\n{made_for['runs_dir']}".encode()
+  ).hexdigest()[:8]
+  return os.path.join(_records_dir(results_path), f"{digest}-{tag}.json")
+
+
+def _keep_record(results_path, runs_dir, record) -> None:
   """A copy of a finished run's record beside its run, before results.json.
 
   results.json is tracked by git and so can be reverted (a checkout, a
   stash, a device machine's copy of the tree) or be left without the record
-  by a crash; the copy under the ignored ``runs/`` then restores it.
+  by a crash; the copy under the ignored ``runs/`` then restores it. The
+  copy names the results file and runs folder it was made for.
   """
-  path = _kept_record_path(results_path, record["config_hash"])
+  path = _kept_record_path(results_path, runs_dir, record["config_hash"])
   os.makedirs(os.path.dirname(path), exist_ok=True)
   temporary = f"{path}.tmp{os.getpid()}"
   with open(temporary, "w") as f:
-    json.dump(record, f)
+    json.dump(
+        dict(made_for=_made_for(results_path, runs_dir), record=record), f
+    )
   os.replace(temporary, path)
 
 
-def _kept_record(results_path, digest):
-  """The kept record of run ``digest``, or None."""
-  path = _kept_record_path(results_path, digest)
-  if not os.path.exists(path):
-    return None
+def _read_kept(path, digest):
+  """(made_for, record) of kept-record file ``path``; None unless it holds
+  a record of run ``digest``. Older files hold the bare record (made_for
+  None)."""
   try:
     with open(path) as f:
-      record = json.load(f)
+      kept = json.load(f)
   except (OSError, ValueError) as error:
     logging.warning("%s unreadable (%s): the cell runs again.", path, error)
     return None
+  if not isinstance(kept, dict):
+    return None
+  made_for, record = kept.get("made_for"), kept.get("record", kept)
   if not isinstance(record, dict) or record.get("config_hash") != digest:
     return None
-  logging.info(
-      "run %s: finished before, its record restored from %s (delete it to "
-      "run the cell again)",
+  return made_for, record
+
+
+def _kept_record(results_path, runs_dir, digest):
+  """The record of run ``digest`` kept for this grid, or None.
+
+  A record is reused only for the results file and runs folder it was made
+  for: another grid in the same folder (another ``--results`` or
+  ``--runs_dir``) that ran the same cell trains its own. A record kept
+  before records named their grid (``<digest>.json``) is reused with a
+  warning that says where it came from.
+  """
+  path = _kept_record_path(results_path, runs_dir, digest)
+  if os.path.exists(path):
+    kept = _read_kept(path, digest)
+    if kept is None or kept[0] != _made_for(results_path, runs_dir):
+      return None
+    logging.info(
+        "run %s: finished before, its record restored from %s (delete it to "
+        "run the cell again)",
+        digest,
+        path,
+    )
+    return kept[1]
+  legacy = os.path.join(_records_dir(results_path), f"{digest}.json")
+  kept = _read_kept(legacy, digest) if os.path.exists(legacy) else None
+  if kept is None:
+    return None
+  logging.warning(
+      "run %s: NOT RUN; its record (metrics, wall time, predictions) is "
+      "copied from %s, kept by an older version that did not note which "
+      "results file and runs folder it was made for: it may be another "
+      "grid's. Delete that file to run the cell again.",
       digest,
-      path,
+      legacy,
   )
-  return record
+  return kept[1]
 
 
 def failures_path(results_path) -> str:
@@ -420,8 +537,13 @@ def load_failures(results_path) -> dict:
   path = failures_path(results_path)
   if not os.path.exists(path):
     return {}
-  with open(path) as f:
-    return json.load(f)
+  failures = read_json(path)
+  if not isinstance(failures, dict):
+    raise errors.ConfigError(
+        f"{path} holds no {{config hash: failure}} map; restore it or move "
+        "it aside."
+    )
+  return failures
 
 
 def _record_failure(results_path, digest, cell, error) -> None:
@@ -471,14 +593,18 @@ def run_grid(
     *,
     max_runs=0,
     after_keep=None,
+    runs_dir=None,
 ):
   """Runs each cell of ``todo`` whose config hash is not yet recorded.
 
   Several processes may run one grid at once (``--workers``): each takes the
   next cell that is neither recorded nor held by another process. Each
-  finished record is also kept under ``runs/.records/``: a cell whose record
-  is there but missing from results.json (a crash between the two writes,
-  or results.json reverted) is recorded again without being rerun.
+  finished record is also kept under ``runs/.records/`` beside results.json,
+  named by its results file and runs folder: a cell whose record is kept
+  for this grid but missing from results.json (a crash between the two
+  writes, or results.json reverted) is recorded again without being rerun;
+  another grid's record of the same cell (another ``--results`` or
+  ``--runs_dir``) is never reused.
 
   A cell whose run diverges (`errors.Diverged`: a non-finite loss, the same
   on every rerun) is listed in ``failed.json`` beside results.json, with
@@ -495,7 +621,17 @@ def run_grid(
     after_keep: (cell, hash) -> None, called once the cell's record is kept
       (say, to delete what the run needs no more: before that, a crash
       would leave neither the record nor what it takes to resume).
+    runs_dir: the runs' work directories (default: ``runs/`` beside
+      results.json).
+
+  Raises:
+    ValueError: a negative ``max_runs``.
+    errors.ConfigError: results.json or failed.json is not JSON.
   """
+  if max_runs < 0:
+    raise ValueError(f"max_runs must be >= 0 (0: no limit), got {max_runs}.")
+  if runs_dir is None:
+    runs_dir = os.path.join(os.path.dirname(results_path), "runs")
   # Runs of one shape share compiled steps across seeds and restarts (in
   # the cache the caller set, e.g. by JAX_COMPILATION_CACHE_DIR, if any).
   if not jax.config.jax_compilation_cache_dir:
@@ -533,7 +669,7 @@ def run_grid(
     with claim(claims, digest) as mine:
       if not mine or digest in recorded():  # another worker has it
         continue
-      record = _kept_record(results_path, digest)
+      record = _kept_record(results_path, runs_dir, digest)
       if record is None:
         try:
           record = execute(cell, digest)
@@ -546,7 +682,7 @@ def run_grid(
               flush=True,
           )
           continue
-        _keep_record(results_path, record)
+        _keep_record(results_path, runs_dir, record)
       if after_keep is not None:
         after_keep(cell, digest)
       append_result(results_path, record)

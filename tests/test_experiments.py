@@ -1,6 +1,7 @@
 """The experiment runner resumes, records every cell, and the report renders."""
 
 import json
+import logging
 import math
 import pathlib
 import subprocess
@@ -600,12 +601,20 @@ def test_append_keeps_every_run_and_its_predictions(tmp_path):
   assert [r["predictions"] for r in loaded] == [["0"] * 3, ["1"] * 3, ["2"] * 3]
 
 
-def _grid(tmp_path, executed, fail_append=False, monkeypatch=None, raises=None):
+def _grid(
+    tmp_path,
+    executed,
+    fail_append=False,
+    monkeypatch=None,
+    raises=None,
+    results_name="results.json",
+    runs_dir=None,
+):
   """A two-cell grid whose runs are recorded by hand: cell -> record.
 
   ``raises`` maps a cell to the exception its run raises.
   """
-  results = tmp_path / "results.json"
+  results = tmp_path / results_name
 
   def execute(cell, digest):
     executed.append(cell)
@@ -632,8 +641,15 @@ def _grid(tmp_path, executed, fail_append=False, monkeypatch=None, raises=None):
       execute,
       lambda r: r["name"],
       str(results),
+      runs_dir=runs_dir,
   )
   return results
+
+
+def _kept(tmp_path, digest):
+  """The file that keeps run ``digest``'s record for the default grid."""
+  (path,) = (tmp_path / "runs" / ".records").glob(f"{digest}-*.json")
+  return path
 
 
 def test_a_reverted_results_file_is_restored_without_rerunning(tmp_path):
@@ -652,8 +668,8 @@ def test_a_reverted_results_file_is_restored_without_rerunning(tmp_path):
       ("cde", ["CDE"]),
   ]
   # Deleting a kept record runs its cell again; so does an unreadable one.
-  (tmp_path / "runs" / ".records" / "hash-ab.json").unlink()
-  (tmp_path / "runs" / ".records" / "hash-cde.json").write_text('{"na')
+  _kept(tmp_path, "hash-ab").unlink()
+  _kept(tmp_path, "hash-cde").write_text('{"na')
   results.write_text('{"runs": []}\n')
   _grid(tmp_path, executed)
   assert executed == ["ab", "cde", "ab", "cde"]
@@ -727,11 +743,11 @@ def test_after_keep_runs_once_the_record_is_kept(tmp_path):
   seen = []
 
   def execute(cell, digest):
-    assert not (kept / f"{digest}.json").exists()
+    assert not list(kept.glob(f"{digest}-*.json"))
     return dict(name=cell, group="main", config_hash=digest, wall_seconds=1.0)
 
   def after_keep(cell, digest):
-    assert (kept / f"{digest}.json").is_file()  # the record is safe
+    assert _kept(tmp_path, digest).is_file()  # the record is safe
     seen.append(cell)
 
   results_io.run_grid(
@@ -744,3 +760,105 @@ def test_after_keep_runs_once_the_record_is_kept(tmp_path):
   )
   assert seen == ["ab", "cde"]
   assert len(results_io.load_results(results)) == 2
+
+
+def test_another_grid_in_the_folder_trains_its_own_cells(tmp_path):
+  """A new --results and --runs_dir beside a finished grid used to train
+  nothing: every record was copied from that grid's kept records."""
+  executed = []
+  _grid(tmp_path, executed)
+  assert executed == ["ab", "cde"]
+  other = _grid(
+      tmp_path,
+      executed,
+      results_name="other.json",
+      runs_dir=str(tmp_path / "other_runs"),
+  )
+  assert executed == ["ab", "cde", "ab", "cde"]  # run again, not copied
+  assert [r["name"] for r in results_io.load_results(other)] == ["ab", "cde"]
+  # Each grid restores its own reverted results from its own records.
+  for name, runs_dir in (
+      ("results.json", None),
+      ("other.json", str(tmp_path / "other_runs")),
+  ):
+    (tmp_path / name).write_text('{"runs": []}\n')
+    _grid(tmp_path, executed, results_name=name, runs_dir=runs_dir)
+    assert len(results_io.load_results(tmp_path / name)) == 2
+  assert len(executed) == 4
+  # Another runs folder for the same results file: not that grid's either.
+  (tmp_path / "results.json").write_text('{"runs": []}\n')
+  _grid(tmp_path, executed, runs_dir=str(tmp_path / "elsewhere"))
+  assert len(executed) == 6
+
+
+def test_a_record_kept_by_an_older_version_is_reused_loudly(tmp_path, caplog):
+  """A kept record that does not say which grid it was made for is reused
+  only with a warning that names the file it came from."""
+  record = dict(name="ab", group="main", config_hash="hash-ab", wall_seconds=9)
+  legacy = tmp_path / "runs" / ".records" / "hash-ab.json"
+  legacy.parent.mkdir(parents=True)
+  legacy.write_text(json.dumps(record))
+  executed = []
+  with caplog.at_level(logging.WARNING, logger="absl"):
+    results = _grid(tmp_path, executed)
+  assert executed == ["cde"]
+  assert results_io.load_results(results)[0]["wall_seconds"] == 9
+  (warning,) = [m for m in caplog.messages if "NOT RUN" in m]
+  assert str(legacy) in warning
+
+
+def test_a_results_file_that_is_not_json_is_named(tmp_path, capsys):
+  results = tmp_path / "results.json"
+  results.write_text('{"runs": [\n{"name": "a"},\n')  # cut off mid-write
+  with pytest.raises(errors.ConfigError, match=str(results)):
+    results_io.load_results(results)
+  main = results_io.cli_main(lambda argv: results_io.load_results(results))
+  with pytest.raises(SystemExit) as exited:
+    main([])
+  assert exited.value.code == 2
+  (line,) = capsys.readouterr().err.splitlines()
+  assert line.startswith("error: ") and str(results) in line
+  results.write_text('{"runs": {}}')
+  with pytest.raises(errors.ConfigError, match="holds no"):
+    results_io.load_results(results)
+  results.write_text('{"runs": []}')
+  (tmp_path / "failed.json").write_text("{")
+  with pytest.raises(errors.ConfigError, match="failed.json is not valid"):
+    _grid(tmp_path, [])
+
+
+def test_grid_refuses_a_negative_count_before_any_work(tmp_path):
+  """--max_runs=-1 used to prepare the data and run nothing, exit 0."""
+  result = subprocess.run(
+      [
+          sys.executable,
+          "-m",
+          "experiments.clock_time.run",
+          "--max_runs=-1",
+          f"--results={tmp_path / 'results.json'}",
+          f"--runs_dir={tmp_path / 'runs'}",
+          f"--data_dir={tmp_path / 'data'}",
+      ],
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=120,
+  )
+  assert result.returncode == 2, result.stderr[-3000:]
+  assert "Traceback" not in result.stderr
+  (line,) = [l for l in result.stderr.splitlines() if l.startswith("error:")]
+  assert "--max_runs=-1" in line
+  assert not list(tmp_path.iterdir())  # no data prepared, nothing written
+  with pytest.raises(ValueError, match="max_runs must be >= 0"):
+    _grid_with_max_runs(tmp_path, -1)
+
+
+def _grid_with_max_runs(tmp_path, max_runs):
+  results_io.run_grid(
+      ["ab"],
+      lambda cell: f"hash-{cell}",
+      lambda cell, digest: {},
+      str,
+      str(tmp_path / "results.json"),
+      max_runs=max_runs,
+  )

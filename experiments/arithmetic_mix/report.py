@@ -13,7 +13,6 @@ pretrained-LLM grid's (``llm/<snapshot>/results.json``) is
 import collections
 import os
 
-from absl import app
 from absl import flags
 import matplotlib
 
@@ -406,4 +405,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  common.run_main(main)

@@ -41,6 +41,7 @@ the plots from results.json.
 
 import hashlib
 import json
+import math
 import os
 import platform
 import shutil
@@ -103,15 +104,21 @@ flags.DEFINE_string(
     "Work directories of the runs (not in git).",
 )
 flags.DEFINE_string("data_dir", "data", "Generated data.")
-flags.DEFINE_integer("max_cells", 0, "Stop after this many new cells (0: all).")
 flags.DEFINE_integer(
-    "data_workers", 2, "Processes generating a profile's data (same result)."
+    "max_cells", 0, "Stop after this many new cells (0: all).", lower_bound=0
+)
+flags.DEFINE_integer(
+    "data_workers",
+    2,
+    "Processes generating a profile's data (same result).",
+    lower_bound=1,
 )
 flags.DEFINE_integer(
     "workers",
     1,
     "Processes running the grid at once, each taking the next cell no other "
     "holds (on one GPU they share its memory).",
+    lower_bound=1,
 )
 # The llm profiles only (their defaults are in LLM_PROFILES).
 flags.DEFINE_string(
@@ -128,10 +135,17 @@ flags.DEFINE_enum(
     "its easiest difficulty (multi-digit answers).",
 )
 flags.DEFINE_float("learning_rate", None, "llm: peak learning rate.")
-flags.DEFINE_integer("train_steps", None, "llm: fine-tuning steps a cell.")
-flags.DEFINE_integer("batch_size", None, "llm: problems a step.")
+flags.register_validator(
+    "learning_rate",
+    lambda value: value is None or (math.isfinite(value) and value > 0),
+    message="--learning_rate must be a positive number.",
+)
+flags.DEFINE_integer(
+    "train_steps", None, "llm: fine-tuning steps a cell.", lower_bound=1
+)
+flags.DEFINE_integer("batch_size", None, "llm: problems a step.", lower_bound=1)
 flags.DEFINE_list("seeds", None, "llm: the seeds, e.g. 0,1,2.")
-flags.DEFINE_integer("test_size", None, "llm: test problems.")
+flags.DEFINE_integer("test_size", None, "llm: test problems.", lower_bound=1)
 flags.DEFINE_bool(
     "split_digits", None, "llm: every digit its own token (for Llama 3)."
 )
@@ -831,6 +845,7 @@ def run_llm(profile) -> None:
       results,
       max_runs=FLAGS.max_cells,
       after_keep=after_keep,
+      runs_dir=FLAGS.runs_dir,
   )
   logging.info(
       "now: python -m experiments.arithmetic_mix.report --profile=llm "
@@ -883,10 +898,16 @@ def main(argv):
     return f"{record['name']}: exact match {100 * record['exact_match']:.2f}%"
 
   common.run_grid(
-      todo, configure, execute, describe, results, max_runs=FLAGS.max_cells
+      todo,
+      configure,
+      execute,
+      describe,
+      results,
+      max_runs=FLAGS.max_cells,
+      runs_dir=FLAGS.runs_dir,
   )
   logging.info("now: python -m experiments.arithmetic_mix.report")
 
 
 if __name__ == "__main__":
-  app.run(main)
+  common.run_main(main)

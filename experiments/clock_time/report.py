@@ -11,7 +11,6 @@ many seeds it is better on and a paired t-test.
 import collections
 import os
 
-from absl import app
 from absl import flags
 import matplotlib
 
@@ -869,4 +868,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  common.run_main(main)

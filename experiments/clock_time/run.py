@@ -134,10 +134,16 @@ def main(argv):
     )
 
   common.run_grid(
-      todo, configure, execute, describe, FLAGS.results, max_runs=FLAGS.max_runs
+      todo,
+      configure,
+      execute,
+      describe,
+      FLAGS.results,
+      max_runs=FLAGS.max_runs,
+      runs_dir=FLAGS.runs_dir,
   )
   logging.info("now: python -m experiments.clock_time.report")
 
 
 if __name__ == "__main__":
-  app.run(main)
+  common.run_main(main)

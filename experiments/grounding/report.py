@@ -12,7 +12,6 @@ rendered again (deterministic for seed 0) to say where each miss went.
 
 import os
 
-from absl import app
 from absl import flags
 import matplotlib
 
@@ -844,4 +843,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  common.run_main(main)

@@ -125,10 +125,16 @@ def main(argv):
     return f"{record['name']}: {score}"
 
   common.run_grid(
-      todo, configure, execute, describe, FLAGS.results, max_runs=FLAGS.max_runs
+      todo,
+      configure,
+      execute,
+      describe,
+      FLAGS.results,
+      max_runs=FLAGS.max_runs,
+      runs_dir=FLAGS.runs_dir,
   )
   logging.info("now: python -m experiments.grounding.report")
 
 
 if __name__ == "__main__":
-  app.run(main)
+  common.run_main(main)
