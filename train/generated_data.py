@@ -11,7 +11,9 @@ Our builders live in a package and are read back with
   nothing, so the banners become log lines.
 """
 
+import contextlib
 import dataclasses
+import fcntl
 import inspect
 import os
 
@@ -98,8 +100,31 @@ class GeneratedBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     }
 
 
+@contextlib.contextmanager
+def preparation_lock(builder):
+  """Holds an exclusive ``flock`` on ``builder``'s dataset while it is made.
+
+  The lock file is ``DATA_DIR/<name>/.<config>.lock``; the kernel drops the
+  lock when its holder exits, however it exits, so it is never stale.
+  """
+  # data_dir is DATA_DIR/<name>/<config>/<version>.
+  folder = os.path.dirname(os.path.dirname(str(builder.data_dir)))
+  os.makedirs(folder, exist_ok=True)
+  path = os.path.join(folder, f".{builder.builder_config.name}.lock")
+  fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    yield
+  finally:
+    os.close(fd)  # releases the lock
+
+
 def prepare(builder, plot_samples=None, num_samples: int = 24) -> str:
   """Writes ``builder``'s dataset unless it exists; its directory.
+
+  Safe with several processes at once (the grids' workers, two grids on one
+  data folder): the first to come writes the dataset under
+  `preparation_lock` while the others wait, then reuse it.
 
   Args:
     builder: a `GeneratedBuilder` with its data_dir and config.
@@ -108,14 +133,23 @@ def prepare(builder, plot_samples=None, num_samples: int = 24) -> str:
       version folders, unless that file exists.
     num_samples: how many test records ``plot_samples`` gets at most.
   """
-  if builder.is_prepared():
-    logging.info("Reusing existing dataset at %s", builder.data_dir)
-  else:
-    builder.download_and_prepare()
-    logging.info("Wrote dataset to %s", builder.data_dir)
   samples = os.path.join(os.path.dirname(str(builder.data_dir)), "samples.png")
-  if plot_samples is not None and not os.path.exists(samples):
-    source = builder.as_data_source(split="test")
-    count = min(num_samples, len(source))
-    plot_samples(source.__getitems__(list(range(count))), samples)
+  ready = builder.is_prepared() and (
+      plot_samples is None or os.path.exists(samples)
+  )
+  if ready:
+    logging.info("Reusing existing dataset at %s", builder.data_dir)
+    return str(builder.data_dir)
+  with preparation_lock(builder):
+    if builder.is_prepared():
+      logging.info("Reusing existing dataset at %s", builder.data_dir)
+      # Another process may have written it since ``builder`` was made.
+      builder.info.read_from_directory(builder.data_dir)
+    else:
+      builder.download_and_prepare()
+      logging.info("Wrote dataset to %s", builder.data_dir)
+    if plot_samples is not None and not os.path.exists(samples):
+      source = builder.as_data_source(split="test")
+      count = min(num_samples, len(source))
+      plot_samples(source.__getitems__(list(range(count))), samples)
   return str(builder.data_dir)
