@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 
 import jax
 import jax.numpy as jnp
@@ -191,6 +192,36 @@ def test_non_finite_metric_is_written_as_null(tmp_path, caplog):
       step=3, loss=1.5, exact_match=None, gap=None
   )
   assert "metric exact_match is nan at step 3" in caplog.text
+
+
+def test_an_evaluation_says_how_many_it_scored_of_how_many(
+    data_dir, monkeypatch, caplog
+):
+  """max_answer_len below the longest answer used to cut the test split to
+  the answers that fit, reported as "exact match ... on N problems"."""
+  config = make_config(data_dir, max_answer_len=1, eval_examples=0)
+  task = train.get_task(config)
+  # No model: every prediction is empty (only the counts matter here).
+  monkeypatch.setattr(
+      evaluate,
+      "_decode",
+      lambda model, prompts, *args: np.zeros((prompts.shape[0], 2), np.int32),
+  )
+  model = types.SimpleNamespace(eval=lambda: None, train=lambda: None)
+  with caplog.at_level(logging.WARNING, logger="absl"):
+    metrics, _, _ = evaluate.evaluate(model, config, np.asarray, task)
+  scored = metrics["num_examples"]
+  assert 0 < scored < metrics["test_examples"] == 40
+  assert f"on {scored} of 40 problems" in task.headline(metrics)
+  (warning,) = [m for m in caplog.messages if "test examples" in m]
+  assert f"scored {scored} of the 40 test examples" in warning
+  assert "max_answer_len=1" in warning
+  # A deliberate cut (eval_examples) is said, not warned about.
+  caplog.clear()
+  config = make_config(data_dir, eval_examples=20)
+  metrics, _, _ = evaluate.evaluate(model, config, np.asarray, task)
+  assert "on 20 of 40 problems" in task.headline(metrics)
+  assert not [m for m in caplog.messages if "test examples" in m]
 
 
 def test_fused_loss_auto_on_a_task_config_cli(data_dir, tmp_path):

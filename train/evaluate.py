@@ -2,6 +2,7 @@
 
 import functools
 
+from absl import logging
 from flax import nnx
 import jax
 from jax.experimental import multihost_utils
@@ -67,15 +68,21 @@ def evaluate(
       collective); a true answer abandons the evaluation.
 
   Returns:
-    (metrics, samples, predictions): the task's summary over all hosts, up
+    (metrics, samples, predictions): the task's summary over all hosts
+    (``num_examples`` scored, and ``test_examples`` in the test split), up
     to ``num_samples`` triples, and this host's ``(index, answer,
     prediction)`` for every example it scored (index -1 if the task gives
-    none); None if ``stop`` abandoned it.
+    none); None if ``stop`` abandoned it. Where fewer examples were scored
+    than the test split holds (less ``config.eval_examples``, a deliberate
+    cut), the task skipped some (too long for ``max_question_len`` or
+    ``max_answer_len``) and a warning says how many.
   """
   model.eval()
   codec = task.codec(config) if hasattr(task, "codec") else _CharCodec()
   sums, samples, predictions_out = None, [], []
+  test_examples = None
   for batch in task.eval_batches(config):
+    test_examples = batch.get("test_examples", test_examples)
     if stop is not None and stop():
       model.train()
       return None
@@ -106,4 +113,28 @@ def evaluate(
         zip([i for i, ok in zip(indices, valid) if ok], answers, predictions)
     )
   model.train()
-  return task.summarize(_sum_over_hosts(sums)), samples, predictions_out
+  metrics = task.summarize(_sum_over_hosts(sums))
+  if test_examples is not None:
+    metrics["test_examples"] = int(test_examples)
+    _warn_if_dropped(metrics, config)
+  return metrics, samples, predictions_out
+
+
+def _warn_if_dropped(metrics, config) -> None:
+  """A warning if the task skipped test examples it was asked to score."""
+  total = metrics["test_examples"]
+  limit = config.get("eval_examples", 0)
+  wanted = min(limit, total) if limit else total
+  if metrics["num_examples"] >= wanted:
+    return
+  logging.warning(
+      "evaluation scored %d of the %d test examples%s: %d were skipped as "
+      "too long for max_question_len=%s / max_answer_len=%s (or the "
+      "prompt length); its metrics are of the rest only.",
+      metrics["num_examples"],
+      total,
+      f" (eval_examples={limit} asked for {wanted})" if limit else "",
+      wanted - metrics["num_examples"],
+      config.get("max_question_len"),
+      config.get("max_answer_len"),
+  )

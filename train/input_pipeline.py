@@ -627,8 +627,8 @@ def eval_batches(
   """Yields this host's fixed-shape evaluation batches of ``split``, in order, once.
 
   Examples whose question or answer exceed the maximum lengths are skipped
-  (with a warning), and only the first ``max_examples`` are used if it is
-  non-zero. This host takes examples ``process_index::process_count``; every host
+  (`train.evaluate.evaluate` warns, naming how many it scored of how many),
+  and only the first ``max_examples`` are used if it is non-zero. This host takes examples ``process_index::process_count``; every host
   yields `num_eval_batches` batches of ``B = global_batch_size //
   process_count`` rows, the missing rows of the last ones padded. Each batch:
 
@@ -637,7 +637,8 @@ def eval_batches(
   * ``prompt_lengths`` int32 [B]: unpadded prompt lengths;
   * ``questions``, ``answers``: lists of B str (reference answers);
   * ``valid``          bool  [B]: False on padding rows, whose prompt is
-    ``BOS SEP`` and whose question and answer are ''.
+    ``BOS SEP`` and whose question and answer are '';
+  * ``test_examples``  int: the size of ``split``, skipped examples too.
   """
   process_index, process_count = resolve_process(process_index, process_count)
   batch_size = per_host_batch_size(global_batch_size, process_count)
@@ -647,15 +648,6 @@ def eval_batches(
   )
   if max_examples:
     usable = usable[:max_examples]
-  if len(usable) < len(source) and not max_examples:
-    logging.warning(
-        "Evaluating %d of %d %s examples: the rest exceed max_question_len=%d / max_answer_len=%d.",
-        len(usable),
-        len(source),
-        split,
-        max_question_len,
-        max_answer_len,
-    )
   for records, _ in host_eval_records(
       source,
       usable,
@@ -676,6 +668,7 @@ def eval_batches(
         "questions": questions,
         "answers": answers,
         "valid": np.arange(batch_size) < len(pairs),
+        "test_examples": len(source),
     }
 
 

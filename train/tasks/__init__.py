@@ -20,9 +20,12 @@ The trainer (train/train.py) never names a task; it looks one up by
   (grayscale) or [B, S, S, C].
 * ``eval_batches(config, ...)``: this host's test batches, dicts with
   ``prompts`` [B, P], ``prompt_lengths`` [B], ``answers``, ``questions``,
-  ``valid`` [B] and optionally ``images`` and ``indices``.
+  ``valid`` [B], ``test_examples`` (the test split's size, examples the
+  task skips included: the evaluation says how many it scored of how many)
+  and optionally ``images`` and ``indices``.
 * ``score_answers(predictions, answers, config) -> dict`` of sums that hosts
-  add, ``summarize(sums) -> dict`` of metrics, ``headline(metrics) -> str``.
+  add, ``summarize(sums) -> dict`` of metrics (``num_examples``: how many
+  were scored), ``headline(metrics) -> str`` (`scored` says how many).
 
 Optional hook, for tasks that render their data (clock_time, grounding*):
 
@@ -55,6 +58,14 @@ TASKS = {
     "grounding_multi": "train.tasks.grounding_multi",
     "grounding_single": "train.tasks.grounding_single",
 }
+
+
+def scored(metrics: dict) -> str:
+  """How many examples an evaluation scored: ``'4 of 8'``, of the test
+  split's ``test_examples`` where the metrics hold it, else ``'4'``."""
+  count = metrics["num_examples"]
+  total = metrics.get("test_examples")
+  return f"{count}" if total is None else f"{count} of {total}"
 
 
 def get(name: str):

@@ -14,6 +14,7 @@ import numpy as np
 
 from train import arithmetic_data
 from train import input_pipeline
+from train import tasks
 from train import tokenizer
 
 NAME = input_pipeline.DATASET_NAME
@@ -150,5 +151,5 @@ def headline(metrics: dict) -> str:
   """One line for the log."""
   return (
       f"exact match {metrics['exact_match']:.4f} on "
-      f"{metrics['num_examples']} problems"
+      f"{tasks.scored(metrics)} problems"
   )

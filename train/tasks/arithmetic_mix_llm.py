@@ -367,4 +367,5 @@ def eval_batches(config, *, process_index=None, process_count=None):
         "questions": questions,
         "answers": answers,
         "valid": np.arange(batch_size) < len(pairs),
+        "test_examples": len(source),
     }

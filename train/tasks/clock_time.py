@@ -37,6 +37,7 @@ from train import input_pipeline
 from train import generated_data
 from train import models
 from train import streams
+from train import tasks
 from train import tokenizer
 
 DATASET_NAME = "clock_time"
@@ -576,6 +577,7 @@ def eval_batches(config, *, process_index=None, process_count=None):
         answers=[_as_str(r["answer"]) for r in records] + [""] * padding,
         indices=indices + [-1] * padding,
         valid=np.arange(batch_size) < len(records),
+        test_examples=len(source),
     )
 
 
@@ -643,5 +645,5 @@ def headline(metrics: dict) -> str:
   return (
       f"exact match {metrics['exact_match']:.4f}, mean time gap "
       f"{metrics['mean_time_gap_minutes']:.1f} min on "
-      f"{metrics['num_examples']} clocks"
+      f"{tasks.scored(metrics)} clocks"
   )

@@ -38,6 +38,7 @@ from train import generated_data
 from train import models
 from train import step
 from train import streams
+from train import tasks
 from train import tokenizer
 from train.tasks import boxes
 from train.tasks import grounding_scenes as scenes
@@ -317,6 +318,7 @@ class GroundingTask:
           answers=[_as_str(r["answer"]) for r in records] + [""] * padding,
           indices=indices + [-1] * padding,
           valid=np.arange(batch_size) < len(records),
+          test_examples=len(source),
       )
 
   # --------------------------------------------------------------------------
@@ -341,14 +343,14 @@ class GroundingTask:
           f"F1@0.5 {metrics['f1_at_50']:.4f} (precision "
           f"{metrics['precision_at_50']:.4f}, recall "
           f"{metrics['recall_at_50']:.4f}), exact match "
-          f"{metrics['exact_match']:.4f} on {metrics['num_examples']} scenes"
+          f"{metrics['exact_match']:.4f} on {tasks.scored(metrics)} scenes"
       )
     return (
         f"Acc@0.5 {metrics['acc_at_50']:.4f}, mean IoU "
         f"{metrics['mean_iou']:.4f}, exact match "
         f"{metrics['exact_match']:.4f}, mean coordinate error "
         f"{metrics['mean_coordinate_error']:.2f} px on "
-        f"{metrics['num_examples']} scenes"
+        f"{tasks.scored(metrics)} scenes"
     )
 
 
