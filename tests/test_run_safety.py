@@ -346,6 +346,31 @@ def test_every_checkpoint_rejected_restarts_where_a_fresh_run_does(
   assert (workdir / "checkpoints" / "corrupt-3").is_dir()
 
 
+def test_every_checkpoint_rejected_keeps_the_old_metrics_aside(
+    data_dir, finished_run, tmp_path
+):
+  """The run restarts from step 0 and rewrites metrics.jsonl: its history
+  used to be lost; a copy now sits beside the moved-aside checkpoints."""
+  workdir = tmp_path / "run"
+  shutil.copytree(finished_run, workdir)
+  history = (workdir / "metrics.jsonl").read_text()
+  assert len(rundir.read_metrics(str(workdir / "metrics.jsonl"))) >= 6
+  restore = _Restorer(make_config(data_dir, train_steps=6, lr_decay_steps=9))
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(digests, "tree_mismatches", lambda tree, saved: ["[w]"])
+    assert restore(str(workdir)) == 0
+  rundir.MetricsWriter(str(workdir), 0).close()  # as the restarted run does
+  assert (workdir / "metrics.jsonl").read_text() == ""
+  checkpoints_dir = workdir / "checkpoints"
+  assert (checkpoints_dir / "metrics.jsonl.corrupt-6").read_text() == history
+  assert sorted(p.name for p in checkpoints_dir.iterdir()) == [
+      "corrupt-3",
+      "corrupt-6",
+      "metrics.jsonl.corrupt-6",
+  ]
+  assert rundir.saved_steps(str(workdir)) == []
+
+
 def test_another_process_count_is_refused_and_nothing_moved(
     data_dir, finished_run, tmp_path
 ):

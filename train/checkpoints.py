@@ -425,7 +425,10 @@ def restore_latest(
   A checkpoint that fails to restore, whose content does not match its
   digest, or that holds a non-finite value, is moved aside
   (``corrupt-<step>``, kept for inspection) with one warning line, and the
-  previous one is tried. With ``require_digest`` (a run that recorded its
+  previous one is tried. Before the first is moved, ``metrics.jsonl`` is
+  copied to ``checkpoints/metrics.jsonl.corrupt-<step>``
+  (`rundir.keep_metrics_aside`): the resumed run rewrites it from the step
+  it resumes at. With ``require_digest`` (a run that recorded its
   config, so saved every checkpoint with a digest) a checkpoint without a
   digest counts as damaged; else it is restored unverified, with a warning.
 
@@ -442,6 +445,7 @@ def restore_latest(
   # A rejected checkpoint may have moved the iterator before its digest
   # was checked: with none left, training starts where a fresh run does.
   fresh_position = train_iter.get_state()
+  metrics_kept = False
   for step in steps:
     _check_process_count(manager, step)
     try:
@@ -466,6 +470,11 @@ def restore_latest(
       if require_digest and not verified:
         raise Damaged("it has no digest")
     except Damaged as damage:
+      if not metrics_kept:  # the records past the step resumed are dropped
+        metrics_kept = True
+        kept = rundir.keep_metrics_aside(workdir, step)
+        if kept:
+          logging.info("metrics.jsonl as it was: copied to %s", kept)
       _move_aside(manager, workdir, step, damage)
       continue
     if not verified:

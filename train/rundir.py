@@ -12,6 +12,7 @@ import json
 import math
 import os
 import re
+import shutil
 import time
 
 from absl import logging
@@ -140,6 +141,31 @@ def read_metrics(path) -> list[dict]:
             "%s: dropping torn line %d (%r).", path, number, line[:60]
         )
   return records
+
+
+def keep_metrics_aside(workdir, step) -> str | None:
+  """Copies ``metrics.jsonl`` beside checkpoint ``corrupt-<step>``.
+
+  When checkpoints are rejected as damaged the run resumes from an older
+  one (or from step 0) and `MetricsWriter` drops the records past it; the
+  copy, ``checkpoints/metrics.jsonl.corrupt-<step>`` (``-2``, ... if taken),
+  keeps the history that led to the damaged checkpoints. Process 0 only.
+
+  Returns:
+    The copy's path; None if there was nothing to copy (or not process 0).
+  """
+  source = os.path.join(workdir, "metrics.jsonl")
+  if jax.process_index() != 0 or not os.path.exists(source):
+    return None
+  target = os.path.join(workdir, "checkpoints", f"metrics.jsonl.corrupt-{step}")
+  suffix = 1
+  while os.path.exists(target):
+    suffix += 1
+    target = os.path.join(
+        workdir, "checkpoints", f"metrics.jsonl.corrupt-{step}-{suffix}"
+    )
+  shutil.copyfile(source, target)
+  return target
 
 
 def write_predictions(workdir, step, predictions):
