@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import ntil_jax
+from train import snapshots
 
 # Text that digits are cut out of by `encode(..., split_digits=True)`.
 _DIGIT_RUNS = re.compile(r"(\d)")
@@ -46,8 +47,7 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 FAMILIES = ("qwen2", "llama")
 
 
-class SnapshotError(ValueError):
-  """A snapshot that cannot be loaded; the message says why and what to do."""
+SnapshotError = snapshots.SnapshotError
 
 
 @contextlib.contextmanager
@@ -539,7 +539,13 @@ class Tokenizer:
           f"{file} not found; the snapshot needs a tokenizer.json (the "
           "`tokenizers` format)."
       )
-    self.tokenizer = tokenizers.Tokenizer.from_file(file)
+    try:
+      self.tokenizer = tokenizers.Tokenizer.from_file(file)
+    except Exception as error:  # pylint: disable=broad-exception-caught
+      # tokenizers raises a plain Exception for a file it cannot parse.
+      raise SnapshotError(
+          f"{file} is not a readable tokenizer ({error})."
+      ) from error
 
   def vocab(self) -> dict:
     return self.tokenizer.get_vocab(with_added_tokens=True)
@@ -645,27 +651,13 @@ def load(
       tunix's sharding rules name them); None puts them on one device.
 
   Raises:
-    SnapshotError: a missing file, an unsupported architecture or config
-      field, a tensor the model lacks, or digits the tokenizer cannot spell.
+    SnapshotError: see `check`.
   """
-  path = os.path.abspath(os.path.expanduser(path))
-  if not os.path.isdir(path):
-    raise SnapshotError(
-        f"pretrained snapshot {path} is not a directory; pass the "
-        "directory of a local Hugging Face snapshot."
-    )
-  hf_config = read_json(os.path.join(path, "config.json"), "config")
-  kind, config = model_config(hf_config, dtype=dtype, param_dtype=param_dtype)
-  tokenizer = Tokenizer(path)
-  if not any(name.endswith(".safetensors") for name in os.listdir(path)):
-    raise SnapshotError(f"no *.safetensors weights in {path}.")
+  path, hf_config, (kind, config), tokenizer = _checked(
+      path, dtype, param_dtype
+  )
   lm = _load_weights(kind, path, config, mesh, DTYPES[param_dtype or dtype])
   digits = tokenizer.digit_token_ids
-  if int(digits.max()) >= config.vocab_size:
-    raise SnapshotError(
-        f"digit ids {digits.tolist()} reach past the model's "
-        f"{config.vocab_size} logits."
-    )
   model = CausalLM(
       lm,
       kind,
@@ -675,6 +667,45 @@ def load(
       compute_dtype=DTYPES[dtype],
   )
   return PretrainedLM(path, model, tokenizer, hf_config)
+
+
+def _checked(path, dtype, param_dtype):
+  """(absolute path, config.json, (family, ModelConfig), Tokenizer)."""
+  path = os.path.abspath(os.path.expanduser(path))
+  if not os.path.isdir(path):
+    raise SnapshotError(
+        f"pretrained snapshot {path} is not a directory; pass the "
+        "directory of a local Hugging Face snapshot."
+    )
+  hf_config = read_json(os.path.join(path, "config.json"), "config")
+  kind, config = model_config(hf_config, dtype=dtype, param_dtype=param_dtype)
+  tokenizer = Tokenizer(path)
+  check_weights(kind, path, config)
+  digits = tokenizer.digit_token_ids
+  if int(digits.max()) >= config.vocab_size:
+    raise SnapshotError(
+        f"digit ids {digits.tolist()} reach past the model's "
+        f"{config.vocab_size} logits."
+    )
+  if token_id(hf_config, "eos_token_id") is None:
+    raise SnapshotError(f"{path}/config.json has no eos_token_id.")
+  return path, hf_config, (kind, config), tokenizer
+
+
+def check(
+    path: str, *, dtype: str = "float32", param_dtype: str | None = None
+) -> None:
+  """What `load` checks, from the files' headers: no weights are read.
+
+  Raises:
+    SnapshotError: not a directory; a missing or unreadable config.json,
+      tokenizer.json or weight file; an unsupported architecture or config
+      field; weights that are not exactly the model config.json describes
+      (a tensor missing, left over, in two files or of another shape, a
+      weight file its index does not name); a tokenizer without the ten
+      single-digit tokens; no eos_token_id.
+  """
+  _checked(path, dtype, param_dtype)
 
 
 def random_model(
@@ -706,52 +737,75 @@ def random_model(
   )
 
 
-def expected_tensors(kind: str, config) -> list[str]:
-  """The Hugging Face tensor names the model needs from the snapshot."""
-  names = ["model.embed_tokens.weight", "model.norm.weight"]
+def expected_shapes(kind: str, config) -> dict[str, tuple[int, ...]]:
+  """The Hugging Face tensors the model needs from the snapshot, by name,
+  with their shapes."""
+  dim, hidden = config.embed_dim, config.hidden_dim
+  q_rows = config.num_heads * config.head_dim
+  kv_rows = config.num_kv_heads * config.head_dim
+  shapes = {
+      "model.embed_tokens.weight": (config.vocab_size, dim),
+      "model.norm.weight": (dim,),
+  }
   tied = config.use_tied_embedding if kind == "qwen2" else config.weight_tying
   if not tied:
-    names.append("lm_head.weight")
-  per_layer = (
-      [f"self_attn.{p}_proj.weight" for p in "qkvo"]
-      + [f"mlp.{p}_proj.weight" for p in ("gate", "up", "down")]
-      + [
-          "input_layernorm.weight",
-          "post_attention_layernorm.weight",
-      ]
-  )
+    shapes["lm_head.weight"] = (config.vocab_size, dim)
+  per_layer = {
+      "self_attn.q_proj.weight": (q_rows, dim),
+      "self_attn.k_proj.weight": (kv_rows, dim),
+      "self_attn.v_proj.weight": (kv_rows, dim),
+      "self_attn.o_proj.weight": (dim, q_rows),
+      "mlp.gate_proj.weight": (hidden, dim),
+      "mlp.up_proj.weight": (hidden, dim),
+      "mlp.down_proj.weight": (dim, hidden),
+      "input_layernorm.weight": (dim,),
+      "post_attention_layernorm.weight": (dim,),
+  }
   if kind == "qwen2":
-    per_layer += [f"self_attn.{p}_proj.bias" for p in "qkv"]
+    per_layer.update(
+        {
+            "self_attn.q_proj.bias": (q_rows,),
+            "self_attn.k_proj.bias": (kv_rows,),
+            "self_attn.v_proj.bias": (kv_rows,),
+        }
+    )
   for layer in range(config.num_layers):
-    names += [f"model.layers.{layer}.{name}" for name in per_layer]
-  return names
+    for name, shape in per_layer.items():
+      shapes[f"model.layers.{layer}.{name}"] = shape
+  return shapes
+
+
+def expected_tensors(kind: str, config) -> list[str]:
+  """The Hugging Face tensor names the model needs from the snapshot."""
+  return list(expected_shapes(kind, config))
 
 
 def snapshot_tensors(path: str) -> set[str]:
   """The tensor names in a snapshot's *.safetensors (headers only)."""
-  from safetensors import safe_open  # pylint: disable=g-import-not-at-top
+  return set(snapshots.tensor_shapes(path))
 
-  names = set()
-  for file in sorted(os.listdir(path)):
-    if file.endswith(".safetensors"):
-      with safe_open(os.path.join(path, file), framework="numpy") as f:
-        names.update(f.keys())
-  return names
+
+def check_weights(kind, path, config) -> None:
+  """SnapshotError unless the weight files hold exactly the model's tensors
+  (`snapshots.check_weights`), from their headers."""
+  want = expected_shapes(kind, config)
+  snapshots.check_weights(
+      path,
+      want,
+      describe=(
+          f"the {kind} model of config.json ({config.num_layers} layers, "
+          f"width {config.embed_dim}, vocabulary {config.vocab_size})"
+      ),
+      tied_to=(
+          None
+          if "lm_head.weight" in want
+          else ("lm_head.weight", "model.embed_tokens.weight")
+      ),
+  )
 
 
 def _load_weights(kind, path, config, mesh, dtype):
-  """The tunix model with the snapshot's tensors; SnapshotError if any lack."""
-  missing = [
-      name
-      for name in expected_tensors(kind, config)
-      if name not in snapshot_tensors(path)
-  ]
-  if missing:
-    raise SnapshotError(
-        f"{path}: {len(missing)} tensor(s) the {kind} model needs are "
-        f"missing from the safetensors files: {', '.join(missing[:5])}"
-        f"{' ...' if len(missing) > 5 else ''}."
-    )
+  """The tunix model with the snapshot's tensors (`check_weights` first)."""
   params = tunix_module(f"{'qwen2' if kind == 'qwen2' else 'llama3'}.params")
   with _tunix_flags():
     return params.create_model_from_safe_tensors(
