@@ -345,6 +345,124 @@ def test_missing_tensor_is_named(tmp_path):
     pretrained.load(path)
 
 
+def _add_weight_file(path, name, tensors):
+  from safetensors import numpy as safetensors_numpy  # pylint: disable=g-import-not-at-top
+
+  safetensors_numpy.save_file(tensors, os.path.join(path, name))
+
+
+def _weights(path):
+  from safetensors import numpy as safetensors_numpy  # pylint: disable=g-import-not-at-top
+
+  return safetensors_numpy.load_file(os.path.join(path, "model.safetensors"))
+
+
+def test_a_tensor_in_two_weight_files_is_refused(tmp_path):
+  """tunix reads every file and keeps the last one's tensor."""
+  path = copy_snapshot("qwen2_tiny", tmp_path)
+  norm = _weights(path)["model.norm.weight"]
+  _add_weight_file(path, "other.safetensors", {"model.norm.weight": 2 * norm})
+  with pytest.raises(
+      pretrained.SnapshotError,
+      match="model.norm.weight is in both model.safetensors and "
+      "other.safetensors",
+  ):
+    pretrained.load(path)
+
+
+def test_weight_files_the_index_does_not_name_are_refused(tmp_path):
+  path = copy_snapshot("qwen2_tiny", tmp_path)
+  names = sorted(_weights(path))
+  index = {"weight_map": {name: "model.safetensors" for name in names}}
+  with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
+    json.dump(index, f)
+  pretrained.check(path)  # the index names every file and tensor
+  _add_weight_file(  # another model's shard, left behind
+      path,
+      "model-00002-of-00002.safetensors",
+      {"model.layers.2.mlp.up_proj.weight": np.zeros((64, 32), np.float32)},
+  )
+  with pytest.raises(
+      pretrained.SnapshotError,
+      match="does not name: model-00002-of-00002.safetensors",
+  ):
+    pretrained.load(path)
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (
+            lambda c: c.update(num_hidden_layers=1),
+            r"9 tensor\(s\) in the safetensors files are not in the llama "
+            r"model of config.json \(1 layers.*model.layers.1.",
+        ),
+        (
+            lambda c: c.update(intermediate_size=48),
+            r"another shape .*model.layers.0.mlp.down_proj.weight \(32, 64\) "
+            r"\(not \(32, 48\)\)",
+        ),
+    ],
+)
+def test_weights_beyond_the_config_are_refused(tmp_path, edit, message):
+  """A config.json naming fewer layers loaded, the last layer ignored."""
+  path = copy_snapshot("llama3_tiny", tmp_path, edit)
+  with pytest.raises(pretrained.SnapshotError, match=message):
+    pretrained.load(path)
+
+
+def test_a_saved_head_of_tied_embeddings_must_equal_them(tmp_path):
+  path = copy_snapshot("qwen2_tiny", tmp_path)
+  _edit_tensors(
+      path,
+      lambda t: t.update({"lm_head.weight": t["model.embed_tokens.weight"]}),
+  )
+  pretrained.check(path)  # as transformers saves some tied models
+  _edit_tensors(
+      path, lambda t: t.update({"lm_head.weight": 2 * t["lm_head.weight"]})
+  )
+  with pytest.raises(pretrained.SnapshotError, match="lm_head.weight differs"):
+    pretrained.load(path)
+
+
+def test_missing_or_truncated_weights_are_one_error(tmp_path):
+  path = copy_snapshot("qwen2_tiny", tmp_path)
+  weights = pathlib.Path(path) / "model.safetensors"
+  data = weights.read_bytes()
+  weights.write_bytes(data[: len(data) // 2])
+  with pytest.raises(pretrained.SnapshotError, match="cut short or corrupt"):
+    pretrained.load(path)
+  weights.unlink()
+  with pytest.raises(pretrained.SnapshotError, match="no \\*.safetensors"):
+    pretrained.load(path)
+
+
+def _without_digit(path, digit="7"):
+  """The snapshot's tokenizer.json with no single-digit token ``digit``."""
+  file = os.path.join(path, "tokenizer.json")
+  with open(file) as f:
+    tokenizer = json.load(f)
+  vocab = tokenizer["model"]["vocab"]
+  vocab[f"<digit{digit}>"] = vocab.pop(digit)
+  tokenizer["model"]["merges"] = [
+      m
+      for m in tokenizer["model"]["merges"]
+      if digit not in (m.split(" ") if isinstance(m, str) else m)
+  ]
+  with open(file, "w") as f:
+    json.dump(tokenizer, f)
+  return path
+
+
+def test_a_snapshot_without_digit_tokens_is_a_config_error(tmp_path):
+  """Before the data is read: the trainer's checks refuse it in one line."""
+  path = _without_digit(copy_snapshot("qwen2_tiny", tmp_path))
+  config = make_config(str(tmp_path / "no-data"))
+  config.pretrained = path
+  with pytest.raises(train.ConfigError, match="tokenizer.json: .*'7'"):
+    checks.check_config(config)
+
+
 # ----------------------------------------------------------------------------
 # The task's batches.
 

@@ -40,7 +40,9 @@ MESH_AXES = ("data", "fsdp", "tp")
 
 
 def check_config(config) -> None:
-  """ValueError for a missing or unsupported snapshot or a bad template."""
+  """ValueError for a missing, unsupported or inconsistent snapshot (see
+  `pretrained.check`: no single-digit tokens, weights that are not the
+  config's model, ...) or a bad template."""
   if not config.pretrained:
     raise ValueError(
         "no model: pass --config.pretrained=DIR, the directory of a local "
@@ -50,13 +52,11 @@ def check_config(config) -> None:
     raise ValueError(
         f"pretrained snapshot {config.pretrained} is not a directory."
     )
-  hf_config = pretrained.cached_config(config.pretrained)
-  pretrained.model_config(
-      hf_config, dtype=config.dtype, param_dtype=config.param_dtype
+  # Everything `pretrained.load` refuses, from the files' headers: a bad
+  # snapshot stops here, not after the data is read or the model built.
+  pretrained.check(
+      config.pretrained, dtype=config.dtype, param_dtype=config.param_dtype
   )
-  pretrained.cached_tokenizer(os.path.abspath(config.pretrained))
-  if pretrained.token_id(hf_config, "eos_token_id") is None:
-    raise ValueError(f"{config.pretrained}/config.json has no eos_token_id.")
   if config.get("max_prompt_tokens", 0) < 0:
     raise ValueError(
         f"max_prompt_tokens must be >= 0 (0: from max_question_len), got "
