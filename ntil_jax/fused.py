@@ -113,7 +113,8 @@ def fused_token_statistics(
       when ``chunk_size`` is given), ``"chunked"``, ``"tokamax"``,
       ``"tokamax:<name>"`` (``mosaic_tpu``, ``xla``, ``chunked_xla``) or a
       differentiable ``(hidden [N, D], labels [N], unembedding [D, V]) ->
-      CE [N]`` (labels given in ``[0, V)``).
+      CE [N]`` (labels given in ``[0, V)``) that returns one floating-point
+      array.
 
   Returns:
     TokenStatistics with ``[B, T]`` / ``[B, T, 10]`` float32 fields.
@@ -123,7 +124,11 @@ def fused_token_statistics(
       unembedding that is not ``[D, V]`` (with the same ``D``), non-float
       hidden states or unembedding, labels or ``mask`` not ``[B, T]``,
       non-integer labels, digit ids out of ``[0, V)`` (the default ids 0..9
-      need ``V >= 10``), a bad ``chunk_size`` or an unknown implementation.
+      need ``V >= 10``), a bad ``chunk_size``, an unknown implementation
+      or one wrong for ``V`` (``"tokamax:chunked_xla"``), and a callable
+      implementation that returns an array of another shape than ``[N]``.
+    TypeError: a callable implementation that returns anything but one
+      floating-point array (a tuple, integers).
     ImportError: for ``"tokamax"`` where tokamax is not installed.
   """
   _check_chunk_size(chunk_size)
@@ -139,6 +144,7 @@ def fused_token_statistics(
   _check_fused_inputs(
       hidden, unembedding, labels, digit_token_ids, (("mask", mask),)
   )
+  kernels.check(implementation, chunk_size, vocab_size=unembedding.shape[-1])
   labels, mask = numbers.reshard_like(hidden, labels, mask)
   if mask is not None:
     hidden = jnp.where(jnp.asarray(mask, bool)[..., None], hidden, 0)
@@ -250,7 +256,7 @@ def fused_numeric_loss(
   _check_fused_inputs(hidden, unembedding, labels, digit_token_ids, masks)
   losses.check_method(method, weighting, loss_kwargs, lam=lam)
   _check_chunk_size(chunk_size)
-  kernels.check(implementation, chunk_size)
+  kernels.check(implementation, chunk_size, vocab_size=unembedding.shape[-1])
 
   leading = labels.ndim - 1
   batch = int(np.prod(labels.shape[:leading], dtype=np.int64))

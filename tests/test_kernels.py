@@ -247,6 +247,24 @@ class SelectionTest(parameterized.TestCase):
     self.assertGreater(rel_error(got, want), 1e-3)
     np.testing.assert_allclose(got, padded, rtol=1e-5)
 
+  def test_kernel_returning_integers_or_a_tuple_refused(self):
+    # Integers used to pass (a wrong value, no gradient); a tuple met a
+    # JAX traceback.
+    hidden, unembedding, labels, _, _ = case()
+    for kernel, message in (
+        (lambda h, l, w: user_kernel(h, l, w).astype(jnp.int32), "int32"),
+        (lambda h, l, w: (user_kernel(h, l, w), 0.0), "a tuple of 2 item"),
+        (lambda h, l, w: None, "NoneType"),
+    ):
+      with self.assertRaisesRegex(
+          TypeError, f"one floating-point array .*{message}"
+      ):
+        jax.grad(
+            lambda h, kernel=kernel: ntil_jax.fused_numeric_loss(
+                h, unembedding, labels, implementation=kernel
+            ).sum()
+        )(hidden)
+
   def test_kernel_of_wrong_shape_refused(self):
     hidden, unembedding, labels, _, _ = case()
     with self.assertRaisesRegex(ValueError, "one value per token"):

@@ -224,6 +224,18 @@ def test_an_evaluation_says_how_many_it_scored_of_how_many(
   assert not [m for m in caplog.messages if "test examples" in m]
 
 
+def test_a_kernel_wrong_for_the_vocabulary_is_refused_before_the_workdir(
+    data_dir, tmp_path
+):
+  """tokamax's chunked_xla on a vocabulary it cannot take was refused only
+  when the step was traced, after the workdir was made."""
+  pytest.importorskip("tokamax")
+  config = make_config(data_dir, fused_loss="tokamax:chunked_xla")
+  with pytest.raises(train.ConfigError, match=r"chunked_xla.*is wrong for V="):
+    train.train_and_evaluate(config, str(tmp_path / "w"))
+  assert not (tmp_path / "w").exists()
+
+
 def test_fused_loss_auto_on_a_task_config_cli(data_dir, tmp_path):
   result = run_cli(
       make_config(data_dir, train_steps=2),

@@ -178,7 +178,24 @@ def check_config(config):
     task.check_data(config)
   except (ValueError, FileNotFoundError) as error:
     raise errors.ConfigError(str(error)) from error
+  if implementation is not None:  # one wrong for the vocabulary: at trace
+    try:
+      ntil_jax.kernels.check(
+          implementation, vocab_size=vocab_size(task, config)
+      )
+    except ValueError as error:
+      raise errors.ConfigError(
+          f"fused_loss={implementation!r}: {error}"
+      ) from error
   return task
+
+
+def vocab_size(task, config) -> int:
+  """The width ``V`` of the logits of ``config``'s model, before it is built:
+  the task's ``vocab_size(config)`` hook, else its ``model_fields``."""
+  if hasattr(task, "vocab_size"):
+    return task.vocab_size(config)
+  return task.model_fields(config)["vocab_size"]
 
 
 def check_workdir(workdir: str) -> str:

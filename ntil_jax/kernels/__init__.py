@@ -11,7 +11,9 @@ states by one of:
   linear + softmax CE (its choice per backend, or ``mosaic_tpu``, ``xla``,
   ``chunked_xla``), plus eleven columns of ``W`` (:mod:`.from_ce`).
 * a callable ``(hidden [N, D], labels [N], unembedding [D, V]) -> CE [N]``,
-  differentiable: the user's own kernel, through :mod:`.from_ce` likewise.
+  differentiable, returning one floating-point array (anything else is
+  refused when it is traced, with a TypeError or ValueError that says what
+  was expected): the user's own kernel, through :mod:`.from_ce` likewise.
 * ``None``: :func:`default_implementation` for the backend.
 
 :func:`select` turns any of these into one function of the checked inputs.
@@ -52,8 +54,15 @@ def default_implementation(backend: Optional[str] = None) -> str:
   return "chunked"
 
 
-def check(implementation, chunk_size=None) -> None:
-  """Raises ValueError for an implementation :func:`select` would refuse."""
+def check(implementation, chunk_size=None, vocab_size=None) -> None:
+  """Raises ValueError for an implementation :func:`select` would refuse.
+
+  With ``vocab_size`` (``V``, the unembedding's columns) it also refuses an
+  implementation that is wrong for that ``V`` (tokamax's ``chunked_xla``
+  unless ``V`` is a multiple of
+  :data:`~ntil_jax.kernels.tokamax_ce.CHUNKED_XLA_VOCAB_MULTIPLE`), as the
+  kernel would when traced: a trainer checks it before it starts.
+  """
   if implementation is None or callable(implementation):
     return
   if not isinstance(implementation, str) or implementation not in NAMES:
@@ -66,6 +75,9 @@ def check(implementation, chunk_size=None) -> None:
         f"chunk_size applies to implementation='chunked' only, not "
         f"{implementation!r}."
     )
+  _, _, name = implementation.partition(":")
+  if vocab_size is not None and name:
+    tokamax_ce.check_vocab_size(name, vocab_size)
 
 
 def select(implementation=None, chunk_size: Optional[int] = None):

@@ -50,6 +50,38 @@ def _grads_in_dtype(ce_fn: PerTokenCE, dtype) -> PerTokenCE:
   return ce
 
 
+def _checked(ce_fn: PerTokenCE, num_tokens: int) -> PerTokenCE:
+  """``ce_fn``, raising as soon as it is traced if it returns anything but
+  one floating-point array of ``num_tokens`` values."""
+
+  def ce(hidden, labels, unembedding):
+    out = ce_fn(hidden, labels, unembedding)
+    expected = (
+        f"one floating-point array of shape ({num_tokens},), the per-token "
+        "CE of (hidden [N, D], labels [N], unembedding [D, V])"
+    )
+    if not isinstance(out, (jax.Array, np.ndarray)):
+      what = type(out).__name__
+      if isinstance(out, (tuple, list)):
+        what = f"a {what} of {len(out)} item(s)"
+      raise TypeError(
+          f"the CE implementation must return {expected}; it returned {what}."
+      )
+    if not jnp.issubdtype(out.dtype, jnp.floating):
+      raise TypeError(
+          f"the CE implementation must return {expected}; it returned "
+          f"{out.dtype} values (no gradient flows through integers)."
+      )
+    if jnp.shape(out) != (num_tokens,):
+      raise ValueError(
+          f"the CE implementation must return one value per token, shape "
+          f"({num_tokens},); it returned shape {jnp.shape(out)}."
+      )
+    return out
+
+  return ce
+
+
 def token_statistics(
     ce_fn: PerTokenCE, hidden, unembedding, labels, columns, traced_ids
 ) -> statistics.TokenStatistics:
@@ -72,7 +104,9 @@ def token_statistics(
     TokenStatistics with ``[B, T]`` / ``[B, T, 10]`` float32 fields.
 
   Raises:
-    ValueError: if the kernel returns anything but ``N`` values.
+    TypeError: if the kernel returns anything but one floating-point array
+      (a tuple, integers), when it is traced.
+    ValueError: if it returns an array of another shape than ``[N]``.
   """
   batch, length, dim = hidden.shape
   vocab_size = unembedding.shape[-1]
@@ -81,12 +115,8 @@ def token_statistics(
   unembedding = unembedding.astype(dtype)
   valid = (labels >= 0) & (labels < vocab_size)
   safe = jnp.where(valid, labels, 0).astype(jnp.int32).reshape(-1)
+  ce_fn = _checked(ce_fn, batch * length)
   ce = _grads_in_dtype(ce_fn, dtype)(flat, safe, unembedding)
-  if jnp.shape(ce) != (batch * length,):
-    raise ValueError(
-        f"the CE implementation must return one value per token, shape "
-        f"({batch * length},); it returned shape {jnp.shape(ce)}."
-    )
   label_columns = jnp.take(unembedding, safe, axis=1)  # [D, N]
   label_logit = jnp.einsum(
       "nd,dn->n", flat, label_columns, preferred_element_type=jnp.float32

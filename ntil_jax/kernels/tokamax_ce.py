@@ -39,6 +39,21 @@ def available() -> bool:
   return True
 
 
+def check_vocab_size(name: Optional[str], vocab_size: int) -> None:
+  """Raises ValueError where implementation ``name`` is wrong for ``V``.
+
+  tokamax 0.0.17's ``chunked_xla`` needs ``V`` a multiple of
+  :data:`CHUNKED_XLA_VOCAB_MULTIPLE`; the others take any ``V``.
+  """
+  if name == "chunked_xla" and vocab_size % CHUNKED_XLA_VOCAB_MULTIPLE:
+    raise ValueError(
+        f"tokamax's chunked_xla (0.0.17) is wrong for V={vocab_size}: it "
+        f"pads V with zero columns to a multiple of "
+        f"{CHUNKED_XLA_VOCAB_MULTIPLE} and counts each in the "
+        f"log-normaliser. Use 'tokamax' or 'chunked' instead."
+    )
+
+
 def per_token_ce(name: Optional[str] = None):
   """A ``(hidden [N, D], labels [N], unembedding [D, V]) -> [N]`` kernel.
 
@@ -59,14 +74,7 @@ def per_token_ce(name: Optional[str] = None):
   tokamax = _tokamax()
 
   def ce(hidden, labels, unembedding):
-    vocab_size = unembedding.shape[-1]
-    if name == "chunked_xla" and vocab_size % CHUNKED_XLA_VOCAB_MULTIPLE:
-      raise ValueError(
-          f"tokamax's chunked_xla (0.0.17) is wrong for V={vocab_size}: it "
-          f"pads V with zero columns to a multiple of "
-          f"{CHUNKED_XLA_VOCAB_MULTIPLE} and counts each in the "
-          f"log-normaliser. Use 'tokamax' or 'chunked' instead."
-      )
+    check_vocab_size(name, unembedding.shape[-1])
     return tokamax.linear_softmax_cross_entropy_loss(
         hidden, labels, unembedding, reduction="none", implementation=name
     )

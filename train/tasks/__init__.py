@@ -38,6 +38,8 @@ Optional hook, for tasks that render their data (clock_time, grounding*):
 Optional hooks, for tasks that bring their own model (arithmetic_mix_llm):
 
 * ``make_mesh(config)``: the device mesh (default ``('data', 'fsdp')``).
+* ``vocab_size(config)``: the model's logits width, known before the model
+  is built (default: ``model_fields(config)["vocab_size"]``).
 * ``create_model(config, mesh)``: the model, with ``__call__(tokens,
   images)``, ``hidden_states``, ``unembedding``, ``config.vocab_size``,
   ``digit_token_ids``, ``decimal_point_token_id`` (or None) and

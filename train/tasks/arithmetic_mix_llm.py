@@ -78,6 +78,11 @@ def check_config(config) -> None:
 # Model hooks.
 
 
+def vocab_size(config) -> int:
+  """The snapshot's logits width ``V``: its config.json's ``vocab_size``."""
+  return int(pretrained.cached_config(config.pretrained)["vocab_size"])
+
+
 def make_mesh(config) -> jax.sharding.Mesh:
   """('data', 'fsdp', 'tp'), Auto: the axis names of tunix's shardings."""
   devices = jax.device_count()
