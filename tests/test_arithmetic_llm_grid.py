@@ -46,6 +46,9 @@ def test_llm_smoke_grid_records_zero_shot_and_resumes(tmp_path):
   for record in first:
     assert record["snapshot"] == "qwen2_tiny"
     assert len(record["snapshot_sha256"]) == 64  # the weights' content
+    assert {"config.json", "tokenizer.json", "model.safetensors"} <= set(
+        record["snapshot_files"]
+    )
     assert record["dataset"] == "arithmetic_mix" and record["data"] == {}
     assert 0.0 <= record["exact_match"] <= 1.0
     assert record["num_test_examples"] == len(record["predictions"]) == 8
@@ -237,3 +240,107 @@ def test_other_weights_under_one_snapshot_name_are_refused(tmp_path):
   with pytest.raises(app.UsageError, match="other weights") as error:
     run_lib.check_same_snapshot(results, settings, after)
   assert "ce-s0" in str(error.value) and "ce-s1" not in str(error.value)
+
+
+def _copy_fixture(tmp_path, name="qwen2_tiny"):
+  here = tmp_path / name
+  shutil.copytree(ROOT / "tests" / "fixtures" / "hf" / name, here)
+  return here
+
+
+def test_another_tokenizer_is_another_snapshot(tmp_path):
+  """The identity covers the tokenizer (version 2); cells recorded before
+  keep their version-1 hashes."""
+  import pytest  # pylint: disable=g-import-not-at-top
+  from absl import app  # pylint: disable=g-import-not-at-top
+  from experiments.arithmetic_mix import run as run_lib  # pylint: disable=g-import-not-at-top
+
+  here = _copy_fixture(tmp_path)
+  cache = str(tmp_path / "runs" / ".snapshot_digests.json")
+  # What the recorded cells were hashed and checked with, unchanged.
+  assert run_lib.snapshot_identity(str(here), 1) == "qwen2_tiny@e827fe4f8a9e"
+  assert run_lib.snapshot_contents(str(here), cache) == (
+      "a3a2323ab2a99cc7921886382d4ae84768cc0dd94452ee86e071bc5f43896a4b"
+  )
+  settings = dict(run_lib.LLM_PROFILES["llm_smoke"], pretrained=str(here))
+  settings["train_size"] = settings["train_steps"] * settings["batch_size"]
+  config = run_lib.llm_cell_config(settings, "ce", 0, "data")
+  before = run_lib.snapshot_files(str(here), cache)
+  hashes = [
+      run_lib.llm_hash(config, "llm_smoke", settings, version)
+      for version in (1, 2)
+  ]
+  tokenizer = here / "tokenizer.json"
+  tokenizer.write_text(tokenizer.read_text().replace('"!"', '"!!"', 1))
+  after = run_lib.snapshot_files(str(here), cache)
+  assert [n for n in before if before[n] != after[n]] == ["tokenizer.json"]
+  assert run_lib.llm_hash(config, "llm_smoke", settings, 1) == hashes[0]
+  assert run_lib.llm_hash(config, "llm_smoke", settings) != hashes[1]
+
+  # A cell recorded before version 2 stays done; any other is hashed anew.
+  def cell_hash(legacy):
+    return run_lib.llm_cell_hash(
+        run_lib.llm_hash, config, "llm_smoke", settings, legacy
+    )
+
+  assert cell_hash({hashes[0]}) == hashes[0]
+  assert cell_hash(set()) == run_lib.llm_hash(config, "llm_smoke", settings)
+  # Results holding the other tokenizer's cells are refused, naming it.
+  contents = run_lib.snapshot_contents(str(here), cache)
+  results = str(tmp_path / "results.json")
+  record = dict(name="ce-s0", group="main", snapshot="qwen2_tiny")
+  results_io.save_results(
+      results,
+      [
+          dict(
+              record,
+              snapshot_sha256=contents,
+              snapshot_files=before,
+              config_hash="a",
+          ),
+          dict(  # made before version 2
+              record, name="ce-s1", snapshot_sha256=contents, config_hash="b"
+          ),
+      ],
+  )
+  assert run_lib.legacy_hashes(results) == {"b"}
+  with pytest.raises(app.UsageError, match="tokenizer.json differ") as error:
+    run_lib.check_same_snapshot(results, settings, contents, after)
+  assert "ce-s0" in str(error.value) and "ce-s1" not in str(error.value)
+  run_lib.check_same_snapshot(results, settings, contents, before)
+
+
+def test_flags_and_snapshot_are_checked_before_any_work(tmp_path, monkeypatch):
+  """A snapshot without single-digit tokens, or a bad seed, is refused
+  before the data is generated and the zero-shot cell runs (a ConfigError
+  or UsageError: one error: line, exit status 2)."""
+  import pytest  # pylint: disable=g-import-not-at-top
+  from absl import app  # pylint: disable=g-import-not-at-top
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from absl.testing import flagsaver  # pylint: disable=g-import-not-at-top
+  from experiments.arithmetic_mix import run as run_lib  # pylint: disable=g-import-not-at-top
+  from train import errors  # pylint: disable=g-import-not-at-top
+
+  here = _copy_fixture(tmp_path)
+  tokenizer = json.loads((here / "tokenizer.json").read_text())
+  vocab = tokenizer["model"]["vocab"]
+  vocab["<seven>"] = vocab.pop("7")
+  (here / "tokenizer.json").write_text(json.dumps(tokenizer))
+
+  def work(*args, **kwargs):
+    raise AssertionError(f"work started: {args} {kwargs}")
+
+  monkeypatch.setattr(run_lib.arithmetic_data, "prepare", work)
+  monkeypatch.setattr(run_lib, "snapshot_files", work)
+  flags.FLAGS.mark_as_parsed()
+  where = dict(
+      profile="llm_smoke",
+      results=str(tmp_path / "results.json"),
+      runs_dir=str(tmp_path / "runs"),
+  )
+  with flagsaver.flagsaver(**where, seeds=["0", "-1"]):
+    with pytest.raises(app.UsageError, match=r"-1 not in \[0, 2\*\*32\)"):
+      run_lib.run_llm("llm_smoke")
+  with flagsaver.flagsaver(**where, pretrained=str(here)):
+    with pytest.raises(errors.ConfigError, match="tokenizer.json: .*'7'"):
+      run_lib.run_llm("llm_smoke")

@@ -65,6 +65,7 @@ from train import checks
 from train import evaluate
 from train import logs
 from train import plots
+from train import snapshots
 from train import step as step_lib
 from train import train
 from train.tasks import arithmetic_mix_llm as llm_task
@@ -413,6 +414,11 @@ def llm_settings(profile) -> dict:
     settings["seeds"] = tuple(int(seed) for seed in settings["seeds"])
   except ValueError as error:
     raise app.UsageError(f"--seeds: {error}") from error
+  outside = [seed for seed in settings["seeds"] if not 0 <= seed < 2**32]
+  if outside:  # numpy's and grain's seeds are uint32, as the trainer checks
+    raise app.UsageError(
+        f"--seeds: {', '.join(map(str, outside))} not in [0, 2**32)."
+    )
   if not settings["pretrained"]:
     raise app.UsageError(
         f"--profile={profile} needs --pretrained=SNAPSHOT_DIR, a local "
@@ -492,10 +498,24 @@ def llm_cell_config(settings, method, seed, data_dir):
   return config
 
 
-def snapshot_identity(path) -> str:
+# Version 2 of a snapshot's identity covers its tokenizer and generation
+# config too. Records made before it (no SNAPSHOT_FILES field) keep their
+# version-1 hashes: `llm_cell_hash`.
+IDENTITY_VERSION = 2
+SNAPSHOT_FILES = "snapshot_files"
+
+
+def _file_sha256(path) -> str:
+  with open(path, "rb") as f:
+    return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def snapshot_identity(path, version=IDENTITY_VERSION) -> str:
   """What names a snapshot in cell hashes: its folder's name, a digest of
-  its config.json and its weight files' names and sizes. Not its location,
-  so a grid resumes and its results merge wherever the snapshot sits."""
+  its config.json, its weight files' names and sizes and (version 2) the
+  bytes of its other files (`snapshots.identity_files`: tokenizer,
+  generation config, weight index). Not its location, so a grid resumes
+  and its results merge wherever the snapshot sits."""
   digest = hashlib.sha256()
   with open(os.path.join(path, "config.json"), "rb") as f:
     digest.update(f.read())
@@ -503,7 +523,40 @@ def snapshot_identity(path) -> str:
     if name.endswith(".safetensors"):
       size = os.path.getsize(os.path.join(path, name))
       digest.update(f"{name}:{size}".encode())
+  if version >= 2:
+    for name in snapshots.identity_files(path):
+      if name != "config.json" and not name.endswith(".safetensors"):
+        sha = _file_sha256(os.path.join(path, name))
+        digest.update(f"\n{name}:{sha}".encode())
   return f"{os.path.basename(path.rstrip(os.sep))}@{digest.hexdigest()[:12]}"
+
+
+def snapshot_files(path, cache_path) -> dict[str, str]:
+  """SHA-256 of each of the snapshot's `snapshots.identity_files`, by name.
+
+  Each file's digest is cached in ``cache_path`` by its path, size and
+  mtime, so a grid reads the weights once.
+  """
+  try:
+    with open(cache_path) as f:
+      cache = json.load(f)
+  except (OSError, ValueError):
+    cache = {}
+  digests = {}
+  for name in snapshots.identity_files(path):
+    file_path = os.path.abspath(os.path.join(path, name))
+    stat = os.stat(file_path)
+    key = [stat.st_size, stat.st_mtime_ns]
+    entry = cache.get(file_path)
+    if entry is None or entry[:2] != key:
+      entry = cache[file_path] = key + [_file_sha256(file_path)]
+    digests[name] = entry[2]
+  os.makedirs(os.path.dirname(os.path.abspath(cache_path)), exist_ok=True)
+  temporary = f"{cache_path}.tmp{os.getpid()}"
+  with open(temporary, "w") as f:
+    json.dump(cache, f)
+  os.replace(temporary, cache_path)
+  return digests
 
 
 def snapshot_contents(path, cache_path) -> str:
@@ -512,61 +565,57 @@ def snapshot_contents(path, cache_path) -> str:
   `snapshot_identity` names the snapshot in cell hashes by its folder name
   and its files' sizes, so that recorded cells keep their hashes; two
   checkpoints of one architecture saved under one name have the same
-  identity. This digest tells them apart (`check_same_snapshot`). Each
-  file's digest is cached in ``cache_path`` by its path, size and mtime,
-  so a grid reads the weights once.
+  identity. This digest (each record's ``snapshot_sha256``) tells them
+  apart (`check_same_snapshot`); `snapshot_files` gives every file's.
   """
-  try:
-    with open(cache_path) as f:
-      cache = json.load(f)
-  except (OSError, ValueError):
-    cache = {}
+  digests = snapshot_files(path, cache_path)
   names = ["config.json"] + sorted(
-      n for n in os.listdir(path) if n.endswith(".safetensors")
+      n for n in digests if n.endswith(".safetensors")
   )
   digest = hashlib.sha256()
   for name in names:
-    file_path = os.path.abspath(os.path.join(path, name))
-    stat = os.stat(file_path)
-    key = [stat.st_size, stat.st_mtime_ns]
-    entry = cache.get(file_path)
-    if entry is None or entry[:2] != key:
-      with open(file_path, "rb") as f:
-        sha = hashlib.file_digest(f, "sha256").hexdigest()
-      entry = cache[file_path] = key + [sha]
-    digest.update(f"{name}:{entry[2]}\n".encode())
-  os.makedirs(os.path.dirname(os.path.abspath(cache_path)), exist_ok=True)
-  temporary = f"{cache_path}.tmp{os.getpid()}"
-  with open(temporary, "w") as f:
-    json.dump(cache, f)
-  os.replace(temporary, cache_path)
+    digest.update(f"{name}:{digests[name]}\n".encode())
   return digest.hexdigest()
 
 
-def check_same_snapshot(results, settings, contents) -> None:
-  """UsageError if ``results`` holds cells of this snapshot's name and
-  identity trained from other weights (a checkpoint saved over another of
-  the same architecture): their cells would count as done."""
-  other = [
-      record["name"]
-      for record in common.load_results(results)
-      if record.get("snapshot") == snapshot_name(settings)
-      and record.get("snapshot_sha256") not in (None, contents)
-  ]
+def check_same_snapshot(results, settings, contents, files=None) -> None:
+  """UsageError if ``results`` holds cells of this snapshot's name made
+  from other files: other weights (``contents``, `snapshot_contents`) or,
+  for records that list their files (``files``, `snapshot_files`), another
+  tokenizer or generation config. Their cells would count as done, or be
+  reported beside this snapshot's."""
+  other, changed = [], set()
+  for record in common.load_results(results):
+    if record.get("snapshot") != snapshot_name(settings):
+      continue
+    differ = set()
+    if record.get("snapshot_sha256") not in (None, contents):
+      differ.add("weights")
+    if files is not None and record.get(SNAPSHOT_FILES) is not None:
+      recorded = record[SNAPSHOT_FILES]
+      differ |= {
+          name
+          for name in set(recorded) | set(files)
+          if recorded.get(name) != files.get(name)
+      }
+    if differ:
+      other.append(record["name"])
+      changed |= differ
   if other:
     raise app.UsageError(
         f"{results} holds cells ({', '.join(other[:3])}"
         f"{', ...' if len(other) > 3 else ''}) of a snapshot named "
-        f"{snapshot_name(settings)} with other weights than "
-        f"{settings['pretrained']} (same name and file sizes, other bytes): "
-        "rename this snapshot's folder, or pass --results=ANOTHER.json."
+        f"{snapshot_name(settings)} with other files than "
+        f"{settings['pretrained']} ({', '.join(sorted(changed))} differ"
+        f"{'; other weights, same names and sizes' if 'weights' in changed else ''}"
+        "): rename this snapshot's folder, or pass --results=ANOTHER.json."
     )
 
 
-def _located_nowhere(config, settings):
+def _located_nowhere(config, settings, version):
   """``config`` and ``settings`` with the snapshot path replaced by its
   `snapshot_identity` and no data directory, for hashing."""
-  identity = snapshot_identity(settings["pretrained"])
+  identity = snapshot_identity(settings["pretrained"], version)
   config = ml_collections.ConfigDict(config.to_dict())
   config.pretrained = identity
   config.data_dir = ""  # the data is named by dataset_config, wherever it is
@@ -575,10 +624,10 @@ def _located_nowhere(config, settings):
   return config, data
 
 
-def llm_hash(config, profile, settings) -> str:
+def llm_hash(config, profile, settings, version=IDENTITY_VERSION) -> str:
   """A trained cell's hash; the seed list is left out (``--seeds`` grows),
   and the snapshot counts by its identity, not its path."""
-  config, data = _located_nowhere(config, settings)
+  config, data = _located_nowhere(config, settings, version)
   return common.config_hash(config, profile, data)
 
 
@@ -594,9 +643,9 @@ ZERO_SHOT_FIELDS = (
 )
 
 
-def zero_shot_hash(config, profile, settings) -> str:
+def zero_shot_hash(config, profile, settings, version=IDENTITY_VERSION) -> str:
   """Only what the zero-shot score depends on: snapshot, test set, prompt."""
-  config, _ = _located_nowhere(config, settings)
+  config, _ = _located_nowhere(config, settings, version)
   fields = ml_collections.ConfigDict(
       {name: config[name] for name in ZERO_SHOT_FIELDS}
   )
@@ -606,6 +655,41 @@ def zero_shot_hash(config, profile, settings) -> str:
       test_size=settings["test_size"],
   )
   return common.config_hash(fields, profile, data)
+
+
+def legacy_hashes(results) -> set[str]:
+  """The hashes of ``results``' records made before `IDENTITY_VERSION` 2."""
+  return {
+      record["config_hash"]
+      for record in common.load_results(results)
+      if SNAPSHOT_FILES not in record
+  }
+
+
+def llm_cell_hash(hash_function, config, profile, settings, legacy) -> str:
+  """A cell's hash (``hash_function``: `llm_hash` or `zero_shot_hash`).
+
+  Its version-1 hash where a record made before version 2 has it (in
+  ``legacy``, `legacy_hashes`): a cell recorded then stays done, with the
+  tokenizer it had. Otherwise the version-2 hash, so that another tokenizer
+  is another cell, with its own work directory.
+  """
+  old = hash_function(config, profile, settings, version=1)
+  if old in legacy:
+    return old
+  return hash_function(config, profile, settings)
+
+
+def check_llm_cells(settings, methods) -> None:
+  """ConfigError if any cell's config would be refused by the trainer:
+  checked before the data is generated or the zero-shot cell runs (the
+  snapshot's files, its digit tokens, the seeds, ...)."""
+  configs = [llm_cell_config(settings, "ce", 0, "")] + [
+      llm_cell_config(settings, method, seed, "")
+      for _, _, method, seed, _ in llm_grid(settings, methods)["main"]
+  ]
+  for config in configs:
+    checks.check_config(config, data=False)
 
 
 def _device() -> str:
@@ -765,13 +849,14 @@ def run_llm(profile) -> None:
   """The llm grid: zero-shot, then each method and seed; resumable."""
   settings = llm_settings(profile)
   methods = llm_methods()
+  check_llm_cells(settings, methods)
   results = llm_results_path(settings)
   check_one_schedule(results, settings)
-  contents = snapshot_contents(
-      settings["pretrained"],
-      os.path.join(FLAGS.runs_dir, ".snapshot_digests.json"),
-  )
-  check_same_snapshot(results, settings, contents)
+  cache = os.path.join(FLAGS.runs_dir, ".snapshot_digests.json")
+  files = snapshot_files(settings["pretrained"], cache)
+  contents = snapshot_contents(settings["pretrained"], cache)
+  check_same_snapshot(results, settings, contents, files)
+  legacy = legacy_hashes(results)
   os.makedirs(os.path.dirname(os.path.abspath(results)), exist_ok=True)
   arithmetic_data.prepare(
       FLAGS.data_dir,
@@ -805,9 +890,9 @@ def run_llm(profile) -> None:
     group, _, method, seed, _ = cell
     if group == "zero_shot":
       config = llm_cell_config(settings, "ce", 0, FLAGS.data_dir)
-      return zero_shot_hash(config, profile, settings)
+      return llm_cell_hash(zero_shot_hash, config, profile, settings, legacy)
     config = llm_cell_config(settings, method, seed, FLAGS.data_dir)
-    return llm_hash(config, profile, settings)
+    return llm_cell_hash(llm_hash, config, profile, settings, legacy)
 
   def execute(cell, digest):
     group, _, method, seed, _ = cell
@@ -817,7 +902,7 @@ def run_llm(profile) -> None:
     else:
       config = llm_cell_config(settings, method, seed, FLAGS.data_dir)
       record = llm_cell_record(profile, settings, cell, config, digest)
-    return dict(record, snapshot_sha256=contents)
+    return dict(record, snapshot_sha256=contents, **{SNAPSHOT_FILES: files})
 
   def after_keep(cell, digest):
     # Recorded: its checkpoints (1.6 GB for 135M parameters) are never read
