@@ -104,13 +104,14 @@ class GeneratedBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
 def preparation_lock(builder):
   """Holds an exclusive ``flock`` on ``builder``'s dataset while it is made.
 
-  The lock file is ``DATA_DIR/<name>/.<config>.lock``; the kernel drops the
-  lock when its holder exits, however it exits, so it is never stale.
+  The lock file is ``DATA_DIR/<name>/<config>/.lock``, beside the version
+  folders (TFDS reads none but those); the kernel drops the lock when its
+  holder exits, however it exits, so it is never stale.
   """
   # data_dir is DATA_DIR/<name>/<config>/<version>.
-  folder = os.path.dirname(os.path.dirname(str(builder.data_dir)))
+  folder = os.path.dirname(str(builder.data_dir))
   os.makedirs(folder, exist_ok=True)
-  path = os.path.join(folder, f".{builder.builder_config.name}.lock")
+  path = os.path.join(folder, ".lock")
   fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
   try:
     fcntl.flock(fd, fcntl.LOCK_EX)
