@@ -1,9 +1,9 @@
 """Where the numbers are: digit runs, place values and per-number sums.
 
-Everything here works along the last (sequence) axis with the segmented scans
-of :mod:`ntil_jax.scans` (one segment a number), so the cost is O(T log T)
-elementwise work per row, there is no O(T^2) tensor, and rows are independent
-(a batch sharded over a mesh needs no communication).
+Everything here works along the last (sequence) axis with the segmented sums
+of :mod:`ntil_jax.segments` (one segment a number): a few passes of a dozen
+ops each, whatever T, with O(T) memory per row and rows independent (a batch
+sharded over a mesh needs no communication).
 A sequence sharded along T is made whole first (:func:`whole_sequence`).
 
 Vocabulary: a *number* is a maximal run of consecutive positions whose label is
@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ntil_jax import scans
+from ntil_jax import segments
 
 NUM_DIGITS = 10
 
@@ -62,7 +62,7 @@ def whole_sequence(x, axis: int = -1):
   """``x`` with its sequence ``axis`` whole on every device that holds it.
 
   Numbers may cross the shards of a sequence split over a mesh axis of type
-  ``Explicit``, and the segmented scans here run along the whole axis: the
+  ``Explicit``, and the segmented sums here run along the whole axis: the
   per-token arrays they read are gathered along T, other axes stay split.
   A no-op where ``axis`` is not explicitly split (``Auto`` axes, where XLA
   places the collectives itself, or no mesh).
@@ -178,20 +178,26 @@ def match_digits(labels: chex.Array, digit_token_ids=None):
   return matches.any(-1), jnp.argmax(matches, axis=-1).astype(jnp.int32)
 
 
+def _runs(in_run):
+  """``(starts, ends)`` of the maximal runs where ``in_run`` is true.
+
+  Every position outside a run is a segment of its own.
+  """
+  starts = ~(in_run & segments.shift_right(in_run, False))
+  ends = ~(in_run & segments.shift_left(in_run, False))
+  return starts, ends
+
+
 def _decimal_points(is_digit, decimal_point_mask):
   """Points that join two digits, in runs that hold exactly one of them."""
   between_digits = (
       decimal_point_mask
-      & scans.shift_right(is_digit, False)
-      & scans.shift_left(is_digit, False)
+      & segments.shift_right(is_digit, False)
+      & segments.shift_left(is_digit, False)
   )
-  in_run = is_digit | between_digits
-  starts = ~(in_run & scans.shift_right(in_run, False))
-  ends = ~(in_run & scans.shift_left(in_run, False))
-  count = between_digits.astype(jnp.int32)
-  before = scans.segmented_scan(jnp.add, count, starts)
-  after = scans.reverse_segmented_scan(jnp.add, count, ends)
-  return between_digits & (before == 1) & (after == 1)
+  starts, ends = _runs(is_digit | between_digits)
+  (count,) = segments.segment_totals((between_digits,), starts, ends)
+  return between_digits & (count == 1)
 
 
 def number_layout(
@@ -223,39 +229,43 @@ def number_layout(
     points = jnp.zeros_like(is_digit)
   else:
     points = _decimal_points(is_digit, jnp.asarray(decimal_point_mask, bool))
-  in_run = is_digit | points
-  starts = ~(in_run & scans.shift_right(in_run, False))
-  ends = ~(in_run & scans.shift_left(in_run, False))
-
+  starts, ends = _runs(is_digit | points)
+  groups = [((is_digit,), ends, True)]
+  if decimal_point_mask is not None:
+    # Parts: a number cut before its point, so the fractional part (point
+    # first) counts its digits from the point, the integer part to it.
+    part_starts = starts | points
+    part_ends = ends | segments.shift_left(points, False)
+    groups += [
+        ((points, is_digit), part_starts, False),
+        ((is_digit,), part_ends, True),
+    ]
+  sums = segments.segmented_sums(groups)
   digit_count = is_digit.astype(jnp.int32)
-  digits_right = (
-      scans.reverse_segmented_scan(jnp.add, digit_count, ends) - digit_count
-  )
+  digits_right = _integers(sums[0][0]) - digit_count
   if decimal_point_mask is None:
-    # No fractional digits: the three scans below would give digits_right,
-    # and XLA does not fold them away.
     places = digits_right
   else:
-    point_on_left = (
-        scans.segmented_scan(jnp.logical_or, points, starts) & ~points
-    )
-    fractional = is_digit & point_on_left
-    frac_count = fractional.astype(jnp.int32)
+    (point_on_left, from_point), (to_point,) = sums[1:]
+    fractional = is_digit & (point_on_left > 0)
     places = jnp.where(
-        fractional,
-        -scans.segmented_scan(jnp.add, frac_count, starts),
-        digits_right - scans.reverse_segmented_scan(jnp.add, frac_count, ends),
+        fractional, -_integers(from_point), _integers(to_point) - digit_count
     )
   zero = jnp.zeros_like(digits_right)
   return NumberLayout(
       digit_values=jnp.where(is_digit, digit_values, 0),
       is_digit=is_digit,
-      is_last=is_digit & ~scans.shift_left(in_run, False),
+      is_last=is_digit & ends,
       starts=starts,
       ends=ends,
       digits_right=jnp.where(is_digit, digits_right, zero),
       places=jnp.where(is_digit, places, zero),
   )
+
+
+def _integers(sums):
+  """Float32 sums of integers (exact below 2**24) as int32."""
+  return jnp.rint(sums).astype(jnp.int32)
 
 
 # Exponents of ten kept within float32 range; 1e30 leaves headroom for sums.
@@ -279,21 +289,6 @@ def pow10(exponent):
   return jnp.exp(capped * _LN10_HIGH) * jnp.exp(capped * _LN10_LOW)
 
 
-def leading_place(digit_values, layout: NumberLayout):
-  """Place of each number's leading non-zero digit, clamped at >= 0.
-
-  ``digit_values`` is any integer-valued array shaped like the layout (it may
-  be a prediction); the result is constant over each number.
-  """
-  nonzero_place = jnp.where(
-      layout.is_digit & (digit_values != 0),
-      layout.places,
-      jnp.iinfo(jnp.int32).min,
-  )
-  top = scans.segment_broadcast_max(nonzero_place, layout.starts, layout.ends)
-  return jnp.maximum(top, 0)
-
-
 def scaled_number_sum(digit_terms, scale_place, layout: NumberLayout):
   """Sum of ``digit_terms * 10**(place - scale_place)`` over each number.
 
@@ -311,7 +306,7 @@ def scaled_number_sums(terms_and_places, layout: NumberLayout) -> tuple:
   for digit_terms, scale_place in terms_and_places:
     factors = pow10(layout.places - scale_place)
     terms.append(jnp.where(layout.is_digit, digit_terms * factors, 0.0))
-  return scans.segmented_sums(tuple(terms), layout.starts, layout.ends)
+  return segments.forward_sums(terms, layout.starts)
 
 
 class NumberComparison(NamedTuple):
@@ -340,7 +335,11 @@ def compare_numbers(x_digits, y_digits, layout: NumberLayout):
   ``|X - Y|`` of two long numbers is not the float sum of ``(x - y) *
   10**place`` (``1000 - 999`` cancels to rounding noise); written with
   borrows, its digits are integers 0..9 whose float sum has no cancellation.
-  Two segmented scans (one each way) find everything.
+  Two passes of segmented sums find everything: the first counts the
+  non-zero digits and differences from the left (the first of each is the
+  leading one) and, from the right, the differences of each direction up to
+  the nearest one; the second takes each number's totals of the leading
+  ones.
 
   Args:
     x_digits: integer digit values of X, shaped like the layout.
@@ -350,45 +349,41 @@ def compare_numbers(x_digits, y_digits, layout: NumberLayout):
   Returns:
     A :class:`NumberComparison`.
   """
-  int_min = jnp.iinfo(jnp.int32).min
-  x_nonzero = jnp.where(
-      layout.is_digit & (x_digits != 0), layout.places, int_min
-  )
-  y_nonzero = jnp.where(
-      layout.is_digit & (y_digits != 0), layout.places, int_min
-  )
+  x_nonzero = layout.is_digit & (x_digits != 0)
+  y_nonzero = layout.is_digit & (y_digits != 0)
   step = jnp.where(layout.is_digit, jnp.sign(x_digits - y_digits), 0).astype(
       jnp.int32
   )
-  # Forward: leading places so far and the most significant difference at or
-  # left of each position; backward: the same from the right, where the
-  # nearest difference at or right of a position is the nearest less
-  # significant one.
-  x_left, y_left, from_left = scans.segmented_scans(
+  differs = step != 0
+  # Segments from each position to the nearest difference at or right of
+  # it: a sum over one from the right is that difference's direction.
+  to_difference = layout.ends | differs
+  (x_count, y_count, difference_count), (x_larger_there, y_larger_there) = (
+      segments.segmented_sums((
+          ((x_nonzero, y_nonzero, differs), layout.starts, False),
+          ((step > 0, step < 0), to_difference, True),
+      ))
+  )
+  leading = lambda nonzero, count: nonzero & (_integers(count) == 1)
+  x_place, y_place, sign = segments.segment_totals(
       (
-          (jnp.maximum, x_nonzero),
-          (jnp.maximum, y_nonzero),
-          (scans.first_nonzero, step),
+          jnp.where(leading(x_nonzero, x_count), layout.places, 0),
+          jnp.where(leading(y_nonzero, y_count), layout.places, 0),
+          jnp.where(leading(differs, difference_count), step, 0),
       ),
       layout.starts,
-  )
-  x_right, y_right, from_right = scans.reverse_segmented_scans(
-      (
-          (jnp.maximum, x_nonzero),
-          (jnp.maximum, y_nonzero),
-          (scans.last_nonzero, step),
-      ),
       layout.ends,
   )
-  sign = jnp.where(from_left != 0, from_left, from_right)
-  strictly_right = jnp.where(layout.ends, 0, scans.shift_left(from_right, 0))
+  sign = _integers(sign)
   # A place borrows from the next one when the nearest difference at or below
   # it goes the wrong way (the larger number's digit is the smaller there).
-  borrow_out = (sign * from_right < 0).astype(jnp.int32)
-  borrow_in = (sign * strictly_right < 0).astype(jnp.int32)
+  wrong_way = jnp.where(sign > 0, y_larger_there, x_larger_there) > 0
+  borrow_out = wrong_way & (sign != 0)
+  borrow_in = ~layout.ends & segments.shift_left(borrow_out, False)
+  borrow_out, borrow_in = (b.astype(jnp.int32) for b in (borrow_out, borrow_in))
   return NumberComparison(
-      x_place=jnp.maximum(jnp.maximum(x_left, x_right), 0),
-      y_place=jnp.maximum(jnp.maximum(y_left, y_right), 0),
+      x_place=jnp.maximum(_integers(x_place), 0),
+      y_place=jnp.maximum(_integers(y_place), 0),
       sign=sign,
       correction=jnp.where(layout.is_digit, 10 * borrow_out - borrow_in, 0),
   )
