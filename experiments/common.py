@@ -75,7 +75,7 @@ def define_report_flags(here: str) -> None:
 
 
 def parse_flags(argv):
-  """absl's parsing, with a bad flag reported as one ``error:`` line (exit 2)."""
+  """absl's parsing; a bad flag is one ``error:`` line, exit status 2."""
   try:
     return flags.FLAGS(argv)
   except flags.Error as error:

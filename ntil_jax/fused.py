@@ -219,9 +219,13 @@ def fused_numeric_loss(
       matmuls take the inputs' dtype and accumulate the logits and the
       gradients in float32).
     unembedding: ``[D, V]`` output projection (``logits = hidden @ W``).
-    labels: ``[..., T]`` integer ids; ids outside ``[0, V)`` score 0.
-    digit_mask: ``[..., T]`` bool, where numbers may be (``None``: all).
-    loss_mask: ``[..., T]`` bool, positions to score (``None``: all valid).
+    labels: ``[..., T]`` integer ids, as in
+      :func:`ntil_jax.numeric_token_loss`: negative ids are ignored, an id
+      ``>= V`` where ``loss_mask`` is true is refused when concrete.
+    digit_mask: ``[..., T]`` bool (or integer; float refused), where
+      numbers may be (``None``: all).
+    loss_mask: ``[..., T]`` bool (or integer; float refused), positions to
+      score (``None``: all valid).
     lam: weight of the numeric loss.
     method: ``"ntil"``, ``"emd"``, ``"ntl_mse"``, ``"soft_label"`` or ``"ce"``.
     weighting: ``"sum"``, ``"reference"`` or ``"authors"`` (see

@@ -149,18 +149,24 @@ def numeric_token_loss(
 
   Args:
     logits: ``[..., T, V]``.
-    labels: ``[..., T]`` integer ids; ids outside ``[0, V)`` score 0.
-    loss_mask: ``[..., T]`` bool, positions to score (``None``: all valid).
-    digit_mask: ``[..., T]`` bool, where numbers may be (``None``: all).
+    labels: ``[..., T]`` integer ids. Negative ids (e.g. -100) mark
+      ignored positions and score 0. An id ``>= V`` where ``loss_mask`` is
+      true is refused (ValueError) when labels and mask are concrete; under
+      ``jit`` (traced) it cannot be checked and scores 0 with zero
+      gradient. Without ``loss_mask``, every id outside ``[0, V)`` scores 0.
+    loss_mask: ``[..., T]`` bool (or integer, nonzero meaning true; a float
+      mask is refused), positions to score (``None``: all valid).
+    digit_mask: ``[..., T]`` bool (or integer, nonzero meaning true; a float
+      mask is refused), where numbers may be (``None``: all).
     method: which numeric loss.
     lam: its weight (``>= 0``).
     weighting: ``"sum"``, ``"reference"`` or ``"authors"``.
     digit_token_ids: ``[10]`` digit token ids (``None``: 0..9).
-    decimal_point_mask: optional ``[..., T]`` bool, true at decimal-point
-      labels that join integer and fractional digits into one number (see
-      :func:`ntil_loss`). It changes only where numbers begin and end, so
-      only NTIL's place values and number deviations; the per-digit losses
-      of the other methods are the same with or without it.
+    decimal_point_mask: optional ``[..., T]`` bool (or integer), true at
+      decimal-point labels that join integer and fractional digits into one
+      number (see :func:`ntil_loss`). It changes only where numbers begin
+      and end, so only NTIL's place values and number deviations; the
+      per-digit losses of the other methods are the same with or without it.
     **loss_kwargs: keyword arguments of the numeric loss (``sigma``,
       ``alpha``, ``key``, ``eta``, ...; see ``LOSS_KEYWORDS``).
 
@@ -170,7 +176,10 @@ def numeric_token_loss(
     their logits are NaN or inf.
 
   Raises:
-    ValueError: as :func:`check_method`, and for bad shapes or digit ids.
+    ValueError: as :func:`check_method` (a parameter that is NaN, inf or
+      out of range), for bad shapes or digit ids, for a float mask (naming
+      it and its dtype) and for concrete labels ``>= V`` where
+      ``loss_mask`` is true.
   """
   logits, labels, loss_mask, decimal_point_mask = base._asarrays(
       logits, labels, loss_mask, decimal_point_mask

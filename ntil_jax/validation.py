@@ -35,12 +35,60 @@ def _check_inputs(logits, labels, digit_mask, digit_token_ids, extra_masks=()):
   if not jnp.issubdtype(labels.dtype, jnp.integer):
     raise ValueError(f"labels must be integer token ids, got {labels.dtype}.")
   for name, mask in (("digit_mask", digit_mask),) + tuple(extra_masks):
-    if mask is not None and tuple(jnp.shape(mask)) != tuple(labels.shape):
+    if mask is None:
+      continue
+    if tuple(jnp.shape(mask)) != tuple(labels.shape):
       raise ValueError(
           f"{name} shape {jnp.shape(mask)} must equal labels shape "
           f"{labels.shape}."
       )
+    _check_mask_dtype(name, mask)
   _check_digit_ids(digit_token_ids, logits.shape[-1])
+  loss_mask = dict(extra_masks).get("loss_mask")
+  if loss_mask is not None:
+    _check_scored_labels(labels, loss_mask, logits.shape[-1])
+
+
+def _check_mask_dtype(name, mask) -> None:
+  """Masks are bool, or integer with nonzero meaning true; never float."""
+  dtype = jnp.result_type(mask)
+  if not (dtype == jnp.bool_ or jnp.issubdtype(dtype, jnp.integer)):
+    raise ValueError(
+        f"{name} must be a bool array (or integer, nonzero meaning true), "
+        f"got dtype {dtype}: a float mask would count every nonzero value, "
+        "NaN included, as true."
+    )
+
+
+def _concrete(x):
+  """``x`` as a NumPy array; None if it is traced (inside ``jit``) or not
+  on this process whole."""
+  if isinstance(x, jax.core.Tracer):
+    return None
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    return None
+  return np.asarray(x)
+
+
+def _check_scored_labels(labels, loss_mask, vocab_size) -> None:
+  """ValueError for a label id ``>= V`` at a position ``loss_mask`` keeps.
+
+  Such a position would score 0 while the mask says it is scored. Only
+  concrete labels and masks can be checked; under ``jit`` the position
+  scores 0 with zero gradient. Negative ids (e.g. -100) mark ignored
+  positions and are never refused.
+  """
+  labels, loss_mask = _concrete(labels), _concrete(loss_mask)
+  if labels is None or loss_mask is None:
+    return
+  outside = (labels >= vocab_size) & loss_mask.astype(bool)
+  if outside.any():
+    where = tuple(int(i) for i in np.argwhere(outside)[0])
+    raise ValueError(
+        f"labels must be in [0, V={vocab_size}) where loss_mask is true "
+        f"(negative ids mark ignored positions); {int(outside.sum())} "
+        f"are not, e.g. label {int(labels[where])} at index {where}."
+    )
 
 
 def _check_logits_dtype(logits, name="logits") -> None:
@@ -81,8 +129,9 @@ def check_parameters(**parameters) -> None:
   """Raises ValueError, naming the argument, for a loss parameter out of range.
 
   Checks the names in ``sigma, alpha, beta, lam, noise_scale, tau, width,
-  eta``; others are ignored. Traced values (inside ``jit``) cannot be checked
-  and are skipped.
+  eta``; others are ignored. Every one must be finite (NaN and inf are
+  refused) and in its range. Traced values (inside ``jit``) cannot be
+  checked and are skipped.
   """
   for name, value in parameters.items():
     if name not in _PARAMETER_RULES or value is None:
@@ -94,10 +143,13 @@ def check_parameters(**parameters) -> None:
     if not (np.issubdtype(array.dtype, np.number) and np.isrealobj(array)):
       raise ValueError(f"{name} must be a real number, got {value!r}.")
     test, rule = _PARAMETER_RULES[name]
+    values = array.astype(np.float64)
     with np.errstate(invalid="ignore"):
-      ok = np.all(test(array.astype(np.float64)))  # NaN fails every test
+      ok = np.all(test(values))  # NaN fails every test
     if not ok:
       raise ValueError(f"{name} must be {rule}, got {value!r}.")
+    if not np.all(np.isfinite(values)):
+      raise ValueError(f"{name} must be finite, got {value!r}.")
 
 
 class LossArgumentError(ValueError, TypeError):

@@ -618,6 +618,98 @@ class FusedEdgeCaseTest(parameterized.TestCase):
 
 
 # ----------------------------------------------------------------------------
+# Inputs that used to be taken: float masks, labels outside the vocabulary
+# where the loss mask scores, infinite loss weights.
+
+ENTRY_POINTS = (
+    "numeric_token_loss",
+    "fused_numeric_loss",
+    "loss_from_statistics",
+)
+
+
+def _entry_call(fn_name, labels, **kwargs):
+  """``fn_name`` on `small_case`'s logits (V=12) with ``labels``."""
+  logits, _ = small_case()
+  if fn_name == "numeric_token_loss":
+    return ntil_jax.numeric_token_loss(logits, labels, **kwargs)
+  if fn_name == "fused_numeric_loss":
+    rng = np.random.default_rng(1)
+    hidden = rng.standard_normal((1, 5, 4)).astype(np.float32)
+    unembedding = rng.standard_normal((4, 12)).astype(np.float32)
+    return ntil_jax.fused_numeric_loss(hidden, unembedding, labels, **kwargs)
+  stats = ntil_jax.token_statistics(logits, jnp.maximum(labels, 0) % 12)
+  return ntil_jax.loss_from_statistics(stats, labels, vocab_size=12, **kwargs)
+
+
+class RefusedInputTest(parameterized.TestCase):
+
+  @parameterized.parameters(*ENTRY_POINTS)
+  def test_float_masks_are_refused(self, fn_name):
+    labels = small_case()[1]
+    for name in ("digit_mask", "loss_mask", "decimal_point_mask"):
+      for mask in (np.ones(labels.shape), np.full(labels.shape, np.nan)):
+        with self.assertRaisesRegex(
+            ValueError, rf"{name} must be a bool array .*float(32|64)"
+        ):
+          _entry_call(fn_name, labels, **{name: mask})
+
+  def test_integer_masks_count_nonzero_as_true(self):
+    logits, labels = small_case()
+    keep = np.array([[True, True, False, True, True]])
+    loss = jax.jit(
+        lambda loss_mask, digit_mask: ntil_jax.numeric_token_loss(
+            logits, labels, loss_mask=loss_mask, digit_mask=digit_mask
+        )
+    )
+    np.testing.assert_array_equal(
+        loss(keep.astype(np.int32), keep.astype(np.int8)), loss(keep, keep)
+    )
+
+  @parameterized.parameters(*ENTRY_POINTS)
+  def test_labels_outside_the_vocabulary_where_scored_are_refused(
+      self, fn_name
+  ):
+    labels = small_case()[1].copy()
+    labels[0, 2] = 12  # V=12: no such token
+    scored = np.ones(labels.shape, bool)
+    with self.assertRaisesRegex(
+        ValueError, r"labels must be in \[0, V=12\).*label 12 at index \(0, 2\)"
+    ):
+      _entry_call(fn_name, labels, loss_mask=scored)
+
+  def test_labels_outside_the_vocabulary_where_not_scored_score_0(self):
+    fn_name = "numeric_token_loss"
+    labels = small_case()[1].copy()
+    labels[0, 2] = 12  # V=12: no such token
+    scored = np.ones(labels.shape, bool)
+    # Not scored there, or an ignore id (-100): accepted, scores 0.
+    unscored = scored.copy()
+    unscored[0, 2] = False
+    self.assertEqual(_entry_call(fn_name, labels, loss_mask=unscored)[0, 2], 0)
+    labels[0, 2] = -100
+    self.assertEqual(_entry_call(fn_name, labels, loss_mask=scored)[0, 2], 0)
+    # Traced labels cannot be checked: the position scores 0 (documented).
+    labels[0, 2] = 12
+    traced = jax.jit(lambda y: _entry_call(fn_name, y, loss_mask=scored))
+    self.assertEqual(traced(labels)[0, 2], 0)
+
+  @parameterized.parameters(*ENTRY_POINTS)
+  def test_loss_weights_must_be_finite_and_non_negative(self, fn_name):
+    labels = small_case()[1]
+    for lam, message in (
+        (float("inf"), "lam must be finite, got inf"),
+        (float("nan"), "lam must be >= 0, got nan"),
+        (-1.0, "lam must be >= 0"),
+    ):
+      with self.assertRaisesRegex(ValueError, message):
+        _entry_call(fn_name, labels, lam=lam)
+    for name in ("alpha", "beta", "sigma", "tau", "noise_scale"):
+      with self.assertRaisesRegex(ValueError, rf"{name} must be finite"):
+        _entry_call(fn_name, labels, **{name: float("inf")})
+
+
+# ----------------------------------------------------------------------------
 # Item 5: NaN/inf logits at positions that are not scored.
 
 
