@@ -209,7 +209,7 @@ def planned_bytes(compiled):
 
 
 # Instructions that launch nothing: they name, bundle or reinterpret buffers.
-_NO_OPS = ("parameter", "constant", "tuple", "get-tuple-element", "bitcast")
+NO_OPS = ("parameter", "constant", "tuple", "get-tuple-element", "bitcast")
 
 
 def launched_ops(compiled):
@@ -225,7 +225,7 @@ def launched_ops(compiled):
   entry = text[text.index("\nENTRY ") :].split("\n}")[0].splitlines()[1:]
   pattern = re.compile(r" = (?:\([^)]*\)|\S+) ([\w-]+)\(")
   opcodes = [pattern.search(line) for line in entry]
-  return sum(m is not None and m.group(1) not in _NO_OPS for m in opcodes)
+  return sum(m is not None and m.group(1) not in NO_OPS for m in opcodes)
 
 
 def accessed_bytes(compiled):

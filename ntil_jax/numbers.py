@@ -252,15 +252,26 @@ def number_layout(
         fractional, -_integers(from_point), _integers(to_point) - digit_count
     )
   zero = jnp.zeros_like(digits_right)
-  return NumberLayout(
-      digit_values=jnp.where(is_digit, digit_values, 0),
-      is_digit=is_digit,
-      is_last=is_digit & ends,
-      starts=starts,
-      ends=ends,
-      digits_right=jnp.where(is_digit, digits_right, zero),
-      places=jnp.where(is_digit, places, zero),
+  return _materialized(
+      NumberLayout(
+          digit_values=jnp.where(is_digit, digit_values, 0),
+          is_digit=is_digit,
+          is_last=is_digit & ends,
+          starts=starts,
+          ends=ends,
+          digits_right=jnp.where(is_digit, digits_right, zero),
+          places=jnp.where(is_digit, places, zero),
+      )
   )
+
+
+def _materialized(fields):
+  """``fields`` computed once, not again inside each op that reads them.
+
+  XLA fuses cheap elementwise work into every consumer; the number logic's
+  outputs feed dozens, and recomputing them in each multiplied the program.
+  """
+  return type(fields)(*jax.lax.optimization_barrier(tuple(fields)))
 
 
 def _integers(sums):
@@ -270,23 +281,26 @@ def _integers(sums):
 
 # Exponents of ten kept within float32 range; 1e30 leaves headroom for sums.
 MAX_DECIMAL_EXPONENT = 30
-_LN10 = float(np.log(10.0))
-# ln 10 split so that exponent * _LN10_HIGH is exact in float32 for
-# |exponent| < 2**11 (a 13-bit mantissa), and the rest is small.
-_LN10_HIGH = 4716.0 / 2048.0
-_LN10_LOW = _LN10 - _LN10_HIGH
+# 10**e in float32 (correctly rounded) for e = -2 * MAX_DECIMAL_EXPONENT, ...,
+# MAX_DECIMAL_EXPONENT; below float32's range they are 0.
+_POWERS_OF_TEN = np.array(
+    [
+        float(f"1e{e}")
+        for e in range(-2 * MAX_DECIMAL_EXPONENT, MAX_DECIMAL_EXPONENT + 1)
+    ],
+    np.float32,
+)
 
 
 def pow10(exponent):
   """10 ** exponent for integer exponents, capped at 1e30.
 
-  Accurate to a few float32 ulps (``exp`` of an exactly rounded argument
-  times a correction close to 1), and 0 below float32's range.
+  Correctly rounded to float32 (a look-up), and 0 below float32's range.
   """
-  capped = jnp.clip(
-      exponent, -2 * MAX_DECIMAL_EXPONENT, MAX_DECIMAL_EXPONENT
-  ).astype(jnp.float32)
-  return jnp.exp(capped * _LN10_HIGH) * jnp.exp(capped * _LN10_LOW)
+  index = jnp.clip(
+      exponent + 2 * MAX_DECIMAL_EXPONENT, 0, len(_POWERS_OF_TEN) - 1
+  )
+  return jnp.asarray(_POWERS_OF_TEN)[index]
 
 
 def scaled_number_sum(digit_terms, scale_place, layout: NumberLayout):
@@ -349,27 +363,24 @@ def compare_numbers(x_digits, y_digits, layout: NumberLayout):
   Returns:
     A :class:`NumberComparison`.
   """
-  x_nonzero = layout.is_digit & (x_digits != 0)
-  y_nonzero = layout.is_digit & (y_digits != 0)
-  step = jnp.where(layout.is_digit, jnp.sign(x_digits - y_digits), 0).astype(
-      jnp.int32
-  )
-  differs = step != 0
-  # Segments from each position to the nearest difference at or right of
-  # it: a sum over one from the right is that difference's direction.
-  to_difference = layout.ends | differs
-  (x_count, y_count, difference_count), (x_larger_there, y_larger_there) = (
-      segments.segmented_sums((
-          ((x_nonzero, y_nonzero, differs), layout.starts, False),
+  digits = jnp.stack([x_digits, y_digits])
+  nonzero = layout.is_digit & (digits != 0)
+  step = jnp.where(layout.is_digit, x_digits - y_digits, 0)
+  # From each position to the nearest difference at or right of it is a
+  # segment, whose sum from the right is that difference's direction; at a
+  # number's first digit, the most significant difference's: the sign.
+  to_difference = layout.ends | (step != 0)
+  (x_count, y_count), (x_above, y_above) = segments.segmented_sums(
+      (
+          (tuple(nonzero), layout.starts, False),
           ((step > 0, step < 0), to_difference, True),
-      ))
+      )
   )
-  leading = lambda nonzero, count: nonzero & (_integers(count) == 1)
+  leading = nonzero & (jnp.stack([x_count, y_count]) == 1)
   x_place, y_place, sign = segments.segment_totals(
       (
-          jnp.where(leading(x_nonzero, x_count), layout.places, 0),
-          jnp.where(leading(y_nonzero, y_count), layout.places, 0),
-          jnp.where(leading(differs, difference_count), step, 0),
+          *jnp.where(leading, layout.places, 0),
+          jnp.where(layout.starts & layout.is_digit, x_above - y_above, 0),
       ),
       layout.starts,
       layout.ends,
@@ -377,13 +388,14 @@ def compare_numbers(x_digits, y_digits, layout: NumberLayout):
   sign = _integers(sign)
   # A place borrows from the next one when the nearest difference at or below
   # it goes the wrong way (the larger number's digit is the smaller there).
-  wrong_way = jnp.where(sign > 0, y_larger_there, x_larger_there) > 0
-  borrow_out = wrong_way & (sign != 0)
-  borrow_in = ~layout.ends & segments.shift_left(borrow_out, False)
-  borrow_out, borrow_in = (b.astype(jnp.int32) for b in (borrow_out, borrow_in))
-  return NumberComparison(
-      x_place=jnp.maximum(_integers(x_place), 0),
-      y_place=jnp.maximum(_integers(y_place), 0),
-      sign=sign,
-      correction=jnp.where(layout.is_digit, 10 * borrow_out - borrow_in, 0),
+  borrow_out = jnp.where(sign > 0, y_above, jnp.where(sign < 0, x_above, 0))
+  borrow_out = borrow_out.astype(jnp.int32)
+  borrow_in = jnp.where(layout.ends, 0, segments.shift_left(borrow_out, 0))
+  return _materialized(
+      NumberComparison(
+          x_place=jnp.maximum(_integers(x_place), 0),
+          y_place=jnp.maximum(_integers(y_place), 0),
+          sign=sign,
+          correction=jnp.where(layout.is_digit, 10 * borrow_out - borrow_in, 0),
+      )
   )

@@ -29,7 +29,7 @@ terms only (no cancellation against other numbers). The gradient of a sum
 is autodiff's: the transposed masks, a sum from the other side.
 """
 
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import chex
 import jax
@@ -58,66 +58,92 @@ def block_size(length: int) -> int:
   return max(1, min(BLOCK, length))
 
 
-def _lower_triangle(size: int) -> np.ndarray:
-  """``[size, size]`` float32, 1 where the column is at or before the row."""
-  return np.tril(np.ones((size, size), np.float32))
+class _Blocks(NamedTuple):
+  """How a row's segments lie in its blocks, for sums in one direction.
 
-
-def _forward(values: chex.Array, starts: chex.Array) -> chex.Array:
-  """Inclusive segmented sums of ``values [..., T, F]`` (float32).
-
-  ``starts [..., T]`` cuts the segments; position 0 always starts one.
+  Attributes:
+    same: ``[..., nb, b, b]`` float32, 1 where column j is in row i's
+      segment and at or before it in the scan's order.
+    carried: ``[..., nb, nb]`` float32, 1 where the segment that block k
+      opens with holds block j's last segment (j before k).
+    open: ``[..., nb, b]`` bool, the positions of the segment a block opens
+      with (the one that came in from the blocks before).
+    reverse: whether the scan runs from the right.
   """
-  length = starts.shape[-1]
+
+  same: chex.Array
+  carried: chex.Array
+  open: chex.Array
+  reverse: bool
+
+
+def _triangle(size: int, reverse: bool) -> np.ndarray:
+  """``[size, size]``: 1 where column j is at or before row i in scan order."""
+  ones = np.ones((size, size), np.float32)
+  return np.triu(ones) if reverse else np.tril(ones)
+
+
+def _blocks(bounds: chex.Array, reverse: bool) -> _Blocks:
+  """The :class:`_Blocks` of the segments that ``bounds [..., T]`` cut."""
+  length = bounds.shape[-1]
   block = block_size(length)
   num_blocks = -(-length // block)
   pad = num_blocks * block - length
-  batch = starts.shape[:-1]
-  if pad:
-    starts = jnp.pad(
-        starts, [(0, 0)] * len(batch) + [(0, pad)], constant_values=True
-    )
-    values = jnp.pad(values, [(0, 0)] * len(batch) + [(0, pad), (0, 0)])
-  starts = starts.reshape(batch + (num_blocks, block)).astype(jnp.float32)
-  values = values.reshape(batch + (num_blocks, block, values.shape[-1]))
-  within = _lower_triangle(block)
-  # Segment of each position within its block: starts up to it (0: the
-  # segment that came in from the blocks before).
-  local = jnp.einsum("...i,ji->...j", starts, within, precision=_HIGHEST)
+  batch = bounds.shape[:-1]
+  # Padding is a segment a position; a reverse scan's last real position
+  # then still ends its segment where the caller said.
+  bounds = jnp.pad(
+      bounds, [(0, 0)] * len(batch) + [(0, pad)], constant_values=True
+  )
+  bounds = bounds.reshape(batch + (num_blocks, block)).astype(jnp.float32)
+  within = _triangle(block, reverse)
+  # Segment of each position within its block: the bounds up to it in scan
+  # order (0: the segment that came in from the blocks before).
+  local = jnp.einsum("...j,ij->...i", bounds, within, precision=_HIGHEST)
   same = (local[..., :, None] == local[..., None, :]) & (within > 0)
+  # Bounds in blocks up to k, and up to the block before k (-1 for none).
+  across = _triangle(num_blocks, reverse)
+  count = local[..., 0] if reverse else local[..., -1]
+  seen = jnp.einsum("...j,kj->...k", count, across, precision=_HIGHEST)
+  shift = shift_left if reverse else shift_right
+  before = shift(seen, -1.0)
+  # Block k's open segment holds block j's last one if no bound lies in
+  # between: j before k, and as many bounds up to j as up to k's neighbour.
+  strictly = across - np.eye(num_blocks, dtype=np.float32) > 0
+  carried = (before[..., :, None] == seen[..., None, :]) & strictly
+  return _Blocks(
+      same=same.astype(jnp.float32),
+      carried=carried.astype(jnp.float32),
+      open=local == 0,
+      reverse=reverse,
+  )
+
+
+def _sums(blocks: _Blocks, values: chex.Array) -> chex.Array:
+  """Inclusive segmented sums of ``values [..., T, F]`` (float32)."""
+  length = values.shape[-2]
+  num_blocks, block = blocks.open.shape[-2:]
+  batch = values.shape[:-2]
+  pad = num_blocks * block - length
+  values = jnp.pad(values, [(0, 0)] * len(batch) + [(0, pad), (0, 0)])
+  values = values.reshape(batch + (num_blocks, block, values.shape[-1]))
   sums = jnp.einsum(
-      "...ij,...jf->...if",
-      same.astype(jnp.float32),
-      values,
-      precision=_HIGHEST,
+      "...ij,...jf->...if", blocks.same, values, precision=_HIGHEST
   )
-  # Across blocks: block k's open positions (local 0) continue the segment
-  # that ends block k - 1; it holds the tail sum of every block j < k whose
-  # last segment is that one (no start in blocks j+1 .. k-1).
-  tails = sums[..., -1, :]  # [..., nb, F]
-  across = _lower_triangle(num_blocks)
-  seen = jnp.einsum(
-      "...i,ji->...j", local[..., -1], across, precision=_HIGHEST
-  )  # starts in blocks 0..k
-  before = shift_right(seen, -1.0)  # starts in blocks 0..k-1
-  carried = (seen[..., None, :] == before[..., :, None]) & (
-      across - np.eye(num_blocks, dtype=np.float32) > 0
-  )
+  # Each block's sum of the segment it closes with (in scan order), carried
+  # to the blocks whose open segment it is.
+  tails = sums[..., 0, :] if blocks.reverse else sums[..., -1, :]
   carry = jnp.einsum(
-      "...kj,...jf->...kf",
-      carried.astype(jnp.float32),
-      tails,
-      precision=_HIGHEST,
+      "...kj,...jf->...kf", blocks.carried, tails, precision=_HIGHEST
   )
-  sums = sums + jnp.where(local[..., None] == 0, carry[..., None, :], 0.0)
-  sums = sums.reshape(batch + (num_blocks * block, -1))
-  return sums[..., :length, :]
+  sums = sums + jnp.where(blocks.open[..., None], carry[..., None, :], 0.0)
+  return sums.reshape(batch + (num_blocks * block, -1))[..., :length, :]
 
 
 def segmented_sums(
     groups: Sequence[tuple[Sequence[chex.Array], chex.Array, bool]],
 ) -> tuple:
-  """Inclusive segmented sums of several groups of fields, in one pass.
+  """Inclusive segmented sums of several groups of fields.
 
   Args:
     groups: ``(fields, boundaries, reverse)`` triples. ``fields`` are
@@ -125,35 +151,22 @@ def segmented_sums(
       ``boundaries`` (bool ``[..., T]``, like every field) cuts: from the
       left, restarting where ``boundaries`` (the starts) is true; with
       ``reverse``, from the right, restarting where it (the ends) is true.
-      Every group has the same shape.
 
   Returns:
     A tuple with a tuple of float32 sums for each group, shaped like its
-    fields.
+    fields. The sums are computed once (an optimization barrier): XLA
+    would otherwise recompute their last elementwise steps inside every op
+    that reads them.
   """
-  if not groups:
-    return ()
-  width = max(len(fields) for fields, _, _ in groups)
-  stacked_values, stacked_bounds = [], []
-  for fields, bounds, reverse in groups:
-    flip = (lambda x: jnp.flip(x, -1)) if reverse else (lambda x: x)
-    columns = [flip(jnp.asarray(f, jnp.float32)) for f in fields]
-    columns += [jnp.zeros_like(columns[0])] * (width - len(columns))
-    stacked_values.append(jnp.stack(columns, axis=-1))
-    stacked_bounds.append(flip(jnp.asarray(bounds, bool)))
-  shape = stacked_bounds[0].shape
-  if shape[-1] == 0:
-    return tuple(
-        tuple(jnp.zeros(shape, jnp.float32) for _ in fields)
-        for fields, _, _ in groups
-    )
-  sums = _forward(jnp.stack(stacked_values), jnp.stack(stacked_bounds))
   out = []
-  for g, (fields, _, reverse) in enumerate(groups):
-    group = sums[g]
-    if reverse:
-      group = jnp.flip(group, -2)
-    out.append(tuple(group[..., f] for f in range(len(fields))))
+  for fields, bounds, reverse in groups:
+    bounds = jnp.asarray(bounds, bool)
+    if bounds.shape[-1] == 0:
+      out.append(tuple(jnp.zeros(bounds.shape, jnp.float32) for _ in fields))
+      continue
+    values = jnp.stack([jnp.asarray(f, jnp.float32) for f in fields], -1)
+    sums = jax.lax.optimization_barrier(_sums(_blocks(bounds, reverse), values))
+    out.append(tuple(sums[..., f] for f in range(len(fields))))
   return tuple(out)
 
 

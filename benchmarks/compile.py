@@ -1,0 +1,226 @@
+r"""What each loss costs to compile: seconds and optimized HLO instructions.
+
+    python -m benchmarks.compile [--out=benchmarks/compile.json] [--hidden_dim=64]
+
+For each method, value + gradient of the mean of ``numeric_token_loss``
+(``[B, T, V]`` logits) and of ``fused_numeric_loss`` (``[B, T, D]`` hidden
+states and a ``[D, V]`` unembedding) is lowered and compiled after
+``jax.clear_caches()``, best of ``--repeats`` compiles, with optax's
+cross-entropy on the same logits (and ``hidden @ W`` then optax CE) compiled
+in the same process as the reference. Counted in the optimized program
+(``compiled.as_text()``): every instruction, fused computations included
+(the program's size), and the entry's ops (on a GPU, kernel launches). A
+third of the labels are digits, in numbers of 1-8 digits.
+"""
+
+import json
+import re
+import time
+
+from absl import app
+from absl import flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import ntil_jax
+from benchmarks import run
+
+FLAGS = flags.FLAGS
+# --out and --hidden_dim are benchmarks.run's flags, with other defaults here.
+OUT = "benchmarks/compile.json"
+HIDDEN_DIM = 64
+flags.DEFINE_integer("repeats", 2, "Compiles per program; the best counts.")
+flags.DEFINE_list(
+    "shapes",
+    ["2x512x1024", "2x2048x1024", "1x8192x256"],
+    "B x T x V of each case.",
+)
+flags.DEFINE_list(
+    "methods",
+    ["ce", "emd", "ntl_mse", "soft_label", "ntil", "ntil+points"],
+    "Methods of numeric_token_loss; '+points' adds a decimal_point_mask.",
+)
+
+_OPCODE = re.compile(r" = (?:\([^)]*\)|\S+) ([\w-]+)\(")
+
+
+def instructions(compiled) -> int:
+  """Instructions of the optimized program, fused computations included.
+
+  Those that compute nothing (parameters, constants, bitcasts, tuples; as
+  :func:`benchmarks.run.launched_ops` leaves out) are not counted.
+  """
+  opcodes = (_OPCODE.search(line) for line in compiled.as_text().splitlines())
+  return sum(m is not None and m.group(1) not in run.NO_OPS for m in opcodes)
+
+
+def compile_cost(fn, args, repeats):
+  """``(best seconds, instructions, entry ops)`` of compiling ``fn``."""
+  best, compiled = float("inf"), None
+  for _ in range(repeats):
+    jax.clear_caches()
+    start = time.perf_counter()
+    compiled = jax.jit(fn).lower(*args).compile()
+    best = min(best, time.perf_counter() - start)
+  return best, instructions(compiled), run.launched_ops(compiled)
+
+
+def inputs(batch, length, vocab, dim):
+  """Logits, hidden states, unembedding, labels and the two masks."""
+  labels, digit_mask = run.text_with_numbers(0, batch, length, vocab, 1 / 3)
+  rng = np.random.default_rng(1)
+  logits = rng.standard_normal((batch, length, vocab), np.float32)
+  hidden = rng.standard_normal((batch, length, dim), np.float32)
+  unembedding = rng.standard_normal((dim, vocab), np.float32) / dim**0.5
+  # A point after the second digit of every number of three or more.
+  point = np.zeros_like(digit_mask)
+  point[:, 2:] = digit_mask[:, :-2] & digit_mask[:, 1:-1] & digit_mask[:, 2:]
+  point &= ~np.roll(point, 1, axis=1)
+  return logits, hidden, unembedding, labels, digit_mask, point
+
+
+def _loss_kwargs(method):
+  name, _, extra = method.partition("+")
+  return name, extra == "points"
+
+
+def programs(methods):
+  """``{row: (fn, which inputs)}``: value and gradient of each loss."""
+
+  def optax_ce(logits, labels):
+    return optax.softmax_cross_entropy_with_integer_labels(
+        logits, labels
+    ).mean()
+
+  def hidden_ce(hidden, unembedding, labels):
+    return optax_ce(hidden @ unembedding, labels)
+
+  rows = {
+      "optax CE": (jax.value_and_grad(optax_ce), "logits"),
+      "hidden @ W + optax CE": (
+          jax.value_and_grad(hidden_ce, argnums=(0, 1)),
+          "hidden",
+      ),
+  }
+  for method in methods:
+    name, points = _loss_kwargs(method)
+
+    def logits_loss(logits, labels, mask, point, name=name, points=points):
+      return ntil_jax.numeric_token_loss(
+          logits,
+          labels,
+          digit_mask=mask,
+          decimal_point_mask=point if points else None,
+          method=name,
+          lam=run.LAM,
+      ).mean()
+
+    def fused_loss(
+        hidden, unembedding, labels, mask, point, name=name, points=points
+    ):
+      return ntil_jax.fused_numeric_loss(
+          hidden,
+          unembedding,
+          labels,
+          mask,
+          decimal_point_mask=point if points else None,
+          method=name,
+          lam=run.LAM,
+      ).mean()
+
+    rows[f"numeric_token_loss {method}"] = (
+        jax.value_and_grad(logits_loss),
+        "logits",
+    )
+    rows[f"fused_numeric_loss {method}"] = (
+        jax.value_and_grad(fused_loss, argnums=(0, 1)),
+        "hidden",
+    )
+  return rows
+
+
+def measure(shape, methods, repeats, dim):
+  batch, length, vocab = shape
+  logits, hidden, unembedding, labels, mask, point = inputs(
+      batch, length, vocab, dim
+  )
+  args = {
+      "logits": (jnp.asarray(logits), labels),
+      "hidden": (jnp.asarray(hidden), jnp.asarray(unembedding), labels),
+  }
+  out = []
+  for row, (fn, kind) in programs(methods).items():
+    extra = () if row.endswith("optax CE") else (mask, point)
+    seconds, size, ops = compile_cost(fn, args[kind] + extra, repeats)
+    out.append(
+        {
+            "row": row,
+            "shape": list(shape),
+            "compile_s": seconds,
+            "instructions": size,
+            "entry_ops": ops,
+        }
+    )
+    print(
+        f"{'x'.join(map(str, shape)):>12}  {row:<40} {seconds:6.2f} s"
+        f"  {size:6d} instr  {ops} entry ops",
+        flush=True,
+    )
+  return out
+
+
+def ratio_rows(records):
+  """Each record's ratios to optax CE (logits) or hidden @ W + CE (fused)."""
+  by_shape = {}
+  for r in records:
+    by_shape.setdefault(tuple(r["shape"]), {})[r["row"]] = r
+  for rows in by_shape.values():
+    for r in rows.values():
+      ref = rows[
+          "hidden @ W + optax CE"
+          if r["row"].startswith(("fused", "hidden"))
+          else "optax CE"
+      ]
+      r["time_vs_ce"] = r["compile_s"] / ref["compile_s"]
+      r["instructions_vs_ce"] = r["instructions"] / ref["instructions"]
+      emd_name = r["row"].rsplit(" ", 1)[0] + " emd"
+      if emd_name in rows and r["row"] != emd_name:
+        emd = rows[emd_name]
+        r["time_vs_emd"] = r["compile_s"] / emd["compile_s"]
+        r["instructions_vs_emd"] = r["instructions"] / emd["instructions"]
+  return records
+
+
+def main(argv):
+  del argv
+  shapes = [tuple(int(n) for n in s.split("x")) for s in FLAGS.shapes]
+  out = FLAGS.out if FLAGS["out"].present else OUT
+  dim = FLAGS.hidden_dim if FLAGS["hidden_dim"].present else HIDDEN_DIM
+  records = []
+  for shape in shapes:
+    records += measure(shape, FLAGS.methods, FLAGS.repeats, dim)
+  records = ratio_rows(records)
+  for r in records:
+    if "time_vs_emd" in r:
+      print(
+          f"{'x'.join(map(str, r['shape'])):>12}  {r['row']:<40} "
+          f"vs emd: {r['time_vs_emd']:.2f}x time, "
+          f"{r['instructions_vs_emd']:.2f}x instructions"
+      )
+  result = {
+      "device": str(jax.devices()[0].device_kind),
+      "backend": jax.default_backend(),
+      "jax": jax.__version__,
+      "hidden_dim": dim,
+      "repeats": FLAGS.repeats,
+      "records": records,
+  }
+  with open(out, "w") as f:
+    json.dump(result, f, indent=1)
+  print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+  app.run(main)
