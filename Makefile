@@ -37,6 +37,7 @@ bench: install
 	$(PY) -m benchmarks.run --out=benchmarks/results.json
 	$(PY) -m benchmarks.step --out=benchmarks/step_results.json
 	$(PY) -m benchmarks.implementations --out=benchmarks/implementations.json
+	$(PY) -m benchmarks.compile --out=benchmarks/compile.json
 	$(PY) -m benchmarks.report
 
 # Grid processes at once (each resumes cell by cell; 2 on a 2-core machine).

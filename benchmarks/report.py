@@ -147,6 +147,37 @@ def implementations_section(results, name):
   return lines
 
 
+def compile_section(results, name):
+  """The table of benchmarks/compile.py's JSON: one row per program."""
+  lines = [
+      f"## {name}: what each loss costs to compile ({results['device']}, "
+      f"jax {results['jax']})",
+      "",
+      "Value + gradient of the mean loss, compiled after "
+      "`jax.clear_caches()`, best of "
+      f"{results['repeats']}; ops are the optimized program's instructions "
+      "that compute (fused computations included; parameters, constants, "
+      "bitcasts and tuples left out). Ratios to optax CE on the logits, or "
+      "to `hidden @ W` + optax CE for the fused path "
+      f"(D = {results['hidden_dim']}), and to the same path's EMD, "
+      "measured in the same process.",
+      "",
+      "| B x T x V | program | compile | x CE | x EMD | ops | x CE "
+      "| x EMD |",
+      "|---|---|---|---|---|---|---|---|",
+  ]
+  ratio = lambda row, key: f"{row[key]:.2f}" if key in row else "-"
+  for row in results["records"]:
+    lines.append(
+        f"| {'x'.join(map(str, row['shape']))} | {row['row']} "
+        f"| {row['compile_s']:.2f} s | {ratio(row, 'time_vs_ce')} "
+        f"| {ratio(row, 'time_vs_emd')} | {row['instructions']} "
+        f"| {ratio(row, 'instructions_vs_ce')} "
+        f"| {ratio(row, 'instructions_vs_emd')} |"
+    )
+  return lines + [""]
+
+
 def main():
   lines = [
       "# Benchmark results",
@@ -190,6 +221,9 @@ def main():
   for path in sorted(glob.glob(os.path.join(HERE, "implementations*.json"))):
     with open(path) as f:
       lines += implementations_section(json.load(f), os.path.basename(path))
+  for path in sorted(glob.glob(os.path.join(HERE, "compile*.json"))):
+    with open(path) as f:
+      lines += compile_section(json.load(f), os.path.basename(path))
   with open(os.path.join(HERE, "results.md"), "w") as f:
     f.write("\n".join(lines) + "\n")
   print(f"wrote {os.path.join(HERE, 'results.md')}")

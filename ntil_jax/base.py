@@ -35,7 +35,7 @@ def _number_loss(
 ):
   """``numeric_fn(stats, layout, **loss_kwargs)`` on whole sequences.
 
-  The number logic scans along T, and a number may cross the shards of a
+  The number logic sums along T, and a number may cross the shards of a
   sequence split over an ``Explicit`` mesh axis: its inputs are made whole
   along T (:func:`numbers.whole_sequence`: the labels, the masks, the
   ``[..., T]`` and ``[..., T, 10]`` statistics, never ``[..., T, V]``

@@ -35,9 +35,9 @@ class NumberLayout(NamedTuple):
     digit_values: the target digit 0..9 at digit positions, 0 elsewhere.
     is_digit: true at the digits of a number (decimal points excluded).
     is_last: true at the last digit of each number.
-    starts: true where a scan segment starts: the first position of a number,
+    starts: true where a segment starts: the first position of a number,
       and every position outside numbers.
-    ends: true where a scan segment ends (mirror image of ``starts``).
+    ends: true where a segment ends (mirror image of ``starts``).
     digits_right: how many digits of the same number stand to the right.
     places: the power of ten of the digit's place value (0 for units, -1 for
       tenths, ...).
@@ -281,26 +281,23 @@ def _integers(sums):
 
 # Exponents of ten kept within float32 range; 1e30 leaves headroom for sums.
 MAX_DECIMAL_EXPONENT = 30
-# 10**e in float32 (correctly rounded) for e = -2 * MAX_DECIMAL_EXPONENT, ...,
-# MAX_DECIMAL_EXPONENT; below float32's range they are 0.
-_POWERS_OF_TEN = np.array(
-    [
-        float(f"1e{e}")
-        for e in range(-2 * MAX_DECIMAL_EXPONENT, MAX_DECIMAL_EXPONENT + 1)
-    ],
-    np.float32,
-)
+_LN10 = float(np.log(10.0))
+# ln 10 split so that exponent * _LN10_HIGH is exact in float32 for
+# |exponent| < 2**11 (a 13-bit mantissa), and the rest is small.
+_LN10_HIGH = 4716.0 / 2048.0
+_LN10_LOW = _LN10 - _LN10_HIGH
 
 
 def pow10(exponent):
   """10 ** exponent for integer exponents, capped at 1e30.
 
-  Correctly rounded to float32 (a look-up), and 0 below float32's range.
+  Accurate to a few float32 ulps (``exp`` of an exactly rounded argument
+  times a correction close to 1), and 0 below float32's range.
   """
-  index = jnp.clip(
-      exponent + 2 * MAX_DECIMAL_EXPONENT, 0, len(_POWERS_OF_TEN) - 1
-  )
-  return jnp.asarray(_POWERS_OF_TEN)[index]
+  capped = jnp.clip(
+      exponent, -2 * MAX_DECIMAL_EXPONENT, MAX_DECIMAL_EXPONENT
+  ).astype(jnp.float32)
+  return jnp.exp(capped * _LN10_HIGH) * jnp.exp(capped * _LN10_LOW)
 
 
 def scaled_number_sum(digit_terms, scale_place, layout: NumberLayout):
@@ -314,7 +311,7 @@ def scaled_number_sum(digit_terms, scale_place, layout: NumberLayout):
 def scaled_number_sums(terms_and_places, layout: NumberLayout) -> tuple:
   """:func:`scaled_number_sum` of several ``(digit_terms, scale_place)``.
 
-  One segmented scan computes them all.
+  One pass of segmented sums computes them all.
   """
   terms = []
   for digit_terms, scale_place in terms_and_places:

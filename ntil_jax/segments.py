@@ -13,15 +13,17 @@ where ``ends`` is true. Everything :mod:`ntil_jax.numbers` computes (where a
 number is, each digit's place, leading digits, borrows, scaled sums) is such
 a sum.
 
-The row is cut into blocks of ``b`` positions (:data:`BLOCK`). Within a
-block, a ``[b, b]`` mask (same segment, earlier or same position) times the
-block's values is one batched matmul; across blocks, a ``[T/b, T/b]`` mask
-carries each segment's sum over the blocks it crossed, one more matmul. The
-segment of a position is the count of starts up to it, itself a matmul
-with a triangular matrix. So a sum is the same dozen ops whatever ``T``
-(``lax.associative_scan`` unrolls ``log2 T`` levels of slices, pads and
-concatenates per field), on tensor cores or an MXU, with O(T b) work and
-memory per row (``b = 128``: 512 bytes a position), and rows independent.
+The row is cut into blocks of ``b`` positions (about ``sqrt(T)``, at most
+:data:`BLOCK`; :func:`block_size`). Within a block, a ``[b, b]`` mask (same
+segment, earlier or same position) times the block's values is one batched
+matmul; across blocks, a ``[T/b, T/b]`` mask carries each segment's sum over
+the blocks it crossed, one more matmul. The segment of a position is the
+count of starts up to it, itself a matmul with a triangular matrix. So a
+sum is the same dozen ops whatever ``T`` (``lax.associative_scan`` unrolls
+``log2 T`` levels of slices, pads and concatenates per field), on tensor
+cores or an MXU, with O(T b) work and memory per row (at most 512 bytes a
+position), and rows independent. The masks of a segmentation are built once
+and shared by every sum over it (XLA merges the identical computations).
 
 Matmuls run at ``Precision.HIGHEST``: integer sums (counts, places) are
 exact below ``2**24``, and float sums are float32 sums of the same segment's
@@ -29,6 +31,7 @@ terms only (no cancellation against other numbers). The gradient of a sum
 is autodiff's: the transposed masks, a sum from the other side.
 """
 
+import math
 from typing import NamedTuple, Sequence
 
 import chex
@@ -54,8 +57,14 @@ def shift_left(x: chex.Array, fill, distance: int = 1) -> chex.Array:
 
 
 def block_size(length: int) -> int:
-  """Positions per block for rows of ``length``: :data:`BLOCK` or fewer."""
-  return max(1, min(BLOCK, length))
+  """Positions per block for rows of ``length``: about ``sqrt(length)``.
+
+  A power of two from ``sqrt(length)`` up to :data:`BLOCK`, so the ``[b, b]``
+  masks within blocks (``T b`` a row) and the ``[T/b, T/b]`` one across them
+  stay small together; never more than ``length``.
+  """
+  side = 1 << max(0, math.ceil(math.log2(max(1, length)) / 2))
+  return max(1, min(BLOCK, side, length))
 
 
 class _Blocks(NamedTuple):
@@ -137,7 +146,8 @@ def _sums(blocks: _Blocks, values: chex.Array) -> chex.Array:
       "...kj,...jf->...kf", blocks.carried, tails, precision=_HIGHEST
   )
   sums = sums + jnp.where(blocks.open[..., None], carry[..., None, :], 0.0)
-  return sums.reshape(batch + (num_blocks * block, -1))[..., :length, :]
+  sums = sums.reshape(batch + (num_blocks * block, values.shape[-1]))
+  return sums[..., :length, :]
 
 
 def segmented_sums(

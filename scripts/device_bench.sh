@@ -9,14 +9,16 @@
 #   benchmarks.run             the losses on logits and from hidden states
 #   benchmarks.step            a whole train step, Qwen2.5-1.5B-shaped
 #   benchmarks.implementations the fused path's implementations side by side
+#   benchmarks.compile         each loss's compile time and program size
 # JSON and logs go to $OUT/bench/ (the logs hold every row printed, even of a
 # benchmark cut at its limit); copy the JSON over benchmarks/ and run
-# `python -m benchmarks.report`. Environment: RUN_S, STEP_S, IMPL_S (each
-# benchmark's seconds: 200, 150, 150).
+# `python -m benchmarks.report`. Environment: RUN_S, STEP_S, IMPL_S,
+# COMPILE_S (each benchmark's seconds: 200, 150, 150, 60).
 set -uo pipefail
 RUN_S=${RUN_S:-200}
 STEP_S=${STEP_S:-150}
 IMPL_S=${IMPL_S:-150}
+COMPILE_S=${COMPILE_S:-60}
 OUT=${OUT:-/tmp/out}
 SITE=/tmp/site
 export PYTHONUNBUFFERED=1
@@ -51,4 +53,5 @@ bench run "$RUN_S" benchmarks.run --dtype=bfloat16 --hidden_dim=1536
 bench step "$STEP_S" benchmarks.step --model=qwen2.5-1.5b --dtype=bfloat16 \
   --batch_size=64 --seq_len=128
 bench implementations "$IMPL_S" benchmarks.implementations
+bench compile "$COMPILE_S" benchmarks.compile --methods=ce,emd,ntil --repeats=1
 echo "done in $(( $(date +%s) - start )) s"

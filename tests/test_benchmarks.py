@@ -190,6 +190,68 @@ class BenchmarkTest(absltest.TestCase):
     self.assertIn("% of optax CE", stdout)
     self.assertIn("median over 2 blocks", stdout)
 
+  def test_compile_records_each_program(self):
+    stdout, results = run_with_json(
+        "benchmarks.compile",
+        "--shapes=1x32x32",
+        "--methods=emd",
+        "--repeats=1",
+        "--hidden_dim=8",
+    )
+    rows = {r["row"]: r for r in results["records"]}
+    self.assertEqual(
+        set(rows),
+        {
+            "optax CE",
+            "hidden @ W + optax CE",
+            "numeric_token_loss emd",
+            "fused_numeric_loss emd",
+        },
+    )
+    emd = rows["numeric_token_loss emd"]
+    self.assertGreater(rows["optax CE"]["instructions"], 10)
+    self.assertAlmostEqual(
+        emd["instructions_vs_ce"],
+        emd["instructions"] / rows["optax CE"]["instructions"],
+    )
+    self.assertIn("numeric_token_loss emd", stdout)
+    text = "\n".join(report.compile_section(results, "c.json"))
+    self.assertIn("| 1x32x32 | numeric_token_loss emd |", text)
+
+  def test_compile_ratios_are_to_the_same_paths_references(self):
+    from benchmarks import compile as compile_bench  # pylint: disable=g-import-not-at-top
+
+    def record(row, seconds, size):
+      return {
+          "row": row,
+          "shape": [1, 8, 8],
+          "compile_s": seconds,
+          "instructions": size,
+      }
+
+    records = compile_bench.ratio_rows(
+        [
+            record("optax CE", 1.0, 100),
+            record("hidden @ W + optax CE", 2.0, 200),
+            record("numeric_token_loss emd", 3.0, 300),
+            record("numeric_token_loss ntil", 6.0, 900),
+            record("fused_numeric_loss emd", 4.0, 400),
+            record("fused_numeric_loss ntil", 2.0, 1200),
+        ]
+    )
+    rows = {r["row"]: r for r in records}
+    ntil, fused = (
+        rows["numeric_token_loss ntil"],
+        rows["fused_numeric_loss ntil"],
+    )
+    self.assertEqual((ntil["time_vs_ce"], ntil["instructions_vs_ce"]), (6, 9))
+    self.assertEqual((ntil["time_vs_emd"], ntil["instructions_vs_emd"]), (2, 3))
+    self.assertEqual((fused["time_vs_ce"], fused["instructions_vs_ce"]), (1, 6))
+    self.assertEqual(
+        (fused["time_vs_emd"], fused["instructions_vs_emd"]), (0.5, 3)
+    )
+    self.assertNotIn("time_vs_emd", rows["numeric_token_loss emd"])
+
   def test_bf16_updates_counts_what_rounding_loses(self):
     from benchmarks import bf16_updates  # pylint: disable=g-import-not-at-top
     import numpy as np  # pylint: disable=g-import-not-at-top

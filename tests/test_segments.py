@@ -31,7 +31,7 @@ def flip(x):
 class SegmentedSumsTest(parameterized.TestCase):
 
   @parameterized.product(
-      # Around the block (128) and its multiples, where the carries change.
+      # Around block sizes and their multiples, where the carries change.
       length=(1, 2, 7, 127, 128, 129, 256, 300, 1000),
       bound_rate=(0.0, 0.01, 0.3, 0.9),
   )
