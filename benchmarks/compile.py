@@ -31,18 +31,6 @@ FLAGS = flags.FLAGS
 # --out and --hidden_dim are benchmarks.run's flags, with other defaults here.
 OUT = "benchmarks/compile.json"
 HIDDEN_DIM = 64
-flags.DEFINE_integer("repeats", 2, "Compiles per program; the best counts.")
-flags.DEFINE_list(
-    "shapes",
-    ["2x512x1024", "2x2048x1024", "1x8192x256"],
-    "B x T x V of each case.",
-)
-flags.DEFINE_list(
-    "methods",
-    ["ce", "emd", "ntl_mse", "soft_label", "ntil", "ntil+points"],
-    "Methods of numeric_token_loss; '+points' adds a decimal_point_mask.",
-)
-
 _OPCODE = re.compile(r" = (?:\([^)]*\)|\S+) ([\w-]+)\(")
 
 
@@ -193,6 +181,21 @@ def ratio_rows(records):
   return records
 
 
+def define_flags():
+  """This script's flags (defined when it runs, not when it is imported)."""
+  flags.DEFINE_integer("repeats", 2, "Compiles per program; the best counts.")
+  flags.DEFINE_list(
+      "shapes",
+      ["2x512x1024", "2x2048x1024", "1x8192x256"],
+      "B x T x V of each case.",
+  )
+  flags.DEFINE_list(
+      "methods",
+      ["ce", "emd", "ntl_mse", "soft_label", "ntil", "ntil+points"],
+      "Methods of numeric_token_loss; '+points' adds a decimal_point_mask.",
+  )
+
+
 def main(argv):
   del argv
   shapes = [tuple(int(n) for n in s.split("x")) for s in FLAGS.shapes]
@@ -223,4 +226,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)
