@@ -633,3 +633,26 @@ def test_demo_terminal_is_quiet(tmp_path):
   assert "examples/s" not in output  # TFDS's progress bars
   assert "exact match" in result.stdout
   assert "predictions.png" in result.stdout
+
+
+def test_a_background_thread_failure_is_one_line(capsys):
+  from unittest import mock  # pylint: disable=g-import-not-at-top
+  import threading  # pylint: disable=g-import-not-at-top
+  from train import logs  # pylint: disable=g-import-not-at-top
+
+  previous = threading.excepthook
+  logs.quiet_thread_errors()
+  try:
+    with mock.patch.object(logs.logging, "warning") as warning:
+
+      def fail():
+        raise ValueError("disk gone\nsecond line")
+
+      thread = threading.Thread(target=fail, name="saver")
+      thread.start()
+      thread.join()
+  finally:
+    threading.excepthook = previous
+  (call,) = warning.call_args_list
+  assert call.args[1:] == ("saver", "ValueError", "disk gone")
+  assert "Traceback" not in capsys.readouterr().err

@@ -11,6 +11,8 @@ import contextlib
 import logging as pylogging
 import os
 import sys
+import threading
+import traceback
 
 from absl import logging
 
@@ -95,6 +97,35 @@ def log_file(directory: str, process_index: int = 0):
   finally:
     root.removeHandler(handler)
     handler.close()
+
+
+def quiet_thread_errors() -> None:
+  """Reports a background thread's exception in one line (traceback: train.log).
+
+  Orbax writes checkpoints from its own threads; when a save fails (the
+  disk gone), the thread's exception reaches the trainer, which reports it
+  in its one ``error:`` line, and Python's default hook would also print
+  the thread's traceback on the terminal.
+  """
+
+  def hook(args):
+    name = args.thread.name if args.thread is not None else "?"
+    logging.warning(
+        "background thread %s failed: %s: %s",
+        name,
+        args.exc_type.__name__,
+        str(args.exc_value).splitlines()[0] if str(args.exc_value) else "",
+    )
+    file_only(
+        "%s",
+        "".join(
+            traceback.format_exception(
+                args.exc_type, args.exc_value, args.exc_traceback
+            )
+        ),
+    )
+
+  threading.excepthook = hook
 
 
 def _is_closed_loop_error(exc_type, value, tb) -> bool:

@@ -75,6 +75,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logs.quiet_terminal()
+  logs.quiet_thread_errors()
   if FLAGS.coordinator_address:
     jax.distributed.initialize(
         coordinator_address=FLAGS.coordinator_address,
