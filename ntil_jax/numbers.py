@@ -346,11 +346,11 @@ def compare_numbers(x_digits, y_digits, layout: NumberLayout):
   ``|X - Y|`` of two long numbers is not the float sum of ``(x - y) *
   10**place`` (``1000 - 999`` cancels to rounding noise); written with
   borrows, its digits are integers 0..9 whose float sum has no cancellation.
-  Two passes of segmented sums find everything: the first counts the
-  non-zero digits and differences from the left (the first of each is the
-  leading one) and, from the right, the differences of each direction up to
-  the nearest one; the second takes each number's totals of the leading
-  ones.
+  Two passes of segmented sums find everything: the first counts each
+  number's non-zero digits from the left (the first is the leading one) and,
+  from the right, the differences of each direction up to the nearest one;
+  the second takes each number's totals of the leading digits' places and
+  of the direction at its first digit (the sign).
 
   Args:
     x_digits: integer digit values of X, shaped like the layout.
