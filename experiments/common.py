@@ -113,7 +113,7 @@ def cell_config(config, settings, dataset_config, seed, overrides, data_dir):
   Args:
     config: the method's config (from the task's ``configs`` module).
     settings: the grid profile (train_steps, batch_size, test_size,
-      eval_every_steps).
+      eval_every_steps; checkpoint_every_steps, else half the steps).
     dataset_config: the name of the rendered data's TFDS config.
     seed: initialisation and data order.
     overrides: the cell's config changes (controls, ablations).
@@ -129,7 +129,9 @@ def cell_config(config, settings, dataset_config, seed, overrides, data_dir):
   config.seed = seed
   config.log_every_steps = min(25, settings["train_steps"])
   config.eval_every_steps = settings["eval_every_steps"]
-  config.checkpoint_every_steps = settings["train_steps"] // 2 or 1
+  config.checkpoint_every_steps = settings.get(
+      "checkpoint_every_steps", settings["train_steps"] // 2 or 1
+  )
   config.eval_examples = 0  # the whole test split
   config.eval_batch_size = min(250, settings["test_size"])
   config.num_samples = 0

@@ -195,6 +195,9 @@ PROFILES = {
         train_size=200,
         test_size=20,
         seeds=(0, 1),
+        # Saves at the end of a run (a save takes longer than a smoke step);
+        # the trainer's resume tests save mid-run.
+        checkpoint_every_steps=8,
     ),
     # Multi-digit answers, abundant data: train_size = steps x batch.
     "digits": dict(
@@ -218,6 +221,9 @@ PROFILES = {
         seeds=(0,),
         module="arithmetic__add_or_sub",
         difficulty="easy",
+        # Saves at the end of a run (a save takes longer than a smoke step);
+        # the trainer's resume tests save mid-run.
+        checkpoint_every_steps=8,
     ),
 }
 # The digits grid on 4x the budget (and 4x the problems, each seen once),
@@ -333,7 +339,9 @@ def cell_config(profile, method, seed, overrides, data_dir):
   # A learning curve of 3-8 points.
   evals = settings.get("evals", 4 if _variant(settings) else 3)
   config.eval_every_steps = max(1, settings["train_steps"] // evals)
-  config.checkpoint_every_steps = max(1, settings["train_steps"] // 3)
+  config.checkpoint_every_steps = settings.get(
+      "checkpoint_every_steps", max(1, settings["train_steps"] // 3)
+  )
   config.eval_examples = 0  # the whole test split
   config.eval_batch_size = min(250, settings["test_size"])
   for name, value in overrides.items():

@@ -24,6 +24,9 @@ PROFILES = {
         main_seeds=(0, 1),
         other_seeds=(0,),
         eval_every_steps=2,
+        # Saves at the end of a run (a save takes longer than a smoke step);
+        # the trainer's resume tests save mid-run.
+        checkpoint_every_steps=8,
     ),
 }
 METRICS = (

@@ -31,6 +31,9 @@ PROFILES = {
         main_seeds=(0, 1),
         other_seeds=(0,),
         eval_every_steps=1,  # two evals: a learning curve to report
+        # Saves at the end of a run (a save takes longer than a smoke step);
+        # the trainer's resume tests save mid-run.
+        checkpoint_every_steps=8,
     ),
 }
 # Metrics recorded per task (the eval record's keys).
