@@ -10,7 +10,11 @@ from ml_collections import config_flags
 
 from ntil_jax import kernels
 
+# The paper's methods: the experiment grids iterate over these.
 METHODS = ("ce", "emd", "ntl_mse", "soft_label", "ntil")
+# NTIL's peers (DEL, SMMD; ntil_jax.losses.PEER_LOSSES): the trainer takes
+# them (--config=FILE:del), no grid runs them yet.
+PEER_METHODS = ("del", "smmd")
 # Fields added to `base_config` after runs were recorded, with the default
 # that every earlier run had: a run recorded without one resumes as if it
 # held its default, and an experiment's config hash leaves it out while it
@@ -66,10 +70,10 @@ config_flags.register_flag_parser_for_type(object, _FusedLossParser())
 def check_method(method: str) -> str:
   """The method named after the colon in --config=FILE:METHOD ('ntil' if '')."""
   method = method or "ntil"
-  if method not in METHODS:
+  if method not in METHODS + PEER_METHODS:
     raise ValueError(
         f"unknown method {method!r} in --config=...:{method}; "
-        f"choose one of {', '.join(METHODS)}."
+        f"choose one of {', '.join(METHODS + PEER_METHODS)}."
     )
   return method
 

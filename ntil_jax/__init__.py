@@ -1,7 +1,8 @@
 """ntil_jax: numeric token losses for JAX.
 
-Numerical Token Integrity Loss (NTIL, ACL 2025) and its baselines as pure,
-jit-able functions that return unreduced per-token losses::
+Numerical Token Integrity Loss (NTIL, ACL 2025), its baselines and its peers
+(DEL, SMMD) as pure, jit-able functions that return unreduced per-token
+losses::
 
   loss = ce + 0.3 * ntil_jax.ntil_loss(logits, labels, digit_mask)
 """
@@ -11,6 +12,7 @@ from ntil_jax.baselines import emd_loss
 from ntil_jax.baselines import ntl_mse_loss
 from ntil_jax.baselines import soft_digit_targets
 from ntil_jax.baselines import soft_label_cross_entropy
+from ntil_jax.digit_entropy import del_loss
 from ntil_jax.fused import default_chunk_size
 from ntil_jax.fused import fused_numeric_loss
 from ntil_jax.fused import fused_token_statistics
@@ -23,6 +25,7 @@ from ntil_jax.ntil import ntil_components
 from ntil_jax.ntil import ntil_loss
 from ntil_jax.numbers import number_layout
 from ntil_jax.numbers import NumberLayout
+from ntil_jax.smmd import smmd_loss
 from ntil_jax.statistics import digit_logits
 from ntil_jax.statistics import token_statistics
 from ntil_jax.statistics import TokenStatistics
@@ -33,6 +36,7 @@ __version__ = "0.1.0"
 __all__ = [
     "cross_entropy",
     "default_chunk_size",
+    "del_loss",
     "digit_logits",
     "kernels",
     "digit_token_ids",
@@ -48,6 +52,7 @@ __all__ = [
     "number_layout",
     "NumberLayout",
     "numeric_token_loss",
+    "smmd_loss",
     "soft_digit_targets",
     "soft_label_cross_entropy",
     "token_statistics",

@@ -227,7 +227,8 @@ def fused_numeric_loss(
     loss_mask: ``[..., T]`` bool (or integer; float refused), positions to
       score (``None``: all valid).
     lam: weight of the numeric loss.
-    method: ``"ntil"``, ``"emd"``, ``"ntl_mse"``, ``"soft_label"`` or ``"ce"``.
+    method: ``"ntil"``, ``"emd"``, ``"ntl_mse"``, ``"soft_label"``,
+      ``"del"``, ``"smmd"`` or ``"ce"``.
     weighting: ``"sum"``, ``"reference"`` or ``"authors"`` (see
       ``numeric_token_loss``).
     digit_token_ids: ``[10]`` digit ids (``None``: 0..9).

@@ -28,17 +28,21 @@ import jax.numpy as jnp
 
 from ntil_jax import base
 from ntil_jax import baselines
+from ntil_jax import digit_entropy
 from ntil_jax import ntil
 from ntil_jax import numbers
+from ntil_jax import smmd
 from ntil_jax import validation
 from ntil_jax.baselines import cross_entropy
 from ntil_jax.baselines import emd_loss
 from ntil_jax.baselines import ntl_mse_loss
 from ntil_jax.baselines import soft_digit_targets
 from ntil_jax.baselines import soft_label_cross_entropy
+from ntil_jax.digit_entropy import del_loss
 from ntil_jax.ntil import NTILComponents
 from ntil_jax.ntil import ntil_components
 from ntil_jax.ntil import ntil_loss
+from ntil_jax.smmd import smmd_loss
 from ntil_jax.statistics import digit_logits
 from ntil_jax.statistics import token_statistics
 from ntil_jax.statistics import TokenStatistics
@@ -49,6 +53,7 @@ __all__ = [
     "check_method",
     "check_parameters",
     "cross_entropy",
+    "del_loss",
     "digit_logits",
     "emd_loss",
     "loss_from_statistics",
@@ -61,6 +66,8 @@ __all__ = [
     "NUM_DIGITS",
     "NUMERIC_LOSSES",
     "numeric_token_loss",
+    "PEER_LOSSES",
+    "smmd_loss",
     "soft_digit_targets",
     "soft_label_cross_entropy",
     "token_statistics",
@@ -80,13 +87,20 @@ NUMERIC_LOSSES = {
     "ntl_mse": ntl_mse_loss,
     "soft_label": soft_label_cross_entropy,
     "ntil": ntil_loss,
+    "del": del_loss,
+    "smmd": smmd_loss,
 }
+# The losses of NTIL's peers, published after it (not in the paper's
+# tables): DEL (arXiv:2605.20369) and SMMD (ICML 2026, arXiv:2606.27731).
+PEER_LOSSES = ("del", "smmd")
 _FROM_STATISTICS = {
     "ce": None,
     "emd": baselines._emd,
     "ntl_mse": baselines._ntl_mse,
     "soft_label": baselines._soft_label,
     "ntil": ntil._ntil,
+    "del": digit_entropy._del,
+    "smmd": smmd._smmd,
 }
 WEIGHTINGS = ("sum", "reference", "authors")
 # The keyword arguments each method's loss takes through numeric_token_loss.
@@ -96,7 +110,11 @@ LOSS_KEYWORDS = {
     "ntl_mse": (),
     "soft_label": ("eta", "width"),
     "ntil": ("sigma", "alpha", "beta", "tau", "key", "noise_scale"),
+    "del": (),
+    "smmd": ("mode", "kernel", "sigmas", "squash_factor", "smooth_weight"),
 }
+# Checks of the settings that check_parameters does not know.
+_METHOD_CHECKS = {"smmd": smmd.check_smmd_parameters}
 
 
 def numeric_token_loss(
@@ -117,8 +135,9 @@ def numeric_token_loss(
   .. math:: \ell_t = \mathrm{CE}_t + \lambda\, w\, \mathrm{aux}_t
 
   with :math:`\mathrm{aux}` the loss named by ``method`` (``"ntil"``,
-  ``"emd"``, ``"ntl_mse"``, ``"soft_label"``; ``"ce"`` for none) on the digit
-  tokens of scored positions (``digit_mask & loss_mask``).
+  ``"emd"``, ``"ntl_mse"``, ``"soft_label"``, the peers ``"del"``
+  (:func:`del_loss`) and ``"smmd"`` (:func:`smmd_loss`); ``"ce"`` for none)
+  on the digit tokens of scored positions (``digit_mask & loss_mask``).
 
   ``weighting="sum"`` (default) uses :math:`w = 1`. ``weighting="reference"``
   takes the NTIL authors' scaling, ``CE + stop_gradient(CE/aux) * lam *
@@ -144,6 +163,11 @@ def numeric_token_loss(
   CE. Their code splits numbers at every non-digit, '.' included: for their
   loss exactly, pass no ``decimal_point_mask``.
 
+  For the peers (``"del"``, ``"smmd"``), ``"reference"`` and ``"authors"``
+  are still the NTIL authors' scaling and aggregation; DEL's and SMMD's own
+  reductions (means over the batch's digits) are described in
+  :func:`del_loss` and :func:`smmd_loss`.
+
   With ``method="soft_label"`` and ``w = 1``, ``CE + lam * CE_soft`` equals
   ``(1 + lam)`` times a soft-label CE with ``eta' = lam * eta / (1 + lam)``.
 
@@ -165,8 +189,9 @@ def numeric_token_loss(
     decimal_point_mask: optional ``[..., T]`` bool (or integer), true at
       decimal-point labels that join integer and fractional digits into one
       number (see :func:`ntil_loss`). It changes only where numbers begin
-      and end, so only NTIL's place values and number deviations; the
-      per-digit losses of the other methods are the same with or without it.
+      and end, so only NTIL's and DEL's place values and NTIL's number
+      deviations; the per-digit losses of the other methods are the same
+      with or without it.
     **loss_kwargs: keyword arguments of the numeric loss (``sigma``,
       ``alpha``, ``key``, ``eta``, ...; see ``LOSS_KEYWORDS``).
 
@@ -285,6 +310,8 @@ def check_method(method: str, weighting: str, loss_kwargs, lam=None) -> None:
         f"{loss_name} {takes}."
     )
   check_parameters(lam=lam, **loss_kwargs)
+  if method in _METHOD_CHECKS:
+    _METHOD_CHECKS[method](**loss_kwargs)
 
 
 def loss_from_statistics(

@@ -193,3 +193,101 @@ def soft_label_ce(
       q = [(1 - eta) * (k == y) + eta * psi[k] for k in range(10)]
       out[b, t] = -sum(q[k] * log_p[ids[k]] for k in range(10))
   return out
+
+
+def del_loss(
+    logits, labels, digit_mask, digit_ids=range(10), decimal_mask=None
+):
+  """DEL per token and its gradient, float64 (the peers' loss, issue 48).
+
+  The place weight is ``2 (e + 1)`` for an integer digit of place ``e`` and
+  ``1.02 ** (e - 1)`` for a fractional one; the loss ``w / 10 * sum_k p_k
+  BCE(z_k, [k = y])`` with ``p`` the softmax of the ten digit logits ``z``.
+
+  Returns:
+    loss [B, T] and grad [B, T, V], float64.
+  """
+  logits = np.asarray(logits, np.float64)
+  ids = [int(i) for i in digit_ids]
+  loss = np.zeros(labels.shape)
+  grad = np.zeros(logits.shape)
+  for b in range(labels.shape[0]):
+    row_decimal = None if decimal_mask is None else decimal_mask[b]
+    for number in find_numbers(labels[b], digit_mask[b], ids, row_decimal):
+      for t, y, place in number:
+        w = 2.0 * (place + 1) if place >= 0 else 1.02 ** (place - 1)
+        z = logits[b, t, ids]
+        p = softmax(z)
+        sig = np.array([1 / (1 + math.exp(-v)) for v in z])
+        target = np.array([float(k == y) for k in range(10)])
+        # BCE(z, 1) = log(1 + e^-z), BCE(z, 0) = log(1 + e^z).
+        bce = np.array(
+            [math.log1p(math.exp(-v if k == y else v)) for k, v in enumerate(z)]
+        )
+        mean = float(p @ bce)
+        loss[b, t] = w / 10 * mean
+        grad[b, t, ids] = w / 10 * (p * (bce - mean) + p * (sig - target))
+  return loss, grad
+
+
+def smmd_kernel(kernel="gaussian", sigmas=(2.0,), squash_factor=9.0):
+  """The SMMD kernel over the digit values 0..9, float64."""
+  d = np.abs(np.arange(10.0)[:, None] - np.arange(10.0)[None, :])
+  if squash_factor is not None and squash_factor > 1:
+    # Non-zero distances 1..9 rescaled linearly to 1..squash_factor.
+    d = np.where(d > 0, 1 + (d - 1) * (squash_factor - 1) / 8, 0.0)
+  if kernel == "gaussian":
+    k = np.mean([np.exp(-(d**2) / (2 * s**2)) for s in sigmas], axis=0)
+  else:
+    k = np.mean([np.exp(-d / s) for s in sigmas], axis=0)
+  return np.clip(k, 0.0, 1.0)
+
+
+def smmd(
+    logits,
+    labels,
+    digit_mask,
+    digit_ids=range(10),
+    *,
+    mode="smmd",
+    kernel="gaussian",
+    sigmas=(2.0,),
+    squash_factor=9.0,
+    smooth_weight=None,
+):
+  """SMMD per token and its gradient, float64, written as sums.
+
+  ``mmd = sum_ij K_ij r_i r_j`` and ``smooth = 1/2 sum_ij K_ij (r_i -
+  r_j)^2`` for ``r = p - onehot(y)``; the loss ``max(0, mmd + a smooth)``
+  (``"smmd"``), ``mmd`` or ``a smooth``, ``a = 1 / (2 mean_i sum_j K_ij)``
+  unless given.
+
+  Returns:
+    loss [B, T] and grad [B, T, V], float64.
+  """
+  gram = smmd_kernel(kernel, sigmas, squash_factor)
+  a = 1 / (2 * gram.sum(1).mean()) if smooth_weight is None else smooth_weight
+  weights = dict(smmd=(1.0, a), mmd=(1.0, 0.0), smooth=(0.0, a))[mode]
+  logits = np.asarray(logits, np.float64)
+  ids = [int(i) for i in digit_ids]
+  loss = np.zeros(labels.shape)
+  grad = np.zeros(logits.shape)
+  for b, t in np.ndindex(*labels.shape):
+    if not (digit_mask[b, t] and int(labels[b, t]) in ids):
+      continue
+    y = ids.index(int(labels[b, t]))
+    p = softmax(logits[b, t, ids])
+    r = p - np.eye(10)[y]
+    mmd, smooth = 0.0, 0.0
+    d_r = np.zeros(10)  # d loss / d r
+    for i in range(10):
+      for j in range(10):
+        mmd += gram[i, j] * r[i] * r[j]
+        smooth += 0.5 * gram[i, j] * (r[i] - r[j]) ** 2
+        d_r[i] += 2 * weights[0] * gram[i, j] * r[j]
+        d_r[i] += 2 * weights[1] * gram[i, j] * (r[i] - r[j])
+    value = weights[0] * mmd + weights[1] * smooth
+    loss[b, t] = max(value, 0.0)
+    if value > 0:
+      grad[b, t, ids] = p * (d_r - p @ d_r)
+  return loss, grad

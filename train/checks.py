@@ -114,10 +114,10 @@ def check_config(config, *, data: bool = True):
   config before it generates the data.
   """
   task = get_task(config)
-  if config.method not in common.METHODS:
+  methods = common.METHODS + common.PEER_METHODS
+  if config.method not in methods:
     raise errors.ConfigError(
-        f"unknown method {config.method!r}; use one of "
-        f"{', '.join(common.METHODS)}."
+        f"unknown method {config.method!r}; use one of {', '.join(methods)}."
     )
   if not hasattr(task, "create_model") and config.model not in (
       models.MODEL_SIZES
