@@ -97,8 +97,9 @@ def del_loss(
   the mean of :math:`\ell_t` over all digits of the batch times 0.01
   (Qwen2.5, DeepSeek-Math; 0.1 in ``train-codellama-mistral.py``, whose
   copy of ``DEL`` names an undefined ``probs_digit`` and does not run as
-  published), added to the token-mean CE. Reduce the result that way for their loss; the
-  trainer's ``lam`` and token sum weigh it otherwise. Decimal points score
+  published), added to the token-mean CE. Reduce the result that way for
+  their loss; the trainer's ``lam`` and token sum weigh it otherwise.
+  Decimal points score
   nothing themselves (the paper's abstract says DEL "incorporates decimal
   points"; in the code the points only set the places of the digits).
 
