@@ -99,9 +99,9 @@ def del_loss(
   copy of ``DEL`` names an undefined ``probs_digit`` and does not run as
   published), added to the token-mean CE. Reduce the result that way for
   their loss; the trainer's ``lam`` and token sum weigh it otherwise.
-  Decimal points score
-  nothing themselves (the paper's abstract says DEL "incorporates decimal
-  points"; in the code the points only set the places of the digits).
+  Decimal points score nothing themselves (the paper's abstract says DEL
+  "incorporates decimal points"; in the code the points only set the
+  places of the digits).
 
   Where this differs from their code, by design: their numbers are runs
   of digit and '.' labels in the batch flattened with its ignored
