@@ -244,6 +244,13 @@ def numeric_token_loss(
   )
 
 
+@functools.cache
+def _authors_aggregation(method):
+  """`_per_sample_means` of ``method``: one function per method, so that
+  the compiled number loss is reused (`base._number_loss`)."""
+  return functools.partial(_per_sample_means, method)
+
+
 def _per_sample_means(method, stats, layout, **loss_kwargs):
   """The NTIL authors' aggregation of ``method``'s loss, per token.
 
@@ -383,7 +390,7 @@ def loss_from_statistics(
     return ce
   mask = scored if digit_mask is None else scored & digit_mask.astype(bool)
   if weighting == "authors":
-    numeric_fn = functools.partial(_per_sample_means, method)
+    numeric_fn = _authors_aggregation(method)
   aux = base._number_loss(
       numeric_fn,
       stats,

@@ -254,6 +254,9 @@ LLM_PROFILES = {
         test_size=8,
         seeds=(0,),
         split_digits=False,
+        # Saves at the end of a run (a save takes longer than a smoke step);
+        # the trainer's resume tests save mid-run.
+        checkpoint_every_steps=8,
     ),
 }
 LLM_DATASETS = {
@@ -499,7 +502,9 @@ def llm_cell_config(settings, method, seed, data_dir):
   config.seed = seed
   config.log_every_steps = min(25, steps)
   config.eval_every_steps = max(1, steps // 2)  # halfway and at the end
-  config.checkpoint_every_steps = max(1, steps // 3)
+  config.checkpoint_every_steps = settings.get(
+      "checkpoint_every_steps", max(1, steps // 3)
+  )
   config.eval_examples = 0  # the whole test split
   config.eval_batch_size = min(64, settings["test_size"])
   config.max_prompt_tokens = settings.get("max_prompt_tokens", 0)
