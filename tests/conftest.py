@@ -7,9 +7,11 @@ model's initialiser compiles in half the time and its NTIL train step in
 two thirds, while 20 of its steps run 1.5x slower (measured on the 2-core
 CPU). The programs are the same HLO; only the machine code differs, and with
 it the last bit of some float32 results, which no test depends on (each
-compares runs of the same session, or holds a tolerance). Benchmarks and
-users' runs keep XLA's default. An ``XLA_FLAGS`` that already sets the
-level is left alone.
+compares runs of the same session, or holds a tolerance; the one that
+checks a model's initial parameters to the last bit computes them in a
+process with the users' settings, `xla_settings.users_environment`).
+Benchmarks and users' runs keep XLA's default. An ``XLA_FLAGS`` that
+already sets the level is left alone.
 
 One persistent JAX compilation cache for the whole test session.
 
@@ -30,10 +32,9 @@ import os
 import shutil
 import tempfile
 
+from tests import xla_settings
+
 _OWNED = []
-
-
-_FAST_COMPILES = "--xla_backend_optimization_level=0"
 
 
 def pytest_configure(config):
@@ -41,7 +42,7 @@ def pytest_configure(config):
     return
   flags = os.environ.get("XLA_FLAGS", "")
   if "xla_backend_optimization_level" not in flags:
-    os.environ["XLA_FLAGS"] = f"{flags} {_FAST_COMPILES}".strip()
+    os.environ["XLA_FLAGS"] = f"{flags} {xla_settings.FAST_COMPILES}".strip()
   if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
     return
   if importlib.util.find_spec("filelock") is None:
@@ -54,6 +55,17 @@ def pytest_configure(config):
   # processes each compile the same smaller ones (an optimizer's init, an
   # eval step: 0.3-0.9 s each) again.
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+
+
+def pytest_collection_modifyitems(config, items):
+  """The tests marked slow first, the rest in their order.
+
+  With ``make test``'s ``--dist worksteal`` the two workers then share out
+  the long tests at the start and end on short ones, instead of one worker
+  running a three-minute grid test while the other waits.
+  """
+  del config
+  items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 def pytest_unconfigure(config):

@@ -11,6 +11,8 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 from experiments import common as results_io
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -29,6 +31,7 @@ def run(*args, check=True):
   return result
 
 
+@pytest.mark.slow
 def test_llm_smoke_grid_records_zero_shot_and_resumes(tmp_path):
   results = tmp_path / "results.json"
   common = [
@@ -87,6 +90,7 @@ def test_llm_smoke_grid_records_zero_shot_and_resumes(tmp_path):
   assert len({r["config_hash"] for r in runs}) == 6
 
 
+@pytest.mark.slow
 def test_llm_flags_are_refused_for_other_profiles(tmp_path):
   result = run(
       "--profile=smoke",
@@ -135,6 +139,7 @@ print(json.dumps([
 """
 
 
+@pytest.mark.slow
 def test_cell_hashes_name_the_snapshot_and_data_not_their_location(tmp_path):
   fixture = ROOT / "tests" / "fixtures" / "hf" / "qwen2_tiny"
   here, there = tmp_path / "a" / "qwen2_tiny", tmp_path / "b" / "qwen2_tiny"

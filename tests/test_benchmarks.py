@@ -12,6 +12,7 @@ import tempfile
 
 from absl.testing import absltest
 import jax
+import pytest
 
 import ntil_jax
 from benchmarks import report
@@ -29,6 +30,7 @@ def run_with_json(module, *args):
 
 class BenchmarkTest(absltest.TestCase):
 
+  @pytest.mark.slow
   def test_run_writes_every_row_and_the_report_renders_it(self):
     stdout, results = run_with_json(
         "benchmarks.run",
@@ -104,6 +106,7 @@ class BenchmarkTest(absltest.TestCase):
     self.assertIn("not measured", text)
     self.assertIn("fused_numeric_loss ntil (w.r.t. hidden and W)", text)
 
+  @pytest.mark.slow
   def test_bfloat16_run_records_its_setting(self):
     stdout, results = run_with_json(
         "benchmarks.run",
@@ -136,6 +139,7 @@ class BenchmarkTest(absltest.TestCase):
     chunk = results["default_chunk_sizes"]["64:256"]
     self.assertIn(f"chunks of {chunk} tokens (the default)", text)
 
+  @pytest.mark.slow
   def test_implementations_side_by_side(self):
     stdout, results = run_with_json(
         "benchmarks.implementations",

@@ -247,6 +247,7 @@ def test_prepare_writes_the_dataset_and_a_sample_grid(data_dir):
   assert (grid / "samples.png").stat().st_size > 5000
 
 
+@pytest.mark.slow
 def test_image_prefix_decoding_matches_the_full_forward():
   config = models.model_config(
       "tiny", vocab_size=tokenizer.VOCAB_SIZE, max_len=32, image_size=48
@@ -275,6 +276,7 @@ def test_image_prefix_decoding_matches_the_full_forward():
     model(buffer)
 
 
+@pytest.mark.slow
 def test_cli_trains_and_resumes_exactly(data_dir, tmp_path):
   straight = make_config(data_dir, train_steps=8, lr_decay_steps=8)
   train.train_and_evaluate(straight, str(tmp_path / "straight"))
@@ -310,6 +312,7 @@ def test_cli_trains_and_resumes_exactly(data_dir, tmp_path):
   assert 0 <= evals[4] <= 360
 
 
+@pytest.mark.slow
 def test_each_method_learns_and_reports_clock_metrics(data_dir, tmp_path):
   for method in clock_config.METHODS:
     config = make_config(
@@ -336,6 +339,7 @@ def test_each_method_learns_and_reports_clock_metrics(data_dir, tmp_path):
     assert [p["index"] for p in predictions] == list(range(24))
 
 
+@pytest.mark.slow
 def test_fused_loss_and_digit_weight_control(data_dir, tmp_path):
   plain = make_config(data_dir, train_steps=3)
   train.train_and_evaluate(plain, str(tmp_path / "plain"))
@@ -367,6 +371,7 @@ def test_fused_loss_and_digit_weight_control(data_dir, tmp_path):
   assert 1.1 < weighted[1] / ce < 1.3
 
 
+@pytest.mark.slow
 def test_four_devices_equal_one(data_dir, tmp_path):
   config = make_config(data_dir, train_steps=3)
   train.train_and_evaluate(config, str(tmp_path / "one"))

@@ -28,6 +28,7 @@ def run(module, *args):
   return result.stdout
 
 
+@pytest.mark.slow
 def test_digits_profile_records_what_its_report_needs(tmp_path):
   run(
       "experiments.arithmetic_mix.run",
@@ -54,6 +55,7 @@ def test_digits_profile_records_what_its_report_needs(tmp_path):
   assert prepared.name == "add_or_sub-easy_train24_test20_seed0"
 
 
+@pytest.mark.slow
 def test_grid_resumes_and_report_renders(tmp_path):
   common = [
       f"--results={tmp_path / 'results.json'}",
@@ -101,6 +103,7 @@ def test_grid_resumes_and_report_renders(tmp_path):
   assert f"{sum(ntil) / 2:.2f} ±" in report
 
 
+@pytest.mark.slow
 def test_clock_grid_pairs_seeds_and_report_renders(tmp_path):
   common = [
       f"--results={tmp_path / 'results.json'}",
@@ -234,6 +237,7 @@ def check_stream_section(
     assert (both / "plots" / plot).stat().st_size > 1000
 
 
+@pytest.mark.slow
 def test_clock_grid_runs_a_streamed_cell(tmp_path):
   common = [
       f"--results={tmp_path / 'results.json'}",
@@ -266,6 +270,7 @@ def test_clock_grid_runs_a_streamed_cell(tmp_path):
   assert config["dataset_config"] == "train0_test16_seed0"
 
 
+@pytest.mark.slow
 def test_grounding_grid_runs_a_streamed_cell(tmp_path):
   run(
       "experiments.grounding.run",
@@ -427,6 +432,7 @@ def test_learning_speed_metrics_by_hand():
   assert report.curve_area(run_record) == 0.3
 
 
+@pytest.mark.slow
 def test_grounding_grid_pairs_seeds_and_report_renders(tmp_path):
   common = [
       f"--results={tmp_path / 'results.json'}",

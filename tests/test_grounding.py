@@ -1,5 +1,6 @@
 """grounding: boxes and metrics, the renderer, the patch encoder, CLI + resume."""
 
+import json
 import pathlib
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from train.tasks import boxes
 from train.tasks import grounding
 from train.tasks import grounding_scenes as scenes
 
+from tests import xla_settings
 from tests.test_train import logged  # {step: value} from metrics.jsonl
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -405,8 +407,9 @@ _BEFORE_PATCH_ENCODER = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(_BEFORE_PATCH_ENCODER))
-def test_existing_models_initialise_and_compute_as_before(name):
+def model_fingerprint(name) -> list[float]:
+  """Sum and absolute sum of the tiny ``name`` model's initial parameters,
+  then of its logits on fixed tokens (and images)."""
   image_size = 48 if name == "clock" else 0
   config = models.model_config(
       "tiny",
@@ -419,12 +422,6 @@ def test_existing_models_initialise_and_compute_as_before(name):
       np.asarray(p, np.float64)
       for p in jax.tree.leaves(nnx.state(model, nnx.Param))
   ]
-  param_sums = sum(p.sum() for p in params), sum(
-      np.abs(p).sum() for p in params
-  )
-  np.testing.assert_allclose(
-      param_sums, _BEFORE_PATCH_ENCODER[name][:2], rtol=1e-12
-  )
   tokens = jax.random.randint(
       jax.random.key(1), (2, 12), 0, tokenizer.VOCAB_SIZE
   )
@@ -435,9 +432,42 @@ def test_existing_models_initialise_and_compute_as_before(name):
   )
   # Recorded eagerly; jit may round the last bit of a logit differently.
   logits = np.asarray(_logits(model, tokens, images), np.float64)
-  total, magnitude = _BEFORE_PATCH_ENCODER[name][2:]
-  assert np.abs(logits).sum() == pytest.approx(magnitude, rel=1e-6)
-  assert logits.sum() == pytest.approx(total, abs=1e-6 * magnitude)
+  return [
+      float(sum(p.sum() for p in params)),
+      float(sum(np.abs(p).sum() for p in params)),
+      float(logits.sum()),
+      float(np.abs(logits).sum()),
+  ]
+
+
+@pytest.mark.parametrize("name", sorted(_BEFORE_PATCH_ENCODER))
+def test_existing_models_initialise_and_compute_as_before(name):
+  # Under the users' XLA settings, not the session's fast compiles: the
+  # recorded sums are of the initial parameters to the last bit.
+  result = subprocess.run(
+      [
+          sys.executable,
+          "-c",
+          "import json, sys; from tests import test_grounding as t; "
+          "print(json.dumps(t.model_fingerprint(sys.argv[1])))",
+          name,
+      ],
+      cwd=ROOT,
+      env=xla_settings.users_environment(),
+      capture_output=True,
+      text=True,
+      timeout=300,
+  )
+  assert result.returncode == 0, result.stderr[-3000:]
+  param_sum, param_magnitude, total, magnitude = json.loads(
+      result.stdout.splitlines()[-1]
+  )
+  np.testing.assert_allclose(
+      [param_sum, param_magnitude], _BEFORE_PATCH_ENCODER[name][:2], rtol=1e-12
+  )
+  recorded_total, recorded_magnitude = _BEFORE_PATCH_ENCODER[name][2:]
+  assert magnitude == pytest.approx(recorded_magnitude, rel=1e-6)
+  assert total == pytest.approx(recorded_total, abs=1e-6 * recorded_magnitude)
 
 
 # ----------------------------------------------------------------------------
@@ -513,6 +543,7 @@ def test_dataset_batches_and_test_split_independent_of_train_size(
   }
 
 
+@pytest.mark.slow
 def test_cli_trains_and_resumes_exactly(data_dir, tmp_path):
   straight = make_config(data_dir)
   train.train_and_evaluate(straight, str(tmp_path / "straight"))

@@ -363,6 +363,7 @@ def test_cli_matches_python_function_in_another_process(tmp_path):
     assert read_pairs(cli_dir, split) == read_pairs(in_process_dir, split)
 
 
+@pytest.mark.slow
 def test_workers_cli_writes_what_one_process_writes(tmp_path):
   """prepare_data --workers=2 writes exactly the problems of one process."""
   variant = dict(module="arithmetic__add_or_sub", difficulty="easy")
@@ -564,6 +565,7 @@ def parsed_flags():
     flags.FLAGS.unparse_flags()
 
 
+@pytest.mark.slow
 def test_worker_processes_give_same_batches_and_restore(data_dir, parsed_flags):
   kwargs = dict(global_batch_size=16, seed=4, process_index=0, process_count=1)
   threaded = input_pipeline.train_iterator(data_dir, **kwargs)

@@ -326,6 +326,7 @@ def test_params_carry_fsdp_annotations(tiny_model):
   assert specs["final_norm"]["scale"].get_value() == jax.P(None)
 
 
+@pytest.mark.slow
 def test_create_model_on_a_one_device_mesh():
   mesh = jax.make_mesh(
       (1, 1), ("data", "fsdp"), axis_types=(jax.sharding.AxisType.Explicit,) * 2
@@ -426,6 +427,7 @@ _SHARDED_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_sharded_creation_on_four_cpu_devices():
   env = dict(
       os.environ,

@@ -70,6 +70,7 @@ print('LOADED', loaded)
   assert "LOADED []" in result.stdout
 
 
+@pytest.mark.slow
 def test_arithmetic_train_runs_without_the_generator(tmp_path):
   data_dir = tmp_path / "data"
   arithmetic_data.prepare(str(data_dir), train_size=64, test_size=8, seed=0)
@@ -207,6 +208,7 @@ def test_no_tracked_file_is_over_two_mib():
   assert not too_large, too_large
 
 
+@pytest.mark.slow
 def test_pyink_checks_every_tracked_python_file():
   tracked = _tracked_python_files()
   assert len(tracked) > 40  # the repository's own files, not an empty list

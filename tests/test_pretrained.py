@@ -263,6 +263,7 @@ def reference_greedy(lm, prompt, steps, eos_id):
   return out
 
 
+@pytest.mark.slow
 def test_greedy_decode_equals_recomputation(lm):
   check_greedy_decode(lm)
 
@@ -608,6 +609,7 @@ def logged(workdir, key="loss"):
   return {r["step"]: r[key] for r in records if key in r}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name, method, split_digits",
     [("qwen2_tiny", "ce", False), ("llama3_tiny", "ntil", True)],
@@ -652,6 +654,7 @@ def test_cli_fine_tune_is_finite_and_falling(
   assert os.listdir(tmp_path / "checkpoints") == ["8"]
 
 
+@pytest.mark.slow
 def test_resume_equals_straight_run(data_dir, tmp_path):
   straight = make_config(data_dir, train_steps=6, lr_decay_steps=6)
   train.train_and_evaluate(straight, str(tmp_path / "straight"))
@@ -664,6 +667,7 @@ def test_resume_equals_straight_run(data_dir, tmp_path):
   assert logged(str(tmp_path / "resumed")) == want
 
 
+@pytest.mark.slow
 def test_fsdp_over_four_devices_equals_one(data_dir, tmp_path):
   """Parameters sharded over fsdp=2 of 4 CPU devices: the same losses."""
   config = make_config(data_dir, "llama3_tiny", train_steps=3)
@@ -746,6 +750,7 @@ def test_tied_llama_equals_untied_with_a_copied_head(tmp_path):
   np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_answer_window_gives_the_full_rows_loss_and_gradient(data_dir):
   """The task's score_positions: the trainer's loss and gradient on a real
   (tiny) tunix model are those of unembedding every position."""

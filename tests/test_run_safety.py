@@ -131,6 +131,7 @@ def test_longer_schedule_resumes_and_extends(
   }
 
 
+@pytest.mark.slow
 def test_start_over_moves_the_old_run_aside(data_dir, finished_run, tmp_path):
   workdir = tmp_path / "run"
   shutil.copytree(finished_run, workdir)

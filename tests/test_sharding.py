@@ -5,6 +5,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -22,10 +24,12 @@ def run_main(module):
   assert result.stdout.strip().endswith("OK")
 
 
+@pytest.mark.slow
 def test_sharded_equals_single_device():
   run_main("tests.sharded_losses_main")
 
 
+@pytest.mark.slow
 def test_sequence_sharded_equals_single_device():
   """Every loss on logits split along T (sequence parallelism)."""
   run_main("tests.sequence_sharded_main")

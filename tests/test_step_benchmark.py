@@ -16,6 +16,7 @@ VARIANTS = (
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["tiny", "qwen2-tiny"])
 def test_step_benchmark_smoke(tmp_path, model):
   out = tmp_path / "step.json"

@@ -88,6 +88,7 @@ def shared_compilation(tmp_path):
   compilation_cache.reset_cache()
 
 
+@pytest.mark.slow
 def test_stopped_and_resumed_stream_is_bitwise_the_straight_run(
     data_dir, tmp_path, shared_compilation
 ):

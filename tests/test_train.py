@@ -110,6 +110,7 @@ def test_each_method_trains_and_evaluates(data_dir, tmp_path, method):
   assert os.listdir(tmp_path / "tensorboard")
 
 
+@pytest.mark.slow
 def test_fused_loss_matches_logits_path(data_dir, tmp_path):
   plain = train.train_and_evaluate(
       make_config(data_dir, train_steps=3), str(tmp_path / "plain")
@@ -359,6 +360,7 @@ def _finish(processes, timeout=600):
   return outputs
 
 
+@pytest.mark.slow
 def test_four_devices_equal_one(data_dir, tmp_path, caplog):
   config = make_config(data_dir, train_steps=4, fsdp=2, lr_decay_steps=6)
   run_cli(config, tmp_path / "four", env={"JAX_NUM_CPU_DEVICES": "4"})
@@ -381,6 +383,7 @@ def test_four_devices_equal_one(data_dir, tmp_path, caplog):
   assert sorted(logged(str(tmp_path / "four"))) == list(range(1, 7))
 
 
+@pytest.mark.slow
 def test_two_processes_equal_one(data_dir, tmp_path):
   config = make_config(data_dir, train_steps=4, eval_every_steps=4)
   _finish(_two_processes(config, tmp_path / "two"))
@@ -394,6 +397,7 @@ def test_two_processes_equal_one(data_dir, tmp_path):
   )
 
 
+@pytest.mark.slow
 def test_a_checkpoint_one_process_cannot_read_is_skipped_by_both(
     data_dir, tmp_path
 ):
@@ -419,6 +423,7 @@ def test_a_checkpoint_one_process_cannot_read_is_skipped_by_both(
   assert sorted(logged(str(tmp_path))) == list(range(1, 7))
 
 
+@pytest.mark.slow
 def test_a_signal_to_one_process_stops_both_at_one_step(data_dir, tmp_path):
   """SIGTERM to process 0 alone: both processes stop at the same step, save
   it together and exit 143. A stop seen by one host alone left the other

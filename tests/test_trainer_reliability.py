@@ -611,6 +611,7 @@ def test_trainer_terminal_has_no_library_info(data_dir, tmp_path):
   assert "checkpoint_manager.py" in log  # the library lines are kept there
 
 
+@pytest.mark.slow
 def test_demo_terminal_is_quiet(tmp_path):
   command = [
       sys.executable,
