@@ -23,7 +23,6 @@ rotated by one per block). Memory: XLA's plan for the compiled function
 (temp + output bytes). Rows that cannot run record why.
 """
 
-import json
 import platform
 
 from absl import app
@@ -175,12 +174,12 @@ def main(argv):
           skipped=skipped,
       )
       results["runs"].append(run)
+      bench.write_results(results, FLAGS.out, complete=False)
       print(f"\n{dtype_name} N={batch * length} D={dim} V={vocab}")
       bench.print_rows(rows)
       for name, why in skipped.items():
         print(f"  {name}: not run ({why})")
-  with open(FLAGS.out, "w") as f:
-    json.dump(results, f, indent=1)
+  bench.write_results(results, FLAGS.out, complete=True)
   print(f"wrote {FLAGS.out}")
 
 

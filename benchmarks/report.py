@@ -178,6 +178,35 @@ def compile_section(results, name):
   return lines + [""]
 
 
+def _seconds(value):
+  return "-" if value is None else f"{value:.1f}"
+
+
+def step_markdown(results) -> str:
+  """A table of one `benchmarks.step` run and its ratios."""
+  lines = [
+      f"One train step, {results['model']} ({results['parameters']:,} "
+      f"parameters, V={results['vocab_size']:,}), {results['dtype']}, "
+      f"batch {results['batch_size']} x {results['seq_len']} tokens, on "
+      f"{results['device']} (jax {results['jax_version']}):",
+      "",
+      "| variant | ms/step | steps/s | tokens/s | XLA temp MiB | compile s |",
+      "|---|---|---|---|---|---|",
+  ]
+  for variant, row in results["rows"].items():
+    temp = row["planned_temp_bytes"]
+    lines.append(
+        f"| {variant} | {1e3 * row['seconds']:.2f} | "
+        f"{row['steps_per_second']:.2f} | {row['tokens_per_second']:,.0f} | "
+        f"{'' if temp is None else f'{temp / 2**20:.1f}'} | "
+        f"{_seconds(row.get('compile_seconds'))} |"
+    )
+  lines.append("")
+  for name, value in results["ratios"].items():
+    lines.append(f"* {name}: {value:.3f}")
+  return "\n".join(lines)
+
+
 def main():
   lines = [
       "# Benchmark results",
@@ -224,6 +253,14 @@ def main():
   for path in sorted(glob.glob(os.path.join(HERE, "compile*.json"))):
     with open(path) as f:
       lines += compile_section(json.load(f), os.path.basename(path))
+  for path in sorted(glob.glob(os.path.join(HERE, "step_*.json"))):
+    with open(path) as f:
+      lines += [
+          f"## {os.path.basename(path)}: a whole train step",
+          "",
+          step_markdown(json.load(f)),
+          "",
+      ]
   with open(os.path.join(HERE, "results.md"), "w") as f:
     f.write("\n".join(lines) + "\n")
   print(f"wrote {os.path.join(HERE, 'results.md')}")

@@ -341,6 +341,14 @@ def print_rows(rows):
     )
 
 
+def write_results(results, path, complete):
+  """Writes ``results`` as JSON; ``complete`` False after each size, so a
+  run cut at its time limit keeps the sizes it finished."""
+  results["complete"] = complete
+  with open(path, "w") as f:
+    json.dump(results, f, indent=1)
+
+
 def main(argv):
   del argv
   device = jax.devices()[0]
@@ -466,10 +474,10 @@ def main(argv):
           " family not measured)"
       )
     results["runs"].append(run)
+    write_results(results, FLAGS.out, complete=False)
   if results["skipped"]:
     print(f"\nskipped: {', '.join(results['skipped'])}")
-  with open(FLAGS.out, "w") as f:
-    json.dump(results, f, indent=1)
+  write_results(results, FLAGS.out, complete=True)
   print(f"wrote {FLAGS.out}")
 
 

@@ -43,6 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks import report
 from configs import arithmetic_mix
 from train import models
 from train import tokenizer
@@ -261,15 +262,22 @@ def run(
   batch = synthetic_batch(
       batch_size, seq_len, vocab_size, digit_ids, scored_len
   )
-  compiled, memory = {}, {}
+  compiled, memory, compile_seconds = {}, {}, {}
   for variant in variants:
     method, path = variant.split(":")
     if method not in ("ce", "ntil") or path not in PATHS:
       raise app.UsageError(
           f"variant {variant!r}: use ce|ntil:{'|'.join(PATHS)}"
       )
+    start = time.perf_counter()
     compiled[variant] = compile_variant(model, optimizer, batch, method, path)
+    compile_seconds[variant] = time.perf_counter() - start
     memory[variant] = planned_temp_bytes(compiled[variant][0])
+    print(
+        f"compiled {variant} in {compile_seconds[variant]:.1f} s, XLA temp "
+        f"{(memory[variant] or 0) / 2**20:.1f} MiB",
+        flush=True,
+    )
   seconds = measure(compiled, blocks, per_block)
   tokens = batch_size * seq_len
   device = jax.devices()[0]
@@ -279,6 +287,7 @@ def run(
           steps_per_second=1.0 / seconds[variant],
           tokens_per_second=tokens / seconds[variant],
           planned_temp_bytes=memory[variant],
+          compile_seconds=compile_seconds[variant],
       )
       for variant in variants
   }
@@ -317,29 +326,6 @@ def run(
   )
 
 
-def markdown(results) -> str:
-  lines = [
-      f"One train step, {results['model']} ({results['parameters']:,} "
-      f"parameters, V={results['vocab_size']:,}), {results['dtype']}, "
-      f"batch {results['batch_size']} x {results['seq_len']} tokens, on "
-      f"{results['device']} (jax {results['jax_version']}):",
-      "",
-      "| variant | ms/step | steps/s | tokens/s | XLA temp MiB |",
-      "|---|---|---|---|---|",
-  ]
-  for variant, row in results["rows"].items():
-    temp = row["planned_temp_bytes"]
-    lines.append(
-        f"| {variant} | {1e3 * row['seconds']:.2f} | "
-        f"{row['steps_per_second']:.2f} | {row['tokens_per_second']:,.0f} | "
-        f"{'' if temp is None else f'{temp / 2**20:.1f}'} |"
-    )
-  lines.append("")
-  for name, value in results["ratios"].items():
-    lines.append(f"* {name}: {value:.3f}")
-  return "\n".join(lines)
-
-
 def main(argv):
   del argv
   results = run(
@@ -352,7 +338,7 @@ def main(argv):
       FLAGS.per_block,
       FLAGS.scored_len,
   )
-  print(markdown(results))
+  print(report.step_markdown(results))
   if FLAGS.out:
     with open(FLAGS.out, "w") as f:
       json.dump(results, f, indent=1)

@@ -13,11 +13,13 @@
 # JSON and logs go to $OUT/bench/ (the logs hold every row printed, even of a
 # benchmark cut at its limit); copy the JSON over benchmarks/ and run
 # `python -m benchmarks.report`. Environment: RUN_S, STEP_S, IMPL_S,
-# COMPILE_S (each benchmark's seconds: 200, 150, 150, 60).
+# COMPILE_S (each benchmark's seconds: 120, 230, 130, 60; on one H100 they
+# took 82, more than 150 (four 30-35 s compiles before the first step),
+# 93 and 42 s).
 set -uo pipefail
-RUN_S=${RUN_S:-200}
-STEP_S=${STEP_S:-150}
-IMPL_S=${IMPL_S:-150}
+RUN_S=${RUN_S:-120}
+STEP_S=${STEP_S:-230}
+IMPL_S=${IMPL_S:-130}
 COMPILE_S=${COMPILE_S:-60}
 OUT=${OUT:-/tmp/out}
 SITE=/tmp/site
@@ -51,7 +53,8 @@ bench() {  # name, seconds, module and flags
 }
 bench run "$RUN_S" benchmarks.run --dtype=bfloat16 --hidden_dim=1536
 bench step "$STEP_S" benchmarks.step --model=qwen2.5-1.5b --dtype=bfloat16 \
-  --batch_size=64 --seq_len=128
+  --batch_size=64 --seq_len=128 --blocks=3 --per_block=2 \
+  --variants=ce:logits,ntil:logits,ce:fused,ntil:fused
 bench implementations "$IMPL_S" benchmarks.implementations
 bench compile "$COMPILE_S" benchmarks.compile --methods=ce,emd,ntil --repeats=1
 echo "done in $(( $(date +%s) - start )) s"
