@@ -175,9 +175,9 @@ def numeric_token_loss(
     logits: ``[..., T, V]``.
     labels: ``[..., T]`` integer ids. Negative ids (e.g. -100) mark
       ignored positions and score 0. An id ``>= V`` where ``loss_mask`` is
-      true is refused (ValueError) when labels and mask are concrete; under
-      ``jit`` (traced) it cannot be checked and scores 0 with zero
-      gradient. Without ``loss_mask``, every id outside ``[0, V)`` scores 0.
+      true (anywhere, without ``loss_mask``) is refused (ValueError) when
+      labels and mask are concrete; under ``jit`` (traced) it cannot be
+      checked and scores 0 with zero gradient.
     loss_mask: ``[..., T]`` bool (or integer, nonzero meaning true; a float
       mask is refused), positions to score (``None``: all valid).
     digit_mask: ``[..., T]`` bool (or integer, nonzero meaning true; a float
@@ -204,7 +204,7 @@ def numeric_token_loss(
     ValueError: as :func:`check_method` (a parameter that is NaN, inf or
       out of range), for bad shapes or digit ids, for a float mask (naming
       it and its dtype) and for concrete labels ``>= V`` where
-      ``loss_mask`` is true.
+      ``loss_mask`` is true (anywhere, without ``loss_mask``).
   """
   logits, labels, loss_mask, decimal_point_mask = base._asarrays(
       logits, labels, loss_mask, decimal_point_mask

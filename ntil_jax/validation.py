@@ -44,9 +44,10 @@ def _check_inputs(logits, labels, digit_mask, digit_token_ids, extra_masks=()):
       )
     _check_mask_dtype(name, mask)
   _check_digit_ids(digit_token_ids, logits.shape[-1])
-  loss_mask = dict(extra_masks).get("loss_mask")
-  if loss_mask is not None:
-    _check_scored_labels(labels, loss_mask, logits.shape[-1])
+  masks = dict(extra_masks)
+  _check_scored_labels(
+      labels, masks.get("loss_mask", masks.get("mask")), logits.shape[-1]
+  )
 
 
 def _check_mask_dtype(name, mask) -> None:
@@ -71,23 +72,31 @@ def _concrete(x):
 
 
 def _check_scored_labels(labels, loss_mask, vocab_size) -> None:
-  """ValueError for a label id ``>= V`` at a position ``loss_mask`` keeps.
+  """ValueError for a label id ``>= V`` at a scored position.
 
-  Such a position would score 0 while the mask says it is scored. Only
-  concrete labels and masks can be checked; under ``jit`` the position
-  scores 0 with zero gradient. Negative ids (e.g. -100) mark ignored
-  positions and are never refused.
+  Scored: where ``loss_mask`` is true, or anywhere without a ``loss_mask``.
+  Such a position would score 0 while it is meant to be scored (a tokenizer
+  larger than the model's vocabulary, say). Only concrete labels and masks
+  can be checked; under ``jit`` the position scores 0 with zero gradient.
+  Negative ids (e.g. -100) mark ignored positions and are never refused.
   """
-  labels, loss_mask = _concrete(labels), _concrete(loss_mask)
-  if labels is None or loss_mask is None:
+  labels = _concrete(labels)
+  if labels is None:
     return
-  outside = (labels >= vocab_size) & loss_mask.astype(bool)
+  if loss_mask is None:
+    scored, where_scored = True, "anywhere (no loss_mask is given)"
+  else:
+    scored = _concrete(loss_mask)
+    if scored is None:
+      return
+    scored, where_scored = scored.astype(bool), "where loss_mask is true"
+  outside = (labels >= vocab_size) & scored
   if outside.any():
     where = tuple(int(i) for i in np.argwhere(outside)[0])
     raise ValueError(
-        f"labels must be in [0, V={vocab_size}) where loss_mask is true "
-        f"(negative ids mark ignored positions); {int(outside.sum())} "
-        f"are not, e.g. label {int(labels[where])} at index {where}."
+        f"labels must be in [0, V={vocab_size}) {where_scored}; negative "
+        f"ids mark ignored positions. {int(outside.sum())} are not, e.g. "
+        f"label {int(labels[where])} at index {where}."
     )
 
 

@@ -677,6 +677,13 @@ class RefusedInputTest(parameterized.TestCase):
         ValueError, r"labels must be in \[0, V=12\).*label 12 at index \(0, 2\)"
     ):
       _entry_call(fn_name, labels, loss_mask=scored)
+    # Without a loss_mask every position is scored.
+    with self.assertRaisesRegex(
+        ValueError,
+        r"labels must be in \[0, V=12\) anywhere \(no loss_mask is given\)"
+        r".*label 12 at index \(0, 2\)",
+    ):
+      _entry_call(fn_name, labels)
 
   def test_labels_outside_the_vocabulary_where_not_scored_score_0(self):
     fn_name = "numeric_token_loss"
