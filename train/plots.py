@@ -2,11 +2,19 @@
 
 import json
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 import numpy as np
+
+
+def pyplot():
+  """matplotlib.pyplot on the Agg backend, imported on first use: the grids
+  and the trainer read metrics through this module without paying pyplot's
+  import (about a second) in every process."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  return plt
 
 
 def read_metrics(path):
@@ -40,6 +48,7 @@ def seed_bar(ax, position, values, color):
 
 def plot_training(metrics_path, out_path, title=""):
   """Loss, CE and exact match over steps of one run, saved as a PNG."""
+  plt = pyplot()
   train, evals = read_metrics(metrics_path)
   steps = [r["step"] for r in train]
   window = max(1, len(steps) // 25)
@@ -74,6 +83,7 @@ def _show_clock(axis, image):
 
 def plot_clock_grid(images, labels, out_path, columns=8):
   """A grid of clock images, each titled with its label; saved as a PNG."""
+  plt = pyplot()
   rows = -(-len(images) // columns)
   fig, axes = plt.subplots(
       rows, columns, figsize=(1.3 * columns, 1.5 * rows), squeeze=False
@@ -104,6 +114,7 @@ def plot_clock_predictions(
     columns: clocks per row.
     title: the figure's title.
   """
+  plt = pyplot()
   rows = -(-len(images) // columns)
   height = 1.45 + 0.22 * len(predictions)
   fig, axes = plt.subplots(
@@ -174,6 +185,7 @@ def plot_scene_grid(
     notes: optional [N] lines of text under each scene.
     title: the figure's title.
   """
+  plt = pyplot()
   rows = -(-len(images) // columns)
   height = 1.5 + (0.3 if notes else 0.0)
   fig, axes = plt.subplots(
