@@ -191,7 +191,16 @@ def define_flags():
   )
   flags.DEFINE_list(
       "methods",
-      ["ce", "emd", "ntl_mse", "soft_label", "ntil", "ntil+points"],
+      [
+          "ce",
+          "emd",
+          "ntl_mse",
+          "soft_label",
+          "del",
+          "smmd",
+          "ntil",
+          "ntil+points",
+      ],
       "Methods of numeric_token_loss; '+points' adds a decimal_point_mask.",
   )
 

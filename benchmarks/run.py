@@ -158,6 +158,8 @@ def logits_family(core_only=False):
       "numeric_token_loss emd": numeric("emd"),
       "numeric_token_loss ntl_mse": numeric("ntl_mse"),
       "numeric_token_loss soft_label": numeric("soft_label"),
+      "numeric_token_loss del": numeric("del"),
+      "numeric_token_loss smmd": numeric("smmd"),
       "optax CE + 0.3 ntil_loss by hand": lambda z, labels, mask: (
           _optax_ce(z, labels) + LAM * ntil_jax.ntil_loss(z, labels, mask)
       ).mean(),

@@ -2,13 +2,16 @@
 
 # How the reports name each loss (CE plus its numeric term) and the variants
 # that several grids run.
-LABELS = dict(
-    ce="CE",
-    emd="CE + EMD",
-    ntl_mse="CE + NTL-MSE",
-    soft_label="CE + soft labels",
-    ntil="CE + NTIL",
-)
+LABELS = {
+    "ce": "CE",
+    "emd": "CE + EMD",
+    "ntl_mse": "CE + NTL-MSE",
+    "soft_label": "CE + soft labels",
+    "ntil": "CE + NTIL",
+    # NTIL's peers (configs.common.PEER_METHODS).
+    "del": "CE + DEL",
+    "smmd": "CE + SMMD",
+}
 VARIANT_LABELS = {
     "ce_digit_weighted": "CE, digit tokens weighted 1 + 0.3",
     "ntil_reference": "CE + NTIL, authors' scaling",
@@ -18,16 +21,19 @@ VARIANT_LABELS = {
 }
 
 # One colour per loss in every figure: CE, the reference, in black; the
-# numeric losses and the control in the first colours of matplotlib's cycle.
-COLORS = dict(
-    ce="k",
-    emd="C0",
-    ntl_mse="C1",
-    soft_label="C2",
-    ntil="C3",
-    ce_digit_weighted="C4",
-    ntil_reference="C5",
-)
+# numeric losses and the control in the first colours of matplotlib's cycle;
+# NTIL's peers in named colours outside it (C6-C9 go to other variants).
+COLORS = {
+    "ce": "k",
+    "emd": "C0",
+    "ntl_mse": "C1",
+    "soft_label": "C2",
+    "ntil": "C3",
+    "ce_digit_weighted": "C4",
+    "ntil_reference": "C5",
+    "del": "saddlebrown",
+    "smmd": "teal",
+}
 
 
 def color(key, others=()) -> str:

@@ -60,6 +60,13 @@ def mid_eval_step(groupings) -> int | None:
   return min(candidates, key=lambda s: (abs(s - steps[-1] / 2), s))
 
 
+def recorded_methods(methods, runs, always):
+  """``methods`` in order, those not in ``always`` only where ``runs`` hold
+  one (a grid's peers, which run by name, get rows once recorded)."""
+  seen = {r["method"] for r in runs}
+  return [m for m in methods if m in always or m in seen]
+
+
 def rows(labels, variant_labels, methods, controls=("ce_digit_weighted",)):
   """``(key, label)`` table rows: each loss method, then the controls."""
   return [(m, labels[m]) for m in methods] + [

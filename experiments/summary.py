@@ -44,6 +44,10 @@ LOSSES = (
     ("soft_label", "soft labels"),
     ("ntil", "NTIL"),
     ("ce_digit_weighted", "digits x 1.3"),
+    # NTIL's peers, in the cells where they were run (their grids' peer
+    # groups): "–" elsewhere.
+    ("del", "DEL"),
+    ("smmd", "SMMD"),
 )
 CONTROL = "ce_digit_weighted"
 
@@ -139,10 +143,17 @@ CELLS = (
         "exact match",
         20000,
     ),
-    _clock(("main", "control"), False),
+    _clock(("main", "control", "peers"), False),
     _clock(("converged", "converged_control"), False),
     _clock(("stream", "stream_control"), True),
-    _clock(("stream_converged", "stream_converged_control"), True),
+    _clock(
+        (
+            "stream_converged",
+            "stream_converged_control",
+            "stream_converged_peers",
+        ),
+        True,
+    ),
     _boxes("grounding", "boxes named by a query", ("main", "control"), 5000),
     _boxes(
         "grounding",
@@ -156,7 +167,7 @@ CELLS = (
         ("stream_long", "stream_long_control"),
         None,
     ),
-    _boxes("grounding_single", "one object", ("single",), 1000),
+    _boxes("grounding_single", "one object", ("single", "single_peers"), 1000),
     # Streamed, one object is found about 99% of the time (Acc@0.5) by
     # every loss: the exact box, still in the middle, tells them apart.
     _boxes(
@@ -322,7 +333,7 @@ def figure(out_path, root=ROOT) -> str:
   """
   from train import plots  # pylint: disable=g-import-not-at-top
 
-  plt = plots.plt
+  plt = plots.pyplot()
   cells = recorded(root)
   mids = [regimes.mid_eval_step({"all": grouped}) for _, grouped in cells]
   fig, axes = plt.subplots(

@@ -868,3 +868,44 @@ def _grid_with_max_runs(tmp_path, max_runs):
       str(tmp_path / "results.json"),
       max_runs=max_runs,
   )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "experiment, groups, task, peers_group",
+    [
+        ("clock_time", "main", None, "peers"),
+        ("grounding", "single", "grounding_single", "single_peers"),
+    ],
+)
+def test_peer_groups_are_paired_with_ce_and_reported(
+    tmp_path, experiment, groups, task, peers_group
+):
+  # NTIL's peers run by name, as their method's cells of the grid: paired
+  # by seed with CE's, and a row each in the report.
+  common = [
+      f"--results={tmp_path / 'results.json'}",
+      f"--runs_dir={tmp_path / 'runs'}",
+      f"--data_dir={tmp_path / 'data'}",
+      "--profile=smoke",
+  ]
+  module = f"experiments.{experiment}.run"
+  run(module, *common, f"--groups={groups}", "--max_runs=1")
+  run(module, *common, f"--groups={peers_group}", "--max_runs=2")
+  runs = results_io.load_results(tmp_path / "results.json")
+  assert [(r["variant"], r["method"], r["seed"]) for r in runs] == [
+      ("main", "ce", 0),
+      ("main", "del", 0),
+      ("main", "smmd", 0),
+  ]
+  assert len({r["config_hash"] for r in runs}) == 3
+  if task:
+    assert {r["task"] for r in runs} == {task}
+  run(
+      f"experiments.{experiment}.report",
+      f"--results={tmp_path / 'results.json'}",
+      f"--out_dir={tmp_path}",
+  )
+  report = (tmp_path / "results.md").read_text()
+  for label in ("| CE |", "| CE + DEL |", "| CE + SMMD |"):
+    assert label in report, label

@@ -1,6 +1,7 @@
 """The clock_time grid: budget, groups and variants (no flags, importable)."""
 
 from configs import clock_time
+from configs import common as config_common
 from experiments import common
 from train.tasks import clock_time as task
 
@@ -78,7 +79,14 @@ STREAM_GROUPS = (
     "stream_control",
     "stream_converged",
     "stream_converged_control",
+    "stream_converged_peers",
 )
+# NTIL's peers (DEL, SMMD), run by name as the stream groups: ``peers`` at
+# the main grid's budget on the fixed set, ``stream_converged_peers`` at the
+# converged budget on streamed clocks, 5 seeds each, recorded as the main
+# and converged cells of their method (the same variant, paired by seed with
+# CE's recorded runs).
+PEER_GROUPS = ("peers", "stream_converged_peers")
 STREAM = dict(train_stream=True)
 
 
@@ -175,5 +183,15 @@ def grid(profile):
   cells["stream_converged_control"] = [
       ("ce_digit_weighted_converged", method, seed, {**overrides, **converged})
       for seed in settings["main_seeds"]
+  ]
+  cells["peers"] = [
+      ("main", peer, seed, {})
+      for seed in settings["main_seeds"]
+      for peer in config_common.PEER_METHODS
+  ]
+  cells["stream_converged_peers"] = [
+      ("converged", peer, seed, dict(converged))
+      for seed in settings["main_seeds"]
+      for peer in config_common.PEER_METHODS
   ]
   return cells

@@ -19,6 +19,7 @@ import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 import numpy as np
 
 from configs import clock_time
+from configs import common as config_common
 from experiments import common
 from experiments import labels
 from experiments import regimes
@@ -36,7 +37,9 @@ def define_flags():
   common.define_report_flags(HERE)
 
 
-METHODS = clock_time.METHODS
+# The five losses of every grid, then NTIL's peers (their own groups, run by
+# name): a peer's rows appear once it has a record.
+METHODS = clock_time.METHODS + config_common.PEER_METHODS
 LABELS = labels.LABELS
 VARIANT_LABELS = {
     **labels.VARIANT_LABELS,
@@ -93,6 +96,10 @@ def regime_of(run) -> str:
   ):
     return CONVERGED
   return EARLY
+
+
+def recorded_methods(runs):
+  return regimes.recorded_methods(METHODS, runs, clock_time.METHODS)
 
 
 def group_runs(runs, regime=EARLY):
@@ -626,7 +633,9 @@ def stream_section(fixed, streamed, out_dir) -> list[str]:
   ]
   if not streamed:
     return lines + ["No streamed run recorded yet.", ""]
-  rows = regimes.rows(LABELS, VARIANT_LABELS, METHODS)
+  rows = regimes.rows(
+      LABELS, VARIANT_LABELS, recorded_methods(fixed + streamed)
+  )
   for budget, suffix in ((EARLY, "_600"), (CONVERGED, "")):
     groupings = {
         common.FIXED: group_runs(fixed, budget),
@@ -704,7 +713,7 @@ def write_report(runs, out_dir, discussion=None):
       )
       for regime in (EARLY, CONVERGED)
   }
-  method_rows = [(m, LABELS[m]) for m in METHODS]
+  method_rows = [(m, LABELS[m]) for m in recorded_methods(runs)]
   control_rows = [
       ("ce_digit_weighted", VARIANT_LABELS["ce_digit_weighted"]),
       ("ntil_reference", VARIANT_LABELS["ntil_reference"]),

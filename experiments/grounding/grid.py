@@ -1,5 +1,6 @@
 """The grounding grid: budget, groups and variants (no flags, importable)."""
 
+from configs import common as config_common
 from configs import grounding
 from experiments import common
 from train import tasks
@@ -64,7 +65,7 @@ CURVE_METRICS = {
     "grounding_multi": ("f1_at_50", "exact_match"),
 }
 # group -> (task, seeds key, {variant: (method, config overrides)}); the
-# 'main' variant of a group runs every method.
+# 'main' variant of a group runs every method (or the methods it names).
 GROUPS = {
     # The paper's Table 1: a query names one of 2-4 objects.
     "main": ("grounding", "main_seeds", {"main": None}),
@@ -93,6 +94,17 @@ GROUPS = {
 }
 # The groups the grid runs by default, in order.
 DEFAULT_GROUPS = tuple(GROUPS)
+# NTIL's peers (DEL, SMMD) on one object at the main budget, 5 seeds, run by
+# name (--groups=single_peers): recorded as the `single` group's cells of
+# their method, paired by seed with CE's recorded runs.
+PEER_GROUPS = {
+    "single_peers": (
+        "grounding_single",
+        "main_seeds",
+        {"main": config_common.PEER_METHODS},
+    ),
+}
+GROUPS.update(PEER_GROUPS)
 # Streamed copies of groups (train_stream: scenes rendered as they are read,
 # each new, none of the test split's) at the same steps and batch: the five
 # losses and the digit-weighted control on grounding and grounding_single.
@@ -184,7 +196,7 @@ def grid(profile):
       cells[group] = [
           (task, "main", method, seed, dict(extra))
           for seed in seeds  # seed-major
-          for method in grounding.METHODS
+          for method in variants["main"] or grounding.METHODS
       ]
     else:
       cells[group] = [

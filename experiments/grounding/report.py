@@ -19,6 +19,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 import numpy as np
 
+from configs import common as config_common
 from configs import grounding
 from experiments import common
 from experiments import labels
@@ -44,7 +45,9 @@ def define_flags():
   )
 
 
-METHODS = grounding.METHODS
+# The five losses of every grid, then NTIL's peers (their own groups, run by
+# name): a peer's rows appear once it has a record.
+METHODS = grounding.METHODS + config_common.PEER_METHODS
 LABELS = labels.LABELS
 VARIANT_LABELS = labels.VARIANT_LABELS
 TASK_TITLES = {
@@ -690,7 +693,11 @@ def stream_section(fixed, streamed, out_dir) -> list[str]:
   ]
   if not streamed:
     return lines + ["No streamed run recorded yet.", ""]
-  rows = regimes.rows(LABELS, VARIANT_LABELS, METHODS)
+  rows = regimes.rows(
+      LABELS,
+      VARIANT_LABELS,
+      regimes.recorded_methods(METHODS, fixed + streamed, grounding.METHODS),
+  )
   for task in grid.METRICS:
     metric, name = headline(task)
     train_size = grid.PROFILES["cpu"]["train_size"][task]
