@@ -171,6 +171,13 @@ def run_record(
       batch_size=config.batch_size,
       **{metric: evaluation[metric] for metric in metrics},
       num_test_examples=evaluation["num_examples"],
+      # The test split's size, the problems skipped as too long included
+      # (`num_test_examples` of them were scored).
+      **(
+          {"test_split_examples": evaluation["test_examples"]}
+          if "test_examples" in evaluation
+          else {}
+      ),
       final_train_loss=result["train"]["loss"],
       final_train_ce=result["train"]["ce"],
       wall_seconds=wall_seconds,

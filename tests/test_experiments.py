@@ -151,7 +151,7 @@ def test_clock_grid_pairs_seeds_and_report_renders(tmp_path):
       ("lam=1.0", "ntil"),
   } <= variants
   for record in runs:
-    assert record["num_test_examples"] == 16
+    assert record["num_test_examples"] == record["test_split_examples"] == 16
     assert len(record["predictions"]) == 16
     assert 0 <= record["mean_time_gap_minutes"] <= 360
     # Evals every 2 steps, up to the run's last.
