@@ -648,7 +648,10 @@ def run_grid(
         "jax_compilation_cache_dir",
         os.path.join(os.path.dirname(results_path), ".jax_cache"),
     )
-  claims = os.path.join(os.path.dirname(results_path), "runs", ".claims")
+  # A claim guards a cell's work directory, which is under runs_dir: the
+  # workers of one grid, or two grids sharing a runs folder, take turns on
+  # a cell; a grid with runs of its own is never held up by another's.
+  claims = os.path.join(runs_dir, ".claims")
 
   def recorded():
     return {r["config_hash"] for r in load_results(results_path)}

@@ -652,6 +652,32 @@ def _grid(
   return results
 
 
+def test_a_grid_with_its_own_runs_is_not_held_by_another_grids_claim(
+    tmp_path,
+):
+  """Claims used to sit beside results.json whatever the runs folder: a
+  second grid in the folder (another --results and --runs_dir) skipped the
+  cells the first was running, and ended without them."""
+  held = []
+  with results_io.claim(str(tmp_path / "runs" / ".claims"), "hash-ab") as mine:
+    assert mine  # the default grid is running cell "ab"
+    executed = []
+    _grid(
+        tmp_path,
+        executed,
+        results_name="results_repeat.json",
+        runs_dir=str(tmp_path / "runs_repeat"),
+    )
+    held.append(executed)
+  assert held == [["ab", "cde"]]
+  # The same runs folder: the cell's work directory is the one held, so
+  # the other grid waits its turn (it skips the cell this time).
+  with results_io.claim(str(tmp_path / "runs" / ".claims"), "hash-ab"):
+    executed = []
+    _grid(tmp_path, executed, results_name="results_other.json")
+  assert executed == ["cde"]
+
+
 def _kept(tmp_path, digest):
   """The file that keeps run ``digest``'s record for the default grid."""
   (path,) = (tmp_path / "runs" / ".records").glob(f"{digest}-*.json")
