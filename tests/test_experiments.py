@@ -885,6 +885,20 @@ def test_grid_refuses_a_negative_count_before_any_work(tmp_path):
     _grid_with_max_runs(tmp_path, -1)
 
 
+def test_paired_differences_equal_but_for_rounding_have_no_t_test():
+  # Exact match 0.3/0.4 and 0.4/0.5 of 1,000 problems: +0.1 points on both
+  # seeds, apart by 1e-14 in float; a t-test there said p = 0.000.
+  ours = {0: dict(m=0.004), 1: dict(m=0.005)}
+  theirs = {0: dict(m=0.003), 1: dict(m=0.004)}
+  d = stats.paired(ours, theirs, "m", 100, True)
+  assert (d["n"], d["better"]) == (2, 2)
+  assert math.isclose(d["mean"], 0.1)
+  assert math.isnan(d["t"]) and math.isnan(d["p"])
+  # A real spread is still tested.
+  ours[1] = dict(m=0.006)
+  assert 0 < stats.paired(ours, theirs, "m", 100, True)["p"] < 1
+
+
 def _grid_with_max_runs(tmp_path, max_runs):
   results_io.run_grid(
       ["ab"],
