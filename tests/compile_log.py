@@ -29,6 +29,7 @@ class CompileLog:
   def __init__(self, path):
     self._path = path
     self._current = collections.Counter()
+    self._started = time.perf_counter()
 
   def register(self):
     from jax import monitoring  # pylint: disable=g-import-not-at-top
@@ -60,28 +61,29 @@ class CompileLog:
       f.write(json.dumps(record) + "\n")
 
 
+_SUMMED = ("seconds", "trace_s", "lower_s", "compile_s", "programs")
+
+
 def summarise(folder, top=40):
+  """Prints the totals, the totals by test file and the slowest tests."""
   records = []
   for path in glob.glob(os.path.join(folder, "*.jsonl")):
     with open(path) as f:
       records += [json.loads(line) for line in f]
   total = collections.Counter()
+  by_file = collections.defaultdict(collections.Counter)
   for r in records:
-    for key in ("seconds", "trace_s", "lower_s", "compile_s", "programs"):
+    name = r["test"].split("::")[0]
+    for key in _SUMMED + ("cache_hits",):
       total[key] += r.get(key, 0)
-    total["cache_hits"] += r.get("cache_hits", 0)
+      by_file[name][key] += r.get(key, 0)
+    by_file[name]["tests"] += 1
   print(
       f"{len(records)} tests, {total['seconds']:.0f} s: trace "
       f"{total['trace_s']:.0f} s, lower {total['lower_s']:.0f} s, compile "
       f"{total['compile_s']:.0f} s ({total['programs']:.0f} programs, "
       f"{total['cache_hits']:.0f} cache hits)"
   )
-  by_file = collections.defaultdict(collections.Counter)
-  for r in records:
-    name = r["test"].split("::")[0]
-    for key in ("seconds", "trace_s", "lower_s", "compile_s", "programs"):
-      by_file[name][key] += r.get(key, 0)
-    by_file[name]["tests"] += 1
   print("\nby file: seconds, compile, trace+lower, programs, tests")
   for name, c in sorted(by_file.items(), key=lambda kv: -kv[1]["seconds"]):
     print(
