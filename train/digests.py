@@ -65,9 +65,16 @@ def _array_digest(x):
   return jnp.stack(lanes).astype(jnp.uint32)
 
 
-@jax.jit
+# One small program per distinct array signature (shape, dtype, sharding)
+# rather than one for the whole tree: a model's arrays share a handful of
+# shapes (each parameter and its optimizer moments; layers alike), and a
+# single program holding a chain for each of a clock model's arrays took
+# 5.7 s to compile and 1.8 s to trace on the 2-core CPU, at every start.
+_jitted_array_digest = jax.jit(_array_digest)
+
+
 def _digests(leaves):
-  return [_array_digest(x) for x in leaves]
+  return [_jitted_array_digest(x) for x in leaves]
 
 
 def tree_digest(tree) -> dict:
