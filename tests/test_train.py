@@ -20,6 +20,8 @@ from train import arithmetic_data
 from train import checkpoints
 from train import train
 
+from tests import launch
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -49,6 +51,24 @@ def make_config(data_dir, method="ntil", **overrides):
   return config
 
 
+def test_every_method_shares_one_optimizer_and_its_init():
+  """A grid's methods and seeds build one optimizer (and trace its init once);
+  a setting the optimizer reads makes another."""
+  make = train.step_lib.make_optimizer
+  ce = make_config("unused", method="ce")
+  assert make(ce) is make(make_config("unused", method="ntil", seed=3))
+  for name, value in (
+      ("learning_rate", 2 * ce.learning_rate),
+      ("warmup_steps", 3),
+      ("lr_decay_steps", 12),
+      ("grad_clip_norm", 0.5),
+      ("weight_decay", 0.0),
+  ):
+    assert make(make_config("unused", method="ce", **{name: value})) is not (
+        make(ce)
+    ), name
+
+
 def config_flags(config):
   """--config.X=Y flags that reproduce ``config`` on the command line."""
   defaults = arithmetic_mix.get_config(config.method)
@@ -65,7 +85,7 @@ def logged(workdir, key="loss"):
   return {r["step"]: r[key] for r in records if key in r}
 
 
-def run_cli(config, workdir, *extra, env=None, check=True):
+def run_cli(config, workdir, *extra, env=None, check=True, fork=True):
   command = [
       sys.executable,
       "-m",
@@ -75,13 +95,14 @@ def run_cli(config, workdir, *extra, env=None, check=True):
       *config_flags(config),
       *extra,
   ]
-  result = subprocess.run(
+  result = launch.run(
       command,
       cwd=ROOT,
       capture_output=True,
       text=True,
       timeout=600,
       env=dict(os.environ, **(env or {})),
+      fork=fork,
   )
   if check:
     assert result.returncode == 0, result.stderr[-3000:]
@@ -253,7 +274,7 @@ def test_sigterm_checkpoints_and_stops(data_dir, tmp_path):
       f"--workdir={tmp_path}",
       *config_flags(config),
   ]
-  process = subprocess.Popen(
+  process = launch.popen(
       command,
       cwd=ROOT,
       stdout=subprocess.PIPE,
@@ -336,7 +357,7 @@ def _two_processes(config, workdir):
       "--num_processes=2",
   ]
   return [
-      subprocess.Popen(
+      launch.popen(
           command + [f"--process_id={i}"],
           cwd=ROOT,
           env=dict(os.environ, JAX_NUM_CPU_DEVICES="1"),
@@ -533,7 +554,7 @@ def test_bad_flags_one_clear_line(tmp_path, flag, message):
       "--config=configs/arithmetic_mix.py:ntil",
       flag,
   ]
-  result = subprocess.run(
+  result = launch.run(
       command, cwd=ROOT, capture_output=True, text=True, timeout=300
   )
   assert result.returncode == 2

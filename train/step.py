@@ -139,9 +139,26 @@ def _program_key(config) -> str:
   return json.dumps(fields, sort_keys=True, default=repr)
 
 
-def _shared(kind, config, build):
-  """``build()`` once per ``kind`` and config without its seed."""
-  key = (kind, _program_key(config))
+def _optimizer_key(config) -> str:
+  """What the optimizer reads of the config: runs of every method share it."""
+  return json.dumps(
+      dict(
+          learning_rate=config.learning_rate,
+          warmup_steps=config.warmup_steps,
+          decay_steps=_decay_steps(config),
+          grad_clip_norm=config.grad_clip_norm,
+          weight_decay=config.weight_decay,
+      ),
+      sort_keys=True,
+  )
+
+
+def _shared(kind, config, build, key=None):
+  """``build()`` once per ``kind`` and config without its seed.
+
+  ``key``, when given, stands in for the config (what ``build`` reads).
+  """
+  key = (kind, _program_key(config) if key is None else key)
   if key in _SHARED:
     _SHARED.move_to_end(key)
     return _SHARED[key]
@@ -154,20 +171,24 @@ def _shared(kind, config, build):
 def make_optimizer(config) -> optax.GradientTransformation:
   """AdamW with warmup and cosine decay, after clipping the global norm.
 
-  Pure functions of the config: runs that differ only in their seed get the
-  same object (`_shared`), so that their optimizers, and the steps that
-  update them, share one traced program.
+  Pure functions of the config: runs with the same optimizer settings (any
+  method, any seed) get the same object (`_shared`), so that their
+  optimizers share one traced program.
   """
-  return _shared("optimizer", config, lambda: _optimizer(config))
+  return _shared(
+      "optimizer", config, lambda: _optimizer(config), _optimizer_key(config)
+  )
 
 
 def init_optimizer(model, config) -> nnx.Optimizer:
   """The optimizer of ``model``, its state created on the model's devices."""
   tx = make_optimizer(config)
+  # Traced for each model structure it is given (nnx.jit's cache).
   init = _shared(
       "optimizer_init",
       config,
       lambda: nnx.jit(lambda m: nnx.Optimizer(m, tx, wrt=nnx.Param)),
+      _optimizer_key(config),
   )
   return init(model)
 
