@@ -8,7 +8,6 @@ import fractions
 import json
 import math
 import pathlib
-import subprocess
 import sys
 
 import ml_collections
@@ -17,6 +16,8 @@ from scipy import stats
 
 from experiments.arithmetic_mix import digits_report as dr
 from train.tasks import arithmetic_mix as task
+
+from tests import launch
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -419,7 +420,7 @@ def test_breakdowns_left_out_when_problems_do_not_match(tmp_path):
 def test_command_line_without_the_data(tmp_path):
   runs = [record(n) for n in ("ce-s0", "ce-s1", "ntil-s0", "ntil-s1")]
   (tmp_path / "results.json").write_text(json.dumps(dict(runs=runs)))
-  result = subprocess.run(
+  result = launch.run(
       [
           sys.executable,
           "-m",

@@ -8,18 +8,19 @@ cells, resuming cell by cell.
 import json
 import pathlib
 import shutil
-import subprocess
 import sys
 
 import pytest
 
 from experiments import common as results_io
 
+from tests import launch
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def run(*args, check=True):
-  result = subprocess.run(
+  result = launch.run(
       [sys.executable, "-m", "experiments.arithmetic_mix.run", *args],
       cwd=ROOT,
       capture_output=True,
@@ -147,7 +148,7 @@ def test_cell_hashes_name_the_snapshot_and_data_not_their_location(tmp_path):
   shutil.copytree(fixture, there)
 
   def hashes(path, data_dir="data"):
-    result = subprocess.run(
+    result = launch.run(
         [sys.executable, "-c", _HASHES, str(path), data_dir],
         cwd=ROOT,
         capture_output=True,

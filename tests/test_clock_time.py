@@ -4,7 +4,6 @@ import json
 import os
 import pathlib
 import re
-import subprocess
 import sys
 
 from flax import nnx
@@ -20,6 +19,8 @@ from train import train
 from train.tasks import clock_time
 
 from tests.test_train import logged  # {step: value} from metrics.jsonl
+
+from tests import launch
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -295,7 +296,7 @@ def test_cli_trains_and_resumes_exactly(data_dir, tmp_path):
       "--config.eval_examples=24",
       "--config.lr_decay_steps=8",
   ]
-  first = subprocess.run(
+  first = launch.run(
       command + ["--config.train_steps=4", "--config.eval_every_steps=4"],
       cwd=ROOT,
       capture_output=True,
@@ -392,7 +393,7 @@ def test_four_devices_equal_one(data_dir, tmp_path):
       "--config.fsdp=2",
   ]
   env = dict(os.environ, JAX_NUM_CPU_DEVICES="4", JAX_PLATFORMS="cpu")
-  result = subprocess.run(
+  result = launch.run(
       command, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env
   )
   assert result.returncode == 0, result.stderr[-3000:]
@@ -415,7 +416,7 @@ def test_bad_data_dir_is_one_error_line(tmp_path, data, message):
   if data == "file":
     (tmp_path / "file").write_text("x")
   path = "" if not data else str(tmp_path / data)
-  result = subprocess.run(
+  result = launch.run(
       [
           sys.executable,
           "-m",

@@ -4,7 +4,6 @@ import json
 import logging
 import math
 import pathlib
-import subprocess
 import sys
 
 import pytest
@@ -13,11 +12,13 @@ from experiments import common as results_io
 from experiments import stats
 from train import errors
 
+from tests import launch
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def run(module, *args):
-  result = subprocess.run(
+  result = launch.run(
       [sys.executable, "-m", module, *args],
       cwd=ROOT,
       capture_output=True,
@@ -861,7 +862,7 @@ def test_a_results_file_that_is_not_json_is_named(tmp_path, capsys):
 
 def test_grid_refuses_a_negative_count_before_any_work(tmp_path):
   """--max_runs=-1 used to prepare the data and run nothing, exit 0."""
-  result = subprocess.run(
+  result = launch.run(
       [
           sys.executable,
           "-m",

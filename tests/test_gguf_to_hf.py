@@ -19,7 +19,6 @@ Three layers, from always-run to the real file:
 import importlib.util
 import json
 import pathlib
-import subprocess
 import sys
 import types
 
@@ -27,6 +26,8 @@ import numpy as np
 import pytest
 
 from train import gguf_to_hf
+
+from tests import launch
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "hf"
@@ -607,7 +608,7 @@ def test_command_line(tmp_path):
   write_fixture_gguf(tmp_path / "tiny.gguf")
 
   def convert(*args):
-    return subprocess.run(
+    return launch.run(
         [sys.executable, "-m", "train.gguf_to_hf", *args],
         cwd=ROOT,
         capture_output=True,

@@ -2,7 +2,6 @@
 
 import json
 import pathlib
-import subprocess
 import sys
 
 from flax import nnx
@@ -21,6 +20,7 @@ from train.tasks import grounding
 from train.tasks import grounding_scenes as scenes
 
 from tests import xla_settings
+from tests import launch
 from tests.test_train import logged  # {step: value} from metrics.jsonl
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -444,7 +444,7 @@ def model_fingerprint(name) -> list[float]:
 def test_existing_models_initialise_and_compute_as_before(name):
   # Under the users' XLA settings, not the session's fast compiles: the
   # recorded sums are of the initial parameters to the last bit.
-  result = subprocess.run(
+  result = launch.run(
       [
           sys.executable,
           "-c",
@@ -564,7 +564,7 @@ def test_cli_trains_and_resumes_exactly(data_dir, tmp_path):
       "--config.train_steps=4",
       "--config.eval_every_steps=4",
   ]
-  first = subprocess.run(
+  first = launch.run(
       command, cwd=ROOT, capture_output=True, text=True, timeout=600
   )
   assert first.returncode == 0, first.stderr[-3000:]

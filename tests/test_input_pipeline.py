@@ -5,7 +5,6 @@ import os
 import random
 import re
 import string
-import subprocess
 import sys
 
 import grain
@@ -16,6 +15,8 @@ import tensorflow_datasets as tfds
 from absl import flags
 
 from train import arithmetic_data, input_pipeline, tokenizer
+
+from tests import launch
 
 TRAIN_SIZE = 300
 TEST_SIZE = 100
@@ -340,7 +341,7 @@ def test_prepare_rejects_bad_sizes(tmp_path):
 def test_cli_matches_python_function_in_another_process(tmp_path):
   """The CLI writes the same data as `prepare`, even under another hash seed."""
   env = dict(os.environ, PYTHONHASHSEED="7")
-  result = subprocess.run(
+  result = launch.run(
       [
           sys.executable,
           "-m",
@@ -367,7 +368,7 @@ def test_cli_matches_python_function_in_another_process(tmp_path):
 def test_workers_cli_writes_what_one_process_writes(tmp_path):
   """prepare_data --workers=2 writes exactly the problems of one process."""
   variant = dict(module="arithmetic__add_or_sub", difficulty="easy")
-  result = subprocess.run(
+  result = launch.run(
       [
           sys.executable,
           "-m",
@@ -419,7 +420,7 @@ def test_bad_variant_refused(tmp_path):
     arithmetic_data.prepare(str(tmp_path), 10, 10, difficulty="trivial")
   with pytest.raises(ValueError, match="arithmetic module"):
     arithmetic_data.prepare(str(tmp_path), 10, 10, module="algebra__linear_1d")
-  result = subprocess.run(
+  result = launch.run(
       [
           sys.executable,
           "-m",

@@ -2,7 +2,6 @@
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 
@@ -13,6 +12,8 @@ import pytest
 from flax import nnx
 
 from train import models
+
+from tests import launch
 
 VOCAB_SIZE = 99  # As train/tokenizer.py: odd-sized, so never sharded.
 MAX_LEN = 32
@@ -434,7 +435,7 @@ def test_sharded_creation_on_four_cpu_devices():
       XLA_FLAGS="--xla_force_host_platform_device_count=4",
       JAX_PLATFORMS="cpu",
   )
-  result = subprocess.run(
+  result = launch.run(
       [sys.executable, "-c", _SHARDED_SCRIPT],
       cwd=REPO_ROOT,
       env=env,

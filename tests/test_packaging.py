@@ -20,6 +20,8 @@ import pytest
 
 from train import arithmetic_data
 
+from tests import launch
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BLOCKED = ("mathematics_dataset", "sympy")
 
@@ -36,7 +38,7 @@ sys.meta_path.insert(0, Blocker())
 
 
 def run_blocked(code, *args, check=True):
-  result = subprocess.run(
+  result = launch.run(
       [sys.executable, "-c", _BLOCKER + code, *args],
       cwd=ROOT,
       capture_output=True,

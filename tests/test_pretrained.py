@@ -10,7 +10,6 @@ import json
 import os
 import pathlib
 import shutil
-import subprocess
 import sys
 
 import flax
@@ -27,6 +26,8 @@ from train import input_pipeline
 from train import pretrained
 from train import train
 from train.tasks import arithmetic_mix_llm as task
+
+from tests import launch
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "hf"
@@ -636,7 +637,7 @@ def test_cli_fine_tune_is_finite_and_falling(
       "--config.eval_batch_size=8",
       "--config.checkpoint_every_steps=8",
   ]
-  result = subprocess.run(
+  result = launch.run(
       command, cwd=ROOT, capture_output=True, text=True, timeout=600
   )
   assert result.returncode == 0, result.stderr[-3000:]
@@ -689,7 +690,7 @@ train.train_and_evaluate(config, {str(tmp_path / "four")!r})
 """
   overrides = {k: v for k, v in config.items()}
   overrides["fsdp"] = 2
-  result = subprocess.run(
+  result = launch.run(
       [sys.executable, "-c", script, json.dumps(overrides)],
       cwd=ROOT,
       capture_output=True,

@@ -2,8 +2,9 @@
 
 import pathlib
 import re
-import subprocess
 import sys
+
+from tests import launch
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -23,7 +24,7 @@ def test_readme_example_runs_and_learns():
       "\nfor step in range(20):",
   )
   probe += "\nassert float(loss) < 0.5 * initial, (initial, float(loss))\n"
-  result = subprocess.run(
+  result = launch.run(
       [sys.executable, "-c", probe],
       cwd=ROOT,
       capture_output=True,

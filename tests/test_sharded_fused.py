@@ -2,15 +2,16 @@
 
 import os
 import pathlib
-import subprocess
 import sys
+
+from tests import launch
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def test_sharded_fused_equals_single_device():
   env = dict(os.environ, JAX_NUM_CPU_DEVICES="4", JAX_PLATFORMS="cpu")
-  result = subprocess.run(
+  result = launch.run(
       [sys.executable, "-m", "tests.sharded_fused_main"],
       cwd=ROOT,
       env=env,

@@ -2,17 +2,18 @@
 
 import os
 import pathlib
-import subprocess
 import sys
 
 import pytest
+
+from tests import launch
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def run_main(module):
   env = dict(os.environ, JAX_NUM_CPU_DEVICES="4", JAX_PLATFORMS="cpu")
-  result = subprocess.run(
+  result = launch.run(
       [sys.executable, "-m", module],
       cwd=ROOT,
       env=env,

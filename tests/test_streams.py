@@ -12,7 +12,6 @@ import base64
 import hashlib
 import json
 import pathlib
-import subprocess
 import sys
 
 import jax
@@ -34,6 +33,8 @@ from train import train
 from train.tasks import clock_time
 from train.tasks import grounding_scenes as scenes
 from train.tasks import grounding_single
+
+from tests import launch
 
 
 @pytest.fixture(scope="module")
@@ -312,7 +313,7 @@ def test_fixed_training_on_a_test_only_dataset_says_what_to_do(
 
 
 def test_prepare_data_train_size_0_writes_the_test_split_alone(tmp_path):
-  result = subprocess.run(
+  result = launch.run(
       [
           sys.executable,
           "-m",
@@ -512,7 +513,7 @@ def test_config_hash_leaves_out_added_fields_at_their_default():
 
 
 def _grid_hashes(which):
-  result = subprocess.run(
+  result = launch.run(
       [sys.executable, "-c", _GRID_HASHES, which, *DATA_DIRS],
       cwd=ROOT,
       capture_output=True,

@@ -38,6 +38,8 @@ from train import rundir
 from train import signals
 from train import train
 
+from tests import launch
+
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
@@ -49,7 +51,7 @@ def data_dir(tmp_path_factory):
 @contextlib.contextmanager
 def running(command):
   """A training process that is killed if the test fails first."""
-  process = subprocess.Popen(
+  process = launch.popen(
       command,
       cwd=ROOT,
       stdout=subprocess.PIPE,
@@ -469,7 +471,7 @@ def test_second_run_on_a_workdir_is_refused(data_dir, tmp_path):
 
 
 def test_lock_of_a_live_process_and_of_a_dead_one(data_dir, tmp_path):
-  holder = subprocess.Popen(
+  holder = launch.popen(
       [
           sys.executable,
           "-c",
@@ -564,7 +566,8 @@ def test_corrupt_checkpoints_one_warning_each_then_step_0(data_dir, tmp_path):
   train.train_and_evaluate(config, str(tmp_path))
   for step in ("3", "6"):
     _destroy(tmp_path / "checkpoints" / step)
-  result = run_cli(config, tmp_path)
+  # A fresh interpreter, whose shutdown (asyncio's loops) is part of the test.
+  result = run_cli(config, tmp_path, fork=False)
   assert "Traceback" not in result.stderr, result.stderr[-3000:]
   assert "Event loop is closed" not in result.stderr
   warnings = [
@@ -623,8 +626,14 @@ def test_demo_terminal_is_quiet(tmp_path):
       "--test_size=16",
       "--steps=2",
   ]
-  result = subprocess.run(
-      command, cwd=ROOT, capture_output=True, text=True, timeout=900
+  # A fresh interpreter: what the libraries print while imported counts.
+  result = launch.run(
+      command,
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=900,
+      fork=False,
   )
   assert result.returncode == 0, result.stderr[-3000:]
   output = result.stdout + result.stderr
