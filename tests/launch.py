@@ -23,7 +23,11 @@ the server's. A ``JAX_`` variable that names a JAX option
 any other ``JAX_``, ``TF_``, ``PYTHON``, ``MPL``, ``OMP_`` or ``OPENBLAS_``
 variable from the server's (``PYTHONHASHSEED``), or any command of another
 form, runs in a real subprocess (:func:`subprocess.run`), as every command
-does when ``NTIL_TESTS_NO_FORK`` is set. With ``NTIL_TESTS_LAUNCH_LOG=FILE``
+does when ``NTIL_TESTS_NO_FORK`` is set. One difference stays: a submodule
+of a preloaded library (``matplotlib.pyplot``) is already imported in a
+forked child, so a command that uses one without importing it passes here
+and fails in a new interpreter; the demo's test runs in a new one, and
+``NTIL_TESTS_NO_FORK=1`` runs them all so. With ``NTIL_TESTS_LAUNCH_LOG=FILE``
 each Python command appends a line to FILE with the variables that kept it
 from being forked (none for a forked one).
 """
