@@ -52,15 +52,23 @@ def make_config(data_dir, method="ntil", **overrides):
 
 
 def test_every_method_shares_one_optimizer_and_its_init():
-  """A grid's methods and seeds build one optimizer (and trace its init once);
-  a setting the optimizer reads makes another."""
+  """A grid's methods, seeds, lengths and learning rates build one optimizer
+  (and trace its init once): the schedule is the update's argument; a
+  setting the optimizer reads makes another."""
   make = train.step_lib.make_optimizer
   ce = make_config("unused", method="ce")
   assert make(ce) is make(make_config("unused", method="ntil", seed=3))
+  assert make(ce) is make(
+      make_config(
+          "unused",
+          method="ce",
+          learning_rate=2 * ce.learning_rate,
+          warmup_steps=3,
+          lr_decay_steps=12,
+          train_steps=40,
+      )
+  )
   for name, value in (
-      ("learning_rate", 2 * ce.learning_rate),
-      ("warmup_steps", 3),
-      ("lr_decay_steps", 12),
       ("grad_clip_norm", 0.5),
       ("weight_decay", 0.0),
   ):
@@ -166,9 +174,10 @@ def test_resume_equals_straight_run(data_dir, tmp_path):
 def test_seeds_and_weights_share_one_traced_step_and_keep_their_own_runs(
     data_dir, tmp_path, monkeypatch
 ):
-  """A grid's runs that differ only in their seed, length or loss weights
-  trace the step once (the seed's key and the weights are arguments), and
-  each run is bitwise the one it makes with the step traced afresh."""
+  """A grid's runs that differ only in their seed, length, learning-rate
+  schedule or loss weights trace the step once (the seed's key, the weights
+  and the schedule are arguments), and each run is bitwise the one it makes
+  with the step traced afresh."""
   traces = []
   keyed = train.step_lib._keyed_step
 
@@ -183,13 +192,15 @@ def test_seeds_and_weights_share_one_traced_step_and_keep_their_own_runs(
 
   monkeypatch.setattr(train.step_lib, "_keyed_step", counting)
   monkeypatch.setattr(train.step_lib, "_SHARED", collections.OrderedDict())
-  # The second run: another seed, other weights, a longer run on the same
-  # schedule, another eval cadence.
+  # The second run: another seed, other weights, a longer run on another
+  # schedule (peak, warmup and horizon), another eval cadence.
   first = make_config(data_dir, seed=0, train_steps=3, lr_decay_steps=4)
   second = make_config(
       data_dir, seed=1, sigma=0.5, lam=1.0, alpha=0.0, train_steps=4
   )
-  second.lr_decay_steps = 4
+  second.learning_rate = 3 * first.learning_rate
+  second.warmup_steps = 1
+  second.lr_decay_steps = 0  # the run's length
   second.checkpoint_every_steps = 2
   runs = {}
   for name, config in (("first", first), ("second", second)):
@@ -200,32 +211,23 @@ def test_seeds_and_weights_share_one_traced_step_and_keep_their_own_runs(
   train.step_lib._SHARED.clear()
   train.train_and_evaluate(second, str(tmp_path / "alone"))
   assert traces == [(0, 0.2), (1, 0.5)]
-  # The shared step trained with the second run's own key and weights.
+  # The shared step trained with the second run's own key, weights and
+  # schedule.
   assert logged(str(tmp_path / "alone")) == runs["second"]
-  # Left out of the key: the seed, the weights, the trainer's cadence and
-  # the run's length where the schedule stays the same; any other setting
-  # is another program.
+  # Left out of the key: the seed, the weights, the schedule and the run's
+  # length, and the trainer's cadence; any other setting is another program.
   key = train.step_lib._program_key
   assert key(first) == key(second)
   for name, value in (
       ("lam", 0.0),  # no numeric loss: the step leaves it out
       ("tau", 0.5),
       ("weighting", "reference"),
-      ("lr_decay_steps", 12),  # the same length, another schedule
-      ("learning_rate", 2 * first.learning_rate),
+      ("weight_decay", 0.0),
       ("batch_size", 2 * first.batch_size),
   ):
     changed = copy.deepcopy(first)
     changed[name] = value
     assert key(changed) != key(first), name
-  # Within the warmup, the horizon is warmup_steps + 1 whatever the length.
-  short, long = copy.deepcopy(first), copy.deepcopy(first)
-  short.lr_decay_steps = long.lr_decay_steps = 0
-  short.warmup_steps = long.warmup_steps = 50
-  short.train_steps, long.train_steps = 2, 16
-  assert key(short) == key(long)
-  long.train_steps = 60
-  assert key(short) != key(long)
 
 
 def test_rerun_of_a_finished_run_returns_what_it_did(data_dir, tmp_path):

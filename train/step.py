@@ -23,6 +23,7 @@ from configs import common
 import ntil_jax
 from train import checks
 from train import models
+from train import schedule
 from train import tokenizer
 
 BATCH_AXES = ("data", "fsdp")
@@ -108,17 +109,24 @@ def make_mesh(config, task) -> jax.sharding.Mesh:
 # The programs of one run that other runs may share: a grid's runs that
 # differ only in their seed trace, lower and compile each of them once.
 # Keyed by the config without the fields no program reads (`_program_key`:
-# the seed and the loss weights reach the step as arguments; the run's
-# length only through the schedule's horizon), and a field that does not
-# change the program only costs a miss. The last few are kept: a grid
+# the seed, the loss weights and the learning-rate schedule reach the step
+# as arguments), and a field that does not change the program only costs a
+# miss. The last few are kept: a grid
 # cycles through its methods and variants, three programs each.
 _SHARED = collections.OrderedDict()
 _MAX_SHARED = 96
 
 
-# Fields that reach none of the shared programs: the seed (an argument),
-# and when and how much the trainer logs, evaluates and saves.
-_NOT_IN_PROGRAM = ("seed", *checks.CADENCE_FIELDS)
+# Fields that reach none of the shared programs: the seed and the schedule
+# (arguments), and when and how much the trainer logs, evaluates and saves.
+_NOT_IN_PROGRAM = (
+    "seed",
+    "learning_rate",
+    "warmup_steps",
+    "lr_decay_steps",
+    "train_steps",
+    *checks.CADENCE_FIELDS,
+)
 
 
 def _decay_steps(config) -> int:
@@ -132,20 +140,14 @@ def _program_key(config) -> str:
   for name in _NOT_IN_PROGRAM + TRACED_WEIGHTS:
     fields.pop(name, None)
   fields["lam_is_zero"] = not config.lam  # `batch_loss` branches on it
-  # Runs of other lengths on one schedule (a fixed lr_decay_steps, or all
-  # within the warmup's horizon) share the step too.
-  fields.pop("train_steps", None)
-  fields["lr_decay_steps"] = _decay_steps(config)
   return json.dumps(fields, sort_keys=True, default=repr)
 
 
 def _optimizer_key(config) -> str:
-  """What the optimizer reads of the config: runs of every method share it."""
+  """What the optimizer reads of the config: runs of every method, length
+  and learning rate share it (the schedule is the step's argument)."""
   return json.dumps(
       dict(
-          learning_rate=config.learning_rate,
-          warmup_steps=config.warmup_steps,
-          decay_steps=_decay_steps(config),
           grad_clip_norm=config.grad_clip_norm,
           weight_decay=config.weight_decay,
       ),
@@ -171,9 +173,10 @@ def _shared(kind, config, build, key=None):
 def make_optimizer(config) -> optax.GradientTransformation:
   """AdamW with warmup and cosine decay, after clipping the global norm.
 
-  Pure functions of the config: runs with the same optimizer settings (any
-  method, any seed) get the same object (`_shared`), so that their
-  optimizers share one traced program.
+  Its update takes the schedule as ``schedule=`` (`schedule_values`).
+  Pure functions of the config: runs with the same clipping and weight
+  decay (any method, seed, length or learning rate) get the same object
+  (`_shared`), so that their optimizers share one traced program.
   """
   return _shared(
       "optimizer", config, lambda: _optimizer(config), _optimizer_key(config)
@@ -193,17 +196,27 @@ def init_optimizer(model, config) -> nnx.Optimizer:
   return init(model)
 
 
-def _optimizer(config) -> optax.GradientTransformation:
-  schedule = optax.warmup_cosine_decay_schedule(
-      init_value=0.0,
-      peak_value=config.learning_rate,
-      warmup_steps=config.warmup_steps,
-      decay_steps=_decay_steps(config),
-      end_value=0.1 * config.learning_rate,
+def schedule_values(config) -> schedule.Values:
+  """The step's learning-rate argument: optax's
+  ``warmup_cosine_decay_schedule(0, lr, warmup, decay, 0.1 * lr)``."""
+  return schedule.values(
+      config.learning_rate,
+      config.warmup_steps,
+      _decay_steps(config),
+      0.1 * config.learning_rate,
   )
+
+
+def _optimizer(config) -> optax.GradientTransformation:
+  # optax.adamw(schedule, weight_decay=...) with the schedule's numbers as
+  # arguments: the same transformations, the same state.
   return optax.chain(
       optax.clip_by_global_norm(config.grad_clip_norm),
-      optax.adamw(schedule, weight_decay=config.weight_decay),
+      optax.chain(
+          optax.scale_by_adam(),
+          optax.add_decayed_weights(config.weight_decay),
+          schedule.scale_by_learning_rate(),
+      ),
   )
 
 
@@ -360,15 +373,16 @@ def batch_loss(model, batch, config, key, weights=None):
 
 
 def _keyed_step(config):
-  """(model, optimizer, batch, step, base_key, weights) -> metrics; the
-  seed's key and the loss weights arguments, so that the function is the
-  same for every seed and every weight."""
+  """(model, optimizer, batch, step, base_key, weights, lr) -> metrics; the
+  seed's key, the loss weights and the learning-rate schedule (`lr`,
+  `schedule_values`) arguments, so that the function is the same for every
+  seed, weight, run length and learning rate."""
 
-  def train_step(model, optimizer, batch, step, base_key, weights):
+  def train_step(model, optimizer, batch, step, base_key, weights, lr):
     key = jax.random.fold_in(base_key, step)
     grad_fn = nnx.value_and_grad(batch_loss, has_aux=True)
     (_, metrics), grads = grad_fn(model, batch, config, key, weights)
-    optimizer.update(model, grads)
+    optimizer.update(model, grads, schedule=lr)
     metrics["grad_norm"] = optax.global_norm(grads)
     return metrics
 
@@ -378,9 +392,10 @@ def _keyed_step(config):
 def _with_seed(step, config):
   base_key = jax.random.key(config.seed + 1)
   weights = loss_weights(config)
+  lr = schedule_values(config)
 
   def train_step(model, optimizer, batch, step_number):
-    return step(model, optimizer, batch, step_number, base_key, weights)
+    return step(model, optimizer, batch, step_number, base_key, weights, lr)
 
   return train_step
 
@@ -397,9 +412,10 @@ def train_step_fn(config):
 def make_train_step(config):
   """The jit-compiled step: (model, optimizer, batch, step) -> metrics.
 
-  Runs that differ only in their seed, length or loss weights share one
-  compiled step (`_shared`; the seed's key and the weights are its
-  arguments): a grid traces and lowers it once, not once a run. It holds a
+  Runs that differ only in their seed, length, learning rate or loss
+  weights share one compiled step (`_shared`; the seed's key, the weights
+  and the schedule are its arguments): a grid traces and lowers it once,
+  not once a run. It holds a
   copy of the config, read when it traces.
   """
   frozen = copy.deepcopy(config)

@@ -1,0 +1,103 @@
+"""The learning-rate schedule as step arguments is optax's, bit for bit."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from train import schedule
+
+# (peak, warmup_steps, decay_steps): with and without a warmup, a decay one
+# step past it, a zero peak, and the trainer's usual shapes.
+SCHEDULES = (
+    (3e-3, 10, 100),
+    (1e-3, 0, 7),
+    (1e-4, 200, 2400),
+    (3e-3, 1, 2),
+    (0.0, 5, 9),
+    (2.5e-4, 30, 31),
+    (1e-3, 16, 1200),
+    (7e-5, 3, 50),
+)
+
+
+def _bits(x):
+  return np.asarray(x, np.float32).view(np.int32)
+
+
+def test_every_step_is_optaxs_value():
+  """Each step's rate, from 0 to past the decay, in one program with the
+  numbers as arguments, equals optax's schedule traced with them as
+  constants (in its own program) to the last bit."""
+  traced = jax.jit(
+      jax.vmap(lambda c, v: schedule.learning_rate(c, v), in_axes=(0, None))
+  )
+  for peak, warmup, decay in SCHEDULES:
+    reference = optax.warmup_cosine_decay_schedule(
+        0.0, peak, warmup, decay, 0.1 * peak
+    )
+    counts = jnp.arange(decay + 20, dtype=jnp.int32)
+    expected = jax.jit(jax.vmap(reference))(counts)
+    got = traced(counts, schedule.values(peak, warmup, decay, 0.1 * peak))
+    np.testing.assert_array_equal(
+        _bits(got), _bits(expected), err_msg=f"{peak, warmup, decay}"
+    )
+    assert float(got[warmup]) == pytest.approx(peak, rel=1e-6)
+    assert float(got[-1]) == pytest.approx(0.1 * peak, rel=1e-5)
+
+
+def _adamw(traced):
+  """The trainer's optimizer, or optax.adamw with the schedule inside."""
+  if traced:
+    inner = optax.chain(
+        optax.scale_by_adam(),
+        optax.add_decayed_weights(0.01),
+        schedule.scale_by_learning_rate(),
+    )
+  else:
+    inner = optax.adamw(
+        optax.warmup_cosine_decay_schedule(0.0, 3e-3, 2, 6, 3e-4),
+        weight_decay=0.01,
+    )
+  return optax.chain(optax.clip_by_global_norm(1.0), inner)
+
+
+def test_adamw_updates_and_state_are_optaxs():
+  """Eight updates (warmup, decay and after it) of the traced schedule's
+  AdamW are optax.adamw's bit for bit, and its state has the same structure
+  and values, so checkpoints of either load into the other."""
+  rng = np.random.default_rng(0)
+  params = {
+      "w": jnp.asarray(rng.normal(size=(4, 3)), jnp.float32),
+      "b": jnp.asarray(rng.normal(size=(3,)), jnp.float32),
+  }
+  values = schedule.values(3e-3, 2, 6, 3e-4)
+  results = {}
+  for traced in (False, True):
+    tx = _adamw(traced)
+    extra = dict(schedule=values) if traced else {}
+
+    @jax.jit
+    def step(params, state, grads, extra=extra, tx=tx):
+      updates, state = tx.update(grads, state, params, **extra)
+      return optax.apply_updates(params, updates), state
+
+    p, state = params, tx.init(params)
+    for i in range(8):
+      grads = jax.tree.map(
+          lambda x, i=i: jnp.sin(x * (i + 1)) * 3.0, p
+      )  # norms above and below the clip
+      p, state = step(p, state, grads)
+    results[traced] = (p, state)
+  (p0, s0), (p1, s1) = results[False], results[True]
+  assert jax.tree.structure(s0) == jax.tree.structure(s1)
+  for a, b in zip(jax.tree.leaves((p0, s0)), jax.tree.leaves((p1, s1))):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert not np.allclose(p0["w"], params["w"])  # it trained
+
+
+@pytest.mark.parametrize("warmup, decay", [(-1, 5), (5, 5), (5, 4)])
+def test_a_schedule_that_cannot_decay_is_refused(warmup, decay):
+  with pytest.raises(ValueError, match="warmup_steps < decay_steps"):
+    schedule.values(1e-3, warmup, decay, 1e-4)
