@@ -214,10 +214,13 @@ def test_seeds_and_weights_share_one_traced_step_and_keep_their_own_runs(
   # The shared step trained with the second run's own key, weights and
   # schedule.
   assert logged(str(tmp_path / "alone")) == runs["second"]
-  # Left out of the key: the seed, the weights, the schedule and the run's
-  # length, and the trainer's cadence; any other setting is another program.
+  # Left out of the key: the seed, the weights (the digit-weighted CE
+  # control's too), the schedule and the run's length, and the trainer's
+  # cadence; any other setting is another program.
   key = train.step_lib._program_key
   assert key(first) == key(second)
+  control = make_config(data_dir, method="ce", digit_ce_weight=0.3)
+  assert key(control) == key(make_config(data_dir, method="ce"))
   for name, value in (
       ("lam", 0.0),  # no numeric loss: the step leaves it out
       ("tau", 0.5),

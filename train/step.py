@@ -38,11 +38,12 @@ AUTO_FUSED_MEMORY_FRACTION = 0.25
 # The decimal point of the project's character tokenizer.
 DECIMAL_POINT_ID = tokenizer.vocab()["."]
 fused_mode = common.fused_mode
-# The loss weights that sweeps and ablations change (lambda; NTIL's sigma,
-# alpha and beta): float32 arguments of the step, not constants traced into
-# it, so that runs that differ only in them share one compiled step (the
-# config's checks have vetted their values; `loss_weights`).
-TRACED_WEIGHTS = ("lam", "sigma", "alpha", "beta")
+# The loss weights that sweeps, ablations and controls change (lambda;
+# NTIL's sigma, alpha and beta; the digit-weighted CE control's weight):
+# float32 arguments of the step, not constants traced into it, so that runs
+# that differ only in them share one compiled step (the config's checks have
+# vetted their values; `loss_weights`).
+TRACED_WEIGHTS = ("lam", "sigma", "alpha", "beta", "digit_ce_weight")
 
 
 def device_memory_bytes(device=None) -> int:
@@ -360,10 +361,13 @@ def batch_loss(model, batch, config, key, weights=None):
         )
         - ce
     ).sum() / jnp.maximum(digits, 1)
-  if config.digit_ce_weight:  # the control: extra CE weight on digits
-    per_token = per_token + config.digit_ce_weight * jnp.where(
-        digit_tokens, ce, 0.0
-    )
+  # The control: extra CE weight on digits. Added where the weight is not
+  # 0 only, so that CE's runs (weight 0, the same step) add exact zeros,
+  # never 0 * inf.
+  digit_ce_weight = weights["digit_ce_weight"]
+  per_token = per_token + jnp.where(
+      digit_tokens & (digit_ce_weight != 0), digit_ce_weight * ce, 0.0
+  )
   loss = per_token.sum() / jnp.maximum(scored, 1)
   return loss, dict(
       loss=loss,
