@@ -310,6 +310,11 @@ def test_another_tokenizer_is_another_snapshot(tmp_path):
       ],
   )
   assert run_lib.legacy_hashes(results) == {"b"}
+  # Kept as done, but never silently: the grid warns, naming the cells.
+  notice = run_lib.legacy_notice(results, "qwen2_tiny")
+  assert "1 cell(s) of qwen2_tiny" in notice and "(ce-s1)" in notice
+  assert "tokenizer" in notice and "Delete their records" in notice
+  assert run_lib.legacy_notice(results, "another_snapshot") is None
   with pytest.raises(app.UsageError, match="tokenizer.json differ") as error:
     run_lib.check_same_snapshot(results, settings, contents, after)
   assert "ce-s0" in str(error.value) and "ce-s1" not in str(error.value)

@@ -679,6 +679,30 @@ def legacy_hashes(results) -> set[str]:
   }
 
 
+def legacy_notice(results, snapshot) -> str | None:
+  """The warning for ``results``' cells of ``snapshot`` (its name) made
+  before `IDENTITY_VERSION` 2, or None if there are none.
+
+  Their hashes do not cover the tokenizer or generation config, so they
+  stay done whatever the snapshot's tokenizer is now: said once, loudly,
+  with how to rerun them.
+  """
+  names = [
+      record["name"]
+      for record in common.load_results(results)
+      if SNAPSHOT_FILES not in record and record.get("snapshot") == snapshot
+  ]
+  if not names:
+    return None
+  return (
+      f"{len(names)} cell(s) of {snapshot} in {results} "
+      f"({', '.join(names[:3])}{', ...' if len(names) > 3 else ''}) were "
+      "recorded before a snapshot's identity covered its tokenizer and "
+      "generation config: they count as done whatever this snapshot's "
+      "tokenizer is. Delete their records to rerun them with it."
+  )
+
+
 def llm_cell_hash(hash_function, config, profile, settings, legacy) -> str:
   """A cell's hash (``hash_function``: `llm_hash` or `zero_shot_hash`).
 
@@ -870,6 +894,9 @@ def run_llm(profile) -> None:
   contents = snapshot_contents(settings["pretrained"], cache)
   check_same_snapshot(results, settings, contents, files)
   legacy = legacy_hashes(results)
+  notice = legacy_notice(results, snapshot_name(settings))
+  if notice:
+    logging.warning(notice)
   os.makedirs(os.path.dirname(os.path.abspath(results)), exist_ok=True)
   arithmetic_data.prepare(
       FLAGS.data_dir,
