@@ -553,6 +553,7 @@ def test_a_bad_out_is_refused_before_any_work(tiny_gguf, tmp_path, monkeypatch):
   for out, message in [
       (a_file, "is a file"),
       (a_file / "snapshot", "cannot be written"),
+      (a_file / "deeper" / "snapshot", "a_file is a file"),
       ("", "empty"),
   ]:
     lines = []
@@ -598,7 +599,9 @@ def test_metadata_that_disagrees_with_the_file_is_refused(
   lines = []
   with pytest.raises(gguf_to_hf.GGUFError, match=message):
     gguf_to_hf.convert(
-        str(tmp_path / "bad.gguf"), str(tmp_path / "out"), log=lines.append
+        str(tmp_path / "bad.gguf"),
+        str(tmp_path / "models" / "new" / "out"),  # parents made only to write
+        log=lines.append,
     )
   assert not any("dequantized" in line for line in lines)
   assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.gguf"]

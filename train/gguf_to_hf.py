@@ -33,6 +33,7 @@ temporary folder beside ``--out`` and renamed into place at the end, and an
 whole. A bad file or ``--out`` is one ``error:`` line and exit status 2.
 """
 
+import errno
 import importlib.util
 import json
 import os
@@ -615,9 +616,13 @@ def _write_json(path, value):
 def check_out_dir(out_dir: str, *, overwrite: bool = False) -> str:
   """The absolute path of ``out_dir`` (``~`` expanded), checked before work.
 
+  Nothing is created: its missing parent folders are made only when the
+  snapshot is written, so a conversion that fails leaves no trace.
+
   Raises:
     GGUFError: ``out_dir`` is a file or a link, holds anything (unless
-      ``overwrite``), or no folder can be made beside it.
+      ``overwrite``), or no folder can be made beside it (the nearest
+      existing ancestor is a file, or not writable).
   """
   if not out_dir or not out_dir.strip():
     raise GGUFError("--out is empty; name the snapshot directory to write.")
@@ -632,9 +637,13 @@ def check_out_dir(out_dir: str, *, overwrite: bool = False) -> str:
         f"{_listed(os.listdir(path), 3)}); name a new directory, or pass "
         "--overwrite to replace it whole."
     )
+  ancestor = os.path.dirname(path)
+  while not os.path.lexists(ancestor):
+    ancestor = os.path.dirname(ancestor)
   try:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    os.rmdir(tempfile.mkdtemp(dir=os.path.dirname(path)))
+    if not os.path.isdir(ancestor):
+      raise NotADirectoryError(errno.ENOTDIR, f"{ancestor} is a file")
+    os.rmdir(tempfile.mkdtemp(dir=ancestor))
   except OSError as error:
     raise GGUFError(
         f"--out={path} cannot be written ({error.strerror or error})."
@@ -730,6 +739,12 @@ def convert(
       array = array.astype(ml_dtypes.bfloat16)
     tensors[name] = np.ascontiguousarray(array)
   count = sum(a.size for a in tensors.values())
+  try:
+    os.makedirs(os.path.dirname(out_dir), exist_ok=True)
+  except OSError as error:
+    raise GGUFError(
+        f"--out={out_dir} cannot be written ({error.strerror or error})."
+    ) from error
   staging = tempfile.mkdtemp(
       prefix=f".{os.path.basename(out_dir)}.partial.",
       dir=os.path.dirname(out_dir),
