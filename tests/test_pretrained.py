@@ -774,9 +774,7 @@ def test_answer_window_gives_the_full_rows_loss_and_gradient(data_dir):
     return nnx.value_and_grad(loss)(model)
 
   value, grads = loss_and_grad(model, jax.tree.map(jnp.asarray, batch))
-  full_value, full_grads = loss_and_grad(
-      model, jax.tree.map(jnp.asarray, full)
-  )
+  full_value, full_grads = loss_and_grad(model, jax.tree.map(jnp.asarray, full))
   assert np.isfinite(value) and value > 0
   np.testing.assert_allclose(value, full_value, rtol=1e-5)
   for ours, theirs in zip(
