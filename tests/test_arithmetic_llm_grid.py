@@ -121,6 +121,29 @@ def test_llm_flags_are_refused_for_other_profiles(tmp_path):
   assert "--pretrained=SNAPSHOT_DIR" in result.stderr
 
 
+def test_unknown_groups_are_refused_before_the_data_is_made(tmp_path):
+  """A group the profile's grid lacks (the digits grid has no 'sweep') is
+  one error: line and exit 2, not a KeyError after the data is generated."""
+  for profile, groups, grid_groups in (
+      ("smoke", "main,peers", "main, ablation, sweep"),
+      ("digits_smoke", "main,sweep", "main, control, ablation"),
+  ):
+    result = run(
+        f"--profile={profile}",
+        f"--groups={groups}",
+        f"--results={tmp_path / 'results.json'}",
+        f"--data_dir={tmp_path / 'data'}",
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    bad = groups.split(",")[1]
+    assert f"--groups={bad}: the {profile} grid has {grid_groups}." in (
+        result.stderr
+    )
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "data").exists()
+
+
 # Run in a subprocess: importing the grid module defines its absl flags,
 # which other test modules' grid and report modules define too.
 _HASHES = """

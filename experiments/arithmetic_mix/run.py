@@ -91,7 +91,8 @@ flags.DEFINE_enum(
 flags.DEFINE_list(
     "groups",
     ["main", "ablation", "sweep"],
-    "Which parts of the grid to run, in this order.",
+    "Which parts of the grid to run, in this order (default: all of the "
+    "profile's grid).",
 )
 flags.DEFINE_string(
     "results",
@@ -399,6 +400,19 @@ def run_cell(profile, group, name, method, seed, overrides, digest):
       curves=common.curves(os.path.join(workdir, "metrics.jsonl")),
       **extra,
   )
+
+
+def selected_groups(cells, profile) -> list[str]:
+  """The groups ``--groups`` names (without the flag, all of the grid's, in
+  order); UsageError naming the grid's groups for one it does not have."""
+  groups = FLAGS.groups if FLAGS["groups"].present else list(cells)
+  unknown = [group for group in groups if group not in cells]
+  if unknown:
+    raise app.UsageError(
+        f"--groups={','.join(unknown)}: the {profile} grid has "
+        f"{', '.join(cells)}."
+    )
+  return groups
 
 
 def results_path(profile) -> str:
@@ -911,13 +925,7 @@ def run_llm(profile) -> None:
   )
   logging.info("prompts padded to %d tokens", settings["max_prompt_tokens"])
   cells = llm_grid(settings, methods)
-  groups = FLAGS.groups if FLAGS["groups"].present else list(cells)
-  unknown = [group for group in groups if group not in cells]
-  if unknown:
-    raise app.UsageError(
-        f"--groups={','.join(unknown)}: the {profile} grid has "
-        f"{', '.join(cells)}."
-    )
+  groups = selected_groups(cells, profile)
   if FLAGS.workers > 1:  # after `prepare`: the workers share its data
     sys.exit(
         common.spawn_workers(
@@ -993,6 +1001,8 @@ def main(argv):
         f"--{', --'.join(given)}: only for --profile=llm (or llm_smoke)."
     )
   settings = PROFILES[FLAGS.profile]
+  cells = grid(FLAGS.profile)
+  groups = selected_groups(cells, FLAGS.profile)  # before the data is made
   results = results_path(FLAGS.profile)
   os.makedirs(os.path.dirname(results), exist_ok=True)
   arithmetic_data.prepare(
@@ -1008,8 +1018,7 @@ def main(argv):
             "experiments.arithmetic_mix.run", sys.argv, FLAGS.workers
         )
     )
-  cells = grid(FLAGS.profile)
-  todo = [cell for group in FLAGS.groups for cell in cells[group]]
+  todo = [cell for group in groups for cell in cells[group]]
 
   def configure(cell):
     _, _, method, seed, overrides = cell
