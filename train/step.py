@@ -112,8 +112,8 @@ def make_mesh(config, task) -> jax.sharding.Mesh:
 # Keyed by the config without the fields no program reads (`_program_key`:
 # the seed, the loss weights and the learning-rate schedule reach the step
 # as arguments), and a field that does not change the program only costs a
-# miss. The last few are kept: a grid
-# cycles through its methods and variants, three programs each.
+# miss. The last few are kept: a grid cycles through its methods and
+# variants, three programs each.
 _SHARED = collections.OrderedDict()
 _MAX_SHARED = 96
 
@@ -131,7 +131,7 @@ _NOT_IN_PROGRAM = (
 
 
 def _decay_steps(config) -> int:
-  """The cosine decay's horizon: all the step reads of the run's length."""
+  """The cosine decay's horizon (warmup included), a schedule argument."""
   decay_steps = config.lr_decay_steps or config.train_steps
   return max(decay_steps, config.warmup_steps + 1)
 
