@@ -6,7 +6,9 @@ import numpy as np
 import optax
 import pytest
 
+from configs import arithmetic_mix
 from train import schedule
+from train import step as step_lib
 
 # (peak, warmup_steps, decay_steps): with and without a warmup, a decay one
 # step past it, a zero peak, and the trainer's usual shapes.
@@ -47,32 +49,40 @@ def test_every_step_is_optaxs_value():
     assert float(got[-1]) == pytest.approx(0.1 * peak, rel=1e-5)
 
 
+def _config():
+  """The trainer's optimizer settings, on a short schedule."""
+  config = arithmetic_mix.get_config("ce")
+  config.learning_rate, config.warmup_steps, config.lr_decay_steps = 3e-3, 2, 6
+  return config
+
+
 def _adamw(traced):
-  """The trainer's optimizer, or optax.adamw with the schedule inside."""
+  """The trainer's optimizer, or optax.adamw with the same schedule inside."""
+  config = _config()
   if traced:
-    inner = optax.chain(
-        optax.scale_by_adam(),
-        optax.add_decayed_weights(0.01),
-        schedule.scale_by_learning_rate(),
-    )
-  else:
-    inner = optax.adamw(
-        optax.warmup_cosine_decay_schedule(0.0, 3e-3, 2, 6, 3e-4),
-        weight_decay=0.01,
-    )
-  return optax.chain(optax.clip_by_global_norm(1.0), inner)
+    return step_lib.make_optimizer(config)
+  return optax.chain(
+      optax.clip_by_global_norm(config.grad_clip_norm),
+      optax.adamw(
+          optax.warmup_cosine_decay_schedule(
+              0.0, 3e-3, 2, 6, 0.1 * config.learning_rate
+          ),
+          weight_decay=config.weight_decay,
+      ),
+  )
 
 
 def test_adamw_updates_and_state_are_optaxs():
-  """Eight updates (warmup, decay and after it) of the traced schedule's
-  AdamW are optax.adamw's bit for bit, and its state has the same structure
+  """Eight updates (warmup, decay and after it) of the trainer's optimizer
+  (`train.step.make_optimizer`, the schedule an argument) are optax.adamw's
+  bit for bit, and its state has the same structure
   and values, so checkpoints of either load into the other."""
   rng = np.random.default_rng(0)
   params = {
       "w": jnp.asarray(rng.normal(size=(4, 3)), jnp.float32),
       "b": jnp.asarray(rng.normal(size=(3,)), jnp.float32),
   }
-  values = schedule.values(3e-3, 2, 6, 3e-4)
+  values = step_lib.schedule_values(_config())
   results = {}
   for traced in (False, True):
     tx = _adamw(traced)
