@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 PY312 := $(shell for p in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/bin/python3.12 /usr/local/bin/python3.12; do \
 	$$p -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1 && { echo $$p; break; }; done)
 
-.PHONY: install demo test lint format bench experiments experiments-stream experiments-llm reports clean
+.PHONY: install demo test lint format docs bench experiments experiments-stream experiments-llm reports clean
 
 $(STAMP): pyproject.toml
 	@test -n "$(PY312)" || { echo "error: python3.12 not found; install Python 3.12 and retry" >&2; exit 1; }
@@ -28,6 +28,11 @@ test: install
 lint: install
 	$(PY) -m pyink --check --quiet .
 	$(PY) -m ruff check --quiet .
+
+# The documentation site (Sphinx, MyST Markdown; warnings are errors).
+docs: install
+	$(PY) -m sphinx -W --keep-going -q -b html -c docs . docs/_build/html
+	@echo "docs/_build/html/docs/index.html"
 
 format: install
 	$(PY) -m pyink --quiet .

@@ -10,7 +10,7 @@ every floating tensor the model loads, the tied embedding once) for which
 ``bfloat16(bfloat16(w) + lr) == bfloat16(w)``, the sum taken in float32: the
 weights that `--config.param_dtype=bfloat16` would leave untrained. The
 trainer's default (float32 parameters under bfloat16 computation) has no
-such loss. The README's figure for SmolLM2-135M-Instruct is this command on
+such loss. The figure in docs/llm.md for SmolLM2-135M-Instruct is this command on
 the converted snapshot (``make experiments-llm`` writes it).
 """
 

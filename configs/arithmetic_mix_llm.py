@@ -9,7 +9,7 @@ after the colon, one per loss method::
 
 ``SNAPSHOT`` is a local Hugging Face directory (config.json, *.safetensors,
 tokenizer.json); nothing is downloaded. Defaults are the paper's: lr 1e-5,
-lam 0.3, alpha = beta = sigma = 0.2, 'sum' weighting (see README). The loss
+lam 0.3, alpha = beta = sigma = 0.2, 'sum' weighting (see docs/llm.md). The loss
 path is chosen by ``fused_loss="auto"``: the logits path (XLA's matmul + CE,
 the faster one on a GPU) unless the float32 [N, V] logits and their gradient
 would take over a quarter of a device's memory, then the fused path from

@@ -1,7 +1,7 @@
 """The trainer's failure paths: bad config, failed saves, NaN, locks, noise.
 
 Each test reproduces a fault a user can cause (or a machine can), and checks
-that the run ends the way the README promises: one ``error:`` line and a
+that the run ends the way docs/troubleshooting.md promises: one ``error:`` line and a
 non-zero exit, good checkpoints kept, no hang, no library noise.
 """
 

@@ -172,7 +172,7 @@ def num_image_tokens(
   return (-(-image_size // 2 ** (len(image_channels) + 1))) ** 2
 
 
-# Parameter counts are for vocab_size=99 (train/tokenizer.py); see README.
+# Parameter counts are for vocab_size=99 (train/tokenizer.py); see docs/trainer.md.
 MODEL_SIZES: dict[str, dict] = {
     # ~0.1M: unit tests.
     "tiny": dict(

@@ -5,7 +5,7 @@ from configs import common as config_common
 from experiments import common
 from train.tasks import clock_time as task
 
-# The budget (see README): CE lands in the middle regime, about half of the
+# The budget (see docs/experiments.md): CE lands in the middle regime, about half of the
 # test clocks read exactly, in about 80 s a run on 2 CPU cores.
 PROFILES = {
     "cpu": dict(
