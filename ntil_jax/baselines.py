@@ -58,6 +58,16 @@ def emd_loss(
   The "EMD" baseline of the NTIL paper; for single-digit tokens it equals the
   Wasserstein variant NTL-WAS of the Number Token Loss paper. Arguments and
   result as in :func:`ntil_loss`.
+
+  Example:
+    Ten digit ids 0..9 and two other tokens; the model is sure of '4'
+    (probability 1 - 1e-12), so each digit costs its distance to 4:
+
+    >>> import jax.numpy as jnp
+    >>> logits = jnp.zeros((1, 3, 12)).at[:, :, 4].set(30.0)
+    >>> labels = jnp.array([[3, 9, 10]])  # '3', '9', then no digit
+    >>> emd_loss(logits, labels)[0].tolist()
+    [1.0, 5.0, 0.0]
   """
   _, labels, digit_mask, _, digit_logits_ = base._prepare(
       logits, labels, digit_mask, digit_token_ids
@@ -80,6 +90,14 @@ def ntl_mse_loss(
 
   with :math:`p_t` the softmax over the ten digit logits (Zausinger et al.,
   2025). Arguments and result as in :func:`ntil_loss`.
+
+  Example:
+    The model is sure of '4', so it expects the digit 4:
+
+    >>> import jax.numpy as jnp
+    >>> logits = jnp.zeros((1, 3, 12)).at[:, :, 4].set(30.0)
+    >>> ntl_mse_loss(logits, jnp.array([[3, 9, 10]]))[0].tolist()
+    [1.0, 25.0, 0.0]
   """
   _, labels, digit_mask, _, digit_logits_ = base._prepare(
       logits, labels, digit_mask, digit_token_ids
@@ -100,6 +118,16 @@ def soft_digit_targets(digit_values, *, eta: float, width: float):
 
   Returns ``[..., 10]`` float32 rows that sum to 1. ``eta`` must be in
   ``[0, 1]`` and ``width > 0`` (ValueError otherwise, for concrete values).
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> q = soft_digit_targets(jnp.array([3]), eta=0.5, width=1.0)
+    >>> q.shape, round(float(q.sum()), 6)
+    ((1, 10), 1.0)
+    >>> int(q.argmax()), bool(q[0, 2] == q[0, 4])  # peaked at 3, symmetric
+    (3, True)
+    >>> soft_digit_targets(jnp.array([3]), eta=0.0, width=1.0)[0].tolist()[2:5]
+    [0.0, 1.0, 0.0]
   """
   validation.check_parameters(eta=eta, width=width)
   target = jnp.asarray(digit_values, jnp.float32)[..., None]
@@ -129,6 +157,18 @@ def soft_label_cross_entropy(
   Amazon AGI). The poster does not give :math:`\eta` or the width; the
   defaults here are a reasonable middle (not tuned). Arguments and result as
   in :func:`ntil_loss`; ``eta`` in ``[0, 1]``, ``width > 0``.
+
+  Example:
+    With ``eta=0`` the labels are one-hot: token cross-entropy on the digits.
+
+    >>> import jax.numpy as jnp
+    >>> logits = jnp.zeros((1, 3, 12)).at[:, :, 4].set(2.0)
+    >>> labels = jnp.array([[3, 9, 10]])
+    >>> soft = soft_label_cross_entropy(logits, labels, eta=0.0)
+    >>> bool(jnp.allclose(soft[0, :2], cross_entropy(logits, labels)[0, :2]))
+    True
+    >>> float(soft[0, 2])  # no digit
+    0.0
   """
   validation.check_parameters(eta=eta, width=width)
   logits, labels, digit_mask, _, digit_logits_ = base._prepare(
@@ -157,6 +197,14 @@ def cross_entropy(logits, labels, loss_mask=None) -> chex.Array:
 
   Labels outside ``[0, V)`` (ignore ids such as -100) also score 0, with zero
   gradient even where the logits are NaN or inf.
+
+  Example:
+    Uniform logits over 12 tokens cost ``log 12`` per token:
+
+    >>> import jax.numpy as jnp
+    >>> ce = cross_entropy(jnp.zeros((1, 2, 12)), jnp.array([[5, -100]]))
+    >>> [round(x, 4) for x in ce[0].tolist()]
+    [2.4849, 0.0]
   """
   logits = jnp.asarray(logits)
   labels = jnp.asarray(labels)

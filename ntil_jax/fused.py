@@ -246,6 +246,19 @@ def fused_numeric_loss(
     ``[..., T]`` float32 per-token loss; empty if the batch or T is 0.
     Positions not scored score 0 with zero gradient, even where their
     hidden states are NaN or inf.
+
+  Example:
+    The loss of ``hidden @ unembedding``, in chunks of 2 tokens:
+
+    >>> import jax, jax.numpy as jnp
+    >>> from ntil_jax import numeric_token_loss
+    >>> hidden = jax.random.normal(jax.random.key(0), (1, 5, 8))
+    >>> unembedding = jax.random.normal(jax.random.key(1), (8, 16))
+    >>> labels = jnp.array([[3, 1, 4, 12, 9]])
+    >>> fused = fused_numeric_loss(hidden, unembedding, labels, chunk_size=2)
+    >>> plain = numeric_token_loss(hidden @ unembedding, labels)
+    >>> bool(jnp.allclose(fused, plain, rtol=1e-5, atol=1e-5))
+    True
   """
   hidden = jnp.asarray(hidden)
   unembedding = jnp.asarray(unembedding)

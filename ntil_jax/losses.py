@@ -205,6 +205,18 @@ def numeric_token_loss(
       out of range), for bad shapes or digit ids, for a float mask (naming
       it and its dtype) and for concrete labels ``>= V`` where
       ``loss_mask`` is true (anywhere, without ``loss_mask``).
+
+  Example:
+    One call gives cross-entropy plus ``lam`` times the chosen loss:
+
+    >>> import jax.numpy as jnp
+    >>> from ntil_jax import cross_entropy, emd_loss
+    >>> logits = jnp.zeros((1, 3, 12)).at[:, :, 4].set(2.0)
+    >>> labels = jnp.array([[3, 9, 10]])
+    >>> one_call = numeric_token_loss(logits, labels, method="emd", lam=0.3)
+    >>> by_hand = cross_entropy(logits, labels) + 0.3 * emd_loss(logits, labels)
+    >>> bool(jnp.allclose(one_call, by_hand))
+    True
   """
   logits, labels, loss_mask, decimal_point_mask = base._asarrays(
       logits, labels, loss_mask, decimal_point_mask

@@ -218,6 +218,17 @@ def number_layout(
 
   Raises:
     ValueError: for digit ids that :func:`check_digit_token_ids` refuses.
+
+  Example:
+    "12.5+7" with digits at ids 0..9, '.' at 10 and '+' at 11:
+
+    >>> import jax.numpy as jnp
+    >>> labels = jnp.array([1, 2, 10, 5, 11, 7])
+    >>> layout = number_layout(labels, decimal_point_mask=labels == 10)
+    >>> layout.places.tolist(), layout.digits_right.tolist()
+    ([1, 0, 0, -1, 0, 0], [2, 1, 0, 0, 0, 0])
+    >>> layout.is_last.tolist()
+    [False, False, False, True, False, True]
   """
   if digit_token_ids is not None:
     check_digit_token_ids(digit_token_ids)

@@ -25,6 +25,14 @@ def digit_logits(logits, digit_token_ids=None) -> chex.Array:
   are not floating point). Traced ids cannot be checked before run time: if
   any is repeated or out of ``[0, V)``, every digit logit is NaN, so the
   loss is NaN at every digit instead of silently wrong.
+
+  Example:
+    Digits at ids 5..14 of a vocabulary of 16:
+
+    >>> import jax.numpy as jnp
+    >>> logits = jnp.arange(16.0)[None, :]
+    >>> digit_logits(logits, digit_token_ids=range(5, 15)).tolist()
+    [[5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0]]
   """
   logits = jnp.asarray(logits)
   if logits.ndim < 1:

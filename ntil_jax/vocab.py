@@ -29,6 +29,17 @@ def digit_token_ids(vocab) -> np.ndarray:
 
   The vocabulary may be smaller than the model's logits (padded embeddings):
   the losses take V from the logits, so these ids just have to be below it.
+
+  Example:
+    A SentencePiece-style vocabulary where digits start words:
+
+    >>> pieces = ["<s>", "</s>", *(f"\u2581{d}" for d in range(10)), "+"]
+    >>> digit_token_ids(pieces).tolist()
+    [2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
+    >>> digit_token_ids({"1": 7})
+    Traceback (most recent call last):
+    ...
+    ValueError: no token for digit(s) 0, 2, 3, 4, 5, 6, 7, 8, 9 in a vocabulary of 1 entries (looked for spellings like ['0', '\u25810', '\u01200', '##0', '<0x30>', ' 0']).
   """
   if isinstance(vocab, Mapping):
     lookup = dict(vocab)

@@ -6,7 +6,17 @@ import importlib
 import pytest
 
 # Modules whose docstrings hold examples; each must keep at least one.
-MODULES = ("ntil_jax.ntil", "train.tokenizer", "train.models")
+MODULES = (
+    "ntil_jax.ntil",
+    "ntil_jax.baselines",
+    "ntil_jax.vocab",
+    "ntil_jax.losses",
+    "ntil_jax.numbers",
+    "ntil_jax.statistics",
+    "ntil_jax.fused",
+    "train.tokenizer",
+    "train.models",
+)
 
 
 @pytest.mark.parametrize("name", MODULES)
