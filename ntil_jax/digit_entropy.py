@@ -134,6 +134,16 @@ def del_loss(
   Raises:
     ValueError: for mismatched shapes, non-integer labels, non-float logits,
       a float mask, or digit ids that are repeated or out of the vocabulary.
+
+  Example:
+    With every digit logit 0, each of the ten digits has probability 0.1
+    and BCE ``log 2``, so a digit costs ``w log(2) / 10``: ``w = 4`` for the
+    tens of "12", 2 for its units.
+
+    >>> import math, jax.numpy as jnp
+    >>> loss = del_loss(jnp.zeros((1, 3, 12)), jnp.array([[1, 2, 11]]))
+    >>> [round(x / math.log(2), 4) for x in loss[0].tolist()]
+    [0.4, 0.2, 0.0]
   """
   _, labels, digit_mask, decimal_point_mask, digit_logits_ = base._prepare(
       logits, labels, digit_mask, digit_token_ids, decimal_point_mask

@@ -376,6 +376,18 @@ def loss_from_statistics(
     ValueError: as :func:`numeric_token_loss`, for a ``vocab_size`` that is
       no positive int, and for statistics not shaped like ``labels`` or not
       floating point.
+
+  Example:
+    The loss of :func:`numeric_token_loss`, from the statistics alone:
+
+    >>> import jax.numpy as jnp
+    >>> from ntil_jax import numeric_token_loss, token_statistics
+    >>> logits = jnp.zeros((1, 3, 12)).at[:, :, 4].set(2.0)
+    >>> labels = jnp.array([[3, 9, 10]])
+    >>> stats = token_statistics(logits, labels)
+    >>> from_stats = loss_from_statistics(stats, labels, vocab_size=12)
+    >>> bool(jnp.allclose(from_stats, numeric_token_loss(logits, labels)))
+    True
   """
   check_method(method, weighting, loss_kwargs, lam=lam)
   labels, loss_mask, digit_mask, decimal_point_mask = base._asarrays(

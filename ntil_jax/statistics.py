@@ -94,6 +94,15 @@ def token_statistics(
     ValueError: for labels or ``mask`` not shaped like the logits without
       their last axis, non-integer labels, non-float logits, or digit ids
       out of ``[0, V)`` (the default ids 0..9 need ``V >= 10``).
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> logits = jnp.zeros((1, 2, 12)).at[0, 0, 5].set(1.0)
+    >>> stats = token_statistics(logits, jnp.array([[5, 11]]))
+    >>> stats.label_logits.tolist(), stats.digit_logits.shape
+    ([[1.0, 0.0]], (1, 2, 10))
+    >>> [round(x, 4) for x in stats.log_norm[0].tolist()]  # log(e + 11), log 12
+    [2.6187, 2.4849]
   """
   logits = jnp.asarray(logits)
   labels = jnp.asarray(labels)

@@ -73,6 +73,19 @@ def default_chunk_size(
 
   Returns:
     A positive int, tokens per chunk.
+
+  Example:
+    A 512 MiB float32 block, in multiples of 256 tokens, on an accelerator;
+    about 4M logits on a CPU; never more than the batch:
+
+    >>> default_chunk_size(151936, backend="gpu")
+    768
+    >>> default_chunk_size(32768, backend="tpu")
+    4096
+    >>> default_chunk_size(151936, backend="cpu")
+    27
+    >>> default_chunk_size(151936, num_tokens=16, backend="cpu")
+    16
   """
   if vocab_size < 1:
     raise ValueError(f"vocab_size must be >= 1, got {vocab_size}.")
