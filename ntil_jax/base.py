@@ -1,7 +1,7 @@
 """The shared base of the per-token numeric losses.
 
 Inputs made arrays and checked, the digit logits prepared, a loss run on the
-number layout of whole sequences (:func:`_number_loss`), and the small
+number layout of whole sequences (:func:`number_loss`), and the small
 helpers that mask, measure digit distances and pick the scored positions.
 """
 
@@ -16,15 +16,15 @@ from ntil_jax import numbers
 from ntil_jax import statistics
 from ntil_jax import validation
 
-_DIGITS = np.arange(numbers.NUM_DIGITS, dtype=np.float32)
+DIGITS = np.arange(numbers.NUM_DIGITS, dtype=np.float32)
 
 
-def _asarrays(*arrays):
+def asarrays(*arrays):
   """``jnp.asarray`` of each array; ``None`` stays ``None``."""
   return tuple(None if x is None else jnp.asarray(x) for x in arrays)
 
 
-def _number_loss(
+def number_loss(
     numeric_fn,
     stats: statistics.TokenStatistics,
     labels,
@@ -139,17 +139,17 @@ def _whole_sequence_loss(
   )
 
 
-def _prepare(
+def prepare(
     logits, labels, digit_mask, digit_token_ids, decimal_point_mask=None
 ):
   """Validates inputs; returns them as arrays, and the digit logits."""
-  logits, labels, digit_mask, decimal_point_mask = _asarrays(
+  logits, labels, digit_mask, decimal_point_mask = asarrays(
       logits, labels, digit_mask, decimal_point_mask
   )
   labels, digit_mask, decimal_point_mask = numbers.reshard_like(
       logits, labels, digit_mask, decimal_point_mask
   )
-  validation._check_inputs(
+  validation.check_inputs(
       logits,
       labels,
       digit_mask,
@@ -165,17 +165,17 @@ def _prepare(
   )
 
 
-def _digit_distance(layout) -> chex.Array:
+def digit_distance(layout) -> chex.Array:
   """``|k - y|`` for every digit k, ``[..., T, 10]``."""
   target = layout.digit_values.astype(jnp.float32)[..., None]
-  return jnp.abs(_DIGITS - target)
+  return jnp.abs(DIGITS - target)
 
 
-def _masked(values, mask):
+def masked(values, mask):
   return jnp.where(mask, values, 0.0)
 
 
-def _digits_in_numbers(digit_logits_, layout) -> chex.Array:
+def digits_in_numbers(digit_logits_, layout) -> chex.Array:
   """The ``[..., T, 10]`` digit logits, zero outside numbers.
 
   Outside numbers the loss is 0 by a ``where``, whose gradient would still be
@@ -185,14 +185,14 @@ def _digits_in_numbers(digit_logits_, layout) -> chex.Array:
   return jnp.where(layout.is_digit[..., None], digit_logits_, 0.0)
 
 
-def _digit_statistics(digit_logits_, log_norm=None):
+def digit_statistics(digit_logits_, log_norm=None):
   """Token statistics for losses that read only the digit logits."""
   return statistics.TokenStatistics(
       log_norm=log_norm, label_logits=None, digit_logits=digit_logits_
   )
 
 
-def _scored(labels, vocab_size, loss_mask):
+def scored(labels, vocab_size, loss_mask):
   """Positions whose label is a real token and that the loss mask keeps."""
   valid = (labels >= 0) & (labels < vocab_size)
   if loss_mask is not None:

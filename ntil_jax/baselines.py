@@ -17,25 +17,21 @@ from ntil_jax import statistics
 from ntil_jax import validation
 
 
-def _emd(stats: statistics.TokenStatistics, layout):
-  probs = jax.nn.softmax(
-      base._digits_in_numbers(stats.digit_logits, layout), -1
-  )
-  return base._masked(
-      jnp.sum(probs * base._digit_distance(layout), -1), layout.is_digit
+def emd_from_layout(stats: statistics.TokenStatistics, layout):
+  probs = jax.nn.softmax(base.digits_in_numbers(stats.digit_logits, layout), -1)
+  return base.masked(
+      jnp.sum(probs * base.digit_distance(layout), -1), layout.is_digit
   )
 
 
-def _ntl_mse(stats: statistics.TokenStatistics, layout):
-  probs = jax.nn.softmax(
-      base._digits_in_numbers(stats.digit_logits, layout), -1
-  )
-  expected = probs @ base._DIGITS
+def ntl_mse_from_layout(stats: statistics.TokenStatistics, layout):
+  probs = jax.nn.softmax(base.digits_in_numbers(stats.digit_logits, layout), -1)
+  expected = probs @ base.DIGITS
   error = expected - layout.digit_values.astype(jnp.float32)
-  return base._masked(error**2, layout.is_digit)
+  return base.masked(error**2, layout.is_digit)
 
 
-def _soft_label(
+def soft_label_from_layout(
     stats: statistics.TokenStatistics,
     layout,
     *,
@@ -44,7 +40,7 @@ def _soft_label(
 ):
   log_probs = stats.digit_logits - stats.log_norm[..., None]
   targets = soft_digit_targets(layout.digit_values, eta=eta, width=width)
-  return base._masked(-jnp.sum(targets * log_probs, -1), layout.is_digit)
+  return base.masked(-jnp.sum(targets * log_probs, -1), layout.is_digit)
 
 
 def emd_loss(
@@ -69,12 +65,12 @@ def emd_loss(
     >>> emd_loss(logits, labels)[0].tolist()
     [1.0, 5.0, 0.0]
   """
-  _, labels, digit_mask, _, digit_logits_ = base._prepare(
+  _, labels, digit_mask, _, digit_logits_ = base.prepare(
       logits, labels, digit_mask, digit_token_ids
   )
-  return base._number_loss(
-      _emd,
-      base._digit_statistics(digit_logits_),
+  return base.number_loss(
+      emd_from_layout,
+      base.digit_statistics(digit_logits_),
       labels,
       digit_mask,
       digit_token_ids,
@@ -99,12 +95,12 @@ def ntl_mse_loss(
     >>> ntl_mse_loss(logits, jnp.array([[3, 9, 10]]))[0].tolist()
     [1.0, 25.0, 0.0]
   """
-  _, labels, digit_mask, _, digit_logits_ = base._prepare(
+  _, labels, digit_mask, _, digit_logits_ = base.prepare(
       logits, labels, digit_mask, digit_token_ids
   )
-  return base._number_loss(
-      _ntl_mse,
-      base._digit_statistics(digit_logits_),
+  return base.number_loss(
+      ntl_mse_from_layout,
+      base.digit_statistics(digit_logits_),
       labels,
       digit_mask,
       digit_token_ids,
@@ -131,7 +127,7 @@ def soft_digit_targets(digit_values, *, eta: float, width: float):
   """
   validation.check_parameters(eta=eta, width=width)
   target = jnp.asarray(digit_values, jnp.float32)[..., None]
-  gaussian = jnp.exp(-((base._DIGITS - target) ** 2) / (2.0 * width**2))
+  gaussian = jnp.exp(-((base.DIGITS - target) ** 2) / (2.0 * width**2))
   psi = gaussian / gaussian.sum(-1, keepdims=True)
   one_hot = jax.nn.one_hot(digit_values, numbers.NUM_DIGITS, dtype=jnp.float32)
   return (1.0 - eta) * one_hot + eta * psi
@@ -171,7 +167,7 @@ def soft_label_cross_entropy(
     0.0
   """
   validation.check_parameters(eta=eta, width=width)
-  logits, labels, digit_mask, _, digit_logits_ = base._prepare(
+  logits, labels, digit_mask, _, digit_logits_ = base.prepare(
       logits, labels, digit_mask, digit_token_ids
   )
   is_digit, _ = numbers.match_digits(labels, digit_token_ids)
@@ -181,9 +177,9 @@ def soft_label_cross_entropy(
   # gradient through the log-normalizer.
   in_numbers = jnp.where(is_digit[..., None], logits, 0)
   log_norm = jax.nn.logsumexp(in_numbers.astype(jnp.float32), -1)
-  return base._number_loss(
-      _soft_label,
-      base._digit_statistics(digit_logits_, log_norm),
+  return base.number_loss(
+      soft_label_from_layout,
+      base.digit_statistics(digit_logits_, log_norm),
       labels,
       digit_mask,
       digit_token_ids,
@@ -209,13 +205,13 @@ def cross_entropy(logits, labels, loss_mask=None) -> chex.Array:
   logits = jnp.asarray(logits)
   labels = jnp.asarray(labels)
   loss_mask = None if loss_mask is None else jnp.asarray(loss_mask)
-  validation._check_inputs(
+  validation.check_inputs(
       logits, labels, None, None, (("loss_mask", loss_mask),)
   )
   labels, loss_mask = numbers.reshard_like(logits, labels, loss_mask)
-  valid = base._scored(labels, logits.shape[-1], loss_mask)
+  valid = base.scored(labels, logits.shape[-1], loss_mask)
   logits = jnp.where(valid[..., None], logits, 0)
   ce = optax.softmax_cross_entropy_with_integer_labels(
       logits.astype(jnp.float32), jnp.where(valid, labels, 0)
   )
-  return base._masked(ce, valid)
+  return base.masked(ce, valid)

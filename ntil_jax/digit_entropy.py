@@ -48,12 +48,12 @@ def del_place_weights(layout: numbers.NumberLayout) -> chex.Array:
   integer = INTEGER_SCALE * (places + 1.0)
   fraction = jnp.power(jnp.float32(FRACTION_BASE), jnp.minimum(places, 0) - 1)
   weights = jnp.where(places >= 0, integer, fraction)
-  return base._masked(weights, layout.is_digit)
+  return base.masked(weights, layout.is_digit)
 
 
-def _del(stats: statistics.TokenStatistics, layout):
+def del_from_layout(stats: statistics.TokenStatistics, layout):
   """DEL from :class:`TokenStatistics` (only the ten digit logits)."""
-  logits = base._digits_in_numbers(stats.digit_logits, layout)
+  logits = base.digits_in_numbers(stats.digit_logits, layout)
   probs = jax.nn.softmax(logits, axis=-1)
   target = jax.nn.one_hot(
       layout.digit_values, numbers.NUM_DIGITS, dtype=jnp.bool_
@@ -62,7 +62,7 @@ def _del(stats: statistics.TokenStatistics, layout):
   # target digit, -log(1 - sigmoid(z)) for the nine others.
   bce = jax.nn.softplus(jnp.where(target, -logits, logits))
   per_digit = jnp.mean(probs * bce, axis=-1)
-  return base._masked(del_place_weights(layout) * per_digit, layout.is_digit)
+  return base.masked(del_place_weights(layout) * per_digit, layout.is_digit)
 
 
 def del_loss(
@@ -145,12 +145,12 @@ def del_loss(
     >>> [round(x / math.log(2), 4) for x in loss[0].tolist()]
     [0.4, 0.2, 0.0]
   """
-  _, labels, digit_mask, decimal_point_mask, digit_logits_ = base._prepare(
+  _, labels, digit_mask, decimal_point_mask, digit_logits_ = base.prepare(
       logits, labels, digit_mask, digit_token_ids, decimal_point_mask
   )
-  return base._number_loss(
-      _del,
-      base._digit_statistics(digit_logits_),
+  return base.number_loss(
+      del_from_layout,
+      base.digit_statistics(digit_logits_),
       labels,
       digit_mask,
       digit_token_ids,

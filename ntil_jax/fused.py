@@ -65,11 +65,11 @@ def _check_fused_inputs(hidden, unembedding, labels, digit_token_ids, masks):
         f"{unembedding.shape} disagree on D."
     )
   for name, x in (("hidden", hidden), ("unembedding", unembedding)):
-    validation._check_logits_dtype(x, name)
+    validation.check_logits_dtype(x, name)
   logits_shape = jax.ShapeDtypeStruct(
       hidden.shape[:-1] + unembedding.shape[1:], jnp.float32
   )
-  validation._check_inputs(logits_shape, labels, None, digit_token_ids, masks)
+  validation.check_inputs(logits_shape, labels, None, digit_token_ids, masks)
 
 
 def fused_token_statistics(
@@ -161,7 +161,7 @@ def fused_token_statistics(
     hidden = jnp.where(jnp.asarray(mask, bool)[..., None], hidden, 0)
   hidden, unembedding = _vary_alike(hidden, unembedding)
   unembedding = _on_mesh_of(hidden, unembedding)
-  columns, traced_ids = statistics._digit_columns(
+  columns, traced_ids = statistics.digit_column_ids(
       digit_token_ids, unembedding.shape[-1]
   )
   stats_fn = kernels.select(implementation, chunk_size)
@@ -306,7 +306,7 @@ def fused_numeric_loss(
       flat_labels,
       digit_token_ids=digit_token_ids,
       chunk_size=chunk_size,
-      mask=base._scored(flat_labels, vocab_size, flat_loss_mask),
+      mask=base.scored(flat_labels, vocab_size, flat_loss_mask),
       implementation=implementation,
   )
   per_token = losses.loss_from_statistics(

@@ -95,12 +95,12 @@ NUMERIC_LOSSES = {
 PEER_LOSSES = ("del", "smmd")
 _FROM_STATISTICS = {
     "ce": None,
-    "emd": baselines._emd,
-    "ntl_mse": baselines._ntl_mse,
-    "soft_label": baselines._soft_label,
-    "ntil": ntil._ntil,
-    "del": digit_entropy._del,
-    "smmd": smmd._smmd,
+    "emd": baselines.emd_from_layout,
+    "ntl_mse": baselines.ntl_mse_from_layout,
+    "soft_label": baselines.soft_label_from_layout,
+    "ntil": ntil.ntil_from_layout,
+    "del": digit_entropy.del_from_layout,
+    "smmd": smmd.smmd_from_layout,
 }
 WEIGHTINGS = ("sum", "reference", "authors")
 # The keyword arguments each method's loss takes through numeric_token_loss.
@@ -218,13 +218,13 @@ def numeric_token_loss(
     >>> bool(jnp.allclose(one_call, by_hand))
     True
   """
-  logits, labels, loss_mask, decimal_point_mask = base._asarrays(
+  logits, labels, loss_mask, decimal_point_mask = base.asarrays(
       logits, labels, loss_mask, decimal_point_mask
   )
   labels, loss_mask, decimal_point_mask = numbers.reshard_like(
       logits, labels, loss_mask, decimal_point_mask
   )
-  validation._check_inputs(
+  validation.check_inputs(
       logits,
       labels,
       digit_mask,
@@ -239,7 +239,7 @@ def numeric_token_loss(
       logits,
       labels,
       digit_token_ids,
-      mask=base._scored(labels, logits.shape[-1], loss_mask),
+      mask=base.scored(labels, logits.shape[-1], loss_mask),
   )
   return loss_from_statistics(
       stats,
@@ -259,7 +259,7 @@ def numeric_token_loss(
 @functools.cache
 def _authors_aggregation(method):
   """`_per_sample_means` of ``method``: one function per method, so that
-  the compiled number loss is reused (`base._number_loss`)."""
+  the compiled number loss is reused (`base.number_loss`)."""
   return functools.partial(_per_sample_means, method)
 
 
@@ -273,7 +273,7 @@ def _per_sample_means(method, stats, layout, **loss_kwargs):
   if method == "ntil":
     alpha = loss_kwargs.pop("alpha", 0.2)
     beta = loss_kwargs.pop("beta", 0.2)
-    parts = ntil._ntil_parts(stats, layout, **loss_kwargs)
+    parts = ntil.ntil_parts_from_layout(stats, layout, **loss_kwargs)
     digit_terms = parts.weights * parts.emd
     number_terms = alpha * parts.relative + beta * parts.magnitude
   else:
@@ -390,14 +390,14 @@ def loss_from_statistics(
     True
   """
   check_method(method, weighting, loss_kwargs, lam=lam)
-  labels, loss_mask, digit_mask, decimal_point_mask = base._asarrays(
+  labels, loss_mask, digit_mask, decimal_point_mask = base.asarrays(
       labels, loss_mask, digit_mask, decimal_point_mask
   )
-  validation._check_statistics(stats, labels, vocab_size)
+  validation.check_statistics(stats, labels, vocab_size)
   labels, loss_mask, digit_mask, decimal_point_mask = numbers.reshard_like(
       stats.log_norm, labels, loss_mask, digit_mask, decimal_point_mask
   )
-  validation._check_inputs(
+  validation.check_inputs(
       jax.ShapeDtypeStruct(labels.shape + (vocab_size,), jnp.float32),
       labels,
       digit_mask,
@@ -407,15 +407,15 @@ def loss_from_statistics(
           ("decimal_point_mask", decimal_point_mask),
       ),
   )
-  scored = base._scored(labels, vocab_size, loss_mask)
-  ce = base._masked(stats.log_norm - stats.label_logits, scored)
+  scored = base.scored(labels, vocab_size, loss_mask)
+  ce = base.masked(stats.log_norm - stats.label_logits, scored)
   numeric_fn = _FROM_STATISTICS[method]
   if numeric_fn is None:
     return ce
   mask = scored if digit_mask is None else scored & digit_mask.astype(bool)
   if weighting == "authors":
     numeric_fn = _authors_aggregation(method)
-  aux = base._number_loss(
+  aux = base.number_loss(
       numeric_fn,
       stats,
       labels,

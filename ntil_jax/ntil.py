@@ -48,7 +48,7 @@ def _straight_through_digits(digit_logits_, *, tau, key, noise_scale):
     gumbel = jax.random.gumbel(key, digit_logits_.shape, jnp.float32)
     digit_logits_ = digit_logits_ + noise_scale * gumbel
   hard = jnp.argmax(digit_logits_, axis=-1).astype(jnp.float32)
-  soft = jax.nn.softmax(digit_logits_ / tau, axis=-1) @ base._DIGITS
+  soft = jax.nn.softmax(digit_logits_ / tau, axis=-1) @ base.DIGITS
   # soft - sg(soft) is exactly 0, so the forward value is exactly the argmax.
   return hard + (soft - jax.lax.stop_gradient(soft))
 
@@ -107,10 +107,10 @@ def _number_deviations(predicted, layout):
       - log_small
   )
   magnitude = jnp.where(close, jnp.log1p(ratio), log_ratio)
-  return base._masked(relative, last), base._masked(magnitude, last)
+  return base.masked(relative, last), base.masked(magnitude, last)
 
 
-def _ntil_parts(
+def ntil_parts_from_layout(
     stats: statistics.TokenStatistics,
     layout,
     *,
@@ -119,19 +119,19 @@ def _ntil_parts(
     key: Optional[chex.PRNGKey] = None,
     noise_scale: float = 0.01,
 ) -> NTILComponents:
-  digit_logits_ = base._digits_in_numbers(stats.digit_logits, layout)
+  digit_logits_ = base.digits_in_numbers(stats.digit_logits, layout)
   probs = jax.nn.softmax(digit_logits_, axis=-1)
-  emd = jnp.sum(probs * base._digit_distance(layout), axis=-1)
+  emd = jnp.sum(probs * base.digit_distance(layout), axis=-1)
   exponent = layout.digits_right.astype(jnp.float32)
   # Capped so that absurdly long numbers give large, finite weights.
   weights = jnp.minimum(jnp.power(1.0 + sigma, exponent), 1e30)
   predicted = _straight_through_digits(
       digit_logits_, tau=tau, key=key, noise_scale=noise_scale
   )
-  predicted = base._masked(predicted, layout.is_digit)
+  predicted = base.masked(predicted, layout.is_digit)
   relative, magnitude = _number_deviations(predicted, layout)
   return NTILComponents(
-      emd=base._masked(emd, layout.is_digit),
+      emd=base.masked(emd, layout.is_digit),
       weights=jnp.where(layout.is_digit, weights, 1.0),
       relative=relative,
       magnitude=magnitude,
@@ -139,7 +139,7 @@ def _ntil_parts(
   )
 
 
-def _ntil(
+def ntil_from_layout(
     stats: statistics.TokenStatistics,
     layout,
     *,
@@ -147,7 +147,7 @@ def _ntil(
     beta: float = 0.2,
     **kwargs,
 ):
-  parts = _ntil_parts(stats, layout, **kwargs)
+  parts = ntil_parts_from_layout(stats, layout, **kwargs)
   return (
       parts.weights * parts.emd
       + alpha * parts.relative
@@ -187,12 +187,12 @@ def ntil_components(
     (0.2803, 0.2803)
   """
   validation.check_parameters(sigma=sigma, tau=tau, noise_scale=noise_scale)
-  _, labels, digit_mask, decimal_point_mask, digit_logits_ = base._prepare(
+  _, labels, digit_mask, decimal_point_mask, digit_logits_ = base.prepare(
       logits, labels, digit_mask, digit_token_ids, decimal_point_mask
   )
-  return base._number_loss(
-      _ntil_parts,
-      base._digit_statistics(digit_logits_),
+  return base.number_loss(
+      ntil_parts_from_layout,
+      base.digit_statistics(digit_logits_),
       labels,
       digit_mask,
       digit_token_ids,
@@ -295,12 +295,12 @@ def ntil_loss(
   validation.check_parameters(
       sigma=sigma, alpha=alpha, beta=beta, tau=tau, noise_scale=noise_scale
   )
-  _, labels, digit_mask, decimal_point_mask, digit_logits_ = base._prepare(
+  _, labels, digit_mask, decimal_point_mask, digit_logits_ = base.prepare(
       logits, labels, digit_mask, digit_token_ids, decimal_point_mask
   )
-  return base._number_loss(
-      _ntil,
-      base._digit_statistics(digit_logits_),
+  return base.number_loss(
+      ntil_from_layout,
+      base.digit_statistics(digit_logits_),
       labels,
       digit_mask,
       digit_token_ids,

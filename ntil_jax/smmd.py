@@ -151,7 +151,7 @@ def smmd_matrix(
   return smooth if mode == "smooth" else gram + smooth
 
 
-def _smmd(
+def smmd_from_layout(
     stats: statistics.TokenStatistics,
     layout,
     *,
@@ -169,7 +169,7 @@ def _smmd(
       squash_factor=squash_factor,
       smooth_weight=smooth_weight,
   )
-  logits = base._digits_in_numbers(stats.digit_logits, layout)
+  logits = base.digits_in_numbers(stats.digit_logits, layout)
   residual = jax.nn.softmax(logits, axis=-1) - jax.nn.one_hot(
       layout.digit_values, numbers.NUM_DIGITS, dtype=jnp.float32
   )
@@ -182,7 +182,7 @@ def _smmd(
   # r^T M r >= 0 (M is positive semi-definite); relu as the authors' code,
   # against float rounding below 0 (its gradient is 0 there).
   loss = jax.nn.relu(jnp.sum(residual * mixed, axis=-1))
-  return base._masked(loss, layout.is_digit)
+  return base.masked(loss, layout.is_digit)
 
 
 def smmd_loss(
@@ -279,12 +279,12 @@ def smmd_loss(
       squash_factor=squash_factor,
       smooth_weight=smooth_weight,
   )
-  _, labels, digit_mask, _, digit_logits_ = base._prepare(
+  _, labels, digit_mask, _, digit_logits_ = base.prepare(
       logits, labels, digit_mask, digit_token_ids
   )
-  return base._number_loss(
-      _smmd,
-      base._digit_statistics(digit_logits_),
+  return base.number_loss(
+      smmd_from_layout,
+      base.digit_statistics(digit_logits_),
       labels,
       digit_mask,
       digit_token_ids,

@@ -39,8 +39,8 @@ def digit_logits(logits, digit_token_ids=None) -> chex.Array:
     raise ValueError(
         f"logits must be [..., V] (rank >= 1), got shape {logits.shape}."
     )
-  validation._check_logits_dtype(logits)
-  columns, traced_ids = _digit_columns(digit_token_ids, logits.shape[-1])
+  validation.check_logits_dtype(logits)
+  columns, traced_ids = digit_column_ids(digit_token_ids, logits.shape[-1])
   picked, valid_ids = _pick_digits(logits, columns, traced_ids)
   picked = picked.astype(jnp.float32)
   if valid_ids is not None:
@@ -107,14 +107,14 @@ def token_statistics(
   logits = jnp.asarray(logits)
   labels = jnp.asarray(labels)
   mask = None if mask is None else jnp.asarray(mask)
-  validation._check_inputs(
+  validation.check_inputs(
       logits, labels, None, digit_token_ids, (("mask", mask),)
   )
   labels, mask = numbers.reshard_like(logits, labels, mask)
-  columns, traced_ids = _digit_columns(digit_token_ids, logits.shape[-1])
+  columns, traced_ids = digit_column_ids(digit_token_ids, logits.shape[-1])
   if mask is not None:
     mask = jnp.asarray(mask, bool)
-  return _statistics(
+  return statistics_from_columns(
       logits,
       labels,
       mask,
@@ -124,13 +124,13 @@ def token_statistics(
   )
 
 
-def _digit_columns(digit_token_ids, vocab_size):
+def digit_column_ids(digit_token_ids, vocab_size):
   """``(columns, traced_ids)``: the ten digit columns, static or traced.
 
   ``columns`` is a tuple of the column ids when they are known at trace time
   (checked here), else None and ``traced_ids`` holds them as an array.
   """
-  concrete = validation._check_digit_ids(digit_token_ids, vocab_size)
+  concrete = validation.check_digit_ids(digit_token_ids, vocab_size)
   if digit_token_ids is None:
     return tuple(range(numbers.NUM_DIGITS)), None
   if concrete is None:
@@ -146,10 +146,10 @@ def _pick_digits(logits, columns, traced_ids):
       return logits[..., start : start + numbers.NUM_DIGITS], None
     return jnp.take(logits, np.asarray(columns), axis=-1), None
   picked = jnp.take(logits, traced_ids, axis=-1, mode="clip")
-  return picked, _valid_ids(traced_ids, logits.shape[-1])
+  return picked, ids_are_valid(traced_ids, logits.shape[-1])
 
 
-def _valid_ids(traced_ids, vocab_size):
+def ids_are_valid(traced_ids, vocab_size):
   """Whether traced digit ids are distinct and in ``[0, vocab_size)``."""
   in_range = jnp.all((traced_ids >= 0) & (traced_ids < vocab_size))
   distinct = (
@@ -168,7 +168,7 @@ def _sparse_cotangents(index, g_label, g_digits, columns, traced_ids, vocab):
   if columns is not None:
     digit_columns = np.asarray(columns, np.int32)
   else:
-    g_digits = jnp.where(_valid_ids(traced_ids, vocab), g_digits, 0.0)
+    g_digits = jnp.where(ids_are_valid(traced_ids, vocab), g_digits, 0.0)
     digit_columns = jnp.clip(traced_ids, 0, vocab - 1).astype(jnp.int32)
   index = index.astype(jnp.int32)[..., None]
   sparse_columns = jnp.concatenate(
@@ -209,7 +209,9 @@ def _add_to_columns(
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
-def _statistics(logits, labels, mask, traced_ids, columns, keep_exp):
+def statistics_from_columns(
+    logits, labels, mask, traced_ids, columns, keep_exp
+):
   """:func:`token_statistics` with its one-pass VJP.
 
   Args:
@@ -285,4 +287,4 @@ def _statistics_bwd(columns, keep_exp, residuals, cotangents):
   return grad, None, None, None
 
 
-_statistics.defvjp(_statistics_fwd, _statistics_bwd)
+statistics_from_columns.defvjp(_statistics_fwd, _statistics_bwd)

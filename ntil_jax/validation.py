@@ -14,7 +14,7 @@ import numpy as np
 from ntil_jax import numbers
 
 
-def _check_inputs(logits, labels, digit_mask, digit_token_ids, extra_masks=()):
+def check_inputs(logits, labels, digit_mask, digit_token_ids, extra_masks=()):
   """Raises ValueError on shapes or dtypes that cannot be right.
 
   ``logits`` may be a ``jax.ShapeDtypeStruct`` (the fused path checks
@@ -26,7 +26,7 @@ def _check_inputs(logits, labels, digit_mask, digit_token_ids, extra_masks=()):
     raise ValueError(
         f"logits must be [..., T, V] (rank >= 2), got shape {logits.shape}."
     )
-  _check_logits_dtype(logits)
+  check_logits_dtype(logits)
   if tuple(labels.shape) != tuple(logits.shape[:-1]):
     raise ValueError(
         f"labels shape {labels.shape} must equal logits shape without the "
@@ -43,7 +43,7 @@ def _check_inputs(logits, labels, digit_mask, digit_token_ids, extra_masks=()):
           f"{labels.shape}."
       )
     _check_mask_dtype(name, mask)
-  _check_digit_ids(digit_token_ids, logits.shape[-1])
+  check_digit_ids(digit_token_ids, logits.shape[-1])
   masks = dict(extra_masks)
   _check_scored_labels(
       labels, masks.get("loss_mask", masks.get("mask")), logits.shape[-1]
@@ -100,12 +100,12 @@ def _check_scored_labels(labels, loss_mask, vocab_size) -> None:
     )
 
 
-def _check_logits_dtype(logits, name="logits") -> None:
+def check_logits_dtype(logits, name="logits") -> None:
   if not jnp.issubdtype(logits.dtype, jnp.floating):
     raise ValueError(f"{name} must be floating point, got {logits.dtype}.")
 
 
-def _check_digit_ids(digit_token_ids, vocab_size):
+def check_digit_ids(digit_token_ids, vocab_size):
   """Checks digit ids (``None``: 0..9) against a vocabulary of ``V`` tokens.
 
   Returns what :func:`numbers.check_digit_token_ids` returns (``None`` for
@@ -169,7 +169,7 @@ class LossArgumentError(ValueError, TypeError):
   """
 
 
-def _check_statistics(stats, labels, vocab_size) -> None:
+def check_statistics(stats, labels, vocab_size) -> None:
   """Raises ValueError unless ``stats`` fit ``labels`` and ``vocab_size``."""
   if isinstance(vocab_size, (bool, np.bool_)) or not isinstance(
       vocab_size, (int, np.integer)
@@ -192,4 +192,4 @@ def _check_statistics(stats, labels, vocab_size) -> None:
           f"stats.{name} shape {field.shape} must be {shape} (labels shape "
           f"{labels.shape}{' + (10,)' if name == 'digit_logits' else ''})."
       )
-    _check_logits_dtype(field, f"stats.{name}")
+    check_logits_dtype(field, f"stats.{name}")

@@ -427,7 +427,7 @@ class ParameterTest(parameterized.TestCase):
     self.assertIn("ntil_loss", message)
     for valid in ("sigma", "alpha", "beta", "tau", "key", "noise_scale"):
       self.assertIn(valid, message)
-    self.assertNotIn("_ntil_parts", message)
+    self.assertNotIn("ntil_parts_from_layout", message)
     with self.assertRaisesRegex(
         ValueError, r"soft_label_cross_entropy.*eta.*width"
     ):

@@ -143,8 +143,8 @@ class GradientEqualityTest(parameterized.TestCase):
     )
 
     def ours(z, i):
-      columns, traced_ids = statistics._digit_columns(i, z.shape[-1])
-      return statistics._statistics(
+      columns, traced_ids = statistics.digit_column_ids(i, z.shape[-1])
+      return statistics.statistics_from_columns(
           z, labels, jnp.asarray(mask), traced_ids, columns, keep_exp
       )
 
@@ -254,8 +254,8 @@ class GradientEqualityTest(parameterized.TestCase):
     )
 
     def gradient(z):
-      columns, _ = statistics._digit_columns(None, z.shape[-1])
-      fn = lambda x: statistics._statistics(
+      columns, _ = statistics.digit_column_ids(None, z.shape[-1])
+      fn = lambda x: statistics.statistics_from_columns(
           x, labels, jnp.asarray(mask), None, columns, keep_exp
       )
       value, vjp = jax.vjp(fn, z)

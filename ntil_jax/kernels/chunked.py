@@ -108,7 +108,7 @@ def token_statistics(
   """Statistics of ``hidden [B, T, D] @ unembedding [D, V]``, inputs checked.
 
   ``columns``/``traced_ids``: the digit columns
-  (``statistics._digit_columns``); ``chunk_size``: tokens per forward block
+  (``statistics.digit_column_ids``); ``chunk_size``: tokens per forward block
   (``None``: :func:`default_chunk_size` for the default backend); the
   backward tiles hold about ``chunk_size * V`` logits each.
   """
@@ -237,7 +237,7 @@ def _statistics_bwd(columns, rows, tile, residuals, cotangents):
   labels = jnp.clip(labels, 0, vocab_size - 1).astype(jnp.int32)
   if columns is None:  # invalid traced ids made the digit logits NaN
     g_digits = jnp.where(
-        statistics._valid_ids(traced_ids, vocab_size), g_digits, 0.0
+        statistics.ids_are_valid(traced_ids, vocab_size), g_digits, 0.0
     )
     digit_columns = jnp.clip(traced_ids, 0, vocab_size - 1)
   else:

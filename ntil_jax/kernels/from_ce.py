@@ -96,7 +96,7 @@ def token_statistics(
       positions) are given to the kernel as 0, and their statistics are
       those of label 0 (the losses never read them).
     columns: the digit columns as a static tuple, or None with
-      ``traced_ids`` (``statistics._digit_columns``).
+      ``traced_ids`` (``statistics.digit_column_ids``).
     traced_ids: ``[10]`` traced digit ids when ``columns`` is None; invalid
       ones make the digit logits NaN, as on the logits path.
 
@@ -130,7 +130,7 @@ def token_statistics(
   )
   if columns is None:
     digits = jnp.where(
-        statistics._valid_ids(traced_ids, vocab_size), digits, jnp.nan
+        statistics.ids_are_valid(traced_ids, vocab_size), digits, jnp.nan
     )
   log_norm = ce.astype(jnp.float32) + label_logit
   return statistics.TokenStatistics(
