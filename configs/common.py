@@ -13,13 +13,25 @@ from ntil_jax import kernels
 # The paper's methods: the experiment grids iterate over these.
 METHODS = ("ce", "emd", "ntl_mse", "soft_label", "ntil")
 # NTIL's peers (DEL, SMMD; ntil_jax.losses.PEER_LOSSES): the trainer takes
-# them (--config=FILE:del), no grid runs them yet.
+# them (--config=FILE:del); the grids run them in their peers groups, by
+# name.
 PEER_METHODS = ("del", "smmd")
 # Fields added to `base_config` after runs were recorded, with the default
 # that every earlier run had: a run recorded without one resumes as if it
 # held its default, and an experiment's config hash leaves it out while it
 # holds its default (experiments/common.py), so recorded cells keep theirs.
 ADDED_FIELDS = {"train_stream": False, "param_dtype": "float32"}
+# When and how much the trainer logs, evaluates and saves: fields that
+# reach no traced program (the step's and the resume checks' business).
+CADENCE_FIELDS = (
+    "log_every_steps",
+    "eval_every_steps",
+    "eval_examples",
+    "eval_batch_size",
+    "checkpoint_every_steps",
+    "keep_checkpoints",
+    "num_samples",
+)
 _FUSED_MODES = {"auto": "auto", "true": True, "false": False}
 
 

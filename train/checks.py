@@ -228,24 +228,13 @@ def check_workdir(workdir: str) -> str:
   return workdir
 
 
-# When and how much the trainer logs, evaluates and saves: fields that
-# reach no traced program.
-CADENCE_FIELDS = (
-    "log_every_steps",
-    "eval_every_steps",
-    "eval_examples",
-    "eval_batch_size",
-    "checkpoint_every_steps",
-    "keep_checkpoints",
-    "num_samples",
-)
 # Fields a run may change when it resumes: the schedule's length and the
 # cadence of logs, evals and saves, and how the same computation is laid out
 # (the fused loss, FSDP). Any other change would resume a different run.
 RESUMABLE_FIELDS = (
     "train_steps",
     "lr_decay_steps",
-    *CADENCE_FIELDS,
+    *common.CADENCE_FIELDS,
     "fused_loss",
     "fused_chunk_size",
     "fsdp",

@@ -21,7 +21,6 @@ import optax
 
 from configs import common
 import ntil_jax
-from train import checks
 from train import models
 from train import schedule
 from train import tokenizer
@@ -126,7 +125,7 @@ _NOT_IN_PROGRAM = (
     "warmup_steps",
     "lr_decay_steps",
     "train_steps",
-    *checks.CADENCE_FIELDS,
+    *common.CADENCE_FIELDS,
 )
 
 
