@@ -30,6 +30,8 @@ from ntil_jax.statistics import digit_logits
 from ntil_jax.statistics import token_statistics
 from ntil_jax.statistics import TokenStatistics
 from ntil_jax.vocab import digit_token_ids
+from ntil_jax.vocab import number_tokens
+from ntil_jax.vocab import NumberTokens
 
 __version__ = "0.1.0"
 
@@ -51,6 +53,8 @@ __all__ = [
     "NUMERIC_LOSSES",
     "number_layout",
     "NumberLayout",
+    "number_tokens",
+    "NumberTokens",
     "numeric_token_loss",
     "smmd_loss",
     "soft_digit_targets",

@@ -1,6 +1,8 @@
-"""Finding the ten digit tokens in a tokenizer's vocabulary."""
+"""Finding the digit and number tokens in a tokenizer's vocabulary."""
 
 from collections.abc import Mapping, Sequence
+import re
+from typing import NamedTuple
 
 import numpy as np
 
@@ -8,6 +10,21 @@ import numpy as np
 # word start, GPT-2 byte-level word start, WordPiece continuation, byte
 # fallback (Llama/Gemma), and the same with a space.
 _SPELLINGS = ("{d}", "\u2581{d}", "\u0120{d}", "##{d}", "<0x3{d}>", " {d}")
+
+
+def _lookup(vocab) -> dict:
+  """``{piece: id}`` of a mapping or of a sequence of pieces (first wins)."""
+  if isinstance(vocab, Mapping):
+    return dict(vocab)
+  if isinstance(vocab, Sequence) and not isinstance(vocab, str):
+    lookup = {}
+    for index, piece in enumerate(vocab):
+      lookup.setdefault(piece, index)
+    return lookup
+  raise ValueError(
+      "vocab must be a str->id mapping or a sequence of pieces, "
+      f"got {type(vocab).__name__}."
+  )
 
 
 def digit_token_ids(vocab) -> np.ndarray:
@@ -41,17 +58,7 @@ def digit_token_ids(vocab) -> np.ndarray:
     ...
     ValueError: no token for digit(s) 0, 2, 3, 4, 5, 6, 7, 8, 9 in a vocabulary of 1 entries (looked for spellings like ['0', '\u25810', '\u01200', '##0', '<0x30>', ' 0']).
   """
-  if isinstance(vocab, Mapping):
-    lookup = dict(vocab)
-  elif isinstance(vocab, Sequence) and not isinstance(vocab, str):
-    lookup = {}
-    for index, piece in enumerate(vocab):
-      lookup.setdefault(piece, index)
-  else:
-    raise ValueError(
-        "vocab must be a str->id mapping or a sequence of pieces, "
-        f"got {type(vocab).__name__}."
-    )
+  lookup = _lookup(vocab)
   ids, missing = [], []
   for digit in range(10):
     found = next(
@@ -74,3 +81,120 @@ def digit_token_ids(vocab) -> np.ndarray:
   if len(set(ids)) != 10:
     raise ValueError(f"digits share token ids: {ids}.")
   return np.asarray(ids, dtype=np.int32)
+
+
+# A number token: 1 or more ASCII digits, alone or after a word-start
+# marker (SentencePiece's U+2581, GPT-2's byte-level U+0120, a space) or
+# WordPiece's continuation '##'; or a byte-fallback digit '<0x30>'..'<0x39>'.
+_NUMBER_PIECE = re.compile(r"(\u2581|\u0120| |##)?([0-9]+)")
+_BYTE_DIGIT = re.compile(r"<0x3([0-9])>")
+
+
+class NumberTokens(NamedTuple):
+  """The number tokens of a vocabulary, one entry per token id.
+
+  All fields are NumPy arrays ``[M]``, sorted by id.
+
+  Attributes:
+    ids: int32 token ids.
+    values: int64 values of the digits the token writes (``'007'``: 7).
+    widths: int32 number of digits (``'007'``: 3).
+    word_starts: bool, true where the piece starts a word (``'\u2581123'``,
+      ``'\u0120123'``, ``' 123'``): such a token begins a new number.
+  """
+
+  ids: np.ndarray
+  values: np.ndarray
+  widths: np.ndarray
+  word_starts: np.ndarray
+
+
+def number_tokens(vocab, *, max_width: int = 3) -> NumberTokens:
+  """Every token of ``vocab`` that writes 1 to ``max_width`` digits.
+
+  Llama 3, GPT-4 (cl100k), GPT-4o (o200k) and DeepSeek-V3 write numbers in
+  tokens of up to 3 digits (``1234567`` is ``123|456|7``, and ``'007'`` is a
+  token of its own); Qwen2.5, Gemma and SmolLM2 in single digits, the case
+  where every width is 1 (:func:`digit_token_ids` gives those ten).
+
+  Args:
+    vocab: a ``str -> id`` mapping (a Hugging Face tokenizer's
+      ``get_vocab()``) or a sequence of pieces whose index is the id.
+    max_width: the widest number token kept (``>= 1``). Wider digit strings
+      (some vocabularies hold years or ``'000000'``) are left out, as are
+      numerals other than the ASCII digits (``'\u00b2'``, ``'\u0663'``).
+
+  Returns:
+    :class:`NumberTokens`. A piece is a number token when it is digits
+    alone or after a word-start marker (``'\u2581'``, ``'\u0120'``, a
+    space) or ``'##'``, or a byte-fallback digit ``'<0x35>'``; pieces that
+    write the same digits are distinct entries (``'123'`` and
+    ``'\u0120123'``).
+
+  Raises:
+    ValueError: naming the problem in one line: ``vocab`` neither a mapping
+      nor a sequence, ``max_width < 1``, a negative or non-integer id, one
+      id given to two number pieces, or no number token at all.
+
+  Example:
+    A Llama 3 style vocabulary (numbers in tokens of 1-3 digits):
+
+    >>> vocab = {"1": 16, "12": 717, "123": 4513, "007": 8897, "+": 10}
+    >>> tokens = number_tokens(vocab)
+    >>> tokens.ids.tolist(), tokens.values.tolist(), tokens.widths.tolist()
+    ([16, 717, 4513, 8897], [1, 12, 123, 7], [1, 2, 3, 3])
+    >>> number_tokens(["<s>", "\u2581", "a"])
+    Traceback (most recent call last):
+    ...
+    ValueError: no number tokens (1 to 3 digits) in a vocabulary of 3 entries.
+  """
+  if isinstance(max_width, bool) or not isinstance(max_width, int):
+    raise ValueError(f"max_width must be an integer, got {max_width!r}.")
+  if max_width < 1:
+    raise ValueError(f"max_width must be at least 1, got {max_width}.")
+  lookup = _lookup(vocab)
+  found = {}
+  for piece, token_id in lookup.items():
+    if not isinstance(piece, str):
+      continue
+    match = _NUMBER_PIECE.fullmatch(piece)
+    if match:
+      prefix, digits = match.groups()
+    else:
+      byte = _BYTE_DIGIT.fullmatch(piece)
+      if byte is None:
+        continue
+      prefix, digits = None, byte.group(1)
+    if len(digits) > max_width:
+      continue
+    if isinstance(token_id, bool) or not isinstance(
+        token_id, (int, np.integer)
+    ):
+      raise ValueError(
+          f"token {piece!r} has id {token_id!r}; ids must be integers."
+      )
+    if token_id < 0:
+      raise ValueError(f"token {piece!r} has a negative id {token_id}.")
+    if token_id in found and found[token_id][0] != piece:
+      raise ValueError(
+          f"tokens {found[token_id][0]!r} and {piece!r} share the id "
+          f"{token_id}; each number token needs its own id."
+      )
+    found[int(token_id)] = (
+        piece,
+        int(digits),
+        len(digits),
+        prefix in ("\u2581", "\u0120", " "),
+    )
+  if not found:
+    raise ValueError(
+        f"no number tokens (1 to {max_width} digits) in a vocabulary of "
+        f"{len(lookup)} entries."
+    )
+  ids = sorted(found)
+  return NumberTokens(
+      ids=np.asarray(ids, np.int32),
+      values=np.asarray([found[i][1] for i in ids], np.int64),
+      widths=np.asarray([found[i][2] for i in ids], np.int32),
+      word_starts=np.asarray([found[i][3] for i in ids], bool),
+  )

@@ -1,0 +1,102 @@
+"""The number vocabulary: every 1-3 digit token, its value and its width."""
+
+import pathlib
+
+import numpy as np
+import pytest
+
+import ntil_jax
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_every_number_token_of_a_llama3_tokenizer_spells_its_digits():
+  tokenizers = pytest.importorskip("tokenizers")
+  path = ROOT / "tests" / "fixtures" / "hf" / "llama3_tiny" / "tokenizer.json"
+  tokenizer = tokenizers.Tokenizer.from_file(str(path))
+  tokens = ntil_jax.number_tokens(tokenizer.get_vocab())
+  # 0-9, 00-99 and 000-999: Llama 3 writes numbers in 1-3 digit tokens.
+  assert np.bincount(tokens.widths).tolist() == [0, 10, 100, 1000]
+  for token_id, value, width in zip(tokens.ids, tokens.values, tokens.widths):
+    text = tokenizer.decode([int(token_id)])
+    assert text == f"{value:0{width}d}", (token_id, text)
+  # What the tokenizer makes of a long number is a run of them.
+  encoded = tokenizer.encode("1234567").ids
+  assert set(encoded) <= set(tokens.ids.tolist())
+  by_id = dict(zip(tokens.ids.tolist(), tokens.values.tolist()))
+  assert [by_id[i] for i in encoded] == [123, 456, 7]
+
+
+def test_single_digit_vocabularies_give_the_ten_digit_ids():
+  tokenizers = pytest.importorskip("tokenizers")
+  path = ROOT / "tests" / "fixtures" / "hf" / "qwen2_tiny" / "tokenizer.json"
+  vocab = tokenizers.Tokenizer.from_file(str(path)).get_vocab()
+  tokens = ntil_jax.number_tokens(vocab)
+  assert tokens.widths.tolist() == [1] * 10
+  order = np.argsort(tokens.values)
+  np.testing.assert_array_equal(
+      tokens.ids[order], ntil_jax.digit_token_ids(vocab)
+  )
+
+
+def test_values_widths_and_word_starts_by_spelling():
+  pieces = [
+      "<s>",
+      "7",
+      "07",
+      "007",
+      "\u2581123",
+      "\u0120045",
+      " 9",
+      "##12",
+      "<0x35>",
+      "1234",  # wider than 3: left out
+      "\u00b2",  # a numeral, not an ASCII digit: left out
+      "\u0663",
+      "a1",
+      "1.5",
+  ]
+  tokens = ntil_jax.number_tokens(pieces)
+  got = {
+      pieces[i]: (v, w, s)
+      for i, v, w, s in zip(
+          tokens.ids.tolist(),
+          tokens.values.tolist(),
+          tokens.widths.tolist(),
+          tokens.word_starts.tolist(),
+      )
+  }
+  assert got == {
+      "7": (7, 1, False),
+      "07": (7, 2, False),
+      "007": (7, 3, False),
+      "\u2581123": (123, 3, True),
+      "\u0120045": (45, 3, True),
+      " 9": (9, 1, True),
+      "##12": (12, 2, False),
+      "<0x35>": (5, 1, False),
+  }
+  assert tokens.ids.tolist() == sorted(tokens.ids.tolist())
+  assert tokens.ids.dtype == np.int32 and tokens.widths.dtype == np.int32
+  wide = ntil_jax.number_tokens(pieces, max_width=4)
+  assert 9 in wide.ids.tolist()  # '1234'
+  narrow = ntil_jax.number_tokens(pieces, max_width=1)
+  assert set(narrow.widths.tolist()) == {1}
+
+
+@pytest.mark.parametrize(
+    "vocab, kwargs, message",
+    [
+        ("0123456789", {}, "vocab must be a str->id mapping"),
+        ({"1": 1}, dict(max_width=0), "max_width must be at least 1"),
+        ({"1": 1}, dict(max_width=2.0), "max_width must be an integer"),
+        ({"1": -1}, {}, "token '1' has a negative id -1"),
+        ({"1": 1.0}, {}, "ids must be integers"),
+        ({"1": 4, "12": 4}, {}, "share the id 4"),
+        ({"a": 0, "b": 1}, {}, r"no number tokens \(1 to 3 digits\)"),
+    ],
+)
+def test_a_bad_vocabulary_is_named_in_one_line(vocab, kwargs, message):
+  with pytest.raises(ValueError, match=message) as caught:
+    ntil_jax.number_tokens(vocab, **kwargs)
+  assert "\n" not in str(caught.value)
