@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from configs import clock_time as clock_config
+from train import decoding
 from train import models
 from train import tokenizer
 from train import train
@@ -257,7 +258,7 @@ def test_image_prefix_decoding_matches_the_full_forward():
   model = models.create_model(config, nnx.Rngs(0))
   images = jax.random.randint(jax.random.key(1), (3, 48, 48), 0, 256)
   prompts = jnp.array([[tokenizer.BOS_ID, tokenizer.SEP_ID]] * 3)
-  out = models.greedy_decode(
+  out = decoding.greedy_decode(
       model,
       prompts,
       jnp.array([2, 2, 2]),

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from configs import grounding as grounding_config
+from train import decoding
 from train import models
 from train import tasks
 from train import tokenizer
@@ -333,7 +334,7 @@ def test_patch_encoder_matches_a_numpy_oracle(patch_model):
 def test_patch_model_decodes_like_its_full_forward(patch_model):
   images = jax.random.randint(jax.random.key(1), (3, SIZE, SIZE, 3), 0, 256)
   prompts = jnp.array([[tokenizer.BOS_ID, 5, tokenizer.SEP_ID]] * 3)
-  decode = nnx.jit(models.greedy_decode, static_argnums=(3, 4, 5))
+  decode = nnx.jit(decoding.greedy_decode, static_argnums=(3, 4, 5))
   out = decode(
       patch_model,
       prompts,

@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from train import decoding
+from train import layers
 from train import models
 
 from tests import launch
@@ -182,7 +184,7 @@ def test_rope_matches_oracle():
   x = jax.random.normal(jax.random.key(0), (2, 5, 3, 8))
   positions = np.array([[0, 1, 2, 3, 4], [7, 3, 0, 30, 11]])
   np.testing.assert_allclose(
-      models.apply_rope(x, jnp.asarray(positions)),
+      layers.apply_rope(x, jnp.asarray(positions)),
       _rope_oracle(x, positions),
       rtol=1e-5,
       atol=1e-5,
@@ -193,8 +195,8 @@ def test_rope_scores_depend_on_position_difference_only():
   query, key = jax.random.normal(jax.random.key(1), (2, 1, 1, 1, 16))
 
   def score(query_position, key_position):
-    rotated_query = models.apply_rope(query, jnp.array([[query_position]]))
-    rotated_key = models.apply_rope(key, jnp.array([[key_position]]))
+    rotated_query = layers.apply_rope(query, jnp.array([[query_position]]))
+    rotated_key = layers.apply_rope(key, jnp.array([[key_position]]))
     return float(jnp.sum(rotated_query * rotated_key))
 
   np.testing.assert_allclose(score(5, 2), score(13, 10), rtol=1e-5)
@@ -213,7 +215,7 @@ def test_rope_makes_the_model_position_aware(monkeypatch):
 
   first, swapped = last_hidden()
   assert np.abs(first - swapped).max() > 1e-3
-  monkeypatch.setattr(models, "apply_rope", lambda x, positions: x)
+  monkeypatch.setattr(layers, "apply_rope", lambda x, positions: x)
   first, swapped = last_hidden()
   np.testing.assert_allclose(first, swapped, rtol=1e-5, atol=1e-5)
 
@@ -278,7 +280,7 @@ def test_greedy_decode_matches_naive_loop(tiny_model):
           for p in unpadded
       ]
   )
-  decode = nnx.jit(models.greedy_decode, static_argnums=(3, 4, 5))
+  decode = nnx.jit(decoding.greedy_decode, static_argnums=(3, 4, 5))
   got = decode(
       tiny_model,
       jnp.asarray(prompts),
@@ -300,7 +302,7 @@ def test_greedy_decode_matches_naive_loop(tiny_model):
 
 def test_greedy_decode_rejects_overlong_buffer(tiny_model):
   with pytest.raises(ValueError, match="max_len"):
-    models.greedy_decode(
+    decoding.greedy_decode(
         tiny_model,
         jnp.zeros((1, MAX_LEN), jnp.int32),
         jnp.array([3]),
@@ -383,12 +385,12 @@ _SHARDED_SCRIPT = textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np
     from flax import nnx
     from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
-    from train import models
+    from train import decoding, models
 
     config = models.model_config("tiny", vocab_size=99, max_len=32)
     tokens = jax.random.randint(jax.random.key(1), (4, 12), 0, 99)
     lengths = jnp.array([3, 12, 5, 1])
-    decode = nnx.jit(models.greedy_decode, static_argnums=(3, 4, 5))
+    decode = nnx.jit(decoding.greedy_decode, static_argnums=(3, 4, 5))
     single = models.create_model(config, nnx.Rngs(0))
     single_logits = np.asarray(single(tokens))
     single_tokens = np.asarray(decode(single, tokens, lengths, 8, 12, 10))

@@ -8,7 +8,7 @@ import jax
 from jax.experimental import multihost_utils
 import numpy as np
 
-from train import models
+from train import decoding
 from train import tokenizer
 
 
@@ -42,7 +42,7 @@ def _decode(
   args = (prompts, prompt_lengths, max_new_tokens, eos_id, pad_id, images)
   if hasattr(model, "greedy_decode"):  # a pretrained model's own decoding
     return model.greedy_decode(*args)
-  return models.greedy_decode(model, *args)
+  return decoding.greedy_decode(model, *args)
 
 
 class _CharCodec:

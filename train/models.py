@@ -9,8 +9,9 @@ The model is a stack of pre-norm blocks::
   hidden = RMSNorm(x)                # `Transformer.hidden_states`, float32
   logits = hidden @ unembedding      # untied [embed_dim, vocab_size], float32
 
-Decoding (`greedy_decode`) uses a KV cache: `Transformer.prefill` then one
-`Transformer.extend` per generated token.
+The layers are in `train.layers`, the image encoders of the image tasks in
+`train.encoders`. Decoding (`train.decoding.greedy_decode`) uses a KV cache:
+`Transformer.prefill` then one `Transformer.extend` per generated token.
 
 Sharding: every weight carries an ``out_sharding`` annotation naming the mesh
 axis ``'fsdp'`` on one dimension (``None`` elsewhere), FSDP style: its largest
@@ -31,18 +32,19 @@ Example::
 
 import dataclasses
 import functools
-import math
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import PartitionSpec
+
+from train import encoders
+from train import layers
 
 # Mesh axis the parameters are sharded over (FSDP); the batch splits on it too.
-FSDP_AXIS = "fsdp"
-ROPE_BASE = 10_000.0
+FSDP_AXIS = layers.FSDP_AXIS
+ROPE_BASE = layers.ROPE_BASE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,11 +69,11 @@ class ModelConfig:
       its hidden conv layers (each conv, and the last to ``embed_dim``,
       halves the image side); for ``'patch'``, hidden layers of the MLP
       applied to each patch (``()``: one linear map).
-    image_encoder: ``'conv'`` (`ImageEncoder`: stride-2 convs) or
-      ``'patch'`` (`PatchEncoder`: one token per patch, with coordinates).
+    image_encoder: ``'conv'`` (`encoders.ImageEncoder`: stride-2 convs) or
+      ``'patch'`` (`encoders.PatchEncoder`: one token per patch, with coordinates).
     pixel_channels: channels C of each pixel: 1 for grayscale images
       [B, S, S]; more (e.g. 3 for RGB) for images [B, S, S, C].
-    patch_size: side P of the `PatchEncoder`'s patches (P divides S).
+    patch_size: side P of the `encoders.PatchEncoder`'s patches (P divides S).
   """
 
   vocab_size: int
@@ -162,8 +164,8 @@ def num_image_tokens(
 ) -> int:
   """K, the image tokens of an image of side ``image_size``.
 
-  `ImageEncoder` ('conv'): the side halved by each of its convs, squared;
-  `PatchEncoder` ('patch'): ``(image_size / patch_size) ** 2``.
+  `encoders.ImageEncoder` ('conv'): the side halved by each of its convs, squared;
+  `encoders.PatchEncoder` ('patch'): ``(image_size / patch_size) ** 2``.
   """
   if not image_size:
     return 0
@@ -222,469 +224,12 @@ def model_config(
   return ModelConfig(**fields)
 
 
-# ----------------------------------------------------------------------------
-# Parameters and sharding.
-
-
-def _param(initializer, key, shape, param_dtype, partition) -> nnx.Param:
-  """A `nnx.Param` annotated with its mesh partition.
-
-  The value is sharded as it is created when a mesh is set
-  (``jax.set_mesh``); without one it stays where it is, annotation kept.
-  """
-  mesh_is_set = not jax.sharding.get_abstract_mesh().empty
-  return nnx.Param(
-      initializer(key, shape, param_dtype),
-      out_sharding=partition,
-      eager_sharding=None if mesh_is_set else False,
-  )
-
-
-def _gathered(weight: jax.Array) -> jax.Array:
-  """The full (replicated) weight, all-gathered if it is sharded explicitly.
-
-  Under an Explicit mesh a matmul between a batch-sharded activation and a
-  weight sharded on the same axis is ambiguous, so FSDP gathers the weight
-  first (its gradient becomes a reduce-scatter). Elsewhere this is identity.
-  """
-  sharding = jax.typeof(weight).sharding
-  mesh = getattr(sharding, "mesh", None)
-  if mesh is None or mesh.empty:
-    return weight
-  if jax.sharding.AxisType.Explicit not in mesh.axis_types:
-    return weight
-  if all(axis is None for axis in sharding.spec):
-    return weight
-  return jax.sharding.reshard(
-      weight, jax.sharding.NamedSharding(mesh, PartitionSpec())
-  )
-
-
-def _kernel_init(in_axis, out_axis):
-  """Fan-in scaled truncated normal for a kernel with grouped axes."""
-  return nnx.initializers.variance_scaling(
-      1.0, "fan_in", "truncated_normal", in_axis=in_axis, out_axis=out_axis
-  )
-
-
-# ----------------------------------------------------------------------------
-# Rotary position embedding.
-
-
-def apply_rope(
-    x: jax.Array, positions: jax.Array, base: float = ROPE_BASE
-) -> jax.Array:
-  """Rotates pairs of features of ``x`` by position-dependent angles (RoPE).
-
-  Feature ``i`` and ``i + K/2`` form a pair rotated by the angle
-  ``positions * base ** (-2i / K)``:
-
-  .. math::
-    (x_i, x_{i+K/2}) \\mapsto (x_i \\cos\\theta - x_{i+K/2} \\sin\\theta,\\;
-                              x_{i+K/2} \\cos\\theta + x_i \\sin\\theta)
-
-  so the dot product of a rotated query and key depends on their positions
-  only through their difference (Su et al., "RoFormer", arXiv:2104.09864).
-
-  Args:
-    x: [B, L, H, K] queries or keys, K even.
-    positions: [B, L] integer positions.
-    base: the wavelength base.
-
-  Returns:
-    [B, L, H, K], dtype of ``x``; computed in float32.
-  """
-  if x.ndim != 4 or x.shape[-1] % 2:
-    raise ValueError(f"x must be [B, L, H, K] with K even, got {x.shape}.")
-  if positions.shape != x.shape[:2]:
-    raise ValueError(
-        f"positions shape {positions.shape} must be x's [B, L] {x.shape[:2]}."
-    )
-  half = x.shape[-1] // 2
-  inverse_wavelengths = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
-  angles = positions.astype(jnp.float32)[..., None] * inverse_wavelengths
-  sin = jnp.sin(angles)[:, :, None, :]  # [B, L, 1, K/2], shared by heads
-  cos = jnp.cos(angles)[:, :, None, :]
-  first, second = jnp.split(x.astype(jnp.float32), 2, axis=-1)
-  rotated = jnp.concatenate(
-      [first * cos - second * sin, second * cos + first * sin], axis=-1
-  )
-  return rotated.astype(x.dtype)
-
-
-# ----------------------------------------------------------------------------
-# Layers.
-
-
-class RMSNorm(nnx.Module):
-  """Root-mean-square layer norm with a learned scale, computed in float32."""
-
-  def __init__(
-      self, dim: int, *, param_dtype, rngs: nnx.Rngs, epsilon: float = 1e-6
-  ):
-    self.scale = _param(
-        nnx.initializers.ones, rngs.params(), (dim,), param_dtype, (None,)
-    )
-    self.epsilon = epsilon
-
-  def __call__(self, x: jax.Array) -> jax.Array:
-    """[..., D] -> float32 [..., D]."""
-    x = x.astype(jnp.float32)
-    mean_square = jnp.mean(jnp.square(x), axis=-1, keepdims=True)
-    return (
-        x
-        * jax.lax.rsqrt(mean_square + self.epsilon)
-        * _gathered(self.scale[...].astype(jnp.float32))
-    )
-
-
-class LayerCache(NamedTuple):
-  """One layer's attention keys and values for a [B, T] token buffer."""
-
-  keys: jax.Array  # [B, T, H, K], rotated (RoPE), compute dtype
-  values: jax.Array  # [B, T, H, K]
-
-
-def _write_at(
-    buffer: jax.Array, update: jax.Array, positions: jax.Array
-) -> jax.Array:
-  """Writes ``update[b, s]`` into ``buffer[b, positions[b, s]]``.
-
-  ``buffer`` is [B, T, ...], ``update`` [B, S, ...], ``positions`` int [B, S]
-  (distinct within a row). A one-hot contraction rather than a scatter, so
-  that batch-sharded operands need no collectives; it is exact.
-  """
-  slots = positions[:, :, None] == jnp.arange(buffer.shape[1])  # [B, S, T]
-  written = jnp.einsum("bst,bs...->bt...", slots.astype(update.dtype), update)
-  is_written = jnp.any(slots, axis=1)  # [B, T]
-  is_written = is_written.reshape(is_written.shape + (1,) * (buffer.ndim - 2))
-  return jnp.where(is_written, written, buffer)
-
-
-class CausalSelfAttention(nnx.Module):
-  """Multi-head causal self-attention with rotary positions."""
-
-  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
-    d, h, k = config.embed_dim, config.num_heads, config.head_dim
-    in_init = _kernel_init(in_axis=0, out_axis=(1, 2))
-    # [D, H, K] and [H, K, D]: shard D, the largest dim (H, K <= D).
-    self.query = _param(
-        in_init,
-        rngs.params(),
-        (d, h, k),
-        config.param_dtype,
-        (FSDP_AXIS, None, None),
-    )
-    self.key = _param(
-        in_init,
-        rngs.params(),
-        (d, h, k),
-        config.param_dtype,
-        (FSDP_AXIS, None, None),
-    )
-    self.value = _param(
-        in_init,
-        rngs.params(),
-        (d, h, k),
-        config.param_dtype,
-        (FSDP_AXIS, None, None),
-    )
-    self.output = _param(
-        _kernel_init(in_axis=(0, 1), out_axis=2),
-        rngs.params(),
-        (h, k, d),
-        config.param_dtype,
-        (None, None, FSDP_AXIS),
-    )
-    self.dtype = config.dtype
-
-  def _project(self, weight, x):
-    return jnp.einsum(
-        "bld,dhk->blhk",
-        x.astype(self.dtype),
-        _gathered(weight[...]).astype(self.dtype),
-    )
-
-  def __call__(
-      self, x: jax.Array, positions: jax.Array, cache: LayerCache | None = None
-  ) -> tuple[jax.Array, LayerCache]:
-    """Attends from ``x`` to itself, or to ``cache`` updated with ``x``.
-
-    Args:
-      x: [B, S, D] activations.
-      positions: [B, S] their positions.
-      cache: None to attend causally within ``x``; or the keys and values of
-        a [B, T] buffer, into which ``x``'s are written at ``positions``
-        before attending to every slot at or before each query's position.
-
-    Returns:
-      [B, S, D] (compute dtype) and the keys and values attended to.
-    """
-    query = apply_rope(self._project(self.query, x), positions)
-    key = apply_rope(self._project(self.key, x), positions)
-    value = self._project(self.value, x)
-    if cache is None:
-      keys, values, key_positions = key, value, positions
-    else:
-      keys = _write_at(cache.keys, key, positions)
-      values = _write_at(cache.values, value, positions)
-      key_positions = jnp.arange(keys.shape[1], dtype=jnp.int32)[None, :]
-    scores = jnp.einsum(
-        "bqhk,bshk->bhqs", query, keys, preferred_element_type=jnp.float32
-    )
-    scores = scores / math.sqrt(query.shape[-1])
-    visible = key_positions[:, None, :] <= positions[:, :, None]  # [B, S, T]
-    scores = jnp.where(visible[:, None], scores, jnp.finfo(jnp.float32).min)
-    weights = jax.nn.softmax(scores, axis=-1)
-    attended = jnp.einsum("bhqs,bshk->bqhk", weights.astype(self.dtype), values)
-    output = jnp.einsum(
-        "blhk,hkd->bld",
-        attended,
-        _gathered(self.output[...]).astype(self.dtype),
-    )
-    return output, LayerCache(keys, values)
-
-
-class SwiGLU(nnx.Module):
-  """Gated MLP: ``down(silu(x @ gate) * (x @ up))`` (Shazeer, 2020)."""
-
-  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
-    d, f = config.embed_dim, config.mlp_dim
-    self.gate = _param(
-        _kernel_init(0, 1),
-        rngs.params(),
-        (d, f),
-        config.param_dtype,
-        (None, FSDP_AXIS),
-    )
-    self.up = _param(
-        _kernel_init(0, 1),
-        rngs.params(),
-        (d, f),
-        config.param_dtype,
-        (None, FSDP_AXIS),
-    )
-    self.down = _param(
-        _kernel_init(0, 1),
-        rngs.params(),
-        (f, d),
-        config.param_dtype,
-        (FSDP_AXIS, None),
-    )
-    self.dtype = config.dtype
-
-  def __call__(self, x: jax.Array) -> jax.Array:
-    """[B, L, D] -> [B, L, D] (compute dtype)."""
-    x = x.astype(self.dtype)
-    gate = x @ _gathered(self.gate[...]).astype(self.dtype)
-    up = x @ _gathered(self.up[...]).astype(self.dtype)
-    return (jax.nn.silu(gate) * up) @ _gathered(self.down[...]).astype(
-        self.dtype
-    )
-
-
-class Block(nnx.Module):
-  """Pre-norm transformer block: attention then MLP, each residual."""
-
-  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
-    self.attention_norm = RMSNorm(
-        config.embed_dim, param_dtype=config.param_dtype, rngs=rngs
-    )
-    self.attention = CausalSelfAttention(config, rngs=rngs)
-    self.mlp_norm = RMSNorm(
-        config.embed_dim, param_dtype=config.param_dtype, rngs=rngs
-    )
-    self.mlp = SwiGLU(config, rngs=rngs)
-    # Without dropout, no RNG state is stored in the model.
-    dropout_rngs = rngs if config.dropout_rate > 0 else None
-    self.dropout = nnx.Dropout(config.dropout_rate, rngs=dropout_rngs)
-
-  def __call__(
-      self, x: jax.Array, positions: jax.Array, cache: LayerCache | None = None
-  ) -> tuple[jax.Array, LayerCache]:
-    """float32 [B, S, D] residual stream -> float32 [B, S, D], and the cache.
-
-    See `CausalSelfAttention` for ``positions`` and ``cache``.
-    """
-    attended, cache = self.attention(self.attention_norm(x), positions, cache)
-    x = x + self.dropout(attended)
-    return x + self.dropout(self.mlp(self.mlp_norm(x))), cache
-
-
-def _scaled_pixels(images: jax.Array, pixel_channels: int) -> jax.Array:
-  """[B, S, S] or [B, S, S, C] pixels in [0, 255] -> float32 [B, S, S, C]."""
-  x = images.astype(jnp.float32) / 127.5 - 1.0
-  return x[..., None] if pixel_channels == 1 else x
-
-
-class ImageEncoder(nnx.Module):
-  """Images [B, S, S] (or [B, S, S, C]) -> K = (S / 2^n)^2 tokens [B, K, D].
-
-  A stack of 3x3 stride-2 convolutions with GELU (channels
-  ``image_channels``, then ``embed_dim``), read out row by row, plus a learned
-  embedding per grid cell so each token knows where it sits in the image.
-  Pixels are scaled from [0, 255] to [-1, 1].
-  """
-
-  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
-    channels = (
-        config.pixel_channels,
-        *config.image_channels,
-        config.embed_dim,
-    )
-    self.kernels = nnx.List(
-        [
-            _param(
-                _kernel_init(in_axis=(0, 1, 2), out_axis=3),
-                rngs.params(),
-                (3, 3, c_in, c_out),
-                config.param_dtype,
-                (None, None, None, FSDP_AXIS),
-            )
-            for c_in, c_out in zip(channels[:-1], channels[1:])
-        ]
-    )
-    self.biases = nnx.List(
-        [
-            _param(
-                nnx.initializers.zeros,
-                rngs.params(),
-                (c,),
-                config.param_dtype,
-                (None,),
-            )
-            for c in channels[1:]
-        ]
-    )
-    self.grid_embedding = _param(
-        nnx.initializers.normal(0.02),
-        rngs.params(),
-        (config.num_image_tokens, config.embed_dim),
-        config.param_dtype,
-        (None, FSDP_AXIS),
-    )
-    self.dtype = config.dtype
-    self.pixel_channels = config.pixel_channels
-
-  def __call__(self, images: jax.Array) -> jax.Array:
-    """uint8 or float pixels in [0, 255] -> float32 [B, K, D]."""
-    x = _scaled_pixels(images, self.pixel_channels)
-    for index, (kernel, bias) in enumerate(zip(self.kernels, self.biases)):
-      x = jax.lax.conv_general_dilated(
-          x.astype(self.dtype),
-          _gathered(kernel[...]).astype(self.dtype),
-          window_strides=(2, 2),
-          padding="SAME",
-          dimension_numbers=("NHWC", "HWIO", "NHWC"),
-          preferred_element_type=jnp.float32,
-      )
-      x = x + _gathered(bias[...]).astype(jnp.float32)
-      if index < len(self.kernels) - 1:
-        x = jax.nn.gelu(x)
-    tokens = x.reshape(x.shape[0], -1, x.shape[-1])
-    return tokens + _gathered(self.grid_embedding[...]).astype(jnp.float32)
-
-
-class PatchEncoder(nnx.Module):
-  """Images [B, S, S] (or [B, S, S, C]) -> K = (S / P)^2 tokens [B, K, D].
-
-  Pixels are scaled from [0, 255] to [-1, 1] and given two more channels,
-  their x and y coordinates in the image, also in [-1, 1]. Each P x P patch
-  (``patch_size``; patches read row by row) of ``P * P * (C + 2)`` values is
-  mapped to D by an MLP (hidden widths ``image_channels``, GELU; ``()`` is
-  one linear map), plus a learned embedding per patch. The first layer is a
-  [P, P, C + 2, W] kernel applied with stride P.
-
-  Localising an object to the pixel needs its edges where they are: a
-  patch's features see every pixel at its position in the patch, and the
-  coordinate channels tell the token where in the image the patch is.
-  """
-
-  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
-    self.patch_size = p = config.patch_size
-    self.pixel_channels = config.pixel_channels
-    widths = (None, *config.image_channels, config.embed_dim)
-    self.kernels = nnx.List(
-        [
-            _param(
-                _kernel_init(in_axis=tuple(range(len(shape) - 1)), out_axis=-1),
-                rngs.params(),
-                shape,
-                config.param_dtype,
-                (None,) * (len(shape) - 1) + (FSDP_AXIS,),
-            )
-            for shape in (  # [P, P, C + 2, W], then [W, W'] per layer
-                (p, p, config.pixel_channels + 2, widths[1]),
-                *zip(widths[1:-1], widths[2:]),
-            )
-        ]
-    )
-    self.biases = nnx.List(
-        [
-            _param(
-                nnx.initializers.zeros,
-                rngs.params(),
-                (w,),
-                config.param_dtype,
-                (None,),
-            )
-            for w in widths[1:]
-        ]
-    )
-    self.patch_embedding = _param(
-        nnx.initializers.normal(0.02),
-        rngs.params(),
-        (config.num_image_tokens, config.embed_dim),
-        config.param_dtype,
-        (None, FSDP_AXIS),
-    )
-    self.dtype = config.dtype
-
-  def _embed_patches(self, x: jax.Array, kernel: jax.Array) -> jax.Array:
-    """[B, S, S, C] by a [P, P, C, W] kernel -> [B, K, W]: a P-strided conv."""
-    x = jax.lax.conv_general_dilated(
-        x.astype(self.dtype),
-        kernel,
-        window_strides=(self.patch_size, self.patch_size),
-        padding="VALID",
-        dimension_numbers=("NHWC", "HWIO", "NHWC"),
-        preferred_element_type=jnp.float32,
-    )
-    return x.reshape(x.shape[0], -1, x.shape[-1])
-
-  def __call__(self, images: jax.Array) -> jax.Array:
-    """uint8 or float pixels in [0, 255] -> float32 [B, K, D]."""
-    pixels = _scaled_pixels(images, self.pixel_channels)
-    size, channels = images.shape[1], self.pixel_channels
-    coordinates = jnp.linspace(-1.0, 1.0, size, dtype=jnp.float32)
-    x_channel = jnp.broadcast_to(coordinates[None, :], (size, size))
-    grid = jnp.stack([x_channel, x_channel.T], axis=-1)[None]  # x, y
-    # The first layer is linear, so the coordinate channels' part of it is
-    # the same for every image: [K, W], added to the pixels' part [B, K, W]
-    # (rather than concatenated to a batch-sharded input).
-    first = _gathered(self.kernels[0][...]).astype(self.dtype)
-    x = self._embed_patches(pixels, first[:, :, :channels])
-    x = x + self._embed_patches(grid, first[:, :, channels:])[0]
-    for index, (kernel, bias) in enumerate(zip(self.kernels, self.biases)):
-      if index:
-        x = jnp.einsum(
-            "bkf,fw->bkw",
-            x.astype(self.dtype),
-            _gathered(kernel[...]).astype(self.dtype),
-            preferred_element_type=jnp.float32,
-        )
-      x = x + _gathered(bias[...]).astype(jnp.float32)
-      if index < len(self.kernels) - 1:
-        x = jax.nn.gelu(x)
-    return x + _gathered(self.patch_embedding[...]).astype(jnp.float32)
-
-
 class Transformer(nnx.Module):
   """Decoder-only transformer: tokens [B, L] -> logits [B, L, V].
 
   With ``config.image_size`` set, every call also takes ``images`` [B, S, S]
-  (or [B, S, S, C]): their encoder's tokens (`ImageEncoder` or
-  `PatchEncoder`) occupy positions 0..K-1 and the text positions
+  (or [B, S, S, C]): their encoder's tokens (`encoders.ImageEncoder` or
+  `encoders.PatchEncoder`) occupy positions 0..K-1 and the text positions
   K.., so the text attends to the image. Outputs (hidden states, logits)
   cover the text positions only, and ``positions`` given to `extend` count
   text tokens, as without an image.
@@ -696,23 +241,29 @@ class Transformer(nnx.Module):
   def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
     self.config = config
     v, d = config.vocab_size, config.embed_dim
-    self.embedding = _param(
+    self.embedding = layers.param(
         nnx.initializers.normal(1.0),
         rngs.params(),
         (v, d),
         config.param_dtype,
         (None, FSDP_AXIS),
     )
-    encoder = PatchEncoder if config.image_encoder == "patch" else ImageEncoder
+    encoder = (
+        encoders.PatchEncoder
+        if config.image_encoder == "patch"
+        else encoders.ImageEncoder
+    )
     self.image_encoder = (
         encoder(config, rngs=rngs) if config.image_size else None
     )
     self.blocks = nnx.List(
-        [Block(config, rngs=rngs) for _ in range(config.num_layers)]
+        [layers.Block(config, rngs=rngs) for _ in range(config.num_layers)]
     )
-    self.final_norm = RMSNorm(d, param_dtype=config.param_dtype, rngs=rngs)
-    self.unembed = _param(
-        _kernel_init(0, 1),
+    self.final_norm = layers.RMSNorm(
+        d, param_dtype=config.param_dtype, rngs=rngs
+    )
+    self.unembed = layers.param(
+        layers.kernel_init(0, 1),
         rngs.params(),
         (d, v),
         config.param_dtype,
@@ -722,7 +273,7 @@ class Transformer(nnx.Module):
   @property
   def unembedding(self) -> jax.Array:
     """The [D, V] unembedding matrix (gathered if sharded explicitly)."""
-    return _gathered(self.unembed[...])
+    return layers.gathered(self.unembed[...])
 
   def hidden_states(
       self, tokens: jax.Array, images: jax.Array | None = None
@@ -736,12 +287,12 @@ class Transformer(nnx.Module):
 
   def prefill(
       self, tokens: jax.Array, images: jax.Array | None = None
-  ) -> tuple[jax.Array, tuple[LayerCache, ...]]:
+  ) -> tuple[jax.Array, tuple[layers.LayerCache, ...]]:
     """Hidden states of a [B, T] token buffer, and every layer's cache.
 
     Returns:
       float32 [B, T, D] hidden states (as `hidden_states`) and one
-      `LayerCache` per layer (over the K image and T text slots), for
+      `layers.LayerCache` per layer (over the K image and T text slots), for
       `extend` to continue from.
     """
     self._check_tokens(tokens)
@@ -771,8 +322,8 @@ class Transformer(nnx.Module):
       self,
       tokens: jax.Array,
       positions: jax.Array,
-      cache: tuple[LayerCache, ...],
-  ) -> tuple[jax.Array, tuple[LayerCache, ...]]:
+      cache: tuple[layers.LayerCache, ...],
+  ) -> tuple[jax.Array, tuple[layers.LayerCache, ...]]:
     """Hidden states of new tokens at given positions of a cached buffer.
 
     Equals the rows ``positions`` of `hidden_states` of the whole buffer,
@@ -828,7 +379,7 @@ class Transformer(nnx.Module):
     x = jnp.einsum(
         "blv,vd->bld",
         one_hot,
-        _gathered(self.embedding[...]).astype(self.config.dtype),
+        layers.gathered(self.embedding[...]).astype(self.config.dtype),
     )
     x = x.astype(jnp.float32)
     num_prefix = 0
@@ -901,87 +452,3 @@ def count_params(model: nnx.Module) -> int:
   """Total number of scalars in the model's `nnx.Param`s."""
   params = nnx.state(model, nnx.Param)
   return sum(int(np.prod(p.shape)) for p in jax.tree.leaves(params))
-
-
-def greedy_decode(
-    model: Transformer,
-    prompts: jax.Array,
-    prompt_lengths: jax.Array,
-    max_new_tokens: int,
-    eos_id: int,
-    pad_id: int,
-    images: jax.Array | None = None,
-) -> jax.Array:
-  """Greedy continuation of right-padded prompts, with fixed shapes.
-
-  Each row ``b`` continues from its own ``prompt_lengths[b]`` (>= 1) in a
-  buffer of length ``P + max_new_tokens``: one `Transformer.prefill` of the
-  buffer, then one `Transformer.extend` per token, writing the argmax just
-  after the row's last filled position. A row that has emitted ``eos_id``
-  emits ``pad_id`` from then on. Causal attention makes whatever follows
-  each row's cursor irrelevant, so the prompts' padding needs no mask.
-
-  Args:
-    model: the transformer, in eval mode (``model.eval()``); wrap the call in
-      ``nnx.jit`` (``static_argnums=(3, 4, 5)``) for speed.
-    prompts: int [B, P] prompt tokens, right-padded.
-    prompt_lengths: int [B] number of real tokens in each row, in [1, P],
-      sharded like ``prompts``' batch axis.
-    max_new_tokens: N, the number of tokens generated per row.
-    eos_id: the token that ends a row.
-    pad_id: the token emitted after EOS.
-    images: [B, S, S] (or [B, S, S, C]) image prefixes, for a model with
-      ``image_size``.
-
-  Returns:
-    int32 [B, N] generated tokens (EOS included, pad after it).
-  """
-  if prompts.ndim != 2:
-    raise ValueError(f"prompts must be [B, P], got shape {prompts.shape}.")
-  if prompt_lengths.shape != prompts.shape[:1]:
-    raise ValueError(
-        f"prompt_lengths shape {prompt_lengths.shape} must be "
-        f"[B] = {prompts.shape[:1]}."
-    )
-  if max_new_tokens < 1:
-    raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
-  prompt_len = prompts.shape[1]
-  num_prefix = model.config.num_image_tokens
-  if num_prefix + prompt_len + max_new_tokens > model.config.max_len:
-    raise ValueError(
-        f"{num_prefix} image tokens + prompt length {prompt_len} + "
-        f"max_new_tokens {max_new_tokens} exceeds the model's max_len "
-        f"{model.config.max_len}."
-    )
-  buffer = jnp.pad(
-      prompts.astype(jnp.int32),
-      ((0, 0), (0, max_new_tokens)),
-      constant_values=pad_id,
-  )
-  unembedding = model.unembedding.astype(jnp.float32)
-
-  def next_token(hidden, finished):
-    """Argmax of [B, D] hidden states, pad where the row has finished."""
-    token = jnp.argmax(hidden @ unembedding, axis=-1).astype(jnp.int32)
-    token = jnp.where(finished, pad_id, token)
-    return token, finished | (token == eos_id)
-
-  hidden, cache = model.prefill(buffer, images)
-  # Cursor: where the next token goes. Derived from prompt_lengths so that
-  # the loop state shares its (batch) sharding.
-  cursor = prompt_lengths.astype(jnp.int32)
-  # A masked sum rather than a gather keeps shardings unambiguous.
-  is_last = jnp.arange(buffer.shape[1]) == (cursor - 1)[:, None]
-  last_hidden = jnp.sum(jnp.where(is_last[..., None], hidden, 0.0), axis=1)
-  first, finished = next_token(last_hidden, jnp.zeros_like(cursor, bool))
-
-  def step(carry, _):
-    cache, token, cursor, finished = carry
-    hidden, cache = model.extend(token[:, None], cursor[:, None], cache)
-    token, finished = next_token(hidden[:, 0], finished)
-    return (cache, token, cursor + 1, finished), token
-
-  _, rest = jax.lax.scan(
-      step, (cache, first, cursor, finished), None, length=max_new_tokens - 1
-  )
-  return jnp.concatenate([first[:, None], rest.T], axis=1)

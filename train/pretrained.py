@@ -474,7 +474,7 @@ class CausalLM(nnx.Module):
   ) -> jax.Array:
     """Greedy continuation of right-padded prompts; int32 [B, N].
 
-    The same contract as `train.models.greedy_decode`. tunix's cache writes
+    The same contract as `train.decoding.greedy_decode`. tunix's cache writes
     every row at one index, so the prompts are moved to the right end of
     the [B, P] window (left padding, masked out) and decoding continues at
     P, P+1, ... for all rows; each row's RoPE positions count from its own

@@ -43,7 +43,8 @@ Optional hooks, for tasks that bring their own model (arithmetic_mix_llm):
 * ``create_model(config, mesh)``: the model, with ``__call__(tokens,
   images)``, ``hidden_states``, ``unembedding``, ``config.vocab_size``,
   ``digit_token_ids``, ``decimal_point_token_id`` (or None) and
-  ``greedy_decode`` (default: `train.models`).
+  ``greedy_decode`` (default: `train.models`, decoded by
+  `train.decoding.greedy_decode`).
 * ``codec(config)``: ``eos_id``, ``pad_id`` and ``decode(ids) -> str`` for
   evaluation (default: `train.tokenizer`).
 

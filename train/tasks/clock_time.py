@@ -19,7 +19,7 @@ clocks are drawn here with NumPy (`render_clocks`), nothing is downloaded:
 stream, so the test split does not depend on ``train_size``), and a PNG grid
 of sample test clocks with their labels at ``D/clock_time/<config>/samples.png``.
 
-The model sees the image as a prefix of ``K`` tokens (`models.ImageEncoder`)
+The model sees the image as a prefix of ``K`` tokens (`encoders.ImageEncoder`)
 and then ``BOS SEP answer EOS``: the prompt is ``BOS SEP`` (an empty
 question) and the loss is on the answer and EOS. Metrics: `score_answers`.
 """

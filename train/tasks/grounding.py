@@ -21,7 +21,7 @@ dataset at ``D/grounding/train{N}_test{M}_seed{S}/1.0.0`` (``image``: uint8
 the test split independent of ``train_size``, and ``samples.png`` beside it:
 test scenes with their query and box drawn.
 
-The model sees the image as a prefix of ``K`` tokens (a `models.PatchEncoder`
+The model sees the image as a prefix of ``K`` tokens (a `encoders.PatchEncoder`
 by default: 12 x 12 patches, 16 tokens) and then ``BOS query SEP answer
 EOS``; the prompt is ``BOS query SEP`` and the loss is on the answer and
 EOS. Each of the four numbers of a box is a digit run, so the numeric losses
