@@ -20,6 +20,33 @@ def _scaled_pixels(images: jax.Array, pixel_channels: int) -> jax.Array:
   return x[..., None] if pixel_channels == 1 else x
 
 
+def _zero_biases(widths, config, rngs: nnx.Rngs) -> nnx.List:
+  """One zero-initialised bias per layer of the given output widths."""
+  return nnx.List(
+      [
+          layers.param(
+              nnx.initializers.zeros,
+              rngs.params(),
+              (width,),
+              config.param_dtype,
+              (None,),
+          )
+          for width in widths
+      ]
+  )
+
+
+def _token_embedding(config, rngs: nnx.Rngs) -> nnx.Param:
+  """A learned ``[K, D]`` embedding added to the K image tokens."""
+  return layers.param(
+      nnx.initializers.normal(0.02),
+      rngs.params(),
+      (config.num_image_tokens, config.embed_dim),
+      config.param_dtype,
+      (None, layers.FSDP_AXIS),
+  )
+
+
 class ImageEncoder(nnx.Module):
   """Images [B, S, S] (or [B, S, S, C]) -> K = (S / 2^n)^2 tokens [B, K, D].
 
@@ -47,25 +74,8 @@ class ImageEncoder(nnx.Module):
             for c_in, c_out in zip(channels[:-1], channels[1:])
         ]
     )
-    self.biases = nnx.List(
-        [
-            layers.param(
-                nnx.initializers.zeros,
-                rngs.params(),
-                (c,),
-                config.param_dtype,
-                (None,),
-            )
-            for c in channels[1:]
-        ]
-    )
-    self.grid_embedding = layers.param(
-        nnx.initializers.normal(0.02),
-        rngs.params(),
-        (config.num_image_tokens, config.embed_dim),
-        config.param_dtype,
-        (None, layers.FSDP_AXIS),
-    )
+    self.biases = _zero_biases(channels[1:], config, rngs)
+    self.grid_embedding = _token_embedding(config, rngs)
     self.dtype = config.dtype
     self.pixel_channels = config.pixel_channels
 
@@ -126,25 +136,8 @@ class PatchEncoder(nnx.Module):
             )
         ]
     )
-    self.biases = nnx.List(
-        [
-            layers.param(
-                nnx.initializers.zeros,
-                rngs.params(),
-                (w,),
-                config.param_dtype,
-                (None,),
-            )
-            for w in widths[1:]
-        ]
-    )
-    self.patch_embedding = layers.param(
-        nnx.initializers.normal(0.02),
-        rngs.params(),
-        (config.num_image_tokens, config.embed_dim),
-        config.param_dtype,
-        (None, layers.FSDP_AXIS),
-    )
+    self.biases = _zero_biases(widths[1:], config, rngs)
+    self.patch_embedding = _token_embedding(config, rngs)
     self.dtype = config.dtype
 
   def _embed_patches(self, x: jax.Array, kernel: jax.Array) -> jax.Array:
