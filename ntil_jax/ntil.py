@@ -90,17 +90,21 @@ def _number_deviations(predicted, layout):
   )
   big = jnp.where(x_larger, x_own, y_own)
   small = jnp.where(x_larger, y_own, x_own)
-  offset = numbers.pow10(-big_place)  # the "+1"
+  # The "+1" at the larger number's scale and at the smaller one's, and the
+  # smaller number at the larger one's scale.
+  offset, small_offset, small_scale = numbers.pow10(
+      jnp.stack([-big_place, -small_place, small_place - big_place])
+  )
   last = layout.is_last
   relative = difference / jnp.where(last, big + offset, 1.0)
-  small_plus_one = small * numbers.pow10(small_place - big_place) + offset
+  small_plus_one = small * small_scale + offset
   close = last & (
       jax.lax.stop_gradient(difference) <= jax.lax.stop_gradient(small_plus_one)
   )
   far = last & ~close
   ratio = difference / jnp.where(close, small_plus_one, 1.0)
   log_big = jnp.log(jnp.where(far, big + offset, 1.0))
-  log_small = jnp.log(jnp.where(far, small + numbers.pow10(-small_place), 1.0))
+  log_small = jnp.log(jnp.where(far, small + small_offset, 1.0))
   log_ratio = (
       (big_place - small_place).astype(jnp.float32) * _LN10
       + log_big

@@ -324,11 +324,11 @@ def scaled_number_sums(terms_and_places, layout: NumberLayout) -> tuple:
 
   One pass of segmented sums computes them all.
   """
-  terms = []
-  for digit_terms, scale_place in terms_and_places:
-    factors = pow10(layout.places - scale_place)
-    terms.append(jnp.where(layout.is_digit, digit_terms * factors, 0.0))
-  return segments.forward_sums(terms, layout.starts)
+  digit_terms, scale_places = zip(*terms_and_places)
+  # One power of ten over all the fields at once: a third of the ops.
+  factors = pow10(layout.places - jnp.stack(scale_places))
+  terms = jnp.where(layout.is_digit, jnp.stack(digit_terms) * factors, 0.0)
+  return segments.forward_sums(tuple(terms), layout.starts)
 
 
 class NumberComparison(NamedTuple):
@@ -351,17 +351,30 @@ class NumberComparison(NamedTuple):
   correction: chex.Array
 
 
+def _direction(key):
+  """The direction (-1, 0 or 1) a difference key holds (0 for none)."""
+  return jnp.where(
+      key == segments.NO_MAXIMUM, 0, jnp.where(key & 1 == 1, 1, -1)
+  )
+
+
 def compare_numbers(x_digits, y_digits, layout: NumberLayout):
   """Leading places, sign and exact difference digits of two numbers.
 
   ``|X - Y|`` of two long numbers is not the float sum of ``(x - y) *
   10**place`` (``1000 - 999`` cancels to rounding noise); written with
   borrows, its digits are integers 0..9 whose float sum has no cancellation.
-  Two passes of segmented sums find everything: the first counts each
-  number's non-zero digits from the left (the first is the leading one) and,
-  from the right, the differences of each direction up to the nearest one;
-  the second takes each number's totals of the leading digits' places and
-  of the direction at its first digit (the sign).
+
+  Everything is a maximum over a number, exact in int32, found by one pass
+  of segmented maxima (from the left and from the right; the maximum over a
+  whole number is the larger of the two). Places fall from left to right,
+  so the leading non-zero digit of X holds the highest place of X's
+  non-zero digits, and the most significant difference the highest place of
+  the differing digits: as the key ``2 * place + (x > y)``, whose maximum
+  over the number is that difference with its direction, the sign. From the
+  right, the same key's maximum at a position is the nearest difference at
+  or below it; the place borrows from the next one up when that difference
+  goes the wrong way (the larger number's digit is the smaller there).
 
   Args:
     x_digits: integer digit values of X, shaped like the layout.
@@ -371,38 +384,27 @@ def compare_numbers(x_digits, y_digits, layout: NumberLayout):
   Returns:
     A :class:`NumberComparison`.
   """
-  digits = jnp.stack([x_digits, y_digits])
-  nonzero = layout.is_digit & (digits != 0)
+  none = segments.NO_MAXIMUM
   step = jnp.where(layout.is_digit, x_digits - y_digits, 0)
-  # From each position to the nearest difference at or right of it is a
-  # segment, whose sum from the right is that difference's direction; at a
-  # number's first digit, the most significant difference's: the sign.
-  to_difference = layout.ends | (step != 0)
-  (x_count, y_count), (x_above, y_above) = segments.segmented_sums(
-      (
-          (tuple(nonzero), layout.starts, False),
-          ((step > 0, step < 0), to_difference, True),
-      )
+  keys = (
+      jnp.where(layout.is_digit & (x_digits != 0), layout.places, none),
+      jnp.where(layout.is_digit & (y_digits != 0), layout.places, none),
+      jnp.where(step != 0, 2 * layout.places + (step > 0), none),
   )
-  leading = nonzero & (jnp.stack([x_count, y_count]) == 1)
-  x_place, y_place, sign = segments.segment_totals(
-      (
-          *jnp.where(leading, layout.places, 0),
-          jnp.where(layout.starts & layout.is_digit, x_above - y_above, 0),
-      ),
-      layout.starts,
-      layout.ends,
+  from_left, from_right = segments.segmented_maxes(
+      ((keys, layout.starts, False), (keys, layout.ends, True))
   )
-  sign = _integers(sign)
-  # A place borrows from the next one when the nearest difference at or below
-  # it goes the wrong way (the larger number's digit is the smaller there).
-  borrow_out = jnp.where(sign > 0, y_above, jnp.where(sign < 0, x_above, 0))
-  borrow_out = borrow_out.astype(jnp.int32)
+  x_place, y_place, first = (
+      jnp.maximum(l, r) for l, r in zip(from_left, from_right)
+  )
+  sign = _direction(first)
+  nearest = _direction(from_right[2])
+  borrow_out = ((sign != 0) & (nearest == -sign)).astype(jnp.int32)
   borrow_in = jnp.where(layout.ends, 0, segments.shift_left(borrow_out, 0))
   return _materialized(
       NumberComparison(
-          x_place=jnp.maximum(_integers(x_place), 0),
-          y_place=jnp.maximum(_integers(y_place), 0),
+          x_place=jnp.maximum(x_place, 0),
+          y_place=jnp.maximum(y_place, 0),
           sign=sign,
           correction=jnp.where(layout.is_digit, 10 * borrow_out - borrow_in, 0),
       )

@@ -128,16 +128,35 @@ def _blocks(bounds: chex.Array, reverse: bool) -> _Blocks:
   )
 
 
-def _sums(blocks: _Blocks, values: chex.Array) -> chex.Array:
-  """Inclusive segmented sums of ``values [..., T, F]`` (float32)."""
-  length = values.shape[-2]
+def _blocked(values: chex.Array, blocks: _Blocks, fill) -> chex.Array:
+  """``values [..., T, F]`` padded with ``fill``, as ``[..., nb, b, F]``.
+
+  Padding ends the last real segment of a reverse scan only where the
+  caller's bounds say so, so its values must add nothing: ``fill``.
+  """
   num_blocks, block = blocks.open.shape[-2:]
   batch = values.shape[:-2]
-  pad = num_blocks * block - length
-  values = jnp.pad(values, [(0, 0)] * len(batch) + [(0, pad), (0, 0)])
-  values = values.reshape(batch + (num_blocks, block, values.shape[-1]))
+  pad = num_blocks * block - values.shape[-2]
+  values = jnp.pad(
+      values,
+      [(0, 0)] * len(batch) + [(0, pad), (0, 0)],
+      constant_values=fill,
+  )
+  return values.reshape(batch + (num_blocks, block, values.shape[-1]))
+
+
+def _unblocked(blocked: chex.Array, length: int) -> chex.Array:
+  """The inverse of :func:`_blocked`: ``[..., T, F]``."""
+  num_blocks, block, fields = blocked.shape[-3:]
+  shape = blocked.shape[:-3] + (num_blocks * block, fields)
+  return blocked.reshape(shape)[..., :length, :]
+
+
+def _sums(blocks: _Blocks, values: chex.Array) -> chex.Array:
+  """Inclusive segmented sums of ``values [..., T, F]`` (float32)."""
+  blocked = _blocked(values, blocks, 0.0)
   sums = jnp.einsum(
-      "...ij,...jf->...if", blocks.same, values, precision=_HIGHEST
+      "...ij,...jf->...if", blocks.same, blocked, precision=_HIGHEST
   )
   # Each block's sum of the segment it closes with (in scan order), carried
   # to the blocks whose open segment it is.
@@ -146,8 +165,44 @@ def _sums(blocks: _Blocks, values: chex.Array) -> chex.Array:
       "...kj,...jf->...kf", blocks.carried, tails, precision=_HIGHEST
   )
   sums = sums + jnp.where(blocks.open[..., None], carry[..., None, :], 0.0)
-  sums = sums.reshape(batch + (num_blocks * block, values.shape[-1]))
-  return sums[..., :length, :]
+  return _unblocked(sums, values.shape[-2])
+
+
+# What a segmented maximum is where nothing is maximized.
+NO_MAXIMUM = -(2**30)
+
+
+def _masked_max(mask: chex.Array, values: chex.Array) -> chex.Array:
+  """``out[..., i, f] = max_j values[..., j, f]`` over ``mask[..., i, j]``."""
+  chosen = jnp.where(mask[..., None] > 0, values[..., None, :, :], NO_MAXIMUM)
+  return jnp.max(chosen, axis=-2)
+
+
+def _maxes(blocks: _Blocks, values: chex.Array) -> chex.Array:
+  """Inclusive segmented maxima of ``values [..., T, F]`` (int32).
+
+  The same blocks as :func:`_sums`, with a masked maximum where it has a
+  matmul: one reduction within the blocks, one across them.
+  """
+  maxes = _masked_max(blocks.same, _blocked(values, blocks, NO_MAXIMUM))
+  tails = maxes[..., 0, :] if blocks.reverse else maxes[..., -1, :]
+  carry = _masked_max(blocks.carried, tails)
+  maxes = jnp.where(
+      blocks.open[..., None], jnp.maximum(maxes, carry[..., None, :]), maxes
+  )
+  return _unblocked(maxes, values.shape[-2])
+
+
+def segmented_maxes(
+    groups: Sequence[tuple[Sequence[chex.Array], chex.Array, bool]],
+) -> tuple:
+  """Inclusive segmented maxima of groups of integer fields.
+
+  As :func:`segmented_sums`, with the maximum instead of the sum: int32
+  fields, exact, and :data:`NO_MAXIMUM` is the maximum of nothing (fields
+  should hold values above it).
+  """
+  return _scanned(groups, jnp.int32, _maxes)
 
 
 def segmented_sums(
@@ -168,15 +223,22 @@ def segmented_sums(
     would otherwise recompute their last elementwise steps inside every op
     that reads them.
   """
+  return _scanned(groups, jnp.float32, _sums)
+
+
+def _scanned(groups, dtype, scan) -> tuple:
+  """``scan(blocks, stacked fields)`` of each group, computed once."""
   out = []
   for fields, bounds, reverse in groups:
     bounds = jnp.asarray(bounds, bool)
     if bounds.shape[-1] == 0:
-      out.append(tuple(jnp.zeros(bounds.shape, jnp.float32) for _ in fields))
+      out.append(tuple(jnp.zeros(bounds.shape, dtype) for _ in fields))
       continue
-    values = jnp.stack([jnp.asarray(f, jnp.float32) for f in fields], -1)
-    sums = jax.lax.optimization_barrier(_sums(_blocks(bounds, reverse), values))
-    out.append(tuple(sums[..., f] for f in range(len(fields))))
+    values = jnp.stack([jnp.asarray(f).astype(dtype) for f in fields], -1)
+    result = jax.lax.optimization_barrier(
+        scan(_blocks(bounds, reverse), values)
+    )
+    out.append(tuple(result[..., f] for f in range(len(fields))))
   return tuple(out)
 
 
