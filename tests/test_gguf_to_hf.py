@@ -186,16 +186,16 @@ def test_config_of_smollm2_metadata():
 
 
 def test_config_is_read_by_the_loader():
-  """train.pretrained maps it to tunix's Llama3 config as it is."""
-  pretrained = pytest.importorskip("train.pretrained")
+  """train.hf_config maps it to tunix's Llama3 config as it is."""
+  hf_config = pytest.importorskip("train.hf_config")
   config = gguf_to_hf.hf_config(
       fake_metadata(), ["output.weight"], dtype="bfloat16"
   )
-  kind, model_config = pretrained.model_config(config)
+  kind, model_config = hf_config.model_config(config)
   assert kind == "llama" and model_config.weight_tying is False
   assert model_config.num_kv_heads == 3 and model_config.head_dim == 64
   assert model_config.rope_theta == 1e5
-  assert pretrained.rope_scaling(config) is None
+  assert hf_config.rope_scaling(config) is None
 
 
 def test_config_defaults_and_vocabulary_from_tokens():

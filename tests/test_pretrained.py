@@ -23,6 +23,7 @@ from configs import arithmetic_mix_llm
 from train import arithmetic_data
 from train import checks
 from train import input_pipeline
+from train import llama_rope
 from train import pretrained
 from train import train
 from train.tasks import arithmetic_mix_llm as task
@@ -132,7 +133,7 @@ def test_llama3_inverse_frequencies_bands():
   # Wavelengths 6.3, 167, 4443, 118k positions against 256 / 4 and 256:
   # kept, interpolated, divided by 8, divided by 8.
   inverse = 1.0 / 5e5 ** (np.arange(0, 8, 2) / 8)
-  got = pretrained.llama3_inverse_frequencies(8, 5e5, (8.0, 1.0, 4.0, 256.0))
+  got = llama_rope.llama3_inverse_frequencies(8, 5e5, (8.0, 1.0, 4.0, 256.0))
   smooth = (256 / (2 * np.pi / inverse[1]) - 1.0) / (4.0 - 1.0)
   want = [
       inverse[0],

@@ -25,6 +25,8 @@ import jax
 from jax.sharding import AxisType
 import numpy as np
 
+from train import hf_config as hf_config_lib
+from train import hf_tokenizer
 from train import input_pipeline
 from train import pretrained
 from train.tasks import arithmetic_mix
@@ -94,7 +96,7 @@ def make_mesh(config) -> jax.sharding.Mesh:
 
 
 def create_model(config, mesh):
-  """The snapshot's model (a `pretrained.CausalLM`), sharded over ``mesh``."""
+  """The snapshot's model (a `causal_lm.CausalLM`), sharded over ``mesh``."""
   return pretrained.load(
       config.pretrained,
       dtype=config.dtype,
@@ -109,7 +111,7 @@ class Codec:
   def __init__(self, config):
     hf_config = pretrained.cached_config(config.pretrained)
     self.tokenizer = _tokenizer(config)
-    self.eos_id = int(pretrained.token_id(hf_config, "eos_token_id"))
+    self.eos_id = int(hf_config_lib.token_id(hf_config, "eos_token_id"))
     self.pad_id = self.eos_id
 
   def decode(self, ids) -> str:
@@ -127,14 +129,14 @@ def codec(config) -> Codec:
 # Encoding.
 
 
-def _tokenizer(config) -> pretrained.Tokenizer:
+def _tokenizer(config) -> hf_tokenizer.Tokenizer:
   return pretrained.cached_tokenizer(os.path.abspath(config.pretrained))
 
 
 def _bos(config) -> list[int]:
   hf_config = pretrained.cached_config(config.pretrained)
-  bos = pretrained.token_id(hf_config, "bos_token_id")
-  if pretrained.family(hf_config) == "llama" and bos is not None:
+  bos = hf_config_lib.token_id(hf_config, "bos_token_id")
+  if hf_config_lib.family(hf_config) == "llama" and bos is not None:
     return [int(bos)]
   return []
 

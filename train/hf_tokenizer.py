@@ -1,0 +1,75 @@
+"""A snapshot's tokenizer.json, through the `tokenizers` library."""
+
+import functools
+import os
+import re
+
+import numpy as np
+
+import ntil_jax
+from train import snapshots
+
+# Text that digits are cut out of by `encode(..., split_digits=True)`.
+_DIGIT_RUNS = re.compile(r"(\d)")
+
+
+class Tokenizer:
+  """The snapshot's tokenizer.json through the `tokenizers` library."""
+
+  def __init__(self, path: str):
+    import tokenizers  # pylint: disable=g-import-not-at-top
+
+    file = os.path.join(path, "tokenizer.json")
+    if not os.path.isfile(file):
+      raise snapshots.SnapshotError(
+          f"{file} not found; the snapshot needs a tokenizer.json (the "
+          "`tokenizers` format)."
+      )
+    try:
+      self.tokenizer = tokenizers.Tokenizer.from_file(file)
+    except Exception as error:  # pylint: disable=broad-exception-caught
+      # tokenizers raises a plain Exception for a file it cannot parse.
+      raise snapshots.SnapshotError(
+          f"{file} is not a readable tokenizer ({error})."
+      ) from error
+
+  def vocab(self) -> dict:
+    return self.tokenizer.get_vocab(with_added_tokens=True)
+
+  @functools.cached_property
+  def digit_token_ids(self) -> np.ndarray:
+    """int32 [10]: the ids of the single-digit tokens '0'..'9'."""
+    try:
+      return ntil_jax.digit_token_ids(self.vocab())
+    except ValueError as error:
+      raise snapshots.SnapshotError(f"tokenizer.json: {error}") from error
+
+  def encode(self, text: str, *, split_digits: bool = False) -> list[int]:
+    """Token ids of ``text``, no special tokens added.
+
+    With ``split_digits``, every digit is encoded on its own, so numbers
+    become single-digit tokens whatever the tokenizer's number chunking.
+    """
+    return self.encode_batch([text], split_digits=split_digits)[0]
+
+  def encode_batch(self, texts, *, split_digits: bool = False):
+    if not split_digits:
+      return [
+          e.ids
+          for e in self.tokenizer.encode_batch(
+              list(texts), add_special_tokens=False
+          )
+      ]
+    pieces = [[p for p in _DIGIT_RUNS.split(text) if p] for text in texts]
+    flat = [p for row in pieces for p in row]
+    encoded = iter(
+        self.tokenizer.encode_batch(flat, add_special_tokens=False)
+        if flat
+        else []
+    )
+    return [[i for _ in row for i in next(encoded).ids] for row in pieces]
+
+  def decode(self, ids) -> str:
+    return self.tokenizer.decode(
+        [int(i) for i in ids], skip_special_tokens=True
+    )
