@@ -17,6 +17,8 @@ import ml_collections
 from configs import common
 
 METHODS = common.METHODS
+# Clocks prepared for training (train.prepare_data --train_size) and tested.
+TRAIN_SIZE = 20000
 
 
 def get_config(method: str = "ntil") -> ml_collections.ConfigDict:

@@ -26,6 +26,9 @@ from configs import common
 
 METHODS = common.METHODS
 TASKS = ("grounding", "grounding_single", "grounding_multi")
+# Scenes prepared for training (train.prepare_data --train_size) per task: on
+# 20,000 one object is solved, so grounding_single has 1,000.
+TRAIN_SIZES = dict(grounding=5000, grounding_single=1000, grounding_multi=5000)
 # Longest query and answer of each task (train/tasks/grounding_scenes.py).
 _QUESTION_LEN = dict(grounding=15, grounding_single=15, grounding_multi=6)
 _ANSWER_LEN = dict(grounding=11, grounding_single=11, grounding_multi=35)

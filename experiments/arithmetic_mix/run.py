@@ -235,13 +235,14 @@ PROFILES["digits_long"] = dict(
 # The paper's Table 3 on a pretrained snapshot: its hyperparameters
 # (configs/arithmetic_mix_llm.py), every problem seen once. Kept apart from
 # PROFILES, whose entries are part of the other grids' cell hashes.
+_LLM_DEFAULTS = arithmetic_mix_llm.get_config()
 LLM_PROFILES = {
     "llm": dict(
         pretrained=None,
         dataset="arithmetic_mix",
-        train_steps=3000,
-        batch_size=32,
-        learning_rate=1e-5,
+        train_steps=_LLM_DEFAULTS.train_steps,
+        batch_size=_LLM_DEFAULTS.batch_size,
+        learning_rate=_LLM_DEFAULTS.learning_rate,
         test_size=2000,
         seeds=(0, 1, 2),
         split_digits=False,

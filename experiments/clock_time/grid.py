@@ -7,15 +7,17 @@ from train.tasks import clock_time as task
 
 # The budget (see docs/experiments.md): CE lands in the middle regime, about half of the
 # test clocks read exactly, in about 80 s a run on 2 CPU cores.
+# The cpu profile's budget is the config's defaults (configs/clock_time.py).
+_DEFAULTS = clock_time.get_config()
 PROFILES = {
     "cpu": dict(
-        train_steps=600,
-        batch_size=128,
-        train_size=20000,
-        test_size=1000,
+        train_steps=_DEFAULTS.train_steps,
+        batch_size=_DEFAULTS.batch_size,
+        train_size=clock_time.TRAIN_SIZE,
+        test_size=_DEFAULTS.eval_examples,
         main_seeds=(0, 1, 2, 3, 4),
         other_seeds=(0, 1, 2),
-        eval_every_steps=150,
+        eval_every_steps=_DEFAULTS.eval_every_steps,
     ),
     "smoke": dict(
         train_steps=2,

@@ -12,17 +12,17 @@ from train import tasks
 # object is solved, Acc@0.5 99%), CE's test curve levels off or falls after
 # about 800-1,000 steps of 128. grounding_multi was not tuned: its F1 is
 # still rising at 1,200 steps.
+# The cpu profile's budget is the config's defaults (configs/grounding.py).
+_DEFAULTS = grounding.get_config()
 PROFILES = {
     "cpu": dict(
-        train_steps=1200,
-        batch_size=128,
-        train_size=dict(
-            grounding=5000, grounding_single=1000, grounding_multi=5000
-        ),
-        test_size=1000,
+        train_steps=_DEFAULTS.train_steps,
+        batch_size=_DEFAULTS.batch_size,
+        train_size=dict(grounding.TRAIN_SIZES),
+        test_size=_DEFAULTS.eval_examples,
         main_seeds=(0, 1, 2, 3, 4),
         other_seeds=(0, 1, 2),
-        eval_every_steps=200,
+        eval_every_steps=_DEFAULTS.eval_every_steps,
     ),
     "smoke": dict(
         train_steps=2,
