@@ -240,7 +240,10 @@ def number_layout(
     points = jnp.zeros_like(is_digit)
   else:
     points = _decimal_points(is_digit, jnp.asarray(decimal_point_mask, bool))
-  starts, ends = _runs(is_digit | points)
+  # Computed once: every segmented scan over the numbers (here and in
+  # compare_numbers, scaled_number_sums) then builds its blocks from the same
+  # arrays, and XLA builds them once.
+  starts, ends = _materialized(_runs(is_digit | points))
   groups = [((is_digit,), ends, True)]
   if decimal_point_mask is not None:
     # Parts: a number cut before its point, so the fractional part (point
@@ -263,16 +266,20 @@ def number_layout(
         fractional, -_integers(from_point), _integers(to_point) - digit_count
     )
   zero = jnp.zeros_like(digits_right)
-  return _materialized(
-      NumberLayout(
-          digit_values=jnp.where(is_digit, digit_values, 0),
-          is_digit=is_digit,
-          is_last=is_digit & ends,
-          starts=starts,
-          ends=ends,
-          digits_right=jnp.where(is_digit, digits_right, zero),
-          places=jnp.where(is_digit, places, zero),
-      )
+  digit_values, is_last, digits_right, places = _materialized((
+      jnp.where(is_digit, digit_values, 0),
+      is_digit & ends,
+      jnp.where(is_digit, digits_right, zero),
+      jnp.where(is_digit, places, zero),
+  ))
+  return NumberLayout(
+      digit_values=digit_values,
+      is_digit=is_digit,
+      is_last=is_last,
+      starts=starts,
+      ends=ends,
+      digits_right=digits_right,
+      places=places,
   )
 
 
@@ -281,8 +288,10 @@ def _materialized(fields):
 
   XLA fuses cheap elementwise work into every consumer; the number logic's
   outputs feed dozens, and recomputing them in each multiplied the program.
+  ``fields``: a tuple or a NamedTuple, returned as the same type.
   """
-  return type(fields)(*jax.lax.optimization_barrier(tuple(fields)))
+  values = jax.lax.optimization_barrier(tuple(fields))
+  return values if type(fields) is tuple else type(fields)(*values)
 
 
 def _integers(sums):
