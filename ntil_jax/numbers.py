@@ -266,12 +266,14 @@ def number_layout(
         fractional, -_integers(from_point), _integers(to_point) - digit_count
     )
   zero = jnp.zeros_like(digits_right)
-  digit_values, is_last, digits_right, places = _materialized((
-      jnp.where(is_digit, digit_values, 0),
-      is_digit & ends,
-      jnp.where(is_digit, digits_right, zero),
-      jnp.where(is_digit, places, zero),
-  ))
+  digit_values, is_last, digits_right, places = _materialized(
+      (
+          jnp.where(is_digit, digit_values, 0),
+          is_digit & ends,
+          jnp.where(is_digit, digits_right, zero),
+          jnp.where(is_digit, places, zero),
+      )
+  )
   return NumberLayout(
       digit_values=digit_values,
       is_digit=is_digit,

@@ -9,9 +9,10 @@ position of every segment. The inclusive segmented sum of ``v`` is
   s_t = \sum_{j \le t,\ \mathrm{seg}(j) = \mathrm{seg}(t)} v_j ,
 
 and the reverse one sums over :math:`j \ge t` instead, with segments cut
-where ``ends`` is true. Everything :mod:`ntil_jax.numbers` computes (where a
-number is, each digit's place, leading digits, borrows, scaled sums) is such
-a sum.
+where ``ends`` is true. Everything :mod:`ntil_jax.numbers` computes is such
+a sum (each digit's place, the scaled sums) or the same scan with the
+maximum in place of the sum (leading digits, the sign, borrows:
+:func:`segmented_maxes`).
 
 The row is cut into blocks of ``b`` positions (about ``sqrt(T)``, at most
 :data:`BLOCK`; :func:`block_size`). Within a block, a ``[b, b]`` mask (same
@@ -24,6 +25,9 @@ sum is the same dozen ops whatever ``T`` (``lax.associative_scan`` unrolls
 cores or an MXU, with O(T b) work and memory per row (at most 512 bytes a
 position), and rows independent. The masks of a segmentation are built once
 and shared by every sum over it (XLA merges the identical computations).
+
+A segmented maximum takes the same masks: a masked maximum within each
+block and one across blocks, reductions where the sum has matmuls, in int32.
 
 Matmuls run at ``Precision.HIGHEST``: integer sums (counts, places) are
 exact below ``2**24``, and float sums are float32 sums of the same segment's
