@@ -1,7 +1,6 @@
 """Runs paired by seed: means, paired differences, t-tests, markdown tables.
 
-The same arithmetic as experiments/clock_time/report.py (which keeps its own
-copy), for the reports that came after it.
+The arithmetic and the tables every experiment's report shares.
 """
 
 import collections
@@ -153,3 +152,64 @@ def table(head, rows):
       "|" + "---|" * len(head),
       *("| " + " | ".join(row) + " |" for row in rows),
   ]
+
+
+def values_table(grouped, rows, columns, first="method"):
+  """Mean ± sd over seeds of each row's runs in each column.
+
+  Args:
+    grouped: {key: {seed: run}}.
+    rows: (key, label) pairs; keys not in ``grouped`` are left out.
+    columns: (field, header, scale, digits, ...) per column.
+    first: the header of the label column.
+
+  Returns:
+    Markdown table lines: label, number of seeds, then ``mean ± sd``.
+  """
+  body = []
+  for key, label in rows:
+    if key not in grouped:
+      continue
+    runs = list(grouped[key].values())
+    body.append(
+        [label, str(len(runs))]
+        + [
+            fmt([scale * r[field] for r in runs], digits)
+            for field, _, scale, digits, *_ in columns
+        ]
+    )
+  head = [first, "seeds"] + [header for _, header, *_ in columns]
+  return table(head, body)
+
+
+def paired_table(grouped, rows, reference_key, metrics):
+  """Each row's runs against ``grouped[reference_key]``, seed by seed.
+
+  Args:
+    grouped: {key: {seed: run}}.
+    rows: (key, label) pairs; keys not in ``grouped``, and the reference,
+      are left out.
+    reference_key: the runs compared with.
+    metrics: (field, name, scale, higher_better) per metric; differences
+      with 2 decimals where ``scale`` is 1, else 1.
+
+  Returns:
+    Markdown table lines: per metric ``Δ ± sd``, seeds better and the
+    paired t-test (:func:`paired_cells`).
+  """
+  head = ["", "seeds"]
+  for _, name, _, _ in metrics:
+    head += [f"Δ {name}", "seeds better", "paired t"]
+  reference = grouped.get(reference_key, {})
+  body = []
+  for key, label in rows:
+    if key not in grouped or key == reference_key:
+      continue
+    runs = grouped[key]
+    cells = [label, str(len(set(runs) & set(reference)))]
+    for field, _, scale, higher in metrics:
+      cells += paired_cells(
+          runs, reference, field, scale, higher, 2 if scale == 1 else 1
+      )
+    body.append(cells)
+  return table(head, body)

@@ -23,6 +23,7 @@ import numpy as np
 from configs import arithmetic_mix
 from experiments import common
 from experiments import labels
+from experiments import stats
 from experiments.arithmetic_mix import digits_report
 from experiments.arithmetic_mix import llm_report
 from train import plots
@@ -70,14 +71,8 @@ PAPER_TABLE3 = (
 )
 
 
-def mean_std(values):
-  values = np.asarray(values, float)
-  std = values.std(ddof=1) if len(values) > 1 else float("nan")
-  return values.mean(), std
-
-
 def fmt(values, scale=100.0, digits=2):
-  mean, std = mean_std(np.asarray(values) * scale)
+  mean, std = stats.mean_std(np.asarray(values) * scale)
   return f"{mean:.{digits}f} ± {std:.{digits}f}"
 
 
@@ -171,7 +166,7 @@ def plot_by_length(main, path):
 def reading(main):
   """A plain reading of the main table, computed from the numbers."""
   means = {
-      m: mean_std([100 * r["exact_match"] for r in runs])
+      m: stats.mean_std([100 * r["exact_match"] for r in runs])
       for m, runs in main.items()
   }
   order = sorted(means, key=lambda m: -means[m][0])
@@ -215,7 +210,7 @@ def reading(main):
           + "."
       )
   errors = {
-      m: mean_std([r["mean_log10_abs_error"] for r in runs])
+      m: stats.mean_std([r["mean_log10_abs_error"] for r in runs])
       for m, runs in main.items()
   }
   order = sorted(errors, key=lambda m: errors[m][0])

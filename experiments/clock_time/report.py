@@ -142,56 +142,26 @@ curve_area = stats_lib.curve_area
 
 
 def main_table(grouped):
-  head = ["method", "seeds"] + [label for _, label, *_ in COLUMNS]
-  lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-  for method in METHODS:
-    if method not in grouped:
-      continue
-    runs = list(grouped[method].values())
-    cells = [LABELS[method], str(len(runs))]
-    for metric, _, scale, digits, _ in COLUMNS:
-      cells.append(stats_lib.fmt([scale * r[metric] for r in runs], digits))
-    lines.append("| " + " | ".join(cells) + " |")
-  return lines
+  rows = [(m, LABELS[m]) for m in METHODS]
+  return stats_lib.values_table(grouped, rows, COLUMNS)
 
 
 def paired_table(grouped, rows, reference_key):
   """Rows: (key, label); each compared with grouped[reference_key]."""
-  head = ["", "seeds"]
-  for _, label, _, higher in PAIRED:
-    head += [f"Δ {label}", "seeds better", "paired t"]
-  lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-  reference = grouped.get(reference_key, {})
-  for key, label in rows:
-    if key not in grouped or key == reference_key:
-      continue
-    runs = grouped[key]
-    cells = [label, str(len(set(runs) & set(reference)))]
-    for metric, _, scale, higher in PAIRED:
-      cells += stats_lib.paired_cells(
-          runs, reference, metric, scale, higher, 2 if scale == 1 else 1
-      )
-    lines.append("| " + " | ".join(cells) + " |")
-  return lines
+  return stats_lib.paired_table(grouped, rows, reference_key, PAIRED)
+
+
+# The variant table's columns: (field, header, scale, digits).
+VARIANT_COLUMNS = (
+    ("exact_match", "exact match %", 100, 1),
+    ("mean_time_gap_minutes", "mean gap (min)", 1, 2),
+)
 
 
 def variant_table(grouped, keys):
   """Absolute mean ± sd of exact match and gap for variants (and NTIL)."""
-  lines = [
-      "| run | seeds | exact match % | mean gap (min) |",
-      "|---|---|---|---|",
-  ]
-  for key in keys:
-    if key not in grouped:
-      continue
-    runs = list(grouped[key].values())
-    label = LABELS.get(key) or VARIANT_LABELS[key]
-    lines.append(
-        f"| {label} | {len(runs)} | "
-        f"{stats_lib.fmt([100 * r['exact_match'] for r in runs], 1)} | "
-        f"{stats_lib.fmt([r['mean_time_gap_minutes'] for r in runs], 2)} |"
-    )
-  return lines
+  rows = [(k, LABELS.get(k) or VARIANT_LABELS[k]) for k in keys if k in grouped]
+  return stats_lib.values_table(grouped, rows, VARIANT_COLUMNS, first="run")
 
 
 def plot_main(grouped, path, title):

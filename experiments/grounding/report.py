@@ -130,59 +130,24 @@ def label(key):
 
 
 def main_table(task, grouped):
-  rows = []
-  for method in METHODS:
-    if method not in grouped:
-      continue
-    runs = list(grouped[method].values())
-    rows.append(
-        [LABELS[method], str(len(runs))]
-        + [
-            stats.fmt([scale * r[metric] for r in runs], digits)
-            for metric, _, scale, digits, _ in columns(task)
-        ]
-    )
-  head = ["method", "seeds"] + [name for _, name, *_ in columns(task)]
-  return stats.table(head, rows)
+  rows = [(m, LABELS[m]) for m in METHODS]
+  return stats.values_table(grouped, rows, columns(task))
 
 
 def paired_table(task, grouped, keys, reference_key):
   """Each of ``keys`` against grouped[reference_key], seed by seed."""
-  head = ["", "seeds"]
-  for _, name, _, _ in paired_metrics(task):
-    head += [f"Δ {name}", "seeds better", "paired t"]
-  reference = grouped.get(reference_key, {})
-  rows = []
-  for key in keys:
-    if key not in grouped or key == reference_key:
-      continue
-    runs = grouped[key]
-    row = [label(key), str(len(set(runs) & set(reference)))]
-    for metric, _, scale, higher in paired_metrics(task):
-      row += stats.paired_cells(
-          runs, reference, metric, scale, higher, 2 if scale == 1 else 1
-      )
-    rows.append(row)
-  return stats.table(head, rows)
+  rows = [(k, label(k)) for k in keys if k in grouped]
+  return stats.paired_table(grouped, rows, reference_key, paired_metrics(task))
 
 
 def variant_table(task, grouped, keys):
   """Absolute mean ± sd of the paired metrics for some run types."""
-  metrics = paired_metrics(task)
-  head = ["run", "seeds"] + [name.split(" (")[0] for _, name, _, _ in metrics]
-  rows = []
-  for key in keys:
-    if key not in grouped:
-      continue
-    runs = list(grouped[key].values())
-    rows.append(
-        [label(key), str(len(runs))]
-        + [
-            stats.fmt([scale * r[metric] for r in runs], 2 if scale == 1 else 1)
-            for metric, _, scale, _ in metrics
-        ]
-    )
-  return stats.table(head, rows)
+  metrics = [
+      (field, name.split(" (")[0], scale, 2 if scale == 1 else 1)
+      for field, name, scale, _ in paired_metrics(task)
+  ]
+  rows = [(k, label(k)) for k in keys if k in grouped]
+  return stats.values_table(grouped, rows, metrics, first="run")
 
 
 # A streamed headline this high leaves no room to lead: the report adds the
