@@ -177,9 +177,25 @@ NO_MAXIMUM = -(2**30)
 
 
 def _masked_max(mask: chex.Array, values: chex.Array) -> chex.Array:
-  """``out[..., i, f] = max_j values[..., j, f]`` over ``mask[..., i, j]``."""
-  chosen = jnp.where(mask[..., None] > 0, values[..., None, :, :], NO_MAXIMUM)
-  return jnp.max(chosen, axis=-2)
+  """``out[..., i, f] = max_j values[..., j, f]`` over ``mask[..., i, j]``.
+
+  One variadic reduction over the fields (one operand each). XLA:CPU splits
+  a single-operand reduction over more than 32 elements in two (a
+  reduce-window, then a reduce: its TreeReductionRewriter, for the
+  precision of float sums) but not a variadic one, so the maxima stay one
+  op at every block size; XLA:GPU does not split maxima at all.
+  """
+  chosen = tuple(
+      jnp.where(mask > 0, values[..., None, :, f], NO_MAXIMUM)
+      for f in range(values.shape[-1])
+  )
+  maxes = jax.lax.reduce(
+      chosen,
+      tuple(np.int32(NO_MAXIMUM) for _ in chosen),
+      lambda a, b: tuple(jnp.maximum(x, y) for x, y in zip(a, b)),
+      (chosen[0].ndim - 1,),
+  )
+  return jnp.stack(maxes, -1)
 
 
 def _maxes(blocks: _Blocks, values: chex.Array) -> chex.Array:
