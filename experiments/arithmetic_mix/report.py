@@ -22,6 +22,7 @@ import numpy as np
 
 from configs import arithmetic_mix
 from experiments import common
+from experiments import figures
 from experiments import labels
 from experiments import stats
 from experiments.arithmetic_mix import digits_report
@@ -86,20 +87,6 @@ def by_method(runs, group="main"):
       for m in METHODS
       if grouped[m]
   }
-
-
-def plot_exact_match(main, path):
-  fig, ax = plt.subplots(figsize=(7, 3.6))
-  for i, (method, runs) in enumerate(main.items()):
-    values = [100 * r["exact_match"] for r in runs]
-    plots.seed_bar(ax, i, values, labels.color(method))
-  ax.set_xticks(range(len(main)), [LABELS[m] for m in main], rotation=15)
-  ax.set_ylabel("exact match (%)")
-  ax.set_title("arithmetic_mix test: mean ± std over seeds (dots: seeds)")
-  ax.grid(axis="y", alpha=0.3)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
 
 
 def plot_curves(main, path):
@@ -267,7 +254,14 @@ def write_report(runs, out_dir):
   plot_dir = os.path.join(out_dir, "plots")
   os.makedirs(plot_dir, exist_ok=True)
   main = by_method(runs)
-  plot_exact_match(main, os.path.join(plot_dir, "exact_match.png"))
+  figures.seed_bars(
+      {m: {r["seed"]: r for r in runs} for m, runs in main.items()},
+      list(main),
+      (("exact_match", "exact match (%)", 100, True),),
+      os.path.join(plot_dir, "exact_match.png"),
+      "arithmetic_mix test",
+      LABELS.get,
+  )
   plot_curves(main, os.path.join(plot_dir, "curves.png"))
   plot_by_length(main, os.path.join(plot_dir, "by_answer_length.png"))
   first = runs[0]

@@ -12,15 +12,12 @@ import collections
 import os
 
 from absl import flags
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 import numpy as np
 
 from configs import clock_time
 from configs import common as config_common
 from experiments import common
+from experiments import figures
 from experiments import labels
 from experiments import regimes
 from experiments import stats as stats_lib
@@ -160,110 +157,18 @@ VARIANT_COLUMNS = (
 
 def variant_table(grouped, keys):
   """Absolute mean ± sd of exact match and gap for variants (and NTIL)."""
-  rows = [(k, LABELS.get(k) or VARIANT_LABELS[k]) for k in keys if k in grouped]
+  rows = [(k, label(k)) for k in keys if k in grouped]
   return stats_lib.values_table(grouped, rows, VARIANT_COLUMNS, first="run")
 
 
-def plot_main(grouped, path, title):
-  methods = [m for m in METHODS if m in grouped]
-  fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
-  for ax, (metric, label, scale, _) in zip(axes, PAIRED):
-    for i, method in enumerate(methods):
-      runs = [grouped[method][s] for s in sorted(grouped[method])]
-      values = [scale * r[metric] for r in runs]
-      plots.seed_bar(ax, i, values, labels.color(method))
-    ax.set_xticks(
-        range(len(methods)), [LABELS[m] for m in methods], rotation=15
-    )
-    ax.set_ylabel(label + (" (%)" if scale == 100 else ""))
-    ax.grid(axis="y", alpha=0.3)
-  axes[0].set_title("test exact match (higher is better)")
-  axes[1].set_title("mean time gap (lower is better)")
-  fig.suptitle(f"clock_time, {title}: mean ± sd over seeds (dots: seeds)")
-  fig.tight_layout()
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
-
-
-def plot_curves(grouped, path, mark_step=None):
-  fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
-  for method in (m for m in METHODS if m in grouped):
-    runs = list(grouped[method].values())
-    steps = runs[0]["curves"]["eval_steps"]
-    for ax, (metric, _, scale, _) in zip(axes, PAIRED):
-      values = np.mean([r["curves"][metric] for r in runs], axis=0)
-      ax.plot(
-          steps,
-          scale * values,
-          marker="o",
-          label=LABELS[method],
-          color=labels.color(method),
-      )
-  for ax in axes:
-    if mark_step:
-      ax.axvline(mark_step, color="k", lw=0.8, ls=":")
-  axes[0].set_ylabel("test exact match (%, mean over seeds)")
-  axes[1].set_ylabel("mean time gap (min, mean over seeds)")
-  axes[1].set_yscale("log")
-  for ax in axes:
-    ax.set_xlabel("step")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-  fig.tight_layout()
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
+def label(key) -> str:
+  return LABELS.get(key) or VARIANT_LABELS[key]
 
 
 def plot_paired(grouped, path, title):
   """Paired differences of every run type to CE: exact match and gap."""
-  keys = [m for m in METHODS if m != "ce" and m in grouped] + [
-      k for k in VARIANT_LABELS if k in grouped and k not in (*LONG, *CHECKS)
-  ]
-  reference = grouped.get("ce", {})
-  rows = [
-      (
-          k,
-          [
-              stats_lib.paired(grouped[k], reference, metric, scale, higher)
-              for metric, _, scale, higher in PAIRED
-          ],
-      )
-      for k in keys
-  ]
-  rows = [(k, d) for k, d in rows if d[0] is not None]
-  if not rows:
-    return
-  fig, axes = plt.subplots(
-      1, 2, figsize=(11, 0.45 * len(rows) + 1.4), sharey=True
-  )
-  for ax, index, title in (
-      (axes[0], 0, "Δ exact match vs CE (points)"),
-      (axes[1], 1, "Δ mean time gap vs CE (min)"),
-  ):
-    for y, (key, diffs) in enumerate(rows):
-      d = diffs[index]
-      ax.errorbar(
-          d["mean"],
-          y,
-          xerr=0 if np.isnan(d["std"]) else d["std"],
-          fmt="o",
-          capsize=3,
-          color="C0" if key in METHODS else "C1",
-      )
-    ax.axvline(0, color="k", lw=0.8)
-    ax.set_title(title, fontsize=10)
-    ax.grid(axis="x", alpha=0.3)
-  axes[0].set_yticks(
-      range(len(rows)), [LABELS.get(k) or VARIANT_LABELS[k] for k, _ in rows]
-  )
-  axes[0].invert_yaxis()
-  fig.suptitle(
-      f"{title}, paired by seed: mean ± sd of (run - CE on the same seed)",
-      fontsize=10,
-  )
-  fig.tight_layout()
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
+  keys = [*METHODS] + [k for k in VARIANT_LABELS if k not in (*LONG, *CHECKS)]
+  figures.paired_dots(grouped, keys, PAIRED, path, title, label, METHODS)
 
 
 GAP_BINS = (
@@ -532,7 +437,14 @@ def convergence_lines(converged):
 def regime_sections(grouped, title, out_dir, suffix, labels):
   """Main table, paired differences, error anatomy and controls of one
   regime; writes its plots. Returns the markdown lines."""
-  plot_main(grouped, os.path.join(out_dir, "plots", f"main{suffix}.png"), title)
+  figures.seed_bars(
+      grouped,
+      METHODS,
+      PAIRED,
+      os.path.join(out_dir, "plots", f"main{suffix}.png"),
+      f"clock_time, {title}",
+      label,
+  )
   plot_paired(
       grouped, os.path.join(out_dir, "plots", f"paired{suffix}.png"), title
   )
@@ -646,14 +558,18 @@ def write_report(runs, out_dir, discussion=None):
   # The curves and predictions of the longest regime recorded.
   latest = converged if converged.get("ce") else early
   curve_runs = {m: latest[m] for m in METHODS if m in latest}
-  plot_curves(
+  figures.mean_curves(
       curve_runs,
+      METHODS,
+      PAIRED,
       os.path.join(out_dir, "plots", "curves.png"),
+      label,
       mark_step=min(
           (r["steps"] for r in runs if regime_of(r) == EARLY), default=None
       )
       if latest is converged
       else None,
+      log_scale=("mean_time_gap_minutes",),
   )
   disagreements = plot_predictions(
       latest,

@@ -13,15 +13,12 @@ rendered again (deterministic for seed 0) to say where each miss went.
 import os
 
 from absl import flags
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 import numpy as np
 
 from configs import common as config_common
 from configs import grounding
 from experiments import common
+from experiments import figures
 from experiments import labels
 from experiments import regimes
 from experiments import stats
@@ -356,91 +353,6 @@ def readable_table(grouped, test):
 # Plots.
 
 
-def plot_main(task, grouped, path):
-  methods = [m for m in METHODS if m in grouped]
-  metrics = paired_metrics(task)
-  fig, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 3.8))
-  for ax, (metric, name, scale, higher) in zip(np.atleast_1d(axes), metrics):
-    for i, method in enumerate(methods):
-      values = [scale * r[metric] for r in grouped[method].values()]
-      plots.seed_bar(ax, i, values, labels.color(method))
-    ax.set_xticks(
-        range(len(methods)),
-        [LABELS[m] for m in methods],
-        rotation=25,
-        fontsize=8,
-    )
-    ax.set_title(
-        f"{name.replace('points', '%')} "
-        f"({'higher' if higher else 'lower'} is better)",
-        fontsize=9,
-    )
-    ax.grid(axis="y", alpha=0.3)
-  fig.suptitle(f"{task}: mean ± sd over seeds (dots: seeds)")
-  fig.tight_layout()
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
-
-
-def plot_curves(task, grouped, path):
-  metrics = grid.CURVE_METRICS[task]
-  fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.6))
-  for method in (m for m in METHODS if m in grouped):
-    runs = list(grouped[method].values())
-    steps = runs[0]["curves"]["eval_steps"]
-    for ax, metric in zip(axes, metrics):
-      values = np.mean([r["curves"][metric] for r in runs], axis=0)
-      ax.plot(
-          steps,
-          100 * values,
-          marker="o",
-          label=LABELS[method],
-          color=labels.color(method),
-      )
-  for ax, metric in zip(axes, metrics):
-    ax.set_xlabel("step")
-    ax.set_ylabel(f"test {metric} (%, mean over seeds)", fontsize=8)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-  fig.tight_layout()
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
-
-
-def plot_paired(task, grouped, path, keys):
-  """Paired differences to CE on the first paired metric, per run type."""
-  metric, name, scale, higher = paired_metrics(task)[0]
-  reference = grouped.get("ce", {})
-  rows = [
-      (k, stats.paired(grouped[k], reference, metric, scale, higher))
-      for k in keys
-      if k in grouped and k != "ce"
-  ]
-  rows = [(k, d) for k, d in rows if d is not None]
-  if not rows:
-    return
-  fig, ax = plt.subplots(figsize=(6.5, 0.45 * len(rows) + 1.4))
-  for y, (key, d) in enumerate(rows):
-    ax.errorbar(
-        d["mean"],
-        y,
-        xerr=0 if np.isnan(d["std"]) else d["std"],
-        fmt="o",
-        capsize=3,
-        color="C0" if key in METHODS else "C1",
-    )
-  ax.axvline(0, color="k", lw=0.8)
-  ax.set_yticks(range(len(rows)), [label(k) for k, _ in rows])
-  ax.invert_yaxis()
-  ax.set_title(
-      f"{task}: Δ {name} vs CE on the same seed (mean ± sd)", fontsize=9
-  )
-  ax.grid(axis="x", alpha=0.3)
-  fig.tight_layout()
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
-
-
 def plot_predictions(task, grouped, test, path, count=16):
   """Test scenes with CE's and NTIL's seed-0 boxes; disagreements first."""
   ce, ntil = grouped.get("ce", {}).get(0), grouped.get("ntil", {}).get(0)
@@ -501,10 +413,15 @@ def task_section(task, runs, out_dir):
   grouped = stats.group_runs(runs)
   plot_dir = os.path.join(out_dir, "plots")
   test = test_scenes(task, runs[0])
-  plot_main(task, grouped, os.path.join(plot_dir, f"{task}_main.png"))
-  plot_curves(task, grouped, os.path.join(plot_dir, f"{task}_curves.png"))
-  keys = [m for m in METHODS] + list(VARIANT_LABELS)
-  plot_paired(task, grouped, os.path.join(plot_dir, f"{task}_paired.png"), keys)
+  metrics = paired_metrics(task)
+  path = os.path.join(plot_dir, f"{task}_{{}}.png").format
+  figures.seed_bars(grouped, METHODS, metrics, path("main"), task, label, 25)
+  curves = [m for m in metrics if m[0] in grid.CURVE_METRICS[task]]
+  figures.mean_curves(grouped, METHODS, curves, path("curves"), label)
+  keys = [*METHODS, *VARIANT_LABELS]
+  figures.paired_dots(
+      grouped, keys, metrics[:1], path("paired"), task, label, METHODS
+  )
   disagreements = plot_predictions(
       task, grouped, test, os.path.join(plot_dir, f"{task}_predictions.png")
   )

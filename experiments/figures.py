@@ -1,0 +1,147 @@
+"""The figures every experiment's report draws, from runs grouped by seed.
+
+A report's runs are ``grouped``: ``{key: {seed: run}}``, a key being a
+method or a variant. A panel is one metric as the tables name it,
+``(metric, name, scale, higher_is_better)``: a key of the run's record (and
+of its ``curves``) or a function of the run (`stats.value`), multiplied by
+``scale`` (100 for a share in points). Colours are `labels.color`'s, so a
+method has one colour in every figure of the project.
+"""
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+import numpy as np
+
+from experiments import labels
+from experiments import stats
+from train import plots
+
+
+def save(fig, path, dpi=100) -> None:
+  """Lays ``fig`` out, writes it to ``path`` and frees it."""
+  fig.tight_layout()
+  fig.savefig(path, dpi=dpi)
+  plt.close(fig)
+
+
+def better(higher) -> str:
+  """'(higher is better)' or '(lower is better)'."""
+  return f"({'higher' if higher else 'lower'} is better)"
+
+
+def seed_bars(grouped, keys, panels, path, title, key_label, rotation=15):
+  """One panel a metric: a bar a key at its mean over seeds (± sd), a dot a
+  seed. Keys without runs are left out."""
+  keys = [k for k in keys if grouped.get(k)]
+  fig, axes = plt.subplots(
+      1, len(panels), figsize=(4.6 * len(panels), 3.8), squeeze=False
+  )
+  for ax, (metric, name, scale, higher) in zip(axes[0], panels):
+    for i, key in enumerate(keys):
+      runs = [grouped[key][s] for s in sorted(grouped[key])]
+      values = [scale * stats.value(r, metric) for r in runs]
+      plots.seed_bar(ax, i, values, labels.color(key))
+    ax.set_xticks(
+        range(len(keys)),
+        [key_label(k) for k in keys],
+        rotation=rotation,
+        fontsize=8,
+    )
+    ax.set_title(f"{name} {better(higher)}", fontsize=9)
+    ax.grid(axis="y", alpha=0.3)
+  fig.suptitle(f"{title}: mean ± sd over seeds (dots: seeds)")
+  save(fig, path)
+
+
+def mean_curves(
+    grouped, keys, panels, path, key_label, mark_step=None, log_scale=()
+):
+  """One panel a metric: each key's learning curve, the mean over its seeds.
+
+  ``mark_step`` draws a dotted line at that step; metrics in ``log_scale``
+  get a logarithmic axis.
+  """
+  fig, axes = plt.subplots(
+      1, len(panels), figsize=(4.4 * len(panels), 3.7), squeeze=False
+  )
+  for key in (k for k in keys if grouped.get(k)):
+    runs = list(grouped[key].values())
+    steps = runs[0]["curves"]["eval_steps"]
+    for ax, (metric, _, scale, _) in zip(axes[0], panels):
+      values = np.mean([r["curves"][metric] for r in runs], axis=0)
+      ax.plot(
+          steps,
+          scale * values,
+          marker="o",
+          label=key_label(key),
+          color=labels.color(key),
+      )
+  for ax, (metric, name, _, higher) in zip(axes[0], panels):
+    if mark_step:
+      ax.axvline(mark_step, color="k", lw=0.8, ls=":")
+    if metric in log_scale:
+      ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel("mean over seeds", fontsize=8)
+    ax.set_title(f"test {name} {better(higher)}", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+  save(fig, path)
+
+
+def paired_dots(
+    grouped, keys, panels, path, title, key_label, methods, reference="ce"
+):
+  """Paired differences to ``reference`` on the same seeds, one row a key.
+
+  Each dot is the mean of (run - reference) over the seeds both have, its
+  bar their sd; keys in ``methods`` are blue, variants orange. Rows are the
+  keys with a paired difference on the first panel's metric; nothing is
+  drawn without one. Returns whether the figure was written.
+  """
+  base = grouped.get(reference, {})
+  rows = []
+  for key in keys:
+    if key == reference or key not in grouped:
+      continue
+    diffs = [
+        stats.paired(grouped[key], base, metric, scale, higher)
+        for metric, _, scale, higher in panels
+    ]
+    if diffs[0] is not None:
+      rows.append((key, diffs))
+  if not rows:
+    return False
+  fig, axes = plt.subplots(
+      1,
+      len(panels),
+      figsize=(5.5 * len(panels), 0.45 * len(rows) + 1.4),
+      sharey=True,
+      squeeze=False,
+  )
+  for index, (ax, (_, name, _, higher)) in enumerate(zip(axes[0], panels)):
+    for y, (key, diffs) in enumerate(rows):
+      d = diffs[index]
+      if d is None:
+        continue
+      ax.errorbar(
+          d["mean"],
+          y,
+          xerr=0 if np.isnan(d["std"]) else d["std"],
+          fmt="o",
+          capsize=3,
+          color="C0" if key in methods else "C1",
+      )
+    ax.axvline(0, color="k", lw=0.8)
+    ax.set_title(f"Δ {name} vs CE {better(higher)}", fontsize=9)
+    ax.grid(axis="x", alpha=0.3)
+  axes[0][0].set_yticks(range(len(rows)), [key_label(k) for k, _ in rows])
+  axes[0][0].invert_yaxis()
+  fig.suptitle(
+      f"{title}, paired by seed: mean ± sd of (run - CE on the same seed)",
+      fontsize=10,
+  )
+  save(fig, path)
+  return True
