@@ -19,6 +19,7 @@ from configs import common as config_common
 from experiments import common
 from experiments import figures
 from experiments import labels
+from experiments import prose
 from experiments import regimes
 from experiments import stats as stats_lib
 from experiments.clock_time import grid
@@ -50,6 +51,7 @@ VARIANT_LABELS = {
     "ntil_8x_steps": "CE + NTIL, 8x the steps (convergence check)",
 }
 LONG = ("ce_2x_steps", "ntil_2x_steps")
+VARIANT_LABELS_SWEEP = ("sigma=0.1", "sigma=0.5", "lam=0.1", "lam=1.0")
 # The NTIL paper's Table 4 (fine-tuned MLLMs on the TIME photographs):
 # accuracy % and mean time gap in minutes for CE, EMD, NTIL.
 PAPER_TABLE4 = (
@@ -236,17 +238,7 @@ def gap_table(grouped, labels):
     )
   slips = hour_slips(grouped, labels)
   if slips:
-    lines += [
-        "",
-        f"Of the {slips['count']} clock readings 51-70 minutes off "
-        f"(all main-grid runs pooled), {100 * slips['near']:.0f}% "
-        "show a time within 15 minutes of the hour (minutes 45-59 or "
-        "00-15: 52% of all times), and "
-        f"{100 * slips['toward']:.0f}% name the neighbouring hour on "
-        "the side the hour hand leans to (the next hour for minutes "
-        "30-59, the previous one for 00-29; an hour-off reading picks "
-        "one of the two neighbours, so chance is 50%).",
-    ]
+    lines += ["", *prose.section(__file__, "slips", **slips)]
   return lines
 
 
@@ -312,12 +304,15 @@ def ce_budget_sentence(grouped):
   )
   mean = 100 * np.mean([r["exact_match"] for r in runs.values()])
   inside = sum(40 <= 100 * r["exact_match"] <= 80 for r in runs.values())
-  return (
-      f"read {values}: mean {mean:.1f}%, {inside} of {len(runs)} seeds "
-      "inside 40-80%. At this budget the runs sit on the steep part of "
-      "the learning curve (see the curves), so when a seed starts "
-      "reading varies, and so does its final accuracy."
+  text = prose.section(
+      __file__,
+      "ce_budget",
+      values=values,
+      mean=mean,
+      inside=inside,
+      seeds=len(runs),
   )
+  return text[0]
 
 
 # (label, metric, scale, digits, higher is better, regime it is read from)
@@ -448,71 +443,31 @@ def regime_sections(grouped, title, out_dir, suffix, labels):
   plot_paired(
       grouped, os.path.join(out_dir, "plots", f"paired{suffix}.png"), title
   )
-  return [
-      *main_table(grouped),
-      "",
-      f"![main grid, {title}](plots/main{suffix}.png)",
-      "",
-      "Paired differences to CE (Δ = method - CE on the same seed; for the "
-      "time gap lower is better; 'seeds better' counts seeds where the "
-      "method beats CE; the paired t-test is two-sided):",
-      "",
-      *paired_table(grouped, [(m, LABELS[m]) for m in METHODS], "ce"),
-      "",
-      *stats_lib.reading(grouped, PAIRED, METHODS, LABELS),
-      "",
-      f"![paired differences, {title}](plots/paired{suffix}.png)",
-      "",
-      "Where the errors are: percent of the test clocks by time gap (mean "
-      "over seeds), from the recorded predictions; the last column is the "
-      "part of the mean time gap that clocks read 51 or more minutes off "
-      "contribute.",
-      "",
-      *gap_table(grouped, labels),
-      "",
-      "Controls: CE with weight 1 + 0.3 on digit tokens (as much extra "
-      "weight on digits as lambda = 0.3, no notion of which digit is near "
-      'which) and NTIL with the authors\' scaling (`weighting="reference"`: '
-      "CE + sg(CE / aux) * lambda * aux, the auxiliary term as large as CE), "
-      "against CE and against NTIL on the same seeds:",
-      "",
-      *paired_table(
-          grouped,
-          [
-              ("ce_digit_weighted", VARIANT_LABELS["ce_digit_weighted"]),
-              ("ntil_reference", VARIANT_LABELS["ntil_reference"]),
-              ("ntil", LABELS["ntil"]),
-          ],
-          "ce",
-      ),
-      "",
-      *paired_table(
-          grouped,
-          [
-              ("ce_digit_weighted", VARIANT_LABELS["ce_digit_weighted"]),
-              ("ntil_reference", VARIANT_LABELS["ntil_reference"]),
-          ],
-          "ntil",
-      ),
-      "",
+  controls = [
+      ("ce_digit_weighted", VARIANT_LABELS["ce_digit_weighted"]),
+      ("ntil_reference", VARIANT_LABELS["ntil_reference"]),
   ]
+  return prose.section(
+      __file__,
+      "regime",
+      title=title,
+      suffix=suffix,
+      main_table=main_table(grouped),
+      paired=paired_table(grouped, [(m, LABELS[m]) for m in METHODS], "ce"),
+      reading=stats_lib.reading(grouped, PAIRED, METHODS, LABELS),
+      gaps=gap_table(grouped, labels),
+      controls_ce=paired_table(
+          grouped, [*controls, ("ntil", LABELS["ntil"])], "ce"
+      ),
+      controls_ntil=paired_table(grouped, controls, "ntil"),
+  ) + [""]
 
 
 def stream_section(fixed, streamed, out_dir) -> list[str]:
   """Fixed set vs stream at both budgets: tables, plots, seed counts."""
-  lines = [
-      "## Fixed set vs stream (each clock seen once)",
-      "",
-      "The same model, steps, batch and seeds; the fixed-set runs read the "
-      f"{grid.PROFILES['cpu']['train_size']:,} prepared clocks again and "
-      "again (about 4 passes at 600 steps, 15 at 2,400), the streamed runs "
-      "(`--groups=stream,stream_control,stream_converged,"
-      "stream_converged_control`, `train_stream=True`) a new clock every "
-      "time. Each cell: exact match % (mean ± sd over seeds) and, for the "
-      "other losses, (Δ vs CE of the same regime and seed: seeds better/"
-      "paired, p).",
-      "",
-  ]
+  lines = prose.section(
+      __file__, "stream", train_size=grid.PROFILES["cpu"]["train_size"]
+  ) + [""]
   if not streamed:
     return lines + ["No streamed run recorded yet.", ""]
   rows = regimes.rows(
@@ -604,143 +559,57 @@ def write_report(runs, out_dir, discussion=None):
       ("ce_digit_weighted", VARIANT_LABELS["ce_digit_weighted"]),
       ("ntil_reference", VARIANT_LABELS["ntil_reference"]),
   ]
-  lines = [
-      "# clock_time: CE vs numeric losses on rendered analog clocks",
-      "",
-      "Generated by `python -m experiments.clock_time.report` from "
-      "`results.json` (written by `python -m experiments.clock_time.run`); "
-      "do not edit by hand.",
-      "",
-      f"Setup: {len(runs)} runs on `{any_run['device']}`. Each trains the "
-      f"`{any_run['model']}` decoder with a 3-conv image encoder (0.18M "
-      "parameters, 9 image tokens) from scratch on "
-      f"{settings['train_size']:,} rendered clocks in batches of "
-      f"{any_run['batch_size']}, then reads "
-      f"{any_run['num_test_examples']:,} test clocks by greedy decoding. Two "
-      f"budgets: {steps[EARLY]} steps (the first grid; median "
-      f"{seconds[EARLY]:.0f} s a run) and {steps[CONVERGED]} steps (the "
-      f"converged grid; median {seconds[CONVERGED]:.0f} s a run, two runs "
-      "at a time with one XLA thread each), each with a cosine schedule to "
-      "its own end. A seed fixes the initialisation and the data order, so "
-      "the runs of one seed differ only by their loss. All numeric losses "
-      "use lambda = 0.3 and the project's defaults (sigma = alpha = beta = "
-      "0.2, tau = 0.1, no Gumbel noise, soft labels eta = 0.5, width = 1).",
-      "",
-      "## Two regimes: learning speed and the trained model",
-      "",
-      "**Is the converged budget converged?** "
-      + " ".join(convergence_lines(converged)),
-      "",
-      "**Early (learning speed).** Exact match of the 600-step runs, and "
-      "from the converged runs' learning curves (evaluated every 150 "
-      "steps): the step where exact match first reaches 50% (linear "
-      "between evaluations) and the mean exact match over the whole run "
-      "(area under the curve / steps).",
-      "",
-      *regime_table(groupings, EARLY_COLUMNS, method_rows + control_rows),
-      "",
-      "**Converged (the trained model).** The converged runs' final "
-      "evaluation.",
-      "",
-      *regime_table(groupings, CONVERGED_COLUMNS, method_rows + control_rows),
-      "",
-      "![learning curves](plots/curves.png)",
-      "",
-      "Learning curves of the converged runs, mean over seeds (the dotted "
-      "line: 600 steps).",
-      "",
-      f"## Converged budget ({steps[CONVERGED]} steps)",
-      "",
-      *regime_sections(converged, "converged", out_dir, "", labels),
-      (
+  tuned = ("exp_off", "rel_off", "mag_off", *VARIANT_LABELS_SWEEP)
+  lines = prose.section(
+      __file__,
+      "report",
+      runs=len(runs),
+      device=any_run["device"],
+      model=any_run["model"],
+      train_size=settings["train_size"],
+      batch_size=any_run["batch_size"],
+      test_size=any_run["num_test_examples"],
+      early_steps=steps[EARLY],
+      early_seconds=seconds[EARLY],
+      converged_steps=steps[CONVERGED],
+      converged_seconds=seconds[CONVERGED],
+      convergence=" ".join(convergence_lines(converged)),
+      early_table=regime_table(
+          groupings, EARLY_COLUMNS, method_rows + control_rows
+      ),
+      converged_table=regime_table(
+          groupings, CONVERGED_COLUMNS, method_rows + control_rows
+      ),
+      converged=regime_sections(converged, "converged", out_dir, "", labels),
+      disagreements=(
           f"On seed 0, CE and NTIL give different answers on {disagreements} "
           f"of {any_run['num_test_examples']} test clocks."
           if disagreements is not None
           else ""
       ),
-      "",
-      "![CE vs NTIL predictions](plots/predictions.png)",
-      "",
-      f"## Budget = 600 steps (the first grid, {steps[EARLY]} steps)",
-      "",
-      f"Across the grid's seeds CE {ce_budget_sentence(early)}",
-      "",
-      *regime_sections(early, "600 steps", out_dir, "_600", labels),
-      "### Ablations (the paper's Table 6) and sweeps (Table 8), 600 steps",
-      "",
-      "Each against the main NTIL runs of the same seeds (sigma = 0.2, "
-      "lambda = 0.3, all components on).",
-      "",
-      *variant_table(
-          early,
-          [
-              "ntil",
-              "exp_off",
-              "rel_off",
-              "mag_off",
-              "sigma=0.1",
-              "sigma=0.5",
-              "lam=0.1",
-              "lam=1.0",
-          ],
+      ce_budget=ce_budget_sentence(early),
+      early=regime_sections(early, "600 steps", out_dir, "_600", labels),
+      ablation_values=variant_table(early, ["ntil", *tuned]),
+      ablation_paired=paired_table(
+          early, [(k, VARIANT_LABELS[k]) for k in tuned], "ntil"
       ),
-      "",
-      *paired_table(
-          early,
-          [
-              (k, VARIANT_LABELS[k])
-              for k in (
-                  "exp_off",
-                  "rel_off",
-                  "mag_off",
-                  "sigma=0.1",
-                  "sigma=0.5",
-                  "lam=0.1",
-                  "lam=1.0",
-              )
-          ],
-          "ntil",
-      ),
-      "",
-      "### Twice the budget (1,200 steps, the first grid's check)",
-      "",
-      "CE and NTIL with twice the steps, paired with each other (seeds "
-      "recorded of the 0-2 defined).",
-      "",
-      *variant_table(early, ["ce", "ntil", *LONG]),
-      "",
-      *paired_table(
+      long_values=variant_table(early, ["ce", "ntil", *LONG]),
+      long_paired=paired_table(
           early,
           [("ntil_2x_steps", VARIANT_LABELS["ntil_2x_steps"])],
           "ce_2x_steps",
       ),
-      "",
-      *stream_section(runs, streamed, out_dir),
-      "## The paper, for context",
-      "",
-      "The paper fine-tunes 2-7B multimodal LLMs on photographs of clocks "
-      "(the TIME data set) and reports one run per cell; our models are "
-      "trained from scratch on rendered clocks, so only the direction of "
-      "the differences is comparable.",
-      "",
-      "| model (paper, Table 4) | accuracy % CE / EMD / NTIL | "
-      "time gap (min) CE / EMD / NTIL |",
-      "|---|---|---|",
-      *[
+      stream=stream_section(runs, streamed, out_dir),
+      paper_table4=[
           f"| {name} | {' / '.join(map(str, acc))} | "
           f"{' / '.join(map(str, gap))} |"
           for name, acc, gap in PAPER_TABLE4
       ],
-      "",
-      "| model (paper, Table 6, clock) | Exp off | Rel off | Mag off | "
-      "all on |",
-      "|---|---|---|---|---|",
-      *[
+      paper_table6=[
           f"| {name} | {a} | {b} | {c} | {d} |"
           for name, a, b, c, d in PAPER_TABLE6
       ],
-      "",
-  ]
+  ) + [""]
   if discussion and os.path.exists(discussion):
     with open(discussion) as f:
       lines += [

@@ -1,0 +1,72 @@
+"""The reports' prose, kept as Markdown beside each report's code.
+
+A report's text lives in a ``report.md`` next to its module, cut into named
+sections by comment lines ``<!-- section: name -->``. Within a section:
+
+- ``{field}`` and ``{field:format}`` are filled as by `str.format` (write
+  ``{{`` and ``}}`` for a brace);
+- a line that is only ``{{{name}}}`` (a block) is replaced by the lines of
+  the list passed as ``name``, as they are;
+- paragraphs may be wrapped: a line joins the one before it (with a space)
+  unless either is blank, it starts a table row (``|``), a heading
+  (``#``), an image (``![``), a list item (``- ``) or a block, or the line
+  before is a table row, a heading, an image or a block. A list item's
+  wrapped lines are indented by two spaces.
+
+`section` returns the lines of results.md: one line a paragraph, as the
+generated files have always been written.
+"""
+
+import functools
+import os
+import re
+
+_SECTION = re.compile(r"^<!-- section: ([\w-]+) -->$")
+_BLOCK = re.compile(r"^\{\{\{(\w+)\}\}\}$")
+_STARTS = ("|", "#", "![", "- ")
+
+
+@functools.cache
+def _sections(path: str) -> dict[str, list[str]]:
+  sections, current = {}, None
+  with open(path) as f:
+    for line in f.read().splitlines():
+      match = _SECTION.match(line)
+      if match:
+        current = sections.setdefault(match.group(1), [])
+      elif current is not None:
+        current.append(line)
+  for lines in sections.values():  # one blank line parts sections in the file
+    while lines and not lines[-1]:
+      lines.pop()
+  return sections
+
+
+def _joins(previous: str, line: str) -> bool:
+  """Whether ``line`` continues the paragraph or list item of ``previous``."""
+  if not previous or not line:
+    return False
+  if line.startswith(_STARTS) or _BLOCK.match(line):
+    return False
+  return not (previous.startswith(("|", "#", "![")) or _BLOCK.match(previous))
+
+
+def section(module_file: str, name: str, **values) -> list[str]:
+  """The lines of section ``name`` of the ``report.md`` beside
+  ``module_file``, its fields and blocks filled from ``values``."""
+  path = os.path.join(os.path.dirname(module_file), "report.md")
+  try:
+    template = _sections(path)[name]
+  except KeyError:
+    raise KeyError(f"{path} has no section {name!r}") from None
+  out, previous = [], ""
+  for line in template:
+    block = _BLOCK.match(line)
+    if block:
+      out.extend(values[block.group(1)])
+    elif _joins(previous, line):
+      out[-1] += " " + line.strip().format_map(values)
+    else:
+      out.append(line.format_map(values))
+    previous = line
+  return out
