@@ -51,7 +51,7 @@ def _joins(previous: str, line: str) -> bool:
   return not (previous.startswith(("|", "#", "![")) or _BLOCK.match(previous))
 
 
-def section(module_file: str, name: str, **values) -> list[str]:
+def section(module_file: str, name: str, /, **values) -> list[str]:
   """The lines of section ``name`` of the ``report.md`` beside
   ``module_file``, its fields and blocks filled from ``values``."""
   path = os.path.join(os.path.dirname(module_file), "report.md")

@@ -20,6 +20,7 @@ from configs import grounding
 from experiments import common
 from experiments import figures
 from experiments import labels
+from experiments import prose
 from experiments import regimes
 from experiments import stats
 from experiments.grounding import grid
@@ -193,16 +194,8 @@ def early_table(task, grouped):
       f"{measure_name} {100 * np.mean([measure(r) for r in ce]):.1f}%"
       for measure, measure_name in measures
   )
-  return [
-      "### Early in training: who learns faster",
-      "",
-      "The same paired comparison on the learning curve rather than the "
-      f"last evaluation (CE, mean over seeds: {absolute}). A lead here is "
-      "faster learning, a different claim from a better trained model.",
-      "",
-      *stats.table(head, rows),
-      "",
-  ]
+  table = stats.table(head, rows)
+  return prose.section(__file__, "early", absolute=absolute, table=table) + [""]
 
 
 def ce_budget_sentence(task, grouped):
@@ -427,116 +420,61 @@ def task_section(task, runs, out_dir):
   )
   any_run = runs[0]
   seconds = np.median([r["wall_seconds"] for r in runs])
-  lines = [
-      f"## {TASK_TITLES[task]}",
-      "",
-      f"{len(runs)} runs, each {any_run['steps']} steps of "
-      f"{any_run['batch_size']} scenes drawn from "
-      f"{grid.PROFILES[any_run['profile']]['train_size'][task]:,} train "
-      "scenes, tested on "
-      f"{any_run['num_test_examples']:,} scenes (median {seconds:.0f} s a "
-      f"run). {ce_budget_sentence(task, grouped)}",
-      "",
-      *main_table(task, grouped),
-      "",
-      f"![main](plots/{task}_main.png)",
-      "",
-      "### Paired differences to CE (same seed)",
-      "",
-      "Δ = method - CE on the same seed; 'seeds better' counts the seeds "
-      "where the method beats CE; the paired t-test is two-sided.",
-      "",
-      *paired_table(task, grouped, METHODS, "ce"),
-      "",
-      *stats.reading(grouped, paired_metrics(task), METHODS, LABELS),
-      "",
-      f"![paired differences](plots/{task}_paired.png)",
-      "",
-      "### Learning curves (mean over seeds)",
-      "",
-      f"![curves](plots/{task}_curves.png)",
-      "",
-      *early_table(task, grouped),
-  ]
+  lines = prose.section(
+      __file__,
+      "task",
+      title=TASK_TITLES[task],
+      task=task,
+      runs=len(runs),
+      steps=any_run["steps"],
+      batch_size=any_run["batch_size"],
+      train_size=grid.PROFILES[any_run["profile"]]["train_size"][task],
+      test_size=any_run["num_test_examples"],
+      seconds=seconds,
+      ce_budget=ce_budget_sentence(task, grouped),
+      main_table=main_table(task, grouped),
+      paired=paired_table(task, grouped, METHODS, "ce"),
+      reading=stats.reading(grouped, paired_metrics(task), METHODS, LABELS),
+  ) + ["", *early_table(task, grouped)]
   if not is_multi(task):
-    lines += [
-        "### Where the boxes go",
-        "",
-        "Percent of the test scenes (mean over seeds), from the recorded "
-        "predictions and the re-rendered scenes: a box with IoU >= 0.5 with "
-        "the named object (hit), overlapping it less (near miss), with IoU "
-        ">= 0.5 with another object, elsewhere, or not a box.",
-        "",
-        *outcome_table(task, grouped, test),
-        "",
-        "The readable boxes alone, each coordinate against the named "
-        "object's (the recorded coordinate error counts an unreadable "
-        "answer as 48 px):",
-        "",
-        *readable_table(grouped, test),
-        "",
-    ]
+    lines += prose.section(
+        __file__,
+        "where",
+        outcomes=outcome_table(task, grouped, test),
+        readable=readable_table(grouped, test),
+    ) + [""]
   if disagreements is not None:
-    lines += [
-        "### Predictions",
-        "",
-        f"On seed 0, CE and NTIL answer differently on {disagreements} of "
-        f"{len(test)} test scenes.",
-        "",
-        f"![CE vs NTIL boxes](plots/{task}_predictions.png)",
-        "",
-    ]
+    lines += prose.section(
+        __file__,
+        "predictions",
+        differ=disagreements,
+        test_size=len(test),
+        task=task,
+    ) + [""]
   controls = [
       k for k in ("ce_digit_weighted", "ntil_reference") if k in grouped
   ]
   if controls:
-    lines += [
-        "### Controls: more gradient on digits, or ordinal structure?",
-        "",
-        "CE with weight 1 + 0.3 on digit tokens puts as much extra weight "
-        "on digits as lambda = 0.3 does, with no notion of which digit is "
-        "near which. NTIL with the authors' scaling (`weighting="
-        '"reference"`: CE + sg(CE / aux) * lambda * aux) makes the '
-        "auxiliary term as large as CE whatever its raw size.",
-        "",
-        *paired_table(task, grouped, [*controls, "ntil"], "ce"),
-        "",
-        "Against NTIL (same seeds):",
-        "",
-        *paired_table(task, grouped, controls, "ntil"),
-        "",
-    ]
+    lines += prose.section(
+        __file__,
+        "controls",
+        against_ce=paired_table(task, grouped, [*controls, "ntil"], "ce"),
+        against_ntil=paired_table(task, grouped, controls, "ntil"),
+    ) + [""]
   ablations = [k for k in ("exp_off", "rel_off", "mag_off") if k in grouped]
   if ablations:
-    lines += [
-        "### Ablations (the paper's Table 6 components)",
-        "",
-        "Each against the main NTIL runs of the same seeds (sigma = alpha = "
-        "beta = 0.2, lambda = 0.3).",
-        "",
-        *variant_table(task, grouped, ["ntil", *ablations]),
-        "",
-        *paired_table(task, grouped, ablations, "ntil"),
-        "",
-        "Against CE (same seeds):",
-        "",
-        *paired_table(task, grouped, ablations, "ce"),
-        "",
-    ]
+    lines += prose.section(
+        __file__,
+        "ablations",
+        values=variant_table(task, grouped, ["ntil", *ablations]),
+        against_ntil=paired_table(task, grouped, ablations, "ntil"),
+        against_ce=paired_table(task, grouped, ablations, "ce"),
+    ) + [""]
   return lines
 
 
 def paper_tables():
-  lines = [
-      "## The paper, for context",
-      "",
-      "The paper fine-tunes 2-7B multimodal LLMs on photographs (RefCOCO, "
-      "RefCOCO+ and RefCOCOg for grounding; four scene text data sets for "
-      "detection) and reports one run per cell; our models are trained from "
-      "scratch on rendered shapes, so only the direction and rough size of "
-      "the differences are comparable.",
-      "",
-  ]
+  lines = prose.section(__file__, "paper") + [""]
   for title, rows in (
       ("Table 1, grounding: Acc@0.5, mean of 8 splits", PAPER_TABLE1),
       (
@@ -560,19 +498,7 @@ def paper_tables():
 
 def stream_section(fixed, streamed, out_dir) -> list[str]:
   """Fixed set vs stream for each task with streamed runs."""
-  lines = [
-      "## Fixed set vs stream (each scene seen once)",
-      "",
-      "The same model, steps, batch and seeds; the fixed-set runs read "
-      "their prepared scenes again and again, the streamed runs "
-      "(`--groups=stream,stream_control,stream_single,"
-      "stream_single_control`, `train_stream=True`) a new scene every "
-      "time; the `*_long` groups stream twice as many steps, which no "
-      "fixed-set run has. Each cell: the headline metric in "
-      "% (mean ± sd over seeds) and, for the other losses, (Δ vs CE of the same regime and seed: "
-      "seeds better/paired, p).",
-      "",
-  ]
+  lines = prose.section(__file__, "stream") + [""]
   if not streamed:
     return lines + ["No streamed run recorded yet.", ""]
   rows = regimes.rows(
@@ -615,9 +541,7 @@ def stream_section(fixed, streamed, out_dir) -> list[str]:
       if ends and np.mean(ends) >= CEILING:
         # Every loss is at the ceiling: compare where they can differ.
         lines += [
-            f"Streamed CE ends at {name} >= {100 * CEILING:.0f}%, where no "
-            "loss can pull ahead; the exact box (all four coordinates "
-            "right) tells them apart:",
+            *prose.section(__file__, "ceiling", name=name, ceiling=CEILING),
             "",
             *regimes.budget_section(
                 f"{task}, {steps:,} steps (exact box)",
@@ -651,8 +575,7 @@ def stream_closeness(grouped, rows) -> list[str]:
   for _, label, _, _, _ in CLOSENESS:
     head += [label, "Δ vs CE", "seeds better", "paired t"]
   lines = [
-      "How close the streamed boxes are at the end (each coordinate against "
-      "the truth; an unreadable box counts 48 px):",
+      *prose.section(__file__, "closeness"),
       "",
       "| " + " | ".join(head) + " |",
       "|" + "---|" * len(head),
@@ -681,28 +604,13 @@ def write_report(runs, out_dir, discussion=None, budget=None):
   runs = [r for r in runs if common.regime(r) == common.FIXED]
   os.makedirs(os.path.join(out_dir, "plots"), exist_ok=True)
   any_run = runs[0]
-  lines = [
-      "# grounding: CE vs numeric losses on boxes in rendered scenes",
-      "",
-      "Generated by `python -m experiments.grounding.report` from "
-      "`results.json` (written by `python -m experiments.grounding.run`); "
-      "do not edit by hand.",
-      "",
-      f"Setup: {len(runs)} runs on `{any_run['device']}`. Each trains the "
-      f"`{any_run['model']}` decoder with a patch image encoder (12 x 12 "
-      "patches with x/y coordinate channels, 16 image tokens) from scratch "
-      "on 48 x 48 RGB scenes, then decodes the boxes of the test scenes "
-      "greedily. A seed fixes the initialisation and the data order, so the "
-      "runs of one seed differ only by their loss. All numeric losses use "
-      "lambda = 0.3 and the project's defaults (sigma = alpha = beta = 0.2, "
-      "tau = 0.1, no Gumbel noise, soft labels eta = 0.5, width = 1). "
-      "Answers are `x1,y1,x2,y2`, two digits each; a coordinate error counts "
-      "48 px for an unreadable answer.",
-      "",
-      "How the budget was chosen (CE pilots before the grid) is recorded at "
-      "the end, under 'Budget'.",
-      "",
-  ]
+  lines = prose.section(
+      __file__,
+      "report",
+      runs=len(runs),
+      device=any_run["device"],
+      model=any_run["model"],
+  ) + [""]
   for task in grid.METRICS:
     task_runs = [r for r in runs if r["task"] == task]
     if task_runs:
