@@ -1,7 +1,7 @@
 """The reports' prose, kept as Markdown beside each report's code.
 
-A report's text lives in a ``report.md`` next to its module, cut into named
-sections by comment lines ``<!-- section: name -->``. Within a section:
+A report's text lives in Markdown next to its module (``report.py``'s in
+``report.md``), cut into named sections by comment lines ``<!-- section: name -->``. Within a section:
 
 - ``{field}`` and ``{field:format}`` are filled as by `str.format` (write
   ``{{`` and ``}}`` for a brace);
@@ -18,7 +18,7 @@ generated files have always been written.
 """
 
 import functools
-import os
+import os.path
 import re
 
 _SECTION = re.compile(r"^<!-- section: ([\w-]+) -->$")
@@ -52,9 +52,9 @@ def _joins(previous: str, line: str) -> bool:
 
 
 def section(module_file: str, name: str, /, **values) -> list[str]:
-  """The lines of section ``name`` of the ``report.md`` beside
-  ``module_file``, its fields and blocks filled from ``values``."""
-  path = os.path.join(os.path.dirname(module_file), "report.md")
+  """The lines of section ``name`` of the Markdown beside ``module_file``
+  (its name, ending ``.md``), its fields and blocks filled from ``values``."""
+  path = os.path.splitext(module_file)[0] + ".md"
   try:
     template = _sections(path)[name]
   except KeyError:
