@@ -34,6 +34,8 @@ exclude_patterns = [
     # Prose the reports read in (no title of their own).
     "experiments/*/discussion.md",
     "experiments/*/budget.md",
+    # The reports' prose templates (experiments/prose.py).
+    "experiments/*/report.md",
 ]
 myst_heading_anchors = 4
 myst_enable_extensions = ["dollarmath"]
