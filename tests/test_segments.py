@@ -53,12 +53,12 @@ class SegmentedSumsTest(parameterized.TestCase):
     values = rng.integers(-3, 4, (2, 3, length)).astype(np.float32)
     starts = rng.random(values.shape) < bound_rate
     ends = rng.random(values.shape) < bound_rate
-    (forward, twice), (backward,) = segments.segmented_sums(
-        (
-            ((values, 2 * values), starts, False),
-            ((values,), ends, True),
+    # Compiled as one program (as the losses run it), not op by op.
+    (forward, twice), (backward,) = jax.jit(
+        lambda v, s, e: segments.segmented_sums(
+            (((v, 2 * v), s, False), ((v,), e, True))
         )
-    )
+    )(values, starts, ends)
     np.testing.assert_array_equal(forward, loop_sums(values, starts))
     np.testing.assert_array_equal(twice, 2 * loop_sums(values, starts))
     want = flip(loop_sums(flip(values), flip(ends)))
@@ -75,12 +75,11 @@ class SegmentedSumsTest(parameterized.TestCase):
     values[rng.random(values.shape) < 0.5] = segments.NO_MAXIMUM
     starts = rng.random(values.shape) < bound_rate
     ends = rng.random(values.shape) < bound_rate
-    (forward, shifted), (backward,) = segments.segmented_maxes(
-        (
-            ((values, values + 1), starts, False),
-            ((values,), ends, True),
+    (forward, shifted), (backward,) = jax.jit(
+        lambda v, s, e: segments.segmented_maxes(
+            (((v, v + 1), s, False), ((v,), e, True))
         )
-    )
+    )(values, starts, ends)
     np.testing.assert_array_equal(forward, loop_maxes(values, starts))
     np.testing.assert_array_equal(shifted, loop_maxes(values + 1, starts))
     np.testing.assert_array_equal(
@@ -94,9 +93,13 @@ class SegmentedSumsTest(parameterized.TestCase):
     in_run = rng.random((2, length)) < 0.8
     starts = ~(in_run & segments.shift_right(in_run, False))
     ends = ~(in_run & segments.shift_left(in_run, False))
-    (forward,) = segments.forward_sums((values,), starts)
-    (backward,) = segments.reverse_sums((values,), ends)
-    (total,) = segments.segment_totals((values,), starts, ends)
+    (forward,), (backward,), (total,) = jax.jit(
+        lambda v, s, e: (
+            segments.forward_sums((v,), s),
+            segments.reverse_sums((v,), e),
+            segments.segment_totals((v,), s, e),
+        )
+    )(values, starts, ends)
     np.testing.assert_array_equal(forward, loop_sums(values, starts))
     np.testing.assert_array_equal(
         backward, flip(loop_sums(flip(values), flip(ends)))
@@ -128,7 +131,7 @@ class SegmentedSumsTest(parameterized.TestCase):
     def total(x):
       return jnp.sum(weights * segments.forward_sums((x,), starts)[0])
 
-    grad = jax.grad(total)(values)
+    grad = jax.jit(jax.grad(total))(values)
     want = flip(loop_sums(flip(np.asarray(weights)), flip(np.asarray(ends))))
     np.testing.assert_allclose(grad, want, rtol=1e-6, atol=1e-6)
 
