@@ -532,16 +532,19 @@ class AuthorsWeightingTest(parameterized.TestCase):
           / scored
       )
 
+    # Each side's value and gradient compiled as one program: the authors'
+    # loops, run op by op, compiled some 300 small programs.
     want = functools.partial(
         authors_loss, labels=labels, lam=0.3, tau=0.1, **parameters
     )
-    np.testing.assert_allclose(ours(logits), want(logits), rtol=1e-5)
-    grad = jax.grad(ours)(logits)
-    np.testing.assert_allclose(
-        grad, jax.grad(want)(logits), rtol=1e-4, atol=1e-6
-    )
+    value, grad = jax.jit(jax.value_and_grad(ours))(logits)
+    want_value, want_grad = jax.jit(jax.value_and_grad(want))(logits)
+    np.testing.assert_allclose(value, want_value, rtol=1e-5)
+    np.testing.assert_allclose(grad, want_grad, rtol=1e-4, atol=1e-6)
     # The token-summed aux of "reference" points elsewhere.
-    reference = jax.grad(functools.partial(ours, weighting="reference"))
+    reference = jax.jit(
+        jax.grad(functools.partial(ours, weighting="reference"))
+    )
     self.assertGreater(float(jnp.abs(reference(logits) - grad).max()), 1e-3)
 
   def test_fused_path_takes_it(self):

@@ -697,9 +697,8 @@ train.train_and_evaluate(config, {str(tmp_path / "four")!r})
       capture_output=True,
       text=True,
       timeout=600,
-      env=dict(
-          os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4"
-      ),
+      # The session's XLA flags stay (tests/conftest.py: fast compiles).
+      env=dict(os.environ, JAX_NUM_CPU_DEVICES="4"),
   )
   assert result.returncode == 0, result.stderr[-3000:]
   assert "SHARD (1408, 16) (1408, 32)" in result.stdout  # split over fsdp
