@@ -33,6 +33,18 @@ def tiny_model():
   return models.create_model(_tiny_config(), nnx.Rngs(0))
 
 
+# The model's calls, each compiled as one program: run op by op, one call
+# compiled dozens of small programs.
+_forward = nnx.jit(lambda model, tokens: model(tokens))
+_hidden_states = nnx.jit(lambda model, tokens: model.hidden_states(tokens))
+_prefill = nnx.jit(lambda model, tokens: model.prefill(tokens))
+_extend = nnx.jit(
+    lambda model, tokens, positions, cache: model.extend(
+        tokens, positions, cache
+    )
+)
+
+
 def _random_tokens(seed, shape):
   return jax.random.randint(
       jax.random.key(seed), shape, 0, VOCAB_SIZE, dtype=jnp.int32
@@ -106,8 +118,8 @@ def test_output_shapes_and_dtypes(dtype):
   config = _tiny_config(dtype=dtype)
   model = models.create_model(config, nnx.Rngs(0))
   tokens = _random_tokens(1, (3, 11))
-  logits = model(tokens)
-  hidden = model.hidden_states(tokens)
+  logits = _forward(model, tokens)
+  hidden = _hidden_states(model, tokens)
   assert logits.shape == (3, 11, VOCAB_SIZE) and logits.dtype == jnp.float32
   assert hidden.shape == (3, 11, config.embed_dim)
   assert hidden.dtype == jnp.float32
@@ -127,8 +139,8 @@ def test_changing_a_token_changes_only_later_logits(tiny_model):
   changed_at = 7
   replacement = (tokens[:, changed_at] + 1) % VOCAB_SIZE
   edited = tokens.at[:, changed_at].set(replacement)
-  logits = np.asarray(tiny_model(tokens))
-  edited_logits = np.asarray(tiny_model(edited))
+  logits = np.asarray(_forward(tiny_model, tokens))
+  edited_logits = np.asarray(_forward(tiny_model, edited))
   np.testing.assert_array_equal(
       logits[:, :changed_at], edited_logits[:, :changed_at]
   )
@@ -139,9 +151,12 @@ def test_changing_a_token_changes_only_later_logits(tiny_model):
 
 def test_hidden_states_times_unembedding_is_logits(tiny_model):
   tokens = _random_tokens(3, (2, 9))
-  hidden = tiny_model.hidden_states(tokens)
+  hidden = _hidden_states(tiny_model, tokens)
   np.testing.assert_allclose(
-      hidden @ tiny_model.unembedding, tiny_model(tokens), rtol=1e-6, atol=1e-6
+      hidden @ tiny_model.unembedding,
+      _forward(tiny_model, tokens),
+      rtol=1e-6,
+      atol=1e-6,
   )
 
 
@@ -226,20 +241,17 @@ def test_rope_makes_the_model_position_aware(monkeypatch):
 
 def test_extend_from_cache_matches_full_forward(tiny_model):
   tokens = _random_tokens(8, (2, 8))
-  full = np.asarray(tiny_model.hidden_states(tokens))
+  full = np.asarray(_hidden_states(tiny_model, tokens))
   # The buffer past the 4 known tokens holds junk that extend overwrites.
   buffer = jnp.concatenate([tokens[:, :4], _random_tokens(9, (2, 4))], axis=1)
-  _, cache = tiny_model.prefill(buffer)
+  _, cache = _prefill(tiny_model, buffer)
   chunks = [(4, 6), (6, 7), (7, 8)]  # Several tokens at once, or one.
   for start, stop in chunks:
     positions = jnp.broadcast_to(jnp.arange(start, stop), (2, stop - start))
-    hidden, cache = tiny_model.extend(tokens[:, start:stop], positions, cache)
+    hidden, cache = _extend(tiny_model, tokens[:, start:stop], positions, cache)
     np.testing.assert_allclose(
         hidden, full[:, start:stop], rtol=1e-5, atol=1e-5
     )
-
-
-_forward = nnx.jit(lambda model, tokens: model(tokens))
 
 
 def _naive_greedy(model, prompt, max_new_tokens, eos_id, pad_id):
@@ -342,8 +354,10 @@ def test_create_model_on_a_one_device_mesh():
   assert sharded.unembed[...].sharding.mesh == mesh
   tokens = _random_tokens(7, (2, 9))
   with jax.set_mesh(mesh):
-    logits = sharded(tokens)
-  np.testing.assert_allclose(logits, single(tokens), rtol=1e-5, atol=1e-5)
+    logits = _forward(sharded, tokens)
+  np.testing.assert_allclose(
+      logits, _forward(single, tokens), rtol=1e-5, atol=1e-5
+  )
 
 
 def test_models_of_one_shape_share_the_initialiser_and_keep_their_seeds():
