@@ -21,7 +21,7 @@ demo: install
 	$(PY) -m train.demo --workdir=workdirs/demo
 
 test: install
-	$(PY) -m pytest -n 2 --dist loadgroup -q --durations=30 tests
+	$(PY) -m pytest -n 2 --dist worksteal -q --durations=30 tests
 
 # Style: pyink (2-space Google style, line length 80) and ruff's small rule set
 # (pyproject.toml), both in check mode; `make format` rewrites.

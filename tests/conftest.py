@@ -87,62 +87,15 @@ def pytest_runtest_protocol(item, nextitem):
     log.finish(item.nodeid)
 
 
-# Tests that train the same model compile the same programs (a grid's smoke
-# cells and the trainer's tests of one task share their train steps). Run
-# on one worker, one after the other, the first compiles and the rest load
-# the compiled programs from the session's cache; started at the same time
-# on two workers, both compile. (The clock grid, then the clock trainer's
-# tests, on one worker: 45 -> 27 s, 50 -> 14 s and 16 -> 10 s for the
-# latter, measured.) A test's group: the first of these its id contains.
-XDIST_GROUPS = (
-    ("tests/test_clock_time.py", "clock"),
-    ("clock_grid", "clock"),
-    ("[clock_time-", "clock"),
-    ("tests/test_grounding.py", "grounding"),
-    ("grounding_grid", "grounding"),
-    ("[grounding-", "grounding"),
-    ("tests/test_pretrained.py", "pretrained"),
-    ("tests/test_arithmetic_llm_grid.py", "pretrained"),
-    ("tests/test_gguf_to_hf.py", "pretrained"),
-    ("tests/test_train.py", "arithmetic"),
-    ("test_experiments.py::test_grid_resumes", "arithmetic"),
-    ("test_experiments.py::test_digits_profile", "arithmetic"),
-)
-
-
-GRID_TESTS = ("tests/test_experiments.py", "tests/test_arithmetic_llm_grid.py")
-
-
-def xdist_group(nodeid: str) -> str | None:
-  """The worker group of a test (`XDIST_GROUPS`), or None."""
-  for part, group in XDIST_GROUPS:
-    if part in nodeid:
-      return group
-  return None
-
-
 def pytest_collection_modifyitems(config, items):
-  """The tests marked slow first (the grids' first of all), the rest in
-  their order; each test of a group (`XDIST_GROUPS`) marked for ``make
-  test``'s ``--dist loadgroup``.
+  """The tests marked slow first, the rest in their order.
 
-  The two workers then share out the long tests and groups at the start
-  and end on short ones, instead of one worker running a three-minute grid
-  test while the other waits.
+  With ``make test``'s ``--dist worksteal`` the two workers then share out
+  the long tests at the start and end on short ones, instead of one worker
+  running a three-minute grid test while the other waits.
   """
   del config
-  # The grids' smoke tests lead: they compile every loss's train step,
-  # which the trainer tests of their group then load from the cache.
-  items.sort(
-      key=lambda item: (
-          item.get_closest_marker("slow") is None,
-          not any(part in item.nodeid for part in GRID_TESTS),
-      )
-  )
-  for item in items:
-    group = xdist_group(item.nodeid)
-    if group:
-      item.add_marker(pytest.mark.xdist_group(group))
+  items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 def pytest_unconfigure(config):
