@@ -12,9 +12,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ntil_jax import chunks
 from ntil_jax import numbers
 from ntil_jax import statistics
 from ntil_jax import validation
+from ntil_jax import vocab
 
 DIGITS = np.arange(numbers.NUM_DIGITS, dtype=np.float32)
 
@@ -51,6 +53,11 @@ def number_loss(
   PRNG key) are arguments. Under a mesh (``jax.set_mesh``) it is traced
   into the caller's program as it is, its shardings the caller's.
   """
+  spec = None
+  if isinstance(digit_token_ids, vocab.NumberTokens):
+    spec, digit_token_ids, _ = chunks.spec_and_ids(digit_token_ids)
+    if spec.narrow:  # ten single-digit tokens: the digit ids, in value order
+      spec = None
   if digit_token_ids is not None and not isinstance(digit_token_ids, jax.Array):
     digit_token_ids = jnp.asarray(digit_token_ids)
   arrays = {k: v for k, v in loss_kwargs.items() if _is_array(v)}
@@ -65,6 +72,7 @@ def number_loss(
   if not compiled:
     return _whole_sequence_loss(
         numeric_fn,
+        spec,
         stats,
         labels,
         digit_mask,
@@ -75,6 +83,7 @@ def number_loss(
   return _compiled_number_loss(
       numeric_fn,
       settings,
+      spec,
       stats,
       labels,
       digit_mask,
@@ -88,10 +97,11 @@ def _is_array(value) -> bool:
   return isinstance(value, (jax.Array, np.ndarray, np.generic))
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1))
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
 def _compiled_number_loss(
     numeric_fn,
     settings,
+    spec,
     stats,
     labels,
     digit_mask,
@@ -101,6 +111,7 @@ def _compiled_number_loss(
 ):
   return _whole_sequence_loss(
       numeric_fn,
+      spec,
       stats,
       labels,
       digit_mask,
@@ -113,6 +124,7 @@ def _compiled_number_loss(
 
 def _whole_sequence_loss(
     numeric_fn,
+    spec,
     stats,
     labels,
     digit_mask,
@@ -125,15 +137,30 @@ def _whole_sequence_loss(
   whole_stats = statistics.TokenStatistics(
       *(None if field is None else whole(field) for field in stats)
   )
-  layout = numbers.number_layout(
-      whole(labels),
-      None if digit_mask is None else whole(digit_mask),
-      digit_token_ids=digit_token_ids,
-      decimal_point_mask=(
-          None if decimal_point_mask is None else whole(decimal_point_mask)
-      ),
+  labels_, digit_mask, decimal_point_mask = (
+      None if x is None else whole(x)
+      for x in (labels, digit_mask, decimal_point_mask)
   )
-  result = numeric_fn(whole_stats, layout, **loss_kwargs)
+  if spec is not None:  # number tokens of several digits: digit slots
+    slots = chunks.Slots(
+        whole_stats,
+        labels_,
+        digit_mask,
+        digit_token_ids,
+        spec,
+        decimal_point_mask,
+    )
+    result = chunks.slot_loss(
+        numeric_fn, numbers.number_layout, slots, loss_kwargs
+    )
+  else:
+    layout = numbers.number_layout(
+        labels_,
+        digit_mask,
+        digit_token_ids=digit_token_ids,
+        decimal_point_mask=decimal_point_mask,
+    )
+    result = numeric_fn(whole_stats, layout, **loss_kwargs)
   return jax.tree.map(
       lambda x: numbers.split_like(x, labels, position_axis), result
   )

@@ -15,6 +15,7 @@ from ntil_jax import base
 from ntil_jax import numbers
 from ntil_jax import statistics
 from ntil_jax import validation
+from ntil_jax import vocab
 
 
 def emd_from_layout(stats: statistics.TokenStatistics, layout):
@@ -170,7 +171,10 @@ def soft_label_cross_entropy(
   logits, labels, digit_mask, _, digit_logits_ = base.prepare(
       logits, labels, digit_mask, digit_token_ids
   )
-  is_digit, _ = numbers.match_digits(labels, digit_token_ids)
+  ids = digit_token_ids
+  if isinstance(ids, vocab.NumberTokens):  # any number token's position
+    ids = ids.ids
+  is_digit, _ = numbers.match_digits(labels, ids)
   if digit_mask is not None:
     is_digit = is_digit & digit_mask.astype(bool)
   # Logits outside numbers are zeroed so that NaN/inf there gives no NaN

@@ -121,7 +121,9 @@ def del_loss(
     labels: ``[..., T]`` integer target ids.
     digit_mask: ``[..., T]`` bool, where digits may be scored (``None``:
       all).
-    digit_token_ids: ``[10]`` token ids of the digits 0..9 (``None``: 0..9).
+    digit_token_ids: ``[10]`` token ids of the digits 0..9 (``None``: 0..9). A
+      :class:`~ntil_jax.NumberTokens` scores numbers written in tokens of
+      1-3 digits (:mod:`ntil_jax.chunks`).
     decimal_point_mask: optional ``[..., T]`` bool, true at '.' labels. Pass
       it for the authors' decimals: without it every digit counts as an
       integer digit of a number that ends at the '.', so ``3.14`` scores

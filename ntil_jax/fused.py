@@ -98,7 +98,9 @@ def fused_token_statistics(
     hidden: ``[B, T, D]`` final hidden states.
     unembedding: ``[D, V]`` output projection.
     labels: ``[B, T]`` integer labels.
-    digit_token_ids: ``[10]`` digit ids (``None``: 0..9).
+    digit_token_ids: ``[10]`` digit ids (``None``: 0..9). A
+      :class:`~ntil_jax.NumberTokens` scores numbers written in tokens of
+      1-3 digits (:mod:`ntil_jax.chunks`).
     chunk_size: tokens per chunk of ``"chunked"`` (``None``:
       :func:`default_chunk_size` for the default backend); a chunk covers
       about ``chunk_size // B`` positions of every row, so the batch axis
@@ -242,7 +244,9 @@ def fused_numeric_loss(
       ``"del"``, ``"smmd"`` or ``"ce"``.
     weighting: ``"sum"``, ``"reference"`` or ``"authors"`` (see
       ``numeric_token_loss``).
-    digit_token_ids: ``[10]`` digit ids (``None``: 0..9).
+    digit_token_ids: ``[10]`` digit ids (``None``: 0..9). A
+      :class:`~ntil_jax.NumberTokens` scores numbers written in tokens of
+      1-3 digits (:mod:`ntil_jax.chunks`).
     chunk_size: tokens per chunk (a positive int); ``None``:
       :func:`default_chunk_size` (about 4M logits per block on CPU, a
       512 MiB float32 block on GPU and TPU).

@@ -185,7 +185,9 @@ def numeric_token_loss(
     method: which numeric loss.
     lam: its weight (``>= 0``).
     weighting: ``"sum"``, ``"reference"`` or ``"authors"``.
-    digit_token_ids: ``[10]`` digit token ids (``None``: 0..9).
+    digit_token_ids: ``[10]`` digit token ids (``None``: 0..9). A
+      :class:`~ntil_jax.NumberTokens` scores numbers written in tokens of
+      1-3 digits (:mod:`ntil_jax.chunks`).
     decimal_point_mask: optional ``[..., T]`` bool (or integer), true at
       decimal-point labels that join integer and fractional digits into one
       number (see :func:`ntil_loss`). It changes only where numbers begin
@@ -393,7 +395,7 @@ def loss_from_statistics(
   labels, loss_mask, digit_mask, decimal_point_mask = base.asarrays(
       labels, loss_mask, digit_mask, decimal_point_mask
   )
-  validation.check_statistics(stats, labels, vocab_size)
+  validation.check_statistics(stats, labels, vocab_size, digit_token_ids)
   labels, loss_mask, digit_mask, decimal_point_mask = numbers.reshard_like(
       stats.log_norm, labels, loss_mask, digit_mask, decimal_point_mask
   )

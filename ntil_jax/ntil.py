@@ -253,7 +253,9 @@ def ntil_loss(
     labels: ``[..., T]`` integer target token ids.
     digit_mask: ``[..., T]`` bool, where digits may be scored (``None``: all).
     digit_token_ids: ``[10]`` token ids of the digits 0..9; ``None`` means ids
-      0..9. See :func:`ntil_jax.digit_token_ids` to get them from a vocabulary.
+      0..9. See :func:`ntil_jax.digit_token_ids` to get them from a vocabulary. A
+      :class:`~ntil_jax.NumberTokens` scores numbers written in tokens of
+      1-3 digits (:mod:`ntil_jax.chunks`).
     decimal_point_mask: optional ``[..., T]`` bool, true at decimal-point
       labels that join integer and fractional digits into one number.
     sigma: place-value weighting base, weights are ``(1+sigma)**digits_right``

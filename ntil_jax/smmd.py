@@ -240,7 +240,9 @@ def smmd_loss(
     labels: ``[..., T]`` integer target ids.
     digit_mask: ``[..., T]`` bool, where digits may be scored (``None``:
       all).
-    digit_token_ids: ``[10]`` token ids of the digits 0..9 (``None``: 0..9).
+    digit_token_ids: ``[10]`` token ids of the digits 0..9 (``None``: 0..9). A
+      :class:`~ntil_jax.NumberTokens` scores numbers written in tokens of
+      1-3 digits (:mod:`ntil_jax.chunks`).
     mode: ``"smmd"`` (MMD + smoothness), ``"mmd"`` or ``"smooth"``.
     kernel: ``"gaussian"`` or ``"laplace"``.
     sigmas: kernel bandwidths (``> 0``); several give the mean of their

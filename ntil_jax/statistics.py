@@ -13,8 +13,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ntil_jax import chunks
 from ntil_jax import numbers
 from ntil_jax import validation
+from ntil_jax import vocab
 
 
 def digit_logits(logits, digit_token_ids=None) -> chex.Array:
@@ -127,10 +129,17 @@ def token_statistics(
 def digit_column_ids(digit_token_ids, vocab_size):
   """``(columns, traced_ids)``: the ten digit columns, static or traced.
 
+  For :class:`~ntil_jax.NumberTokens`, the columns of every number token in
+  their canonical order (:func:`ntil_jax.chunks.spec_and_ids`).
+
   ``columns`` is a tuple of the column ids when they are known at trace time
   (checked here), else None and ``traced_ids`` holds them as an array.
   """
   concrete = validation.check_digit_ids(digit_token_ids, vocab_size)
+  if isinstance(digit_token_ids, vocab.NumberTokens):
+    _, ids, concrete = chunks.spec_and_ids(digit_token_ids, vocab_size)
+    if concrete is None:
+      return None, ids
   if digit_token_ids is None:
     return tuple(range(numbers.NUM_DIGITS)), None
   if concrete is None:
@@ -142,8 +151,8 @@ def _pick_digits(logits, columns, traced_ids):
   """``[..., T, 10]`` digit logits and, for traced ids, their validity."""
   if columns is not None:
     start = columns[0]
-    if columns == tuple(range(start, start + numbers.NUM_DIGITS)):
-      return logits[..., start : start + numbers.NUM_DIGITS], None
+    if columns == tuple(range(start, start + len(columns))):
+      return logits[..., start : start + len(columns)], None
     return jnp.take(logits, np.asarray(columns), axis=-1), None
   picked = jnp.take(logits, traced_ids, axis=-1, mode="clip")
   return picked, ids_are_valid(traced_ids, logits.shape[-1])
@@ -153,7 +162,7 @@ def ids_are_valid(traced_ids, vocab_size):
   """Whether traced digit ids are distinct and in ``[0, vocab_size)``."""
   in_range = jnp.all((traced_ids >= 0) & (traced_ids < vocab_size))
   distinct = (
-      jnp.sum(traced_ids[:, None] == traced_ids[None, :]) == numbers.NUM_DIGITS
+      jnp.sum(traced_ids[:, None] == traced_ids[None, :]) == traced_ids.shape[0]
   )
   return in_range & distinct
 

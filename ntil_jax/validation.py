@@ -11,7 +11,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ntil_jax import chunks
 from ntil_jax import numbers
+from ntil_jax import vocab
 
 
 def check_inputs(logits, labels, digit_mask, digit_token_ids, extra_masks=()):
@@ -109,8 +111,11 @@ def check_digit_ids(digit_token_ids, vocab_size):
   """Checks digit ids (``None``: 0..9) against a vocabulary of ``V`` tokens.
 
   Returns what :func:`numbers.check_digit_token_ids` returns (``None`` for
-  the default ids).
+  the default ids); for :class:`~ntil_jax.NumberTokens`, their ids in
+  canonical order (:func:`chunks.spec_and_ids`), ``None`` if traced.
   """
+  if isinstance(digit_token_ids, vocab.NumberTokens):
+    return chunks.spec_and_ids(digit_token_ids, vocab_size)[2]
   if digit_token_ids is None:
     if vocab_size < numbers.NUM_DIGITS:
       raise ValueError(
@@ -169,8 +174,12 @@ class LossArgumentError(ValueError, TypeError):
   """
 
 
-def check_statistics(stats, labels, vocab_size) -> None:
-  """Raises ValueError unless ``stats`` fit ``labels`` and ``vocab_size``."""
+def check_statistics(stats, labels, vocab_size, digit_token_ids=None) -> None:
+  """Raises ValueError unless ``stats`` fit ``labels`` and ``vocab_size``.
+
+  ``digit_logits`` has 10 columns, or one per token of a
+  :class:`~ntil_jax.NumberTokens` ``digit_token_ids``.
+  """
   if isinstance(vocab_size, (bool, np.bool_)) or not isinstance(
       vocab_size, (int, np.integer)
   ):
@@ -180,16 +189,20 @@ def check_statistics(stats, labels, vocab_size) -> None:
     )
   if vocab_size < 1:
     raise ValueError(f"vocab_size must be a positive int, got {vocab_size}.")
+  columns = numbers.NUM_DIGITS
+  if isinstance(digit_token_ids, vocab.NumberTokens):
+    columns = int(np.size(digit_token_ids.values))
   shapes = {
       "log_norm": labels.shape,
       "label_logits": labels.shape,
-      "digit_logits": labels.shape + (numbers.NUM_DIGITS,),
+      "digit_logits": labels.shape + (columns,),
   }
   for name, shape in shapes.items():
     field = jnp.asarray(getattr(stats, name))
     if field.shape != shape:
       raise ValueError(
           f"stats.{name} shape {field.shape} must be {shape} (labels shape "
-          f"{labels.shape}{' + (10,)' if name == 'digit_logits' else ''})."
+          f"{labels.shape}"
+          f"{f' + ({columns},)' if name == 'digit_logits' else ''})."
       )
     check_logits_dtype(field, f"stats.{name}")

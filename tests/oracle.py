@@ -291,3 +291,99 @@ def smmd(
     if value > 0:
       grad[b, t, ids] = p * (d_r - p @ d_r)
   return loss, grad
+
+
+def digit_slots(logits, labels, mask, tokens, decimal_mask=None):
+  """Number tokens of several digits as single-digit slots, float64.
+
+  ``tokens``: (ids, values, widths, word_starts) lists. Each position whose
+  mask is true and whose label is a number token of width w becomes w
+  slots (after one non-digit slot if the token starts a word); every other
+  position one non-digit slot. A digit slot j of width w has 11 logits:
+  for d = 0..9 the log of the summed exp(logit) of the width-w tokens
+  whose digit j is d, and one for every other token (log of their summed
+  exp), so that its softmax over the 11 is the full vocabulary's.
+
+  Returns:
+    (slot_logits [B, S, 11], slot_labels [B, S] (digit d -> d, else 10),
+    slot_mask [B, S], slot_decimal [B, S], owner [B][S] (the token of each
+    slot, None for padding), chain) where ``chain(grad [B, S, 11])`` is the
+    gradient w.r.t. ``logits``.
+  """
+  logits = np.asarray(logits, np.float64)
+  ids, values, widths, starts = (list(x) for x in tokens)
+  info = {int(i): (int(v), int(w)) for i, v, w in zip(ids, values, widths)}
+  ids = [int(i) for i in ids]
+  B, T, V = logits.shape
+  slots = []  # per row: (t, kind, width, j, digit, decimal)
+  for b in range(B):
+    row = []
+    for t in range(T):
+      label = int(labels[b, t])
+      if mask[b, t] and label in info:
+        k = ids.index(label)
+        v, w = info[label]
+        if starts[k]:
+          row.append((t, "other", 0, 0, 10, False))
+        for j in range(w):
+          row.append((t, "digit", w, j, (v // 10 ** (w - 1 - j)) % 10, False))
+      else:
+        point = bool(decimal_mask[b, t]) if decimal_mask is not None else False
+        row.append((t, "other", 0, 0, 10, point))
+    slots.append(row)
+  S = max(len(r) for r in slots)
+  slot_logits = np.zeros((B, S, 11))
+  slot_labels = np.full((B, S), 10)
+  slot_mask = np.zeros((B, S), bool)
+  slot_decimal = np.zeros((B, S), bool)
+  owner = [[None] * S for _ in range(B)]
+  for b, row in enumerate(slots):
+    for s, (t, kind, w, j, digit, point) in enumerate(row):
+      owner[b][s] = t
+      slot_decimal[b, s] = point
+      if kind != "digit":
+        continue
+      z = logits[b, t]
+      top = z.max()
+      groups = np.zeros(10)
+      rest = 0.0
+      for k in range(V):
+        if k in info and info[k][1] == w:
+          v = info[k][0]
+          groups[(v // 10 ** (w - 1 - j)) % 10] += math.exp(z[k] - top)
+        else:
+          rest += math.exp(z[k] - top)
+      slot_logits[b, s, :10] = np.log(groups) + top
+      slot_logits[b, s, 10] = math.log(rest) + top if rest > 0 else -np.inf
+      slot_labels[b, s] = digit
+      slot_mask[b, s] = True
+
+  def chain(slot_grad):
+    grad = np.zeros((B, T, V))
+    for b, row in enumerate(slots):
+      for s, (t, kind, w, j, _, _) in enumerate(row):
+        if kind != "digit":
+          continue
+        z = logits[b, t]
+        for k in range(V):
+          if k in info and info[k][1] == w:
+            v = info[k][0]
+            d = (v // 10 ** (w - 1 - j)) % 10
+            share = math.exp(z[k] - slot_logits[b, s, d])
+            grad[b, t, k] += slot_grad[b, s, d] * share
+          else:
+            share = math.exp(z[k] - slot_logits[b, s, 10])
+            grad[b, t, k] += slot_grad[b, s, 10] * share
+    return grad
+
+  return slot_logits, slot_labels, slot_mask, slot_decimal, owner, chain
+
+
+def to_tokens(slot_values, owner, shape):
+  """Per-slot values summed onto their tokens, ``[B, T]``."""
+  out = np.zeros(shape)
+  for b, row in enumerate(owner):
+    for s, t in enumerate(row):
+      if t is not None:
+        out[b, t] += slot_values[b, s]
+  return out

@@ -26,12 +26,15 @@ from ntil_jax import numbers
 from ntil_jax import statistics
 
 
-def _chunk_statistics(hidden, labels, unembedding, digit_token_ids):
-  """TokenStatistics of one ``[B, C, D]`` chunk."""
+def _chunk_statistics(hidden, labels, unembedding, columns, traced_ids):
+  """TokenStatistics of one ``[B, C, D]`` chunk (inputs checked)."""
   logits = jnp.einsum(
       "bcd,dv->bcv", hidden, unembedding, preferred_element_type=jnp.float32
   )
-  return statistics.token_statistics(logits, labels, digit_token_ids)
+  (labels,) = numbers.reshard_like(logits, labels)
+  return statistics.statistics_from_columns(
+      logits, labels, None, traced_ids, columns, True
+  )
 
 
 # CPU: a block of about 4M float32 logits (16 MiB) whatever the vocabulary.
@@ -114,9 +117,7 @@ def token_statistics(
   """
   batch, length, _ = hidden.shape
   if batch == 0 or length == 0:  # nothing to chunk: empty statistics
-    return _chunk_statistics(
-        hidden, labels, unembedding, _digit_ids(columns, traced_ids)
-    )
+    return _chunk_statistics(hidden, labels, unembedding, columns, traced_ids)
   vocab_size = unembedding.shape[-1]
   backend = jax.default_backend()
   if chunk_size is None:
@@ -169,7 +170,8 @@ def _statistics_fwd(
         _slice(hidden, start, rows, 1),
         _slice(labels, start, rows, 1),
         unembedding,
-        ids,
+        columns,
+        traced_ids,
     )
     stats = jax.tree.map(
         lambda s, c: jax.lax.dynamic_update_slice_in_dim(s, c, start, 1),
@@ -183,7 +185,7 @@ def _statistics_fwd(
   empty = statistics.TokenStatistics(
       per_token,
       per_token,
-      per_token[..., None] + jnp.zeros(numbers.NUM_DIGITS, jnp.float32),
+      per_token[..., None] + jnp.zeros(ids.shape[0], jnp.float32),
   )
   stats, _ = jax.lax.scan(chunk_step, empty, jnp.arange(-(-length // rows)))
   return stats, (hidden, unembedding, labels, traced_ids, stats.log_norm)
@@ -242,6 +244,9 @@ def _statistics_bwd(columns, rows, tile, residuals, cotangents):
     digit_columns = jnp.clip(traced_ids, 0, vocab_size - 1)
   else:
     digit_columns = columns
+  # Number tokens of several digits (hundreds of columns): their cotangents
+  # by two matmuls after the loop instead of a compare per column and logit.
+  many = g_digits.shape[-1] > numbers.NUM_DIGITS
   # The last tile of each axis is shifted back to end at the edge; the part
   # it shares with the tile before is masked out, never counted twice.
   ragged_rows = length % positions != 0
@@ -279,7 +284,7 @@ def _statistics_bwd(columns, rows, tile, residuals, cotangents):
       grad = grad + jnp.where(
           column == label[..., None], label_scale[..., None], 0.0
       )
-      for k in range(numbers.NUM_DIGITS):
+      for k in range(0 if many else numbers.NUM_DIGITS):
         grad = grad + jnp.where(
             column == digit_columns[k] - start_v,
             digit_scales[..., k, None],
@@ -319,6 +324,21 @@ def _statistics_bwd(columns, rows, tile, residuals, cotangents):
       (jnp.zeros_like(hidden, jnp.float32), jnp.zeros_like(unembedding)),
       jnp.arange(-(-vocab_size // width)),
   )
+  if many:
+    w_digits = jnp.take(unembedding, jnp.asarray(digit_columns), axis=1)
+    d_hidden = d_hidden + jnp.einsum(
+        "btk,dk->btd",
+        g_digits,
+        w_digits,
+        preferred_element_type=jnp.float32,
+        out_sharding=hidden_sharding,
+    )
+    d_digits = jnp.einsum(
+        "btd,btk->dk", hidden, g_digits, preferred_element_type=jnp.float32
+    )
+    d_unembedding = d_unembedding.at[:, jnp.asarray(digit_columns)].add(
+        d_digits.astype(d_unembedding.dtype)
+    )
   return d_hidden.astype(hidden.dtype), d_unembedding, None, None
 
 

@@ -1,0 +1,410 @@
+r"""Numbers written in tokens of several digits, each token's digits apart.
+
+Llama 3, GPT-4o and DeepSeek-V3 write ``1234567`` as ``123|456|7``. With a
+:class:`~ntil_jax.NumberTokens` vocabulary in place of the ten digit ids,
+every loss here scores such numbers digit by digit, through **digit
+slots**: a position whose label is a number token of width :math:`w`
+becomes :math:`w` slots, one per digit of the token, and every other
+position one slot. The numbers are then the maximal runs of digit slots,
+exactly as for single-digit tokens, so ``123|4`` is the number 1234 and
+``12|05`` is 1205, with every digit's place value counted across tokens.
+
+Each digit slot gets a distribution over the ten digits: the model's
+probability of the tokens **of the target's width** whose digit at that
+slot is :math:`d`,
+
+.. math:: \ell_j(d) = \log \sum_{k:\ \mathrm{width}(k) = w,\ d_j(k) = d}
+   e^{z_k},
+
+the log-sum-exp of their logits. Each loss reads these ten "digit logits"
+where it read the ten digit tokens' logits, and the full vocabulary's
+log-normalizer where it read that: the soft-label cross-entropy takes
+:math:`\log P_j(d) = \ell_j(d) - \log Z`, the distance losses the softmax of
+:math:`\ell_j`, i.e. the digit's marginal under the model's distribution
+renormalized over the target width's tokens. NTIL's prediction is the
+argmax digit of each slot (straight-through, as for single digits), so the
+predicted number has the target's digit count. A model's mass on tokens of
+another width (``12|34`` for ``123|4``) or on non-number tokens is outside
+these terms; cross-entropy, computed per token as always, is what penalises
+it. A token loss is the sum of its slots' losses, so the per-token output
+is shaped like the labels, as for every other vocabulary.
+
+With ten single-digit tokens and no word-start tokens the slots are the
+positions, and every loss is today's exactly (that case runs the
+single-digit code). A number token that starts a word (``'\u2581123'``)
+starts a new number: its slots are preceded by a non-digit slot.
+"""
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ntil_jax import numbers
+from ntil_jax import vocab
+
+MAX_WIDTH = 4
+# The synthetic label of a slot that is no digit.
+_OTHER = numbers.NUM_DIGITS
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+  """The static part of a :class:`~ntil_jax.NumberTokens`, in its canonical
+  order (by width, then value, then id): what the digit slots are built
+  from. Hashable, so it can be a ``jit`` static argument."""
+
+  widths: tuple
+  values: tuple
+  word_starts: tuple
+
+  @functools.cached_property
+  def max_width(self) -> int:
+    return max(self.widths)
+
+  @functools.cached_property
+  def separated(self) -> bool:
+    """Whether some token starts a word (a non-digit slot before it)."""
+    return any(self.word_starts)
+
+  @functools.cached_property
+  def single_digits(self) -> bool:
+    """Ten single-digit tokens, 0..9, none starting a word: digit ids."""
+    return self.widths == (1,) * 10 and self.values == tuple(range(10))
+
+  @functools.cached_property
+  def narrow(self) -> bool:
+    return self.single_digits and not self.separated
+
+  @functools.cached_property
+  def slots_per_token(self) -> int:
+    return self.max_width + int(self.separated)
+
+  @functools.cached_property
+  def width_list(self) -> tuple:
+    """The widths present, ascending."""
+    return tuple(sorted(set(self.widths)))
+
+  def cells(self, width: int) -> np.ndarray:
+    """``[10**width, m]`` indices of the tokens writing each digit string
+    of ``width`` digits (``-1`` pads; a string no token writes is all
+    ``-1``)."""
+    members = [[] for _ in range(10**width)]
+    for index, (w, v) in enumerate(zip(self.widths, self.values)):
+      if w == width:
+        members[v].append(index)
+    m = max(len(x) for x in members)
+    table = np.full((10**width, m), -1, np.int32)
+    for v, x in enumerate(members):
+      table[v, : len(x)] = x
+    return table
+
+
+def _concrete(x):
+  try:
+    return np.asarray(x)
+  except (jax.errors.TracerArrayConversionError, TypeError):
+    return None
+
+
+def spec_and_ids(tokens: vocab.NumberTokens, vocab_size=None):
+  """``(spec, ids, concrete)``: the static :class:`Spec`, the ids in its
+  canonical order (an array, traced if ``tokens.ids`` is) and those ids as
+  NumPy (``None`` when traced).
+
+  Raises:
+    ValueError: in one line, for fields of different lengths, traced
+      values, widths or word starts, a width outside 1..4, a value that
+      does not fit its width, ids that are not integers, negative, at or
+      above ``vocab_size`` or repeated, or a width whose tokens leave some
+      digit out of some slot.
+  """
+  fields = {}
+  for name in ("values", "widths", "word_starts"):
+    value = _concrete(getattr(tokens, name))
+    if value is None:
+      raise ValueError(
+          f"NumberTokens.{name} must be concrete (NumPy), not traced; only "
+          "the ids may be traced."
+      )
+    fields[name] = value.reshape(-1)
+  count = len(fields["values"])
+  shapes = {n: np.shape(getattr(tokens, n)) for n in tokens._fields}
+  if count == 0 or any(s != (count,) for s in shapes.values()):
+    raise ValueError(
+        f"NumberTokens fields must be 1-D of one non-zero length, got {shapes}."
+    )
+  widths = fields["widths"].astype(np.int64)
+  values = fields["values"].astype(np.int64)
+  if widths.min() < 1 or widths.max() > MAX_WIDTH:
+    raise ValueError(
+        f"number token widths must be 1 to {MAX_WIDTH} digits, got "
+        f"{sorted(set(widths.tolist()))}."
+    )
+  bad = (values < 0) | (values >= 10**widths)
+  if bad.any():
+    i = int(np.flatnonzero(bad)[0])
+    raise ValueError(
+        f"number token {i} has value {values[i]}, which does not fit its "
+        f"width of {widths[i]} digit(s)."
+    )
+  order = np.lexsort((np.arange(count), values, widths))
+  spec = Spec(
+      widths=tuple(int(w) for w in widths[order]),
+      values=tuple(int(v) for v in values[order]),
+      word_starts=tuple(bool(s) for s in fields["word_starts"][order]),
+  )
+  _check_every_digit_in_every_slot(spec)
+  concrete = _concrete(tokens.ids)
+  if concrete is None:
+    ids = jnp.asarray(tokens.ids)
+    if ids.shape != (count,):
+      raise ValueError(
+          f"NumberTokens.ids must be [{count}], got shape {ids.shape}."
+      )
+    return spec, ids[order], None
+  concrete = concrete.reshape(-1) if concrete.shape == (count,) else concrete
+  if concrete.shape != (count,):
+    raise ValueError(
+        f"NumberTokens.ids must be [{count}], got shape {concrete.shape}."
+    )
+  if not np.issubdtype(concrete.dtype, np.integer):
+    raise ValueError(
+        f"NumberTokens.ids must be integer token ids, got {concrete.dtype}."
+    )
+  if concrete.min() < 0 or (
+      vocab_size is not None and concrete.max() >= vocab_size
+  ):
+    limit = "" if vocab_size is None else f" for a vocabulary of V={vocab_size}"
+    raise ValueError(
+        f"NumberTokens.ids range over [{concrete.min()}, {concrete.max()}], "
+        f"out of range{limit} (the logits' last axis)."
+    )
+  unique, counts = np.unique(concrete, return_counts=True)
+  if (counts > 1).any():
+    raise ValueError(
+        f"NumberTokens.ids repeat token {int(unique[counts > 1][0])}; each "
+        "number token needs its own id."
+    )
+  concrete = concrete[order]
+  return spec, jnp.asarray(concrete), concrete
+
+
+def _check_every_digit_in_every_slot(spec: Spec) -> None:
+  """Each width's tokens must put every digit at every slot: a slot's
+  distribution over the ten digits is then never missing a digit."""
+  for width in spec.width_list:
+    present = np.zeros((width, 10), bool)
+    for w, v in zip(spec.widths, spec.values):
+      if w == width:
+        for j in range(width):
+          present[j, (v // 10 ** (width - 1 - j)) % 10] = True
+    if not present.all():
+      j, d = np.argwhere(~present)[0]
+      raise ValueError(
+          f"no number token of width {width} has digit {d} at place {j + 1} "
+          f"of {width}: a vocabulary's tokens of a width must write every "
+          "digit at every place (pass max_width= to number_tokens to drop "
+          "a width the tokenizer never uses)."
+      )
+
+
+def _safe_logsumexp(x, axis):
+  """``logsumexp``, ``-inf`` with a zero gradient where all of x is."""
+  top = jax.lax.stop_gradient(jnp.max(x, axis=axis, keepdims=True))
+  top = jnp.where(jnp.isfinite(top), top, 0.0)
+  total = jnp.sum(jnp.exp(x - top), axis=axis)
+  some = total > 0
+  return jnp.where(
+      some,
+      jnp.log(jnp.where(some, total, 1.0)) + jnp.squeeze(top, axis),
+      -jnp.inf,
+  )
+
+
+def slot_digit_logits(number_logits, spec: Spec):
+  """``[..., T, P, 10]``: the digit logits of every (width, slot) pair.
+
+  ``number_logits``: ``[..., T, K]`` in the canonical order of ``spec``.
+  Pair ``p`` is slot ``j`` (0: the leftmost digit) of width ``w``, in the
+  order of :func:`_pair_offsets`.
+  """
+  pairs = []
+  for width in spec.width_list:
+    table = spec.cells(width)
+    present = table >= 0
+    picked = jnp.take(number_logits, np.maximum(table, 0), axis=-1)
+    picked = jnp.where(present, picked, -jnp.inf)
+    if table.shape[1] == 1:
+      cells = picked[..., 0]
+    else:  # several tokens write the same digits ('12' and '\u258112')
+      cells = _safe_logsumexp(picked, -1)
+    grid = cells.reshape(cells.shape[:-1] + (10,) * width)
+    lead = cells.ndim - 1
+    for j in range(width):
+      others = tuple(lead + i for i in range(width) if i != j)
+      pairs.append(jax.nn.logsumexp(grid, axis=others) if others else grid)
+  return jnp.stack(pairs, axis=-2)
+
+
+def _pair_offsets(spec: Spec) -> np.ndarray:
+  """``offsets[w]``: the index of slot 0 of width ``w`` among the pairs."""
+  offsets = np.zeros(MAX_WIDTH + 1, np.int32)
+  running = 0
+  for width in spec.width_list:
+    offsets[width] = running
+    running += width
+  return offsets
+
+
+def _scatter_rows(values, dest, size, fill):
+  """``out[b, dest[b, i]] = values[b, i]`` into ``[B, size, ...]`` rows."""
+
+  def row(v, d):
+    base = jnp.full((size,) + v.shape[1:], fill, v.dtype)
+    return base.at[d].set(v, mode="drop", unique_indices=True)
+
+  return jax.vmap(row)(values, dest)
+
+
+def _gather_rows(values, dest):
+  """``out[b, i] = values[b, dest[b, i]]``, 0 where ``dest`` is past it."""
+
+  def row(v, d):
+    return jnp.take(v, d, axis=0, mode="fill", fill_value=0)
+
+  return jax.vmap(row)(values, dest)
+
+
+class Slots:
+  """The digit slots of whole sequences (``[B, T]`` flattened leading
+  axes): their statistics and labels, and the map back to the tokens."""
+
+  def __init__(self, stats, labels, mask, ids, spec, decimal_point_mask):
+    lead = labels.shape
+    flat = int(np.prod(lead[:-1], dtype=np.int64))
+    length = lead[-1]
+    labels = labels.reshape(flat, length)
+    mask = jnp.ones_like(labels, bool) if mask is None else mask
+    mask = mask.reshape(flat, length).astype(bool)
+    self.spec, self.lead = spec, lead
+    wide = jnp.int64 if labels.dtype.itemsize > 4 else jnp.int32
+    matches = labels.astype(wide)[..., None] == ids.astype(wide)
+    which = jnp.argmax(matches, axis=-1)
+    is_number = matches.any(-1) & mask
+    table = lambda x, dtype: jnp.take(np.asarray(x, dtype), which)
+    width = jnp.where(is_number, table(spec.widths, np.int32), 1)
+    value = table(spec.values, np.int32)
+    starts_word = is_number & table(spec.word_starts, bool)
+    per = spec.slots_per_token
+    cell = np.arange(per, dtype=np.int32)
+    lead_slot = starts_word.astype(jnp.int32)  # the separator's slot
+    digit = cell - lead_slot[..., None]  # [B, T, C]: which digit of the token
+    is_digit_cell = (
+        is_number[..., None] & (digit >= 0) & (digit < width[..., None])
+    )
+    count = jnp.where(is_number, width + lead_slot, 1)
+    start = jnp.cumsum(count, axis=-1) - count
+    used = cell < count[..., None]
+    self.size = per * length
+    self.dest = jnp.where(used, start[..., None] + cell, self.size)
+    self.is_digit_cell = is_digit_cell
+    self.width = width
+    self.digit = digit
+    place = jnp.clip(width[..., None] - 1 - digit, 0, MAX_WIDTH - 1)
+    digit_value = (value[..., None] // (10 ** place.astype(value.dtype))) % 10
+    slot_label = jnp.where(is_digit_cell, digit_value, _OTHER)
+    dest = self.dest.reshape(flat, length * per)
+    self.flat_dest = dest
+    scatter = functools.partial(_scatter_rows, dest=dest, size=self.size)
+    self.labels = scatter(slot_label.reshape(flat, -1), fill=_OTHER)
+    self.mask = scatter(is_digit_cell.reshape(flat, -1), fill=False)
+    if decimal_point_mask is None:
+      self.decimal_point_mask = None
+    else:
+      points = decimal_point_mask.reshape(flat, length).astype(bool)
+      points = (points & ~is_number)[..., None] & (cell == 0)
+      self.decimal_point_mask = scatter(points.reshape(flat, -1), fill=False)
+    pairs = slot_digit_logits(
+        stats.digit_logits.reshape(flat, length, -1), spec
+    )
+    pair = jnp.take(_pair_offsets(spec), width)[..., None] + jnp.clip(
+        digit, 0, spec.max_width - 1
+    )
+    pair = jnp.clip(pair, 0, pairs.shape[-2] - 1)
+    cells = jnp.take_along_axis(pairs, pair[..., None], axis=-2)
+    cells = jnp.where(is_digit_cell[..., None], cells, 0.0)
+    if stats.log_norm is None:  # a loss that reads the digit logits alone
+      log_norm = None
+    else:
+      log_norm = stats.log_norm.reshape(flat, length, 1)
+      log_norm = jnp.broadcast_to(log_norm, (flat, length, per))
+      log_norm = scatter(log_norm.reshape(flat, -1), fill=0.0)
+    self.stats = type(stats)(
+        log_norm=log_norm,
+        label_logits=None,
+        digit_logits=scatter(cells.reshape(flat, length * per, 10), fill=0.0),
+    )
+
+  def per_cell(self, slot_values):
+    """``[B, T, C]``: each token's slots' values (0 past its slots)."""
+    flat, length = self.dest.shape[:2]
+    gathered = _gather_rows(slot_values, self.flat_dest)
+    return gathered.reshape(flat, length, -1)
+
+  def to_tokens(self, slot_values):
+    """``[..., T]``: each token's slots summed."""
+    return self.per_cell(slot_values).sum(-1).reshape(self.lead)
+
+
+def slot_loss(numeric_fn, layout_fn, slots: Slots, loss_kwargs):
+  """``numeric_fn`` on the slots, summed back onto the tokens; a
+  :class:`~ntil_jax.NTILComponents` result field by field (see
+  :func:`components_to_tokens`)."""
+  layout = layout_fn(
+      slots.labels,
+      slots.mask,
+      digit_token_ids=None,
+      decimal_point_mask=slots.decimal_point_mask,
+  )
+  result = numeric_fn(slots.stats, layout, **loss_kwargs)
+  if isinstance(result, tuple) and hasattr(result, "predicted_digits"):
+    return components_to_tokens(result, slots)
+  return slots.to_tokens(result)
+
+
+def components_to_tokens(components, slots: Slots):
+  """NTIL's parts per token, from its parts per slot.
+
+  ``weights`` is the place weight of the token's last digit,
+  :math:`(1+\\sigma)^{r}` with :math:`r` the digits to the right of the
+  token; ``emd`` the token's digits' EMDs, each weighted by
+  :math:`(1+\\sigma)` to the power of the digits to its right within the
+  token, so that ``weights * emd`` is the token's weighted EMD as it is for
+  single digits. ``relative`` and ``magnitude`` stand on the number's last
+  token; ``predicted_digits`` is the straight-through prediction as the
+  token's value (``[1, 2, 3]`` in a 3-digit token: 123).
+  """
+  weights = slots.per_cell(components.weights)
+  emd = slots.per_cell(components.emd)
+  last = jnp.clip(slots.width - 1 + (slots.digit[..., :1] < 0)[..., 0], 0)
+  last_weight = jnp.take_along_axis(weights, last[..., None], -1)[..., 0]
+  is_number = slots.is_digit_cell.any(-1)
+  last_weight = jnp.where(is_number, last_weight, 1.0)
+  safe = jnp.where(last_weight != 0, last_weight, 1.0)
+  token_emd = jnp.sum(weights * emd, -1) / safe
+  place = jnp.clip(slots.width[..., None] - 1 - slots.digit, 0)
+  predicted = slots.per_cell(components.predicted_digits)
+  value = jnp.sum(
+      jnp.where(slots.is_digit_cell, predicted * 10**place, 0), -1
+  ).astype(components.predicted_digits.dtype)
+  shaped = lambda x: x.reshape(slots.lead)
+  return type(components)(
+      emd=shaped(token_emd),
+      weights=shaped(last_weight),
+      relative=slots.to_tokens(components.relative),
+      magnitude=slots.to_tokens(components.magnitude),
+      predicted_digits=shaped(value),
+  )
