@@ -34,6 +34,9 @@ def get_config(method: str = "ntil") -> ml_collections.ConfigDict:
   config.param_dtype = "float32"  # parameters and optimizer (see common.py)
   config.prompt_template = "Question: {question}\nAnswer: "
   config.split_digits = False  # every digit its own token (for Llama 3)
+  # Score numbers in the tokenizer's own 1-3 digit tokens (Llama 3) as one
+  # number each (ntil_jax.number_tokens); exclusive with split_digits.
+  config.number_tokens = False
   config.max_question_len = 80  # characters; longer ones (~0.5%) skipped
   config.max_answer_len = 12
   # Prompt tokens (BOS, template, question) to pad to; 0: a bound from

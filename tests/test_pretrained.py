@@ -6,6 +6,7 @@ by scripts/make_hf_fixtures.py with transformers and PyTorch; their
 at build time, so no PyTorch is needed here.
 """
 
+import collections
 import json
 import os
 import pathlib
@@ -16,6 +17,7 @@ import flax
 import jax
 import jax.extend
 import jax.numpy as jnp
+import ntil_jax
 import numpy as np
 import pytest
 
@@ -245,6 +247,42 @@ def test_digit_coverage_counts_scored_digits():
       llama.tokenizer, answers, split_digits=False
   ) == pytest.approx(3 / 8)
   assert task.digit_coverage(llama.tokenizer, answers, split_digits=True) == 1
+  # In Llama 3's own number tokens, every digit is scored.
+  assert (
+      task.digit_coverage(
+          llama.tokenizer, answers, split_digits=False, number_tokens=True
+      )
+      == 1
+  )
+
+
+def test_number_tokens_make_the_model_and_batches_score_whole_numbers(
+    data_dir,
+):
+  config = make_config(
+      data_dir, "llama3_tiny", number_tokens=True, max_answer_len=12
+  )
+  task.check_config(config)
+  model = task.create_model(config, task.make_mesh(config))
+  tokens = model.digit_token_ids
+  assert isinstance(tokens, ntil_jax.NumberTokens)
+  assert sorted(collections.Counter(tokens.widths).items()) == [
+      (1, 10),
+      (2, 100),
+      (3, 1000),
+  ]
+  lm = pretrained.load(config.pretrained)
+  batch = task.encode_examples(config, ["What is 1234 + 5?"], ["1239"])
+  scored = batch["targets"][0][batch["loss_mask"][0]].tolist()
+  assert lm.tokenizer.decode(scored[:1]) == "123"  # 123|9, then EOS
+  digits = batch["targets"][0][batch["digit_mask"][0]].tolist()
+  assert digits == scored[:2]
+  with pytest.raises(ValueError, match="exclusive"):
+    task.check_config(
+        make_config(
+            data_dir, "llama3_tiny", number_tokens=True, split_digits=True
+        )
+    )
 
 
 # ----------------------------------------------------------------------------
@@ -613,11 +651,16 @@ def logged(workdir, key="loss"):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "name, method, split_digits",
-    [("qwen2_tiny", "ce", False), ("llama3_tiny", "ntil", True)],
+    "name, method, split_digits, number_tokens",
+    [
+        ("qwen2_tiny", "ce", False, False),
+        ("llama3_tiny", "ntil", True, False),
+        # Llama 3's own 1-3 digit tokens, each number scored as one.
+        ("llama3_tiny", "ntil", False, True),
+    ],
 )
 def test_cli_fine_tune_is_finite_and_falling(
-    data_dir, tmp_path, name, method, split_digits
+    data_dir, tmp_path, name, method, split_digits, number_tokens
 ):
   command = [
       sys.executable,
@@ -628,6 +671,7 @@ def test_cli_fine_tune_is_finite_and_falling(
       f"--config.data_dir={data_dir}",
       f"--config.pretrained={FIXTURES / name}",
       f"--config.split_digits={split_digits}",
+      f"--config.number_tokens={number_tokens}",
       "--config.train_steps=8",
       "--config.batch_size=8",
       "--config.learning_rate=3e-3",
@@ -653,6 +697,8 @@ def test_cli_fine_tune_is_finite_and_falling(
     assert all(v > 0 for v in numeric.values())
   assert logged(str(tmp_path), "exact_match")[8] >= 0.0
   assert "the numeric loss scores" in result.stderr
+  if name == "llama3_tiny":  # every answer digit, in single or 1-3 digit tokens
+    assert "the numeric loss scores 100.0% of answer digits" in result.stderr
   assert os.listdir(tmp_path / "checkpoints") == ["8"]
 
 

@@ -9,6 +9,8 @@ with a KV cache, as the trainer's own `train.models.Transformer`.
 from flax import nnx
 import jax
 import jax.numpy as jnp
+import ntil_jax
+import numpy as np
 
 from train import llama_rope
 from train import tunix_models
@@ -44,7 +46,8 @@ class CausalLM(nnx.Module):
     lm: the tunix model (its parameters are this module's).
     family: 'qwen2' or 'llama'.
     config: the tunix ModelConfig (``config.vocab_size`` is the logits size).
-    digit_token_ids: the ten digit ids of the snapshot's tokenizer.
+    digit_token_ids: the ten digit ids of the snapshot's tokenizer, or its
+      number tokens (`ntil_jax.NumberTokens`, as tuples).
     decimal_point_token_id: the id of its '.' token (None if it has none),
       which joins integer and fractional digits into one number.
     rope_scaling: Llama 3.1's RoPE scaling (:func:`train.hf_config.rope_scaling`) or None.
@@ -69,7 +72,13 @@ class CausalLM(nnx.Module):
     )
     self.family = family_
     self.config = lm.config
-    self.digit_token_ids = tuple(int(i) for i in digit_token_ids)
+    if isinstance(digit_token_ids, ntil_jax.NumberTokens):
+      # Static, as the ten ids are: a NumberTokens of tuples.
+      self.digit_token_ids = ntil_jax.NumberTokens(
+          *(tuple(x.tolist()) for x in map(np.asarray, digit_token_ids))
+      )
+    else:
+      self.digit_token_ids = tuple(int(i) for i in digit_token_ids)
     self.decimal_point_token_id = (
         None if decimal_point_token_id is None else int(decimal_point_token_id)
     )

@@ -44,6 +44,17 @@ class Tokenizer:
     except ValueError as error:
       raise snapshots.SnapshotError(f"tokenizer.json: {error}") from error
 
+  @functools.cached_property
+  def number_tokens(self) -> ntil_jax.NumberTokens:
+    """Every 1-3 digit token (`ntil_jax.number_tokens`), checked as the
+    losses check it: each width writes every digit at every place."""
+    try:
+      tokens = ntil_jax.number_tokens(self.vocab())
+      ntil_jax.chunks.spec_and_ids(tokens)
+    except ValueError as error:
+      raise snapshots.SnapshotError(f"tokenizer.json: {error}") from error
+    return tokens
+
   def encode(self, text: str, *, split_digits: bool = False) -> list[int]:
     """Token ids of ``text``, no special tokens added.
 

@@ -76,6 +76,7 @@ def load(
     dtype: str = "float32",
     param_dtype: str | None = None,
     mesh: jax.sharding.Mesh | None = None,
+    number_tokens: bool = False,
 ) -> PretrainedLM:
   """Loads a local Hugging Face Qwen2/2.5 or Llama 3 snapshot.
 
@@ -87,6 +88,9 @@ def load(
       bfloat16 weight cannot take an update below about 1/256 of itself.
     mesh: shard the parameters over it (axes 'fsdp' and 'tp' at least, as
       tunix's sharding rules name them); None puts them on one device.
+    number_tokens: the model's ``digit_token_ids`` are the tokenizer's
+      number tokens of 1-3 digits (`ntil_jax.number_tokens`), not its ten
+      digits: the losses score numbers as the tokenizer writes them.
 
   Raises:
     SnapshotError: see `check`.
@@ -98,6 +102,8 @@ def load(
       kind, path, config, mesh, hf_config_lib.DTYPES[param_dtype or dtype]
   )
   digits = tokenizer.digit_token_ids
+  if number_tokens:
+    digits = tokenizer.number_tokens
   model = causal_lm.CausalLM(
       lm,
       kind,

@@ -7,11 +7,14 @@ prompt is ``config.prompt_template`` with the question in place of
 ``{question}``, and only the answer and its EOS are scored. BOS is prepended
 for Llama (which was trained with it), not for Qwen2.
 
-With ``config.split_digits``, every digit of the prompt and the answer is
-its own token. Llama 3 writes numbers in 1-3 digit tokens, and the numeric
-losses score only single-digit tokens (the authors' code does the same), so
-without it most of a Llama answer gets no numeric loss; the share scored is
-logged when training starts (`digit_coverage`).
+Llama 3 writes numbers in 1-3 digit tokens. With ``config.number_tokens``
+the losses score them as the tokenizer writes them (each token's digits
+apart, `ntil_jax.chunks`); with ``config.split_digits`` every digit of the
+prompt and the answer is made its own token instead, a tokenization the
+model never saw. With neither, the numeric losses score only the
+single-digit tokens (as the authors' code does) and most of a Llama answer
+gets none; the share scored is logged when training starts
+(`digit_coverage`).
 
 Beyond the task interface of train/tasks/__init__.py this module defines the
 optional hooks ``make_mesh``, ``create_model`` and ``codec``.
@@ -69,6 +72,14 @@ def check_config(config) -> None:
         "prompt_template must hold '{question}' exactly once, got "
         f"{config.prompt_template!r}."
     )
+  if config.get("number_tokens", False):
+    if config.split_digits:
+      raise ValueError(
+          "number_tokens and split_digits are exclusive: number_tokens "
+          "scores the tokenizer's own 1-3 digit tokens, split_digits "
+          "replaces them by single digits; pass one."
+      )
+    _tokenizer(config).number_tokens  # pylint: disable=pointless-statement
   if config.tp < 1 or jax.device_count() % (config.fsdp * config.tp):
     raise ValueError(
         f"fsdp={config.fsdp} x tp={config.tp} must divide the "
@@ -102,6 +113,7 @@ def create_model(config, mesh):
       dtype=config.dtype,
       param_dtype=config.param_dtype,
       mesh=mesh,
+      number_tokens=config.number_tokens,
   ).model
 
 
@@ -266,18 +278,27 @@ def score_positions(prompt_lengths, config) -> np.ndarray:
 
 
 def _digit_ids(config):
-  return _tokenizer(config).digit_token_ids
+  tokenizer = _tokenizer(config)
+  if config.get("number_tokens", False):
+    return np.asarray(tokenizer.number_tokens.ids)
+  return tokenizer.digit_token_ids
 
 
-def digit_coverage(tokenizer, answers, *, split_digits: bool) -> float:
-  """The share of the answers' digit characters in single-digit tokens.
+def digit_coverage(
+    tokenizer, answers, *, split_digits: bool, number_tokens: bool = False
+) -> float:
+  """The share of the answers' digit characters that the losses score.
 
-  That is the share the numeric losses score; the rest sit in multi-digit
-  tokens, which get cross-entropy only.
+  Those in single-digit tokens, or with ``number_tokens`` in any number
+  token of 1-3 digits; the rest get cross-entropy only.
   """
-  digit_ids = set(tokenizer.digit_token_ids.tolist())
+  if number_tokens:
+    tokens = tokenizer.number_tokens
+    digits = dict(zip(np.asarray(tokens.ids).tolist(), tokens.widths.tolist()))
+  else:
+    digits = dict.fromkeys(tokenizer.digit_token_ids.tolist(), 1)
   rows = tokenizer.encode_batch(list(answers), split_digits=split_digits)
-  scored = sum(sum(i in digit_ids for i in row) for row in rows)
+  scored = sum(sum(digits.get(i, 0) for i in row) for row in rows)
   total = sum(sum(c.isdigit() for c in answer) for answer in answers)
   return scored / max(total, 1)
 
@@ -314,14 +335,18 @@ def log_digit_coverage(config, source, usable, count=2000) -> dict:
   records = source.__getitems__([int(i) for i in usable[:count]])
   answers = [input_pipeline.decode_record(r)[1] for r in records]
   tokenizer = _tokenizer(config)
+  numbers = config.get("number_tokens", False)
   shares = {
-      split: digit_coverage(tokenizer, answers, split_digits=split)
+      split: digit_coverage(
+          tokenizer, answers, split_digits=split, number_tokens=numbers
+      )
       for split in (False, True)
   }
   logging.info(
-      "the numeric loss scores %.1f%% of answer digits with "
+      "the numeric loss scores %.1f%% of answer digits%s with "
       "split_digits=%s (%.1f%% with split_digits=%s), over %d answers",
       100 * shares[config.split_digits],
+      " (number_tokens)" if numbers else "",
       config.split_digits,
       100 * shares[not config.split_digits],
       not config.split_digits,
