@@ -24,4 +24,8 @@ def get_config(method: str = "ntil") -> ml_collections.ConfigDict:
   config.task = "arithmetic_mix"
   config.max_question_len = 80  # longer ones (~0.5%) are skipped
   config.max_answer_len = 12
+  # Numbers in tokens of 1-3 digits, greedily from the left as Llama 3 and
+  # GPT-4o write them (train/tokenizer.py); the losses score each as one
+  # number (ntil_jax.number_tokens). False: one token per character.
+  config.digit_chunks = False
   return config

@@ -20,7 +20,14 @@ PEER_METHODS = ("del", "smmd")
 # that every earlier run had: a run recorded without one resumes as if it
 # held its default, and an experiment's config hash leaves it out while it
 # holds its default (experiments/common.py), so recorded cells keep theirs.
-ADDED_FIELDS = {"train_stream": False, "param_dtype": "float32"}
+ADDED_FIELDS = {
+    "train_stream": False,
+    "param_dtype": "float32",
+    # Task fields (arithmetic_mix, arithmetic_mix_llm): numbers in tokens
+    # of 1-3 digits.
+    "digit_chunks": False,
+    "number_tokens": False,
+}
 # When and how much the trainer logs, evaluates and saves: fields that
 # reach no traced program (the step's and the resume checks' business).
 CADENCE_FIELDS = (

@@ -292,12 +292,15 @@ class Slots:
     self.spec, self.lead = spec, lead
     wide = jnp.int64 if labels.dtype.itemsize > 4 else jnp.int32
     matches = labels.astype(wide)[..., None] == ids.astype(wide)
-    which = jnp.argmax(matches, axis=-1)
+    # Lookups as sums over the matches (at most one per position: ids are
+    # distinct), elementwise under any sharding of the positions.
+    lookup = lambda table: jnp.sum(
+        jnp.where(matches, np.asarray(table, np.int32), 0), axis=-1
+    )
     is_number = matches.any(-1) & mask
-    table = lambda x, dtype: jnp.take(np.asarray(x, dtype), which)
-    width = jnp.where(is_number, table(spec.widths, np.int32), 1)
-    value = table(spec.values, np.int32)
-    starts_word = is_number & table(spec.word_starts, bool)
+    width = jnp.where(is_number, lookup(spec.widths), 1)
+    value = lookup(spec.values)
+    starts_word = is_number & (lookup(spec.word_starts) > 0)
     per = spec.slots_per_token
     cell = np.arange(per, dtype=np.int32)
     lead_slot = starts_word.astype(jnp.int32)  # the separator's slot
@@ -330,9 +333,11 @@ class Slots:
     pairs = slot_digit_logits(
         stats.digit_logits.reshape(flat, length, -1), spec
     )
-    pair = jnp.take(_pair_offsets(spec), width)[..., None] + jnp.clip(
-        digit, 0, spec.max_width - 1
+    offsets = _pair_offsets(spec)
+    first_pair = sum(
+        jnp.where(width == w, offsets[w], 0) for w in spec.width_list
     )
+    pair = first_pair[..., None] + jnp.clip(digit, 0, spec.max_width - 1)
     pair = jnp.clip(pair, 0, pairs.shape[-2] - 1)
     cells = jnp.take_along_axis(pairs, pair[..., None], axis=-2)
     cells = jnp.where(is_digit_cell[..., None], cells, 0.0)

@@ -594,3 +594,58 @@ def test_another_training_size_gives_the_test_split_not_the_regime(
   report = (tmp_path / "results.md").read_text()
   assert "add_or_sub-easy_train102400_test6_seed0" in report
   assert "of 102,400 generated training problems" in report
+
+
+def test_chunk_cells_are_paired_with_their_single_digit_runs(tmp_path):
+  cells = dict(CELLS)
+  cells.update(
+      {
+          # CE in chunks: s0 2/6 (CE s0 3/6), s1 3/6 (CE s1 3/6).
+          "ce-chunks-s0": (
+              "chunks",
+              "ce",
+              0,
+              {1: "41", 4: "4.2", 5: "7", 6: "x"},
+              [0.1, 0.2, 0.3],
+          ),
+          "ce-chunks-s1": (
+              "chunks",
+              "ce",
+              1,
+              {2: "-2", 4: "4.3", 6: "1001"},
+              [0.1, 0.2, 0.3],
+          ),
+          # NTIL in chunks: s0 5/6 (NTIL s0 4/6), s1 6/6 (NTIL s1 5/6).
+          "ntil-chunks-s0": ("chunks", "ntil", 0, {6: "999"}, [0.1, 0.2, 0.3]),
+          "ntil-chunks-s1": ("chunks", "ntil", 1, {}, [0.1, 0.2, 0.3]),
+      }
+  )
+  report = write(tmp_path, list(cells), cells=cells)
+  part = sections(report)["Numbers in tokens of 1-3 digits"]
+  assert "4 of the 15 cells recorded" in part
+  assert row(part, "CE, 1-3 digit tokens")[:3] == [
+      "2 (0,1)",
+      "10.00 ± 0.00",
+      "41.67 ± 11.79",  # 2/6 and 3/6
+  ]
+  # CE: -1/6 and 0 on the two seeds: -8.33 ± 11.79, t = -1, p = 0.5 (1 df).
+  assert row(part, "CE, 1-3 digit tokens − CE")[:3] == [
+      "-8.33 ± 11.79",
+      "0/2",
+      "0.500",
+  ]
+  # NTIL: +1/6 on both seeds against itself on digits; +3/6 on both
+  # against CE in chunks (no spread: no t-test).
+  assert row(part, "CE + NTIL, 1-3 digit tokens − CE + NTIL")[:3] == [
+      "+16.67 ± 0.00",
+      "2/2",
+      "-",
+  ]
+  assert row(part, "CE + NTIL, 1-3 digit tokens − CE, both in chunks")[:3] == [
+      "+50.00 ± 0.00",
+      "2/2",
+      "-",
+  ]
+  # Without chunk cells the section says so.
+  plain = write(tmp_path, list(CELLS))
+  assert "Not run yet (group `chunks`, 15 cells)." in plain

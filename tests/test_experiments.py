@@ -54,6 +54,21 @@ def test_digits_profile_records_what_its_report_needs(tmp_path):
   # Its own dataset: multi-digit answers, named by module and difficulty.
   (prepared,) = (tmp_path / "data" / "arithmetic_mix").iterdir()
   assert prepared.name == "add_or_sub-easy_train24_test20_seed0"
+  # The chunk group: the same problems in tokens of 1-3 digits.
+  run(
+      "experiments.arithmetic_mix.run",
+      f"--results={tmp_path / 'results.json'}",
+      f"--runs_dir={tmp_path / 'runs'}",
+      f"--data_dir={tmp_path / 'data'}",
+      "--profile=digits_smoke",
+      "--groups=chunks",
+      "--max_cells=1",
+  )
+  chunked = results_io.load_results(tmp_path / "results.json")[-1]
+  assert chunked["name"] == "ce-chunks-s0" and chunked["group"] == "chunks"
+  assert chunked["overrides"] == {"digit_chunks": True}
+  assert len(chunked["predictions"]) == chunked["num_test_examples"] == 20
+  assert len({r["config_hash"] for r in runs + [chunked]}) == 3
 
 
 @pytest.mark.slow

@@ -8,6 +8,7 @@ import string
 import sys
 
 import grain
+import ntil_jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
@@ -126,8 +127,10 @@ def test_unknown_character_raises_naming_it(char):
 
 
 def test_decode_rejects_out_of_range_ids():
-  with pytest.raises(ValueError, match="outside the vocabulary"):
-    tokenizer.decode([tokenizer.VOCAB_SIZE])
+  # The vocabulary decoded is the chunk mode's, which holds the characters'.
+  for bad in (tokenizer.CHUNK_VOCAB_SIZE, -1):
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+      tokenizer.decode([bad])
 
 
 # --- encode_example ----------------------------------------------------------
@@ -778,3 +781,53 @@ def test_several_configs_need_a_name(data_dir, tmp_path):
 def test_unknown_split_raises(data_dir):
   with pytest.raises(ValueError, match="split must be one of"):
     input_pipeline.load_split(data_dir, "validation")
+
+
+# --- chunk mode: numbers in tokens of 1-3 digits ------------------------------
+
+
+def test_chunks_split_digit_runs_from_the_left_and_decode_back():
+  for text, pieces in [
+      ("1234567", ["123", "456", "7"]),
+      ("x-007+12", ["x", "-", "007", "+", "12"]),
+      ("3.1415", ["3", ".", "141", "5"]),
+      ("10000", ["100", "00"]),
+  ]:
+    ids = tokenizer.encode(text, chunks=True)
+    assert [tokenizer.decode([i]) for i in ids] == pieces
+    assert tokenizer.decode(ids) == text
+  # Without chunks, one id per character as before.
+  assert tokenizer.encode("1234") == [1, 2, 3, 4]
+
+
+def test_chunk_number_tokens_are_those_the_library_finds():
+  # The chunk vocabulary as a tokenizer's pieces: ntil_jax.number_tokens
+  # reads the same ids, values and widths from it.
+  pieces = [None] * tokenizer.CHUNK_VOCAB_SIZE
+  for char, token_id in tokenizer.vocab().items():
+    pieces[token_id] = char
+  for token_id in range(tokenizer.VOCAB_SIZE, tokenizer.CHUNK_VOCAB_SIZE):
+    pieces[token_id] = tokenizer.decode([token_id])
+  found = ntil_jax.number_tokens(pieces)
+  ours = tokenizer.number_tokens()
+  by_id = lambda t: sorted(zip(t.ids, t.values, t.widths))
+  assert by_id(ours) == by_id(found) and len(found.ids) == 1110
+
+
+def test_chunked_examples_mark_every_number_token_of_the_answer():
+  batch = input_pipeline.encode_examples(
+      ["What is 1000 + 234?"], ["1234"], chunks=True
+  )
+  targets = batch["targets"][0]
+  answer = targets[batch["loss_mask"][0]].tolist()
+  assert answer[-1] == tokenizer.EOS_ID
+  assert [tokenizer.decode([i]) for i in answer[:-1]] == ["123", "4"]
+  assert targets[batch["digit_mask"][0]].tolist() == answer[:-1]
+  prompts, lengths = input_pipeline.encode_prompts(
+      ["What is 1000 + 234?"], chunks=True
+  )
+  # BOS, "What is " (8), 100|0, " + " (3), 234, "?", SEP.
+  assert lengths.tolist() == [1 + 8 + 2 + 3 + 1 + 1 + 1]
+  assert (
+      tokenizer.decode(prompts[0][1 : lengths[0] - 1]) == "What is 1000 + 234?"
+  )

@@ -13,6 +13,7 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from configs import arithmetic_mix
@@ -578,3 +579,27 @@ def test_empty_data_dir(tmp_path):
 def test_unknown_method_variant():
   with pytest.raises(ValueError, match="unknown method 'mse'"):
     arithmetic_mix.get_config("mse")
+
+
+def test_digit_chunks_train_and_score_every_answer_number(data_dir, tmp_path):
+  # Numbers in tokens of 1-3 digits (as Llama 3 writes them): the model's
+  # logits cover the chunks, every loss reads them as numbers, and the
+  # answers it decodes are text again.
+  config = make_config(
+      data_dir,
+      "ntil",
+      digit_chunks=True,
+      train_steps=8,
+      learning_rate=3e-3,
+      eval_every_steps=8,
+  )
+  result = train.train_and_evaluate(config, str(tmp_path))
+  losses, numeric = logged(str(tmp_path)), logged(str(tmp_path), "numeric")
+  assert sorted(losses) == list(range(1, 9))
+  assert all(np.isfinite(v) for v in losses.values())
+  assert np.mean([losses[7], losses[8]]) < np.mean([losses[1], losses[2]])
+  assert all(v > 0 for v in numeric.values())
+  assert result["eval"]["num_examples"] == 20
+  with open(tmp_path / "predictions.jsonl") as f:
+    predictions = [json.loads(line)["prediction"] for line in f]
+  assert all(isinstance(p, str) for p in predictions)

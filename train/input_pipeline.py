@@ -93,7 +93,7 @@ def prompt_length(max_question_len: int = MAX_QUESTION_LEN) -> int:
 
 
 def _encode_texts(
-    texts: Sequence[str], max_len: int, what: str
+    texts: Sequence[str], max_len: int, what: str, chunks: bool = False
 ) -> tuple[np.ndarray, np.ndarray]:
   """Encodes several texts at once.
 
@@ -102,6 +102,9 @@ def _encode_texts(
 
   Raises:
     ValueError: a text is longer than ``max_len`` or has a character outside the vocabulary.
+
+  With ``chunks``, numbers are in tokens of 1-3 digits (`tokenizer.chunk_ids`);
+  ``max_len`` still counts characters, a bound on the tokens.
   """
   lengths = np.array([len(text) for text in texts], dtype=np.int32)
   too_long = np.flatnonzero(lengths > max_len)
@@ -110,6 +113,10 @@ def _encode_texts(
     raise ValueError(
         f"{what} {text!r} has {len(text)} characters, more than max_{what}_len={max_len}."
     )
+  if chunks:  # text by text: digits of two texts never join
+    rows = [tokenizer.chunk_ids(tokenizer.encode_array(t)) for t in texts]
+    lengths = np.array([len(r) for r in rows], dtype=np.int32)
+    return np.concatenate(rows + [np.zeros(0, np.int32)]), lengths
   try:
     ids = tokenizer.encode_array("".join(texts))
   except ValueError:
@@ -140,13 +147,16 @@ def encode_examples(
     *,
     max_question_len: int = MAX_QUESTION_LEN,
     max_answer_len: int = MAX_ANSWER_LEN,
+    chunks: bool = False,
 ) -> dict[str, np.ndarray]:
   """Encodes (question, answer) pairs to a batch of ``inputs``, ``targets``, ``loss_mask``, ``digit_mask``.
 
   Each is of shape [B, L], ``B = len(questions)``, ``L =
   sequence_length(max_question_len, max_answer_len)``; see the module
   docstring for what they hold. Raises ValueError for a text longer than its
-  maximum or with a character outside the vocabulary.
+  maximum or with a character outside the vocabulary. With ``chunks``,
+  numbers are in tokens of 1-3 digits and ``digit_mask`` marks every number
+  token of the answer.
   """
   if len(questions) != len(answers) or not questions:
     raise ValueError(
@@ -154,9 +164,11 @@ def encode_examples(
         f" {len(answers)} answers."
     )
   question_ids, question_lens = _encode_texts(
-      questions, max_question_len, "question"
+      questions, max_question_len, "question", chunks
   )
-  answer_ids, answer_lens = _encode_texts(answers, max_answer_len, "answer")
+  answer_ids, answer_lens = _encode_texts(
+      answers, max_answer_len, "answer", chunks
+  )
   width = sequence_length(max_question_len, max_answer_len) + 1
   rows = np.arange(len(questions))
   answer_starts = (
@@ -178,7 +190,8 @@ def encode_examples(
       columns < answer_ends[:, None]
   )
   is_answer_or_eos = is_answer | (columns == answer_ends[:, None])
-  is_answer_digit = is_answer & tokenizer.is_digit(sequences)
+  numbers = tokenizer.is_number if chunks else tokenizer.is_digit
+  is_answer_digit = is_answer & numbers(sequences)
   return {
       "inputs": sequences[:, :-1],
       "targets": sequences[:, 1:],
@@ -205,7 +218,10 @@ def encode_example(
 
 
 def encode_prompts(
-    questions: Sequence[str], *, max_question_len: int = MAX_QUESTION_LEN
+    questions: Sequence[str],
+    *,
+    max_question_len: int = MAX_QUESTION_LEN,
+    chunks: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
   """Encodes ``BOS question SEP`` prompts, right-padded with PAD.
 
@@ -214,7 +230,7 @@ def encode_prompts(
     prompt_lengths: int32 [B], the unpadded lengths (question length + 2).
   """
   question_ids, question_lens = _encode_texts(
-      questions, max_question_len, "question"
+      questions, max_question_len, "question", chunks
   )
   prompts = np.full(
       (len(questions), prompt_length(max_question_len)),
@@ -253,6 +269,7 @@ def _encode_records(
     *,
     max_question_len: int,
     max_answer_len: int,
+    chunks: bool = False,
 ) -> dict[str, np.ndarray]:
   """Encodes a batch of TFDS records with `encode_examples`."""
   questions, answers = zip(*(decode_record(record) for record in records))
@@ -261,6 +278,7 @@ def _encode_records(
       answers,
       max_question_len=max_question_len,
       max_answer_len=max_answer_len,
+      chunks=chunks,
   )
 
 
@@ -431,6 +449,7 @@ def train_dataset(
     max_answer_len: int = MAX_ANSWER_LEN,
     process_index: int | None = None,
     process_count: int | None = None,
+    chunks: bool = False,
 ) -> grain.MapDataset:
   """Returns the infinite dataset of this host's training batches.
 
@@ -463,6 +482,7 @@ def train_dataset(
       _encode_records,
       max_question_len=max_question_len,
       max_answer_len=max_answer_len,
+      chunks=chunks,
   )
   return host_batches(
       source,
@@ -554,6 +574,7 @@ def train_iterator(
     process_count: int | None = None,
     read_options: grain.ReadOptions | None = None,
     worker_count: int = 0,
+    chunks: bool = False,
 ) -> grain.DatasetIterator:
   """Returns a checkpointable iterator over `train_dataset`'s batches.
 
@@ -577,6 +598,7 @@ def train_iterator(
       max_answer_len=max_answer_len,
       process_index=process_index,
       process_count=process_count,
+      chunks=chunks,
   )
   return iterate(dataset, read_options=read_options, worker_count=worker_count)
 
@@ -623,6 +645,7 @@ def eval_batches(
     max_examples: int = 0,
     process_index: int | None = None,
     process_count: int | None = None,
+    chunks: bool = False,
 ) -> Iterator[dict]:
   """Yields this host's fixed-shape evaluation batches of ``split``, in order, once.
 
@@ -660,7 +683,7 @@ def eval_batches(
     questions = [question for question, _ in pairs] + [""] * num_padding
     answers = [answer for _, answer in pairs] + [""] * num_padding
     prompts, prompt_lengths = encode_prompts(
-        questions, max_question_len=max_question_len
+        questions, max_question_len=max_question_len, chunks=chunks
     )
     yield {
         "prompts": prompts,

@@ -1,4 +1,4 @@
-"""Character tokenizer for mathematics_dataset questions and answers.
+r"""Character tokenizer for mathematics_dataset questions and answers.
 
 Ids 0..9 are the digit characters '0'..'9', so a numeric loss can use its
 default digit ids ``tuple(range(10))`` unchanged. Four special ids follow, then
@@ -6,12 +6,22 @@ one id per character of a fixed set: space, ``a-z``, ``A-Z`` and ASCII
 punctuation. That is the character set mathematics_dataset itself declares for
 its questions (``generate_settings.QUESTION_CHARS``); answers use a subset.
 
+With ``chunks=True`` numbers are written as Llama 3, GPT-4o and
+DeepSeek-V3 write them (``\p{N}{1,3}``): each run of digits in tokens of 1-3
+digits, greedily from the left (``1234567`` is ``123|456|7``), leading
+zeros kept (``007``). The 1,100 tokens of 2 and 3 digits follow the
+character ids (`CHUNK_VOCAB_SIZE` in all); `number_tokens` lists every
+number token for the losses.
+
 Example::
 
   >>> encode("7-10")
   [7, 79, 1, 0]
   >>> decode([BOS_ID, 7, 79, 1, 0, EOS_ID, PAD_ID])
   '7-10'
+  >>> ids = encode("1234+5", chunks=True)
+  >>> ids, decode(ids)
+  ([322, 4, 77, 5], '1234+5')
 """
 
 import string
@@ -41,6 +51,10 @@ TEXT_CHARACTERS = (
 _FIRST_TEXT_ID = SEP_ID + 1
 
 VOCAB_SIZE = _FIRST_TEXT_ID + len(TEXT_CHARACTERS)
+# Chunk mode: '00'..'99' at VOCAB_SIZE + value, '000'..'999' after them.
+_CHUNK_FIRST_ID = {2: VOCAB_SIZE, 3: VOCAB_SIZE + 100}
+CHUNK_VOCAB_SIZE = VOCAB_SIZE + 1100
+MAX_CHUNK = 3
 
 # How SEP is shown by `decode`: a tab is not in the character set, so it cannot
 # be confused with question or answer text.
@@ -101,15 +115,66 @@ def encode_array(text: str) -> np.ndarray:
   return ids.astype(np.int32)
 
 
-def encode(text: str) -> list[int]:
-  """Encodes ``text`` one id per character (no BOS/EOS); see `encode_array`."""
-  return encode_array(text).tolist()
+def chunk_ids(ids: np.ndarray) -> np.ndarray:
+  r"""Character ids with each run of digits in tokens of 1-3 digits.
+
+  Greedily from the left, as ``\p{N}{1,3}`` splits: ``1234567`` becomes
+  ``123|456|7``.
+  """
+  ids = np.asarray(ids, np.int32)
+  digit = is_digit(ids)
+  out, start = [], 0
+  while start < len(ids):
+    if not digit[start]:
+      out.append(int(ids[start]))
+      start += 1
+      continue
+    end = start
+    while end < len(ids) and digit[end] and end - start < MAX_CHUNK:
+      end += 1
+    width = end - start
+    value = int("".join(str(int(i)) for i in ids[start:end]))
+    out.append(value if width == 1 else _CHUNK_FIRST_ID[width] + value)
+    start = end
+  return np.asarray(out, np.int32)
+
+
+def encode(text: str, *, chunks: bool = False) -> list[int]:
+  """Encodes ``text`` one id per character (no BOS/EOS; see `encode_array`),
+  or with ``chunks`` its numbers in tokens of 1-3 digits (`chunk_ids`)."""
+  ids = encode_array(text)
+  return (chunk_ids(ids) if chunks else ids).tolist()
 
 
 def is_digit(ids: np.ndarray) -> np.ndarray:
   """Returns a bool array, True where an id is a digit character (ids 0..9)."""
   ids = np.asarray(ids)
   return (ids >= DIGIT_TOKEN_IDS[0]) & (ids <= DIGIT_TOKEN_IDS[-1])
+
+
+def is_number(ids: np.ndarray) -> np.ndarray:
+  """True where an id is a number token: a digit or a chunk of 2-3 digits."""
+  ids = np.asarray(ids)
+  return is_digit(ids) | ((ids >= VOCAB_SIZE) & (ids < CHUNK_VOCAB_SIZE))
+
+
+def number_tokens():
+  """`ntil_jax.NumberTokens` of the chunk vocabulary, as tuples (static)."""
+  import ntil_jax  # pylint: disable=g-import-not-at-top
+
+  widths = [1] * 10 + [2] * 100 + [3] * 1000
+  values = list(range(10)) + list(range(100)) + list(range(1000))
+  return ntil_jax.NumberTokens(
+      ids=tuple(range(10)) + tuple(range(VOCAB_SIZE, CHUNK_VOCAB_SIZE)),
+      values=tuple(values),
+      widths=tuple(widths),
+      word_starts=(False,) * 1110,
+  )
+
+
+def _chunk_text(token_id: int) -> str:
+  width = 2 if token_id < _CHUNK_FIRST_ID[3] else 3
+  return f"{token_id - _CHUNK_FIRST_ID[width]:0{width}d}"
 
 
 def decode(ids: Iterable[int]) -> str:
@@ -121,10 +186,14 @@ def decode(ids: Iterable[int]) -> str:
   pieces = []
   for token_id in ids:
     token_id = int(token_id)
-    if not 0 <= token_id < VOCAB_SIZE:
+    if not 0 <= token_id < CHUNK_VOCAB_SIZE:
       raise ValueError(
-          f"Token id {token_id} is outside the vocabulary [0, {VOCAB_SIZE})."
+          f"Token id {token_id} is outside the vocabulary [0, "
+          f"{CHUNK_VOCAB_SIZE})."
       )
+    if token_id >= VOCAB_SIZE:  # a chunk of 2-3 digits
+      pieces.append(_chunk_text(token_id))
+      continue
     if token_id == EOS_ID:
       break
     if token_id in (PAD_ID, BOS_ID):

@@ -128,6 +128,9 @@ def _create_state(config, task, mesh):
           nnx.Rngs(params=config.seed),
           mesh,
       )
+      ids = getattr(task, "digit_token_ids", lambda config: None)(config)
+      if ids is not None:  # e.g. number tokens of 1-3 digits
+        model.digit_token_ids = ids
   except ValueError as error:  # JAX's, for a dimension fsdp cannot split
     if "evenly divide" not in str(error):
       raise

@@ -64,6 +64,10 @@ GROUP_SIZES = dict(
     ablation=len(ABLATIONS) * len(SEEDS),
 )
 NUM_CELLS = sum(GROUP_SIZES.values())  # 45
+# run.py's chunk group: these methods with numbers in tokens of 1-3 digits,
+# cell kinds "<method>-chunks".
+CHUNK_METHODS = ("ce", "emd", "ntil")
+CHUNKS = "-chunks"
 EARLY_STEP = 200  # the first point of the learning curve
 # CE's mean rise over the last eval interval (points) above which the
 # report calls the curve still rising steeply.
@@ -273,6 +277,8 @@ def cell_key(run) -> str:
 def label(key) -> str:
   if key in LABELS:
     return LABELS[key]
+  if key.endswith(CHUNKS):
+    return f"{LABELS[key[: -len(CHUNKS)]]}, 1-3 digit tokens"
   if key == CONTROL:
     return CONTROL_LABEL
   return dict(ABLATIONS).get(key, key)
@@ -1059,12 +1065,53 @@ def write_report(
     ]
   else:
     lines += ["Not run yet.", ""]
+  if profile == "digits":
+    lines += chunk_section(grouped, early)
   lines += ["## What it shows", "", *reading(grouped, early)]
   check = device_check(runs, other)
   if check:
     lines += ["", "## The same cells on another device", "", *check]
   with open(os.path.join(out_dir, "results.md"), "w") as f:
     f.write("\n".join(lines) + "\n")
+
+
+def chunk_section(grouped, early) -> list[str]:
+  """The same problems with numbers in tokens of 1-3 digits (Llama 3's
+  split, ``--config.digit_chunks``): each method against itself on single
+  digits, and NTIL and EMD against CE within chunks, paired by seed."""
+  keys = [m + CHUNKS for m in CHUNK_METHODS if m + CHUNKS in grouped]
+  count = sum(len(grouped[k]) for k in keys)
+  lines = ["## Numbers in tokens of 1-3 digits", ""]
+  if not keys:
+    return lines + ["Not run yet (group `chunks`, 15 cells).", ""]
+  ce = grouped.get("ce" + CHUNKS)
+  return lines + [
+      f"{count} of the {len(CHUNK_METHODS) * len(SEEDS)} cells recorded. "
+      "The same problems, seeds and budget as the main table, the numbers "
+      "of questions and answers written in tokens of 1-3 digits greedily "
+      "from the left, as Llama 3, GPT-4o and DeepSeek-V3 write them "
+      "(`--config.digit_chunks=True`); every loss scores a number across its "
+      "tokens, each token's digits apart (docs/losses.md).",
+      "",
+      *values_table(grouped, keys, early),
+      "",
+      *paired_table(
+          [
+              (
+                  f"{label(k)} − {label(k[: -len(CHUNKS)])}",
+                  grouped[k],
+                  grouped.get(k[: -len(CHUNKS)]),
+              )
+              for k in keys
+          ]
+          + [
+              (f"{label(k)} − CE, both in chunks", grouped[k], ce)
+              for k in keys[1:]
+          ],
+          early,
+      ),
+      "",
+  ]
 
 
 # ---------------------------------------------------------------------------

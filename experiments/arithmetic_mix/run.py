@@ -276,9 +276,16 @@ def _variant(settings) -> dict:
   return {k: settings[k] for k in ("module", "difficulty") if k in settings}
 
 
-def digits_grid(seeds):
-  """The multi-digit grid: every method, the control and the ablations."""
-  cells = {"main": [], "control": [], "ablation": []}
+# The chunk group: numbers in tokens of 1-3 digits (Llama 3's split), these
+# methods, paired by seed with the main group's single-digit runs.
+CHUNK_METHODS = ("ce", "emd", "ntil")
+
+
+def digits_grid(seeds, chunks=True):
+  """The multi-digit grid: every method, the control, the ablations and,
+  with ``chunks``, the same problems with numbers in tokens of 1-3 digits
+  (group ``chunks``)."""
+  cells = {"main": [], "control": [], "ablation": [], "chunks": []}
   for seed in seeds:  # seed-major: a partial grid still covers every method
     for method in METHODS:
       cells["main"].append(("main", f"{method}-s{seed}", method, seed, {}))
@@ -299,14 +306,22 @@ def digits_grid(seeds):
       cells["ablation"].append(
           ("ablation", f"{name}-s{seed}", "ntil", seed, overrides)
       )
+    for method in CHUNK_METHODS if chunks else ():
+      cells["chunks"].append(
+          ("chunks", f"{method}-chunks-s{seed}", method, seed, _CHUNKS)
+      )
   return cells
+
+
+_CHUNKS = dict(digit_chunks=True)
 
 
 def grid(profile):
   """(group, name, method, seed, overrides) of every cell, in run order."""
   seeds = PROFILES[profile]["seeds"]
   if _variant(PROFILES[profile]):
-    return digits_grid(seeds)
+    cells = digits_grid(seeds, chunks=profile != "digits_long")
+    return {group: c for group, c in cells.items() if c}
   cells = {"main": [], "ablation": [], "sweep": []}
   for seed in seeds:  # seed-major: a partial grid still covers every method
     for method in METHODS:

@@ -45,6 +45,9 @@ Optional hooks, for tasks that bring their own model (arithmetic_mix_llm):
   ``digit_token_ids``, ``decimal_point_token_id`` (or None) and
   ``greedy_decode`` (default: `train.models`, decoded by
   `train.decoding.greedy_decode`).
+* ``digit_token_ids(config)``: for a `train.models` model, the ids its
+  losses score (a `ntil_jax.NumberTokens` for numbers in tokens of 1-3
+  digits), or None for the digits 0..9 (arithmetic_mix's chunk mode).
 * ``codec(config)``: ``eos_id``, ``pad_id`` and ``decode(ids) -> str`` for
   evaluation (default: `train.tokenizer`).
 

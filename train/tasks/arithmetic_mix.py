@@ -34,10 +34,18 @@ def check_data(config) -> None:
   )
 
 
+def _chunks(config) -> bool:
+  return bool(config.get("digit_chunks", False))
+
+
 def model_fields(config) -> dict:
   """The `models.model_config` fields this task fixes."""
   return dict(
-      vocab_size=tokenizer.VOCAB_SIZE,
+      vocab_size=(
+          tokenizer.CHUNK_VOCAB_SIZE
+          if _chunks(config)
+          else tokenizer.VOCAB_SIZE
+      ),
       max_len=input_pipeline.sequence_length(
           config.max_question_len, config.max_answer_len
       )
@@ -57,6 +65,7 @@ def train_iterator(config, *, process_index=None, process_count=None):
       worker_count=config.worker_count,
       process_index=process_index,
       process_count=process_count,
+      chunks=_chunks(config),
   )
 
 
@@ -71,7 +80,15 @@ def eval_batches(config, *, process_index=None, process_count=None):
       max_examples=config.eval_examples,
       process_index=process_index,
       process_count=process_count,
+      chunks=_chunks(config),
   )
+
+
+def digit_token_ids(config):
+  """With ``config.digit_chunks``, the chunk vocabulary's number tokens
+  (`tokenizer.number_tokens`), so that every loss scores the numbers its
+  tokens of 1-3 digits write; else None (the digits 0..9)."""
+  return tokenizer.number_tokens() if _chunks(config) else None
 
 
 # The answers' grammar: an integer, a decimal or a fraction of integers.
