@@ -31,15 +31,14 @@ def run(module, *args):
 
 @pytest.mark.slow
 def test_digits_profile_records_what_its_report_needs(tmp_path):
-  run(
+  common = [
       "experiments.arithmetic_mix.run",
       f"--results={tmp_path / 'results.json'}",
       f"--runs_dir={tmp_path / 'runs'}",
       f"--data_dir={tmp_path / 'data'}",
       "--profile=digits_smoke",
-      "--groups=control,ablation",
-      "--max_cells=2",
-  )
+  ]
+  run(*common, "--groups=control,ablation", "--max_cells=2")
   runs = results_io.load_results(tmp_path / "results.json")
   assert [r["name"] for r in runs] == ["ce-digit-weight-s0", "ntil-no-exp-s0"]
   assert runs[0]["overrides"] == {"digit_ce_weight": 0.3}
@@ -55,15 +54,7 @@ def test_digits_profile_records_what_its_report_needs(tmp_path):
   (prepared,) = (tmp_path / "data" / "arithmetic_mix").iterdir()
   assert prepared.name == "add_or_sub-easy_train24_test20_seed0"
   # The chunk group: the same problems in tokens of 1-3 digits.
-  run(
-      "experiments.arithmetic_mix.run",
-      f"--results={tmp_path / 'results.json'}",
-      f"--runs_dir={tmp_path / 'runs'}",
-      f"--data_dir={tmp_path / 'data'}",
-      "--profile=digits_smoke",
-      "--groups=chunks",
-      "--max_cells=1",
-  )
+  run(*common, "--groups=chunks", "--max_cells=1")
   chunked = results_io.load_results(tmp_path / "results.json")[-1]
   assert chunked["name"] == "ce-chunks-s0" and chunked["group"] == "chunks"
   assert chunked["overrides"] == {"digit_chunks": True}
