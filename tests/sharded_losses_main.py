@@ -12,6 +12,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 import numpy as np
 
 import ntil_jax
+from tests import test_chunks
 from tests.test_losses import PERMUTED_IDS, random_case
 
 
@@ -77,6 +78,7 @@ def main():
           got_grad, want_grad, rtol=1e-5, atol=1e-7, err_msg=method
       )
   unsharded_labels(mesh)
+  number_tokens(mesh)
   print("OK")
 
 
@@ -130,6 +132,40 @@ def unsharded_labels(mesh):
       np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6, err_msg=name)
   for g, w in zip(got_fused, want_fused):
     np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6, err_msg="fused")
+
+
+def number_tokens(mesh):
+  """NTIL on numbers in tokens of 1-3 digits (the digit slots of
+  ntil_jax.chunks), batch- or sequence-sharded, equals it on one device."""
+  pieces, logits, labels, mask, decimal = test_chunks.case()
+  tokens = ntil_jax.number_tokens(pieces)
+  rows = np.arange(4) % len(labels)  # 4 rows, one a device
+  logits, labels, mask, decimal = (
+      x[rows] for x in (logits, labels, mask, decimal)
+  )
+
+  def loss(z, labels, mask, decimal):
+    return ntil_jax.numeric_token_loss(
+        z,
+        labels,
+        loss_mask=mask,
+        digit_mask=mask,
+        digit_token_ids=tokens,
+        decimal_point_mask=decimal,
+    )
+
+  grad = jax.jit(jax.value_and_grad(lambda *a: loss(*a).sum()))
+  want = grad(logits, labels, mask, decimal)
+  for spec in (P(("data", "fsdp")), P(None, ("data", "fsdp"))):
+    with jax.set_mesh(mesh):
+      put = lambda x, spec=spec: jax.device_put(x, NamedSharding(mesh, spec))
+      got = grad(*map(put, (logits, labels, mask, decimal)))
+      split = tuple(got[1].sharding.spec)[: len(spec)]
+      assert split == tuple(spec), got[1].sharding
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-6, err_msg=str(spec))
+    np.testing.assert_allclose(
+        got[1], want[1], rtol=1e-5, atol=1e-7, err_msg=str(spec)
+    )
 
 
 if __name__ == "__main__":
