@@ -623,6 +623,7 @@ def test_chunk_cells_are_paired_with_their_single_digit_runs(tmp_path):
   report = write(tmp_path, list(cells), cells=cells)
   part = sections(report)["Numbers in tokens of 1-3 digits"]
   assert "4 of the 15 cells recorded" in part
+  assert "hardware alone" not in part  # every cell on one device
   assert row(part, "CE, 1-3 digit tokens")[:3] == [
       "2 (0,1)",
       "10.00 ± 0.00",

@@ -1085,13 +1085,24 @@ def chunk_section(grouped, early) -> list[str]:
   if not keys:
     return lines + ["Not run yet (group `chunks`, 15 cells).", ""]
   ce = grouped.get("ce" + CHUNKS)
+  devices = lambda ks: sorted(
+      {r["device"] for k in ks for r in grouped.get(k, {}).values()}
+  )
+  mine, theirs = devices(keys), devices(k[: -len(CHUNKS)] for k in keys)
+  across = (
+      f" The chunk cells ran on {', '.join(mine)}, the single-digit cells "
+      f"they are paired with on {', '.join(theirs)}: hardware alone moves a "
+      "run (see the same cells on another device below, where recorded)."
+      if mine != theirs
+      else ""
+  )
   return lines + [
       f"{count} of the {len(CHUNK_METHODS) * len(SEEDS)} cells recorded. "
       "The same problems, seeds and budget as the main table, the numbers "
       "of questions and answers written in tokens of 1-3 digits greedily "
       "from the left, as Llama 3, GPT-4o and DeepSeek-V3 write them "
       "(`--config.digit_chunks=True`); every loss scores a number across its "
-      "tokens, each token's digits apart (docs/losses.md).",
+      "tokens, each token's digits apart (docs/losses.md)." + across,
       "",
       *values_table(grouped, keys, early),
       "",
