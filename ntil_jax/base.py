@@ -142,7 +142,7 @@ def _whole_sequence_loss(
       for x in (labels, digit_mask, decimal_point_mask)
   )
   if spec is not None:  # number tokens of several digits: digit slots
-    slots = chunks.Slots(
+    slots = chunks.digit_slots(
         whole_stats,
         labels_,
         digit_mask,

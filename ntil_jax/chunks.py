@@ -37,6 +37,7 @@ starts a new number: its slots are preceded by a non-digit slot.
 
 import dataclasses
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -278,90 +279,149 @@ def _gather_rows(values, dest):
   return jax.vmap(row)(values, dest)
 
 
-class Slots:
-  """The digit slots of whole sequences (``[B, T]`` flattened leading
-  axes): their statistics and labels, and the map back to the tokens."""
+class TokenCells(NamedTuple):
+  """Each position's ``C`` cells (``spec.slots_per_token``), ``[B, T, C]``
+  unless noted: the slots it stands for, in order, then unused cells.
 
-  def __init__(self, stats, labels, mask, ids, spec, decimal_point_mask):
-    lead = labels.shape
-    flat = int(np.prod(lead[:-1], dtype=np.int64))
-    length = lead[-1]
-    labels = labels.reshape(flat, length)
-    mask = jnp.ones_like(labels, bool) if mask is None else mask
-    mask = mask.reshape(flat, length).astype(bool)
-    self.spec, self.lead = spec, lead
-    wide = jnp.int64 if labels.dtype.itemsize > 4 else jnp.int32
-    matches = labels.astype(wide)[..., None] == ids.astype(wide)
-    # Lookups as sums over the matches (at most one per position: ids are
-    # distinct), elementwise under any sharding of the positions.
-    lookup = lambda table: jnp.sum(
-        jnp.where(matches, np.asarray(table, np.int32), 0), axis=-1
-    )
-    is_number = matches.any(-1) & mask
-    width = jnp.where(is_number, lookup(spec.widths), 1)
-    value = lookup(spec.values)
-    starts_word = is_number & (lookup(spec.word_starts) > 0)
-    per = spec.slots_per_token
-    cell = np.arange(per, dtype=np.int32)
-    lead_slot = starts_word.astype(jnp.int32)  # the separator's slot
-    digit = cell - lead_slot[..., None]  # [B, T, C]: which digit of the token
-    is_digit_cell = (
-        is_number[..., None] & (digit >= 0) & (digit < width[..., None])
-    )
-    count = jnp.where(is_number, width + lead_slot, 1)
-    start = jnp.cumsum(count, axis=-1) - count
-    used = cell < count[..., None]
-    self.size = per * length
-    self.dest = jnp.where(used, start[..., None] + cell, self.size)
-    self.is_digit_cell = is_digit_cell
-    self.width = width
-    self.digit = digit
-    place = jnp.clip(width[..., None] - 1 - digit, 0, MAX_WIDTH - 1)
-    digit_value = (value[..., None] // (10 ** place.astype(value.dtype))) % 10
-    slot_label = jnp.where(is_digit_cell, digit_value, _OTHER)
-    dest = self.dest.reshape(flat, length * per)
-    self.flat_dest = dest
-    scatter = functools.partial(_scatter_rows, dest=dest, size=self.size)
-    self.labels = scatter(slot_label.reshape(flat, -1), fill=_OTHER)
-    self.mask = scatter(is_digit_cell.reshape(flat, -1), fill=False)
-    if decimal_point_mask is None:
-      self.decimal_point_mask = None
-    else:
-      points = decimal_point_mask.reshape(flat, length).astype(bool)
-      points = (points & ~is_number)[..., None] & (cell == 0)
-      self.decimal_point_mask = scatter(points.reshape(flat, -1), fill=False)
-    pairs = slot_digit_logits(
-        stats.digit_logits.reshape(flat, length, -1), spec
-    )
-    offsets = _pair_offsets(spec)
-    first_pair = sum(
-        jnp.where(width == w, offsets[w], 0) for w in spec.width_list
-    )
-    pair = first_pair[..., None] + jnp.clip(digit, 0, spec.max_width - 1)
-    pair = jnp.clip(pair, 0, pairs.shape[-2] - 1)
-    cells = jnp.take_along_axis(pairs, pair[..., None], axis=-2)
-    cells = jnp.where(is_digit_cell[..., None], cells, 0.0)
-    if stats.log_norm is None:  # a loss that reads the digit logits alone
-      log_norm = None
-    else:
-      log_norm = stats.log_norm.reshape(flat, length, 1)
-      log_norm = jnp.broadcast_to(log_norm, (flat, length, per))
-      log_norm = scatter(log_norm.reshape(flat, -1), fill=0.0)
-    self.stats = type(stats)(
-        log_norm=log_norm,
-        label_logits=None,
-        digit_logits=scatter(cells.reshape(flat, length * per, 10), fill=0.0),
-    )
+  Attributes:
+    is_number: ``[B, T]``, a scored number token.
+    width: ``[B, T]``, its digit count (1 elsewhere).
+    digit: which of the token's digits a cell holds (``-1``: the
+      separator before a word-start token; ``>= width``: unused).
+    is_digit: the cell holds a digit of a scored number token.
+    label: the digit (0..9) of a digit cell, ``10`` for any other slot.
+    dest: the slot each used cell becomes in the ``[B, C * T]`` slot
+      sequence; ``C * T`` (past its end) for unused cells.
+  """
 
-  def per_cell(self, slot_values):
-    """``[B, T, C]``: each token's slots' values (0 past its slots)."""
-    flat, length = self.dest.shape[:2]
-    gathered = _gather_rows(slot_values, self.flat_dest)
-    return gathered.reshape(flat, length, -1)
+  is_number: jax.Array
+  width: jax.Array
+  digit: jax.Array
+  is_digit: jax.Array
+  label: jax.Array
+  dest: jax.Array
 
-  def to_tokens(self, slot_values):
-    """``[..., T]``: each token's slots summed."""
-    return self.per_cell(slot_values).sum(-1).reshape(self.lead)
+
+def token_cells(labels, mask, ids, spec: Spec) -> TokenCells:
+  """The :class:`TokenCells` of ``[B, T]`` labels; ``mask``: where numbers
+  are scored; ``ids``: the number tokens' ids in ``spec``'s order."""
+  wide = jnp.int64 if labels.dtype.itemsize > 4 else jnp.int32
+  matches = labels.astype(wide)[..., None] == ids.astype(wide)
+
+  # Lookups as sums over the matches (at most one per position: ids are
+  # distinct), elementwise under any sharding of the positions.
+  def lookup(table):
+    return jnp.sum(jnp.where(matches, np.asarray(table, np.int32), 0), -1)
+
+  is_number = matches.any(-1) & mask
+  width = jnp.where(is_number, lookup(spec.widths), 1)
+  value = lookup(spec.values)
+  separator = (is_number & (lookup(spec.word_starts) > 0)).astype(jnp.int32)
+  cell = np.arange(spec.slots_per_token, dtype=np.int32)
+  digit = cell - separator[..., None]
+  is_digit = is_number[..., None] & (digit >= 0) & (digit < width[..., None])
+  place = jnp.clip(width[..., None] - 1 - digit, 0, MAX_WIDTH - 1)
+  digit_value = (value[..., None] // 10 ** place.astype(value.dtype)) % 10
+  count = jnp.where(is_number, width + separator, 1)
+  start = jnp.cumsum(count, axis=-1) - count
+  size = spec.slots_per_token * labels.shape[-1]
+  return TokenCells(
+      is_number=is_number,
+      width=width,
+      digit=digit,
+      is_digit=is_digit,
+      label=jnp.where(is_digit, digit_value, _OTHER),
+      dest=jnp.where(cell < count[..., None], start[..., None] + cell, size),
+  )
+
+
+def cell_digit_logits(number_logits, cells: TokenCells, spec: Spec):
+  """``[B, T, C, 10]``: each digit cell's digit logits (0 elsewhere), from
+  the ``[B, T, K]`` number-token logits."""
+  pairs = slot_digit_logits(number_logits, spec)
+  offsets = _pair_offsets(spec)
+  first = sum(
+      jnp.where(cells.width == w, offsets[w], 0) for w in spec.width_list
+  )
+  pair = first[..., None] + jnp.clip(cells.digit, 0, spec.max_width - 1)
+  pair = jnp.clip(pair, 0, pairs.shape[-2] - 1)
+  picked = jnp.take_along_axis(pairs, pair[..., None], axis=-2)
+  return jnp.where(cells.is_digit[..., None], picked, 0.0)
+
+
+class Slots(NamedTuple):
+  """The digit slots of whole sequences: a loss's inputs over the
+  ``[B, C * T]`` slot sequence, and the cells that map them back.
+
+  Attributes:
+    stats: the slots' statistics (``log_norm`` the token's, ``digit_logits``
+      the slot's; no ``label_logits``).
+    labels: a digit slot's digit, ``10`` for any other slot.
+    mask: the digit slots.
+    decimal_point_mask: the slot of a decimal-point token, or None.
+    cells: the :class:`TokenCells` (leading axes flattened to B).
+    shape: the labels' shape, ``[..., T]``.
+  """
+
+  stats: tuple
+  labels: jax.Array
+  mask: jax.Array
+  decimal_point_mask: jax.Array | None
+  cells: TokenCells
+  shape: tuple
+
+
+def digit_slots(stats, labels, mask, ids, spec, decimal_point_mask) -> Slots:
+  """The :class:`Slots` of ``[..., T]`` labels and their statistics."""
+  shape = labels.shape
+  rows, length = int(np.prod(shape[:-1], dtype=np.int64)), shape[-1]
+  flat = lambda x: x.reshape((rows, -1) + x.shape[len(shape) :])
+  labels = flat(labels)
+  mask = jnp.ones_like(labels, bool) if mask is None else flat(mask) != 0
+  cells = token_cells(labels, mask, ids, spec)
+  per = spec.slots_per_token
+  dest = cells.dest.reshape(rows, length * per)
+  size = per * length
+
+  def scatter(per_cell, fill):  # [B, T, C, ...] -> [B, C * T, ...]
+    values = per_cell.reshape((rows, length * per) + per_cell.shape[3:])
+    return _scatter_rows(values, dest, size, fill)
+
+  def per_token(x):  # [B, T] -> every cell of its token
+    return jnp.broadcast_to(flat(x)[..., None], (rows, length, per))
+
+  points = None
+  if decimal_point_mask is not None:
+    point = (flat(decimal_point_mask) != 0) & ~cells.is_number
+    points = scatter(point[..., None] & (np.arange(per) == 0), False)
+  digit_logits = cell_digit_logits(flat(stats.digit_logits), cells, spec)
+  log_norm = stats.log_norm  # None for a loss that reads the digits alone
+  return Slots(
+      stats=type(stats)(
+          log_norm=None
+          if log_norm is None
+          else scatter(per_token(log_norm), 0.0),
+          label_logits=None,
+          digit_logits=scatter(digit_logits, 0.0),
+      ),
+      labels=scatter(cells.label, _OTHER),
+      mask=scatter(cells.is_digit, False),
+      decimal_point_mask=points,
+      cells=cells,
+      shape=shape,
+  )
+
+
+def per_cell(slot_values, slots: Slots):
+  """``[B, T, C]``: each cell's slot value (0 for unused cells)."""
+  rows, length, per = slots.cells.dest.shape
+  dest = slots.cells.dest.reshape(rows, length * per)
+  return _gather_rows(slot_values, dest).reshape(rows, length, per)
+
+
+def to_tokens(slot_values, slots: Slots):
+  """``[..., T]``: each token's slots' values summed."""
+  return per_cell(slot_values, slots).sum(-1).reshape(slots.shape)
 
 
 def slot_loss(numeric_fn, layout_fn, slots: Slots, loss_kwargs):
@@ -377,7 +437,7 @@ def slot_loss(numeric_fn, layout_fn, slots: Slots, loss_kwargs):
   result = numeric_fn(slots.stats, layout, **loss_kwargs)
   if isinstance(result, tuple) and hasattr(result, "predicted_digits"):
     return components_to_tokens(result, slots)
-  return slots.to_tokens(result)
+  return to_tokens(result, slots)
 
 
 def components_to_tokens(components, slots: Slots):
@@ -392,24 +452,22 @@ def components_to_tokens(components, slots: Slots):
   token; ``predicted_digits`` is the straight-through prediction as the
   token's value (``[1, 2, 3]`` in a 3-digit token: 123).
   """
-  weights = slots.per_cell(components.weights)
-  emd = slots.per_cell(components.emd)
-  last = jnp.clip(slots.width - 1 + (slots.digit[..., :1] < 0)[..., 0], 0)
+  cells = slots.cells
+  weights = per_cell(components.weights, slots)
+  separated = (cells.digit[..., 0] < 0).astype(jnp.int32)
+  last = cells.width - 1 + separated  # the cell of the token's last digit
   last_weight = jnp.take_along_axis(weights, last[..., None], -1)[..., 0]
-  is_number = slots.is_digit_cell.any(-1)
-  last_weight = jnp.where(is_number, last_weight, 1.0)
+  last_weight = jnp.where(cells.is_number, last_weight, 1.0)
   safe = jnp.where(last_weight != 0, last_weight, 1.0)
-  token_emd = jnp.sum(weights * emd, -1) / safe
-  place = jnp.clip(slots.width[..., None] - 1 - slots.digit, 0)
-  predicted = slots.per_cell(components.predicted_digits)
-  value = jnp.sum(
-      jnp.where(slots.is_digit_cell, predicted * 10**place, 0), -1
-  ).astype(components.predicted_digits.dtype)
-  shaped = lambda x: x.reshape(slots.lead)
+  emd = jnp.sum(weights * per_cell(components.emd, slots), -1) / safe
+  place = jnp.clip(cells.width[..., None] - 1 - cells.digit, 0)
+  predicted = per_cell(components.predicted_digits, slots) * 10**place
+  value = jnp.sum(jnp.where(cells.is_digit, predicted, 0), -1)
+  shaped = lambda x: x.reshape(slots.shape)
   return type(components)(
-      emd=shaped(token_emd),
+      emd=shaped(emd),
       weights=shaped(last_weight),
-      relative=slots.to_tokens(components.relative),
-      magnitude=slots.to_tokens(components.magnitude),
-      predicted_digits=shaped(value),
+      relative=to_tokens(components.relative, slots),
+      magnitude=to_tokens(components.magnitude, slots),
+      predicted_digits=shaped(value).astype(components.predicted_digits.dtype),
   )
