@@ -36,6 +36,7 @@ exclude_patterns = [
     "experiments/*/budget.md",
     # The reports' prose templates (experiments/prose.py).
     "experiments/*/report.md",
+    "experiments/*/*_report.md",
 ]
 myst_heading_anchors = 4
 myst_enable_extensions = ["dollarmath"]
