@@ -15,6 +15,7 @@ import ml_collections
 from configs import common
 
 METHODS = common.METHODS
+PEER_METHODS = common.PEER_METHODS
 loss_kwargs = common.loss_kwargs
 
 

@@ -115,7 +115,7 @@ def _digits(path):
   return Cell(
       "multi-digit sums (add_or_sub)",
       path,
-      ("main", "control"),
+      ("main", "control", "peers"),
       "exact_match",
       "exact match",
       None,
@@ -203,7 +203,7 @@ def key(run) -> str | None:
   if "variant" not in run:  # arithmetic: the control is CE, group "control"
     if run.get("group") == "control":
       return CONTROL if run["overrides"].get("digit_ce_weight") else None
-    return run["method"] if run.get("group") == "main" else None
+    return run["method"] if run.get("group") in ("main", "peers") else None
   variant = run["variant"]
   if variant in ("main", "converged"):
     return run["method"]

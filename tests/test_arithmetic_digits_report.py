@@ -251,8 +251,8 @@ def test_report_numbers_by_hand(tmp_path):
 
   # Coverage: 3 CE + 3 NTIL + 1 control + 2 ablation cells.
   coverage = parts["Grid coverage"]
-  assert "9 of the 45 cells recorded" in coverage
-  assert "(main 6/25, control 1/5, ablation 2/15)" in coverage
+  assert "9 of the 55 cells recorded" in coverage
+  assert "(main 6/25, control 1/5, ablation 2/15, peers 0/10)" in coverage
   assert "- CE: 3 of 5 seeds (0, 1, 2)" in coverage
   assert "- CE + EMD: 0 of 5 seeds" in coverage
   assert "- CE, digit tokens weighted 1.3: 1 of 5 seeds (0)" in coverage
@@ -398,8 +398,11 @@ def test_where_ntil_is_behind_is_named(tmp_path):
 def test_partial_grid_of_one_cell(tmp_path):
   report = write(tmp_path, ["ce-s0"])
   parts = sections(report)
-  assert "1 of the 45 cells recorded" in parts["Grid coverage"]
-  assert "(main 1/25, control 0/5, ablation 0/15)" in parts["Grid coverage"]
+  assert "1 of the 55 cells recorded" in parts["Grid coverage"]
+  assert (
+      "(main 1/25, control 0/5, ablation 0/15, peers 0/10)"
+      in parts["Grid coverage"]
+  )
   assert "No seed paired yet." in parts["Paired differences vs CE"]
   assert "Not run yet." in parts["Control: digit-weighted CE"]
   assert "NTIL vs CE: no seed has both yet." in parts["What it shows"]
@@ -437,7 +440,7 @@ def test_command_line_without_the_data(tmp_path):
   )
   assert result.returncode == 0, result.stderr[-3000:]
   report = (tmp_path / "results.md").read_text()
-  assert "4 of the 45 cells recorded" in report
+  assert "4 of the 55 cells recorded" in report
   assert "Not available: they need the test problems (not found:" in report
   # The terminal says so too, with the command that prepares them.
   assert "warning: no test problems under" in result.stderr
@@ -650,3 +653,31 @@ def test_chunk_cells_are_paired_with_their_single_digit_runs(tmp_path):
   # Without chunk cells the section says so.
   plain = write(tmp_path, list(CELLS))
   assert "Not run yet (group `chunks`, 15 cells)." in plain
+
+
+def test_peer_cells_are_rows_of_the_main_tables(tmp_path):
+  cells = dict(CELLS)
+  cells.update(
+      {
+          # DEL: s0 5/6 (CE s0 3/6), s1 4/6 (CE s1 3/6).
+          "del-s0": ("peers", "del", 0, {4: "4.2"}, [0.1, 0.2, 0.3]),
+          "del-s1": ("peers", "del", 1, {2: "-2", 4: "4.3"}, [0.1, 0.2, 0.3]),
+      }
+  )
+  parts = sections(write(tmp_path, list(cells), cells=cells))
+  assert (
+      "(main 6/25, control 1/5, ablation 2/15, peers 2/10)"
+      in parts["Grid coverage"]
+  )
+  assert "- CE + DEL: 2 of 5 seeds (0, 1)" in parts["Grid coverage"]
+  assert row(parts["Main table"], "CE + DEL")[:3] == [
+      "2 (0,1)",
+      "10.00 ± 0.00",
+      "75.00 ± 11.79",  # 5/6 and 4/6
+  ]
+  # +2/6 and +1/6 against CE: +25.00 ± 11.79, t = 3 on 1 df, p = 0.205.
+  assert row(parts["Paired differences vs CE"], "CE + DEL − CE")[:3] == [
+      "+25.00 ± 11.79",
+      "2/2",
+      "0.205",
+  ]

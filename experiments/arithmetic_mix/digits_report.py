@@ -5,8 +5,10 @@ r"""The digits grid's report: digits/results.json -> digits/results.md, plots.
 The grid (``run.py --profile=digits``): ``arithmetic__add_or_sub`` at its
 easy difficulty, the ``small`` model trained from scratch, each generated
 training problem read once, 5 seeds of every method, of the digit-weighted
-CE control and of each NTIL ablation: 45 cells. Any subset of them renders;
-the report says which are there.
+CE control, of each NTIL ablation and of NTIL's peers DEL and SMMD: 55
+cells (the 3,200-step grid: the first 45), and CE, EMD and NTIL on numbers
+in tokens of 1-3 digits (15 more). Any subset of them renders; the report
+says which are there.
 
 Every figure comes from the records: the final metrics and learning curves
 they hold, and their stored predictions (the test split's order). The
@@ -49,6 +51,8 @@ HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "digits")
 RESULTS = os.path.join(HERE, "results.json")
 
 METHODS = arithmetic_mix.METHODS
+# NTIL's peers (DEL, SMMD), run.py's group "peers": rows of the main table.
+PEERS = arithmetic_mix.PEER_METHODS
 SEEDS = (0, 1, 2, 3, 4)
 LABELS = labels.LABELS
 CONTROL = "ce-digit-weight"
@@ -63,8 +67,10 @@ GROUP_SIZES = dict(
     main=len(METHODS) * len(SEEDS),
     control=len(SEEDS),
     ablation=len(ABLATIONS) * len(SEEDS),
+    peers=len(PEERS) * len(SEEDS),
 )
-NUM_CELLS = sum(GROUP_SIZES.values())  # 45
+# The 3,200-step grid runs the first three groups (45 cells).
+LONG_GROUP_SIZES = {g: GROUP_SIZES[g] for g in ("main", "control", "ablation")}
 # run.py's chunk group: these methods with numbers in tokens of 1-3 digits,
 # cell kinds "<method>-chunks".
 CHUNK_METHODS = ("ce", "emd", "ntil")
@@ -269,8 +275,9 @@ def curve_value(run, step, metric="exact_match") -> float:
 
 
 def cell_key(run) -> str:
-  """The cell's kind: a method (main), `CONTROL` or an ablation prefix."""
-  if run["group"] == "main":
+  """The cell's kind: a method (main, peers), `CONTROL` or an ablation
+  prefix."""
+  if run["group"] in ("main", "peers"):
     return run["method"]
   return re.sub(r"-s\d+$", "", run["name"])
 
@@ -346,7 +353,7 @@ def group_runs(runs, problems=None, early=EARLY_STEP, breakdowns=None) -> dict:
 
 
 def main_keys(grouped):
-  return [m for m in METHODS if m in grouped]
+  return [m for m in METHODS + PEERS if m in grouped]
 
 
 def ablation_keys(grouped):
@@ -627,22 +634,26 @@ def plot_paired_curves(grouped, path):
 # The text.
 
 
-def coverage(grouped) -> list[str]:
-  """How many of the 45 cells are there, and the seeds of each kind."""
+def coverage(grouped, sizes=None) -> list[str]:
+  """How many of the grid's cells (``sizes``: cells per group, default
+  `GROUP_SIZES`) are there, and the seeds of each kind."""
+  sizes = sizes or GROUP_SIZES
   counts = dict(
       main=sum(len(grouped.get(m, {})) for m in METHODS),
       control=len(grouped.get(CONTROL, {})),
       ablation=sum(len(grouped.get(k, {})) for k, _ in ABLATIONS),
+      peers=sum(len(grouped.get(m, {})) for m in PEERS),
   )
-  total = sum(counts.values())
+  total, cells = sum(counts[g] for g in sizes), sum(sizes.values())
   lines = [
-      f"**{total} of the {NUM_CELLS} cells recorded** ("
-      + ", ".join(f"{g} {counts[g]}/{GROUP_SIZES[g]}" for g in GROUP_SIZES)
+      f"**{total} of the {cells} cells recorded** ("
+      + ", ".join(f"{g} {counts[g]}/{sizes[g]}" for g in sizes)
       + ")."
-      + ("" if total == NUM_CELLS else " Cells not run yet are left out."),
+      + ("" if total == cells else " Cells not run yet are left out."),
       "",
   ]
   kinds = [*METHODS, CONTROL, *(k for k, _ in ABLATIONS)]
+  kinds += [*PEERS] if "peers" in sizes else []
   for k in kinds:
     seeds = sorted(grouped.get(k, {}))
     lines.append(
@@ -923,7 +934,7 @@ def write_report(
   """Writes results.md and plots/ under ``out_dir``.
 
   Args:
-    runs: the digits grid's records (any subset of the 45 cells).
+    runs: the digits grid's records (any subset of the grid's cells).
     problems: the test split's (question, answer) pairs in order, or None.
     out_dir: where results.md and plots/ go.
     problems_source: where the problems came from, for the text.
@@ -944,9 +955,14 @@ def write_report(
       __file__,
       "report",
       profile=profile,
+      groups=",".join(
+          LONG_GROUP_SIZES if profile == "digits_long" else GROUP_SIZES
+      ),
       results=PROFILES[profile][0],
       regime=regime(grouped, early, problems, problems_source),
-      coverage=coverage(grouped),
+      coverage=coverage(
+          grouped, LONG_GROUP_SIZES if profile == "digits_long" else None
+      ),
       main_table=values_table(grouped, keys, early),
       figures=" ".join(
           prose.section(

@@ -279,13 +279,16 @@ def _variant(settings) -> dict:
 # The chunk group: numbers in tokens of 1-3 digits (Llama 3's split), these
 # methods, paired by seed with the main group's single-digit runs.
 CHUNK_METHODS = ("ce", "emd", "ntil")
+# NTIL's peers (DEL, SMMD), their own group: paired by seed with the main
+# group's CE, rows of the main table.
+PEER_METHODS = arithmetic_mix.PEER_METHODS
 
 
-def digits_grid(seeds, chunks=True):
+def digits_grid(seeds, extra=True):
   """The multi-digit grid: every method, the control, the ablations and,
-  with ``chunks``, the same problems with numbers in tokens of 1-3 digits
-  (group ``chunks``)."""
-  cells = {"main": [], "control": [], "ablation": [], "chunks": []}
+  with ``extra``, NTIL's peers (group ``peers``) and the same problems with
+  numbers in tokens of 1-3 digits (group ``chunks``)."""
+  cells = {"main": [], "control": [], "ablation": [], "peers": [], "chunks": []}
   for seed in seeds:  # seed-major: a partial grid still covers every method
     for method in METHODS:
       cells["main"].append(("main", f"{method}-s{seed}", method, seed, {}))
@@ -306,7 +309,9 @@ def digits_grid(seeds, chunks=True):
       cells["ablation"].append(
           ("ablation", f"{name}-s{seed}", "ntil", seed, overrides)
       )
-    for method in CHUNK_METHODS if chunks else ():
+    for method in PEER_METHODS if extra else ():
+      cells["peers"].append(("peers", f"{method}-s{seed}", method, seed, {}))
+    for method in CHUNK_METHODS if extra else ():
       cells["chunks"].append(
           ("chunks", f"{method}-chunks-s{seed}", method, seed, _CHUNKS)
       )
@@ -320,7 +325,7 @@ def grid(profile):
   """(group, name, method, seed, overrides) of every cell, in run order."""
   seeds = PROFILES[profile]["seeds"]
   if _variant(PROFILES[profile]):
-    cells = digits_grid(seeds, chunks=profile != "digits_long")
+    cells = digits_grid(seeds, extra=profile != "digits_long")
     return {group: c for group, c in cells.items() if c}
   cells = {"main": [], "ablation": [], "sweep": []}
   for seed in seeds:  # seed-major: a partial grid still covers every method
