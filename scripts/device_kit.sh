@@ -6,7 +6,9 @@
 #   .devkit/whl_bench/  those of scripts/device_bench_wheels.txt (6 MB), for
 #                       scripts/device_bench.sh (one call: carry [".devkit"])
 #   .devkit/data/       the grid's problems: STEPS x BATCH (each seen once)
-#                       and TEST_SIZE test problems, both datasets
+#                       and TEST_SIZE test problems, both datasets; with
+#                       DIGITS=1 (default) the digits grid's 102,400 + 2,000
+#                       (14 MB), for scripts/device_digits_grid.sh
 #   .devkit/gguf.sha256 to check the joined GGUF there
 #   .devgguf/a, b       the SmolLM2 GGUF (98 MB) in two halves, one a call
 # Then, with the device tool (calls back to back: the machine stays warm
@@ -65,4 +67,8 @@ for module in arithmetic__add_or_sub arithmetic__mixed; do
   [ "$module" = arithmetic__mixed ] && difficulty=
   $PY -c "from train import arithmetic_data as d; print(d.prepare('$KIT/data', $((STEPS * BATCH)), $TEST_SIZE, module='$module', difficulty='$difficulty', workers=2))"
 done
+if [ "${DIGITS:-1}" = 1 ]; then  # the digits grid (device_digits_grid.sh)
+  echo "== data: the digits grid's 102,400 + 2,000 problems"
+  $PY -c "from train import arithmetic_data as d; print(d.prepare('$KIT/data', 800 * 128, 2000, module='arithmetic__add_or_sub', difficulty='easy', workers=2))"
+fi
 du -sh "$KIT"/* .devgguf/*
