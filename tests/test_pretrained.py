@@ -271,7 +271,8 @@ def test_number_tokens_make_the_model_and_batches_score_whole_numbers(
       (2, 100),
       (3, 1000),
   ]
-  lm = pretrained.load(config.pretrained)
+  lm = pretrained.load(config.pretrained, number_tokens=True)
+  assert lm.digit_token_ids == tokens  # the model's, not an array of them
   batch = task.encode_examples(config, ["What is 1234 + 5?"], ["1239"])
   scored = batch["targets"][0][batch["loss_mask"][0]].tolist()
   assert lm.tokenizer.decode(scored[:1]) == "123"  # 123|9, then EOS

@@ -8,6 +8,8 @@ into tunix's Flax NNX Qwen2 or Llama3 model::
   ids = lm.encode("What is 12 + 30?")        # the tokenizer's ids, no BOS
   logits = lm.logits(jnp.asarray([ids]))       # [1, T, V] float32
   lm.digit_token_ids                           # ten ids, for ntil_jax
+                                               # (load(..., number_tokens=True):
+                                               # its NumberTokens)
   lm.model                                     # a `CausalLM`, to train
 
 This module is the loader: the snapshot's checks and weights. The rest is
@@ -24,6 +26,7 @@ import os
 from flax import nnx
 import jax
 import jax.numpy as jnp
+import ntil_jax
 import numpy as np
 
 from train import causal_lm
@@ -43,7 +46,10 @@ class PretrainedLM:
     self.model = model
     self.tokenizer = tokenizer
     self.hf_config = hf_config
-    self.digit_token_ids = np.asarray(model.digit_token_ids, np.int32)
+    ids = model.digit_token_ids
+    if not isinstance(ids, ntil_jax.NumberTokens):  # ten digit ids
+      ids = np.asarray(ids, np.int32)
+    self.digit_token_ids = ids
     self.eos_id = hf_config_lib.token_id(hf_config, "eos_token_id")
     self.bos_id = hf_config_lib.token_id(hf_config, "bos_token_id")
     if self.eos_id is None:
