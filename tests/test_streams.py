@@ -544,6 +544,8 @@ def test_recorded_cells_keep_their_config_hash(which, results):
   assert common_config.ADDED_FIELDS == {
       "train_stream": False,
       "param_dtype": "float32",
+      "digit_chunks": False,
+      "number_tokens": False,
   }
   hashes = _grid_hashes(which)
   for path in results:

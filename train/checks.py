@@ -249,10 +249,11 @@ def _show(value) -> str:
 def config_changes(recorded: dict, config) -> tuple[list, list]:
   """``(resumable, refused)``: (field, recorded, now) for every change.
 
-  A field of `common.ADDED_FIELDS` that a run recorded before it existed
-  counts as its default there.
+  A field of `common.ADDED_FIELDS` that a run recorded before it existed,
+  or that the config's task does not have (``digit_chunks`` outside
+  arithmetic_mix), counts as its default there.
   """
-  now = rundir.config_record(config)
+  now = {**common.ADDED_FIELDS, **rundir.config_record(config)}
   recorded = {**common.ADDED_FIELDS, **recorded}
   resumable, refused = [], []
   for name in sorted(set(recorded) | set(now)):
