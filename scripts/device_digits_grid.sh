@@ -27,10 +27,7 @@ RESULTS=experiments/arithmetic_mix/digits
 export PYTHONUNBUFFERED=1
 start=$(date +%s)
 
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-  --upgrade --target /tmp/site "$KIT"/whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD
-python3 -c "import jax; print('jax', jax.__version__, jax.devices())" || exit 1
+source scripts/device_site.sh || exit 1
 ls -d "$KIT"/data/arithmetic_mix/add_or_sub-easy_train102400_test2000_seed0 || {
   echo "no digits data in $KIT/data: run DIGITS=1 bash scripts/device_kit.sh"
   exit 1

@@ -37,10 +37,7 @@ METHODS=${METHODS:-}
 export PYTHONUNBUFFERED=1
 start=$(date +%s)
 
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-  --upgrade --target /tmp/site "$KIT"/whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD
-python3 -c "import jax; print('jax', jax.__version__, jax.devices())" || exit 1
+source scripts/device_site.sh || exit 1
 
 if [ ! -d "$SNAPSHOT" ]; then
   cat /tmp/kit/part-00 /tmp/kit/part-01 >/tmp/smollm2.gguf 2>/dev/null
