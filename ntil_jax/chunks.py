@@ -88,7 +88,7 @@ class Spec:
     """The widths present, ascending."""
     return tuple(sorted(set(self.widths)))
 
-  def cells(self, width: int) -> np.ndarray:
+  def writers(self, width: int) -> np.ndarray:
     """``[10**width, m]`` indices of the tokens writing each digit string
     of ``width`` digits (``-1`` pads; a string no token writes is all
     ``-1``)."""
@@ -234,16 +234,16 @@ def slot_digit_logits(number_logits, spec: Spec):
   """
   pairs = []
   for width in spec.width_list:
-    table = spec.cells(width)
+    table = spec.writers(width)
     present = table >= 0
     picked = jnp.take(number_logits, np.maximum(table, 0), axis=-1)
     picked = jnp.where(present, picked, -jnp.inf)
     if table.shape[1] == 1:
-      cells = picked[..., 0]
+      strings = picked[..., 0]
     else:  # several tokens write the same digits ('12' and '\u258112')
-      cells = _safe_logsumexp(picked, -1)
-    grid = cells.reshape(cells.shape[:-1] + (10,) * width)
-    lead = cells.ndim - 1
+      strings = _safe_logsumexp(picked, -1)
+    grid = strings.reshape(strings.shape[:-1] + (10,) * width)
+    lead = strings.ndim - 1
     for j in range(width):
       others = tuple(lead + i for i in range(width) if i != j)
       pairs.append(jax.nn.logsumexp(grid, axis=others) if others else grid)
