@@ -89,6 +89,8 @@ def cli_main(main):
   A `errors.ConfigError` (a results file that is not JSON, say) or an
   ``app.UsageError`` (an unknown group) exits with status 2, a
   `errors.TrainingError` with 1, with no traceback (`errors.exit_on_error`).
+  A grid stopped by SIGINT or SIGTERM, its running cell checkpointed, says
+  so in one line and exits with 130.
   """
 
   def checked(argv):
@@ -98,6 +100,9 @@ def cli_main(main):
     except app.UsageError as error:
       print(f"error: {error}", file=sys.stderr)
       sys.exit(2)
+    except KeyboardInterrupt as error:
+      print(f"stopped: {error or 'interrupted'}", file=sys.stderr)
+      sys.exit(130)
 
   return checked
 

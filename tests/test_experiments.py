@@ -960,3 +960,15 @@ def test_peer_groups_are_paired_with_ce_and_reported(
   report = (tmp_path / "results.md").read_text()
   for label in ("| CE |", "| CE + DEL |", "| CE + SMMD |"):
     assert label in report, label
+
+
+def test_a_grid_stopped_by_a_signal_says_so_in_one_line(capsys):
+  def main(argv):
+    del argv
+    raise KeyboardInterrupt("ce-s0 stopped by a signal; rerun to resume")
+
+  with pytest.raises(SystemExit) as stopped:
+    results_io.cli_main(main)(["run"])
+  assert stopped.value.code == 130
+  err = capsys.readouterr().err
+  assert err == "stopped: ce-s0 stopped by a signal; rerun to resume\n"
