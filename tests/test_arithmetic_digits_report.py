@@ -681,3 +681,30 @@ def test_peer_cells_are_rows_of_the_main_tables(tmp_path):
       "2/2",
       "0.205",
   ]
+
+
+def test_chunk_cells_of_another_device_are_shown_apart(tmp_path):
+  # The CPU's records: CE s0 on single digits (3/6) and in chunks (2/6).
+  cells = dict(CELLS)
+  cells["ce-chunks-s0"] = (
+      "chunks",
+      "ce",
+      0,
+      {1: "41", 4: "4.2", 5: "7", 6: "x"},
+      [0.1, 0.2, 0.3],
+  )
+  other = [record("ce-s0", cells), record("ce-chunks-s0", cells)]
+  for run in other:
+    run["device"] = "cpu:other x1"
+  runs = [record(n) for n in CELLS]
+  dr.write_report(runs, PROBLEMS, str(tmp_path), "test problems", other=other)
+  part = sections((tmp_path / "results.md").read_text())[
+      "Numbers in tokens of 1-3 digits"
+  ]
+  assert "Cells recorded on cpu:other x1" in part
+  assert row(part, "CE")[:3] == ["1 (0)", "10.00", "50.00"]
+  assert row(part, "CE, 1-3 digit tokens")[:3] == ["1 (0)", "10.00", "33.33"]
+  # One seed: no paired test.
+  assert row(part, "CE, 1-3 digit tokens − CE")[:3] == ["-", "-", "-"]
+  # This report's own hardware has no chunk cell yet.
+  assert "Not run yet (group `chunks`, 15 cells)." in part

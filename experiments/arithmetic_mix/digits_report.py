@@ -1030,7 +1030,7 @@ def write_report(
   else:
     lines += ["Not run yet.", ""]
   if profile == "digits":
-    lines += chunk_section(grouped, early)
+    lines += chunk_section(grouped, early, group_runs(other, None, early))
   lines += ["## What it shows", "", *reading(grouped, early)]
   check = device_check(runs, other)
   if check:
@@ -1039,12 +1039,18 @@ def write_report(
     f.write("\n".join(lines) + "\n")
 
 
-def chunk_section(grouped, early) -> list[str]:
+def chunk_section(grouped, early, elsewhere=None) -> list[str]:
   """The same problems with numbers in tokens of 1-3 digits (Llama 3's
   split, ``--config.digit_chunks``): each method against itself on single
-  digits, and NTIL and EMD against CE within chunks, paired by seed."""
+  digits, and NTIL and EMD against CE within chunks, paired by seed.
+
+  ``elsewhere``: the grouped runs of the report's other results (another
+  device); their chunk cells are shown apart, beside that device's
+  single-digit cells.
+  """
   keys = [m + CHUNKS for m in CHUNK_METHODS if m + CHUNKS in grouped]
   lines = ["## Numbers in tokens of 1-3 digits", ""]
+  lines += _chunks_elsewhere(elsewhere or {}, early)
   if not keys:
     return lines + ["Not run yet (group `chunks`, 15 cells).", ""]
   single = lambda key: key[: -len(CHUNKS)]
@@ -1070,6 +1076,33 @@ def chunk_section(grouped, early) -> list[str]:
       ),
       "",
   ]
+
+
+def _chunks_elsewhere(grouped, early) -> list[str]:
+  """Chunk cells of the other results, with that device's single-digit
+  cells of the same methods: a table, no test below two paired seeds."""
+  methods = [m for m in CHUNK_METHODS if m + CHUNKS in grouped]
+  if not methods:
+    return []
+  keys = [k for m in methods for k in (m, m + CHUNKS) if k in grouped]
+  devices = {r["device"] for k in keys for r in grouped[k].values()}
+  return prose.section(
+      __file__,
+      "chunks_elsewhere",
+      device=", ".join(sorted(devices)),
+      values=values_table(grouped, keys, early),
+      paired=paired_table(
+          [
+              (
+                  f"{label(m + CHUNKS)} − {label(m)}",
+                  grouped[m + CHUNKS],
+                  grouped.get(m),
+              )
+              for m in methods
+          ],
+          early,
+      ),
+  ) + [""]
 
 
 # ---------------------------------------------------------------------------
