@@ -1050,9 +1050,9 @@ def chunk_section(grouped, early, elsewhere=None) -> list[str]:
   """
   keys = [m + CHUNKS for m in CHUNK_METHODS if m + CHUNKS in grouped]
   lines = ["## Numbers in tokens of 1-3 digits", ""]
-  lines += _chunks_elsewhere(elsewhere or {}, early)
+  apart = _chunks_elsewhere(elsewhere or {}, early)
   if not keys:
-    return lines + ["Not run yet (group `chunks`, 15 cells).", ""]
+    return lines + ["Not run yet (group `chunks`, 15 cells).", "", *apart]
   single = lambda key: key[: -len(CHUNKS)]
   devices = lambda ks: ", ".join(
       sorted({r["device"] for k in ks for r in grouped.get(k, {}).values()})
@@ -1075,6 +1075,7 @@ def chunk_section(grouped, early, elsewhere=None) -> list[str]:
           paired=paired_table(comparisons, early),
       ),
       "",
+      *apart,
   ]
 
 
