@@ -130,15 +130,39 @@ def spec_and_ids(tokens: vocab.NumberTokens, vocab_size=None):
           f"NumberTokens.{name} must be concrete (NumPy), not traced; only "
           "the ids may be traced."
       )
-    fields[name] = value.reshape(-1)
-  count = len(fields["values"])
+    fields[name] = value
+  count = fields["values"].size
   shapes = {n: np.shape(getattr(tokens, n)) for n in tokens._fields}
   if count == 0 or any(s != (count,) for s in shapes.values()):
     raise ValueError(
         f"NumberTokens fields must be 1-D of one non-zero length, got {shapes}."
     )
-  widths = fields["widths"].astype(np.int64)
-  values = fields["values"].astype(np.int64)
+  spec, order = _spec(
+      *(
+          tuple(fields[n].astype(t).tolist())
+          for n, t in (("widths", np.int64), ("values", np.int64))
+      ),
+      tuple(fields["word_starts"].astype(bool).tolist()),
+  )
+  concrete = _concrete(tokens.ids)
+  if concrete is None:
+    return spec, jnp.asarray(tokens.ids)[order], None
+  numbers.check_id_range(concrete, vocab_size, "NumberTokens.ids")
+  unique, counts = np.unique(concrete, return_counts=True)
+  if (counts > 1).any():
+    raise ValueError(
+        f"NumberTokens.ids repeat token {int(unique[counts > 1][0])}; each "
+        "number token needs its own id."
+    )
+  concrete = concrete[order]
+  return spec, jnp.asarray(concrete), concrete
+
+
+@functools.lru_cache(maxsize=16)
+def _spec(widths: tuple, values: tuple, word_starts: tuple):
+  """``(Spec, order)`` of a vocabulary's fields, checked; cached, as every
+  entry point of a loss call reads it."""
+  widths, values = np.asarray(widths), np.asarray(values)
   if widths.min() < 1 or widths.max() > MAX_WIDTH:
     raise ValueError(
         f"number token widths must be 1 to {MAX_WIDTH} digits, got "
@@ -151,46 +175,14 @@ def spec_and_ids(tokens: vocab.NumberTokens, vocab_size=None):
         f"number token {i} has value {values[i]}, which does not fit its "
         f"width of {widths[i]} digit(s)."
     )
-  order = np.lexsort((np.arange(count), values, widths))
+  order = np.lexsort((np.arange(len(values)), values, widths))
   spec = Spec(
       widths=tuple(int(w) for w in widths[order]),
       values=tuple(int(v) for v in values[order]),
-      word_starts=tuple(bool(s) for s in fields["word_starts"][order]),
+      word_starts=tuple(bool(word_starts[i]) for i in order),
   )
   _check_every_digit_in_every_slot(spec)
-  concrete = _concrete(tokens.ids)
-  if concrete is None:
-    ids = jnp.asarray(tokens.ids)
-    if ids.shape != (count,):
-      raise ValueError(
-          f"NumberTokens.ids must be [{count}], got shape {ids.shape}."
-      )
-    return spec, ids[order], None
-  concrete = concrete.reshape(-1) if concrete.shape == (count,) else concrete
-  if concrete.shape != (count,):
-    raise ValueError(
-        f"NumberTokens.ids must be [{count}], got shape {concrete.shape}."
-    )
-  if not np.issubdtype(concrete.dtype, np.integer):
-    raise ValueError(
-        f"NumberTokens.ids must be integer token ids, got {concrete.dtype}."
-    )
-  if concrete.min() < 0 or (
-      vocab_size is not None and concrete.max() >= vocab_size
-  ):
-    limit = "" if vocab_size is None else f" for a vocabulary of V={vocab_size}"
-    raise ValueError(
-        f"NumberTokens.ids range over [{concrete.min()}, {concrete.max()}], "
-        f"out of range{limit} (the logits' last axis)."
-    )
-  unique, counts = np.unique(concrete, return_counts=True)
-  if (counts > 1).any():
-    raise ValueError(
-        f"NumberTokens.ids repeat token {int(unique[counts > 1][0])}; each "
-        "number token needs its own id."
-    )
-  concrete = concrete[order]
-  return spec, jnp.asarray(concrete), concrete
+  return spec, order
 
 
 def _check_every_digit_in_every_slot(spec: Spec) -> None:

@@ -110,6 +110,18 @@ def reshard_like(like, *arrays) -> tuple:
   return tuple(out)
 
 
+def check_id_range(ids: np.ndarray, vocab_size, name: str) -> None:
+  """ValueError naming ``name`` unless ``ids`` are integers in ``[0, V)``
+  (``[0, inf)`` without ``vocab_size``)."""
+  if not np.issubdtype(ids.dtype, np.integer):
+    raise ValueError(
+        f"{name} must be integer token ids, got dtype {ids.dtype}."
+    )
+  if ids.min() < 0 or (vocab_size is not None and ids.max() >= vocab_size):
+    limit = "" if vocab_size is None else f" for a vocabulary of V={vocab_size}"
+    raise ValueError(f"{name} out of range{limit} (the logits' last axis).")
+
+
 def check_digit_token_ids(digit_token_ids, vocab_size=None):
   """Validates digit token ids; returns them as a NumPy array, None if traced.
 
@@ -139,12 +151,7 @@ def check_digit_token_ids(digit_token_ids, vocab_size=None):
     raise ValueError(
         f"digit_token_ids must be integer token ids, got dtype {ids.dtype}."
     )
-  if ids.min() < 0 or (vocab_size is not None and ids.max() >= vocab_size):
-    limit = "" if vocab_size is None else f" for a vocabulary of V={vocab_size}"
-    raise ValueError(
-        f"digit_token_ids {ids.tolist()} out of range{limit} "
-        "(the logits' last axis)."
-    )
+  check_id_range(ids, vocab_size, f"digit_token_ids {ids.tolist()}")
   values, counts = np.unique(ids, return_counts=True)
   if (counts > 1).any():
     shared = "; ".join(

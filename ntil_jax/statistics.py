@@ -135,11 +135,10 @@ def digit_column_ids(digit_token_ids, vocab_size):
   ``columns`` is a tuple of the column ids when they are known at trace time
   (checked here), else None and ``traced_ids`` holds them as an array.
   """
-  concrete = validation.check_digit_ids(digit_token_ids, vocab_size)
   if isinstance(digit_token_ids, vocab.NumberTokens):
     _, ids, concrete = chunks.spec_and_ids(digit_token_ids, vocab_size)
-    if concrete is None:
-      return None, ids
+    return (None, ids) if concrete is None else (tuple(concrete.tolist()), None)
+  concrete = validation.check_digit_ids(digit_token_ids, vocab_size)
   if digit_token_ids is None:
     return tuple(range(numbers.NUM_DIGITS)), None
   if concrete is None:
