@@ -185,6 +185,19 @@ class BenchmarkTest(absltest.TestCase):
     self.assertIn("### bfloat16, N=64, D=16, V=1000", text)
     self.assertIn("| fused ntil, tokamax:chunked_xla | not run: V=1000", text)
 
+  def test_number_tokens_against_digit_ids(self):
+    stdout = run_module(
+        "benchmarks.number_tokens",
+        "--tokens=48",
+        "--vocab=1200",
+        "--blocks=1",
+        "--per_block=1",
+    )
+    for method in ("emd", "ntil"):
+      for ids in ("digit ids", "number tokens"):
+        self.assertRegex(stdout, rf"{method} +{ids} .* \d+ instructions")
+      self.assertRegex(stdout, rf"{method} +number tokens / digit ids: ")
+
   def test_number_logic_prints_every_method(self):
     stdout = run_module(
         "benchmarks.number_logic",
