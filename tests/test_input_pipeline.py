@@ -831,3 +831,16 @@ def test_chunked_examples_mark_every_number_token_of_the_answer():
   assert (
       tokenizer.decode(prompts[0][1 : lengths[0] - 1]) == "What is 1000 + 234?"
   )
+
+
+def test_chunked_texts_of_a_batch_never_join_their_digits():
+  # Encoded at once, texts keep their own numbers: "12" then "345" is not
+  # the run "12345" cut as 123|45.
+  texts = ["12", "", "345", "x9", "1000000", "7"]
+  batch = input_pipeline.encode_examples(
+      ["q"] * len(texts), texts, max_question_len=4, chunks=True
+  )
+  for row, text in enumerate(texts):
+    answer = batch["targets"][row][batch["loss_mask"][row]][:-1]
+    assert answer.tolist() == tokenizer.encode(text, chunks=True)
+    assert tokenizer.decode(answer) == text

@@ -113,10 +113,6 @@ def _encode_texts(
     raise ValueError(
         f"{what} {text!r} has {len(text)} characters, more than max_{what}_len={max_len}."
     )
-  if chunks:  # text by text: digits of two texts never join
-    rows = [tokenizer.chunk_ids(tokenizer.encode_array(t)) for t in texts]
-    lengths = np.array([len(r) for r in rows], dtype=np.int32)
-    return np.concatenate(rows + [np.zeros(0, np.int32)]), lengths
   try:
     ids = tokenizer.encode_array("".join(texts))
   except ValueError:
@@ -125,6 +121,12 @@ def _encode_texts(
           text
       )  # Raises naming the text that holds the character.
     raise
+  if chunks:  # digits of two texts never join: each text starts anew
+    starts = np.zeros(len(ids), bool)
+    starts[(np.cumsum(lengths) - lengths)[lengths > 0]] = True
+    ids, starts = tokenizer.chunk_ids(ids, starts)
+    text = np.flatnonzero(lengths > 0)[np.cumsum(starts) - 1]  # each token's
+    lengths = np.bincount(text, minlength=len(texts)).astype(np.int32)
   return ids, lengths
 
 

@@ -115,28 +115,41 @@ def encode_array(text: str) -> np.ndarray:
   return ids.astype(np.int32)
 
 
-def chunk_ids(ids: np.ndarray) -> np.ndarray:
+def chunk_ids(ids: np.ndarray, breaks=None):
   r"""Character ids with each run of digits in tokens of 1-3 digits.
 
   Greedily from the left, as ``\p{N}{1,3}`` splits: ``1234567`` becomes
-  ``123|456|7``.
+  ``123|456|7``. ``breaks`` (bool, like ``ids``): positions where a run
+  must start anew (the first character of each of several texts encoded
+  at once); then returns ``(ids, breaks)`` of the result.
   """
   ids = np.asarray(ids, np.int32)
   digit = is_digit(ids)
-  out, start = [], 0
-  while start < len(ids):
-    if not digit[start]:
-      out.append(int(ids[start]))
-      start += 1
-      continue
-    end = start
-    while end < len(ids) and digit[end] and end - start < MAX_CHUNK:
-      end += 1
-    width = end - start
-    value = int("".join(str(int(i)) for i in ids[start:end]))
-    out.append(value if width == 1 else _CHUNK_FIRST_ID[width] + value)
-    start = end
-  return np.asarray(out, np.int32)
+  cut = np.zeros(len(ids), bool) if breaks is None else np.asarray(breaks)
+  index = np.arange(len(ids))
+  # Where each run of digits starts, and each digit's place in its run.
+  joins = digit & np.concatenate([[False], digit[:-1]]) & ~cut
+  run_start = digit & ~joins
+  start = np.maximum.accumulate(np.where(run_start, index, 0))
+  offset = index - start
+  run_end = digit & ~np.concatenate([joins[1:], [False]])
+  end = np.minimum.accumulate(np.where(run_end, index, len(ids))[::-1])[::-1]
+  # A token starts at every non-digit and every third digit of a run.
+  first = ~digit | (offset % MAX_CHUNK == 0)
+  token = np.cumsum(first) - 1
+  chunk_start = index - np.where(digit, offset % MAX_CHUNK, 0)
+  width = np.where(digit, np.minimum(MAX_CHUNK, end - chunk_start + 1), 1)
+  place = width - 1 - (index - chunk_start)
+  value = np.zeros(int(first.sum()), np.int64)
+  np.add.at(value, token, np.where(digit, ids * 10**place, 0))
+  width, other = width[first], ids[first]
+  chunk = np.select(
+      [width == 2, width == 3],
+      [_CHUNK_FIRST_ID[2] + value, _CHUNK_FIRST_ID[3] + value],
+      value,
+  )
+  out = np.where(digit[first], chunk, other).astype(np.int32)
+  return out if breaks is None else (out, cut[first])
 
 
 def encode(text: str, *, chunks: bool = False) -> list[int]:
