@@ -15,6 +15,7 @@ import numpy as np
 
 from ntil_jax import base
 from ntil_jax import numbers
+from ntil_jax import segments
 from ntil_jax import statistics
 from ntil_jax import validation
 
@@ -53,6 +54,7 @@ def _straight_through_digits(digit_logits_, *, tau, key, noise_scale):
   return hard + (soft - jax.lax.stop_gradient(soft))
 
 
+@jax.custom_vjp
 def _number_deviations(predicted, layout):
   """Relative and magnitude deviations of each number, on its last digit.
 
@@ -66,26 +68,36 @@ def _number_deviations(predicted, layout):
   deviation is ``log1p(|X-Y| / (min+1))`` while that ratio is at most 1, else
   ``log(max+1) - log(min+1)`` with each log taken at its number's own scale,
   exact for any length. Denominators and logs outside the branch used or away
-  from last digits get 1 (a ``where`` before the operation), so their
-  gradient is never ``0 * inf``.
+  from last digits get 1 (a ``where`` before the operation), so nothing is
+  ever ``0 * inf``.
+
+  ``predicted``: the straight-through digits (their value is the argmax
+  digits); ``layout``: a :class:`numbers.NumberLayout`, not differentiated.
+  The gradient is written out (:func:`_deviations_backward`): per number, the
+  derivatives with respect to ``X / 10**x_place`` and ``|X - Y| / 10**L``,
+  read at every digit of it (one gather at the number's last digit) and
+  scaled by the digit's place.
   """
+  return _deviations_forward(predicted, layout)[0]
+
+
+def _deviations_forward(predicted, layout):
   target = layout.digit_values.astype(jnp.float32)
-  x_digits = jnp.rint(jax.lax.stop_gradient(predicted)).astype(jnp.int32)
+  x_digits = jnp.rint(predicted).astype(jnp.int32)
   x_place, y_place, sign, correction = numbers.compare_numbers(
       x_digits, layout.digit_values, layout
   )
   x_larger = sign > 0
   big_place = jnp.where(x_larger, x_place, y_place)  # the larger leading one
   small_place = jnp.where(x_larger, y_place, x_place)
-  # Digits of |X - Y| (exact integers 0..9); the gradient is sign * dX.
-  difference_digits = sign.astype(jnp.float32) * (
-      predicted - target
-  ) + correction.astype(jnp.float32)
   # X / 10**x_place and Y / 10**y_place: in [1, 10), or below 1 when the
-  # number is (leading places are clamped at 0); |X - Y| / 10**big_place,
-  # zero when X = Y.
+  # number is (leading places are clamped at 0); |X - Y| / 10**big_place
+  # from the digits of |X - Y| (exact integers 0..9), zero when X = Y.
+  factors = numbers.place_factors((x_place, y_place, big_place), layout)
+  difference_digits = sign * (x_digits - layout.digit_values) + correction
   x_own, y_own, difference = numbers.scaled_number_sums(
-      ((predicted, x_place), (target, y_place), (difference_digits, big_place)),
+      jnp.stack([predicted, target, difference_digits.astype(jnp.float32)]),
+      factors,
       layout,
   )
   big = jnp.where(x_larger, x_own, y_own)
@@ -96,22 +108,65 @@ def _number_deviations(predicted, layout):
       jnp.stack([-big_place, -small_place, small_place - big_place])
   )
   last = layout.is_last
-  relative = difference / jnp.where(last, big + offset, 1.0)
+  big_plus_one = jnp.where(last, big + offset, 1.0)
+  relative = difference / big_plus_one
   small_plus_one = small * small_scale + offset
-  close = last & (
-      jax.lax.stop_gradient(difference) <= jax.lax.stop_gradient(small_plus_one)
-  )
+  close = last & (difference <= small_plus_one)
   far = last & ~close
-  ratio = difference / jnp.where(close, small_plus_one, 1.0)
-  log_big = jnp.log(jnp.where(far, big + offset, 1.0))
-  log_small = jnp.log(jnp.where(far, small + small_offset, 1.0))
+  close_plus_one = jnp.where(close, small_plus_one, 1.0)
+  ratio = difference / close_plus_one
+  far_plus_one = jnp.where(far, small + small_offset, 1.0)
   log_ratio = (
       (big_place - small_place).astype(jnp.float32) * _LN10
-      + log_big
-      - log_small
+      + jnp.log(jnp.where(far, big_plus_one, 1.0))
+      - jnp.log(far_plus_one)
   )
   magnitude = jnp.where(close, jnp.log1p(ratio), log_ratio)
-  return base.masked(relative, last), base.masked(magnitude, last)
+  # Derivatives with respect to |X - Y| / 10**L and to the larger and the
+  # smaller number, each at its own scale; those of X are the larger's or
+  # the smaller's.
+  close_slope = 1.0 / ((1.0 + ratio) * close_plus_one)
+  by_small = jnp.where(
+      close, -ratio * small_scale * close_slope, -1.0 / far_plus_one
+  )
+  by_big = jnp.where(far, 1.0 / big_plus_one, 0.0)
+  coefficients = tuple(
+      base.masked(c, last)
+      for c in (
+          1.0 / big_plus_one,  # relative by difference
+          jnp.where(close, close_slope, 0.0),  # magnitude by difference
+          jnp.where(x_larger, -relative / big_plus_one, 0.0),  # relative by X
+          jnp.where(x_larger, by_big, by_small),  # magnitude by X
+      )
+  )
+  # d(X / 10**x_place) and d(|X - Y| / 10**L) by each predicted digit.
+  slopes = (factors[0], sign.astype(jnp.float32) * factors[2])
+  deviations = (base.masked(relative, last), base.masked(magnitude, last))
+  return deviations, (coefficients, slopes, layout.last, layout.is_digit)
+
+
+def _deviations_backward(residuals, cotangents):
+  (by_difference, by_difference_m, by_x, by_x_m), slopes, last, is_digit = (
+      residuals
+  )
+  relative, magnitude = cotangents
+  # Each number's derivatives, at its last digit, read at all its digits.
+  per_number = jnp.stack(
+      [
+          relative * by_difference + magnitude * by_difference_m,
+          relative * by_x + magnitude * by_x_m,
+      ],
+      -1,
+  )
+  per_number = segments.read_at(per_number, last)
+  grad = per_number[..., 1] * slopes[0] + per_number[..., 0] * slopes[1]
+  return base.masked(grad, is_digit), None
+
+
+_number_deviations.defvjp(
+    lambda predicted, layout: _deviations_forward(predicted, layout),
+    _deviations_backward,
+)
 
 
 def ntil_parts_from_layout(

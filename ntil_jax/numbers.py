@@ -41,6 +41,12 @@ class NumberLayout(NamedTuple):
     digits_right: how many digits of the same number stand to the right.
     places: the power of ten of the digit's place value (0 for units, -1 for
       tenths, ...).
+    first: int32 index of the first position of the number (the segment)
+      holding each position; the position's own index outside numbers.
+    last: int32 index of its last position.
+    point: int32 index of the number's decimal point, ``last + 1`` for a
+      number without one: the digit at index ``j`` has the place
+      ``point - j - (j < point)`` (:func:`place_of`).
   """
 
   digit_values: chex.Array
@@ -50,6 +56,9 @@ class NumberLayout(NamedTuple):
   ends: chex.Array
   digits_right: chex.Array
   places: chex.Array
+  first: chex.Array
+  last: chex.Array
+  point: chex.Array
 
 
 def _spec(x) -> tuple:
@@ -195,6 +204,29 @@ def _runs(in_run):
   return starts, ends
 
 
+def _nearest(starts, ends, kind=None):
+  """Where each run starts and ends, and the nearest ``kind`` on each side.
+
+  One pass of running maxima over ``[..., T]`` bools (:func:`_runs`'
+  ``starts`` and ``ends``): returns int32 ``(first, last, before, after)``,
+  the index of the first and last position of each position's run, and of
+  the nearest position where ``kind`` is true at or before it
+  (:data:`segments.NO_MAXIMUM` for none) and at or after it (``2**30``
+  for none); ``before`` and ``after`` are ``None`` without ``kind``.
+  """
+  index = jax.lax.broadcasted_iota(jnp.int32, starts.shape, starts.ndim - 1)
+  none = segments.NO_MAXIMUM
+  kinds = () if kind is None else (jnp.where(kind, index, none),)
+  negated = () if kind is None else (jnp.where(kind, -index, none),)
+  (first, *before), (last, *after) = segments.running_maxes(
+      forward=(jnp.where(starts, index, none),) + kinds,
+      backward=(jnp.where(ends, -index, none),) + negated,
+  )
+  if kind is None:
+    return first, -last, None, None
+  return first, -last, before[0], -after[0]
+
+
 def _decimal_points(is_digit, decimal_point_mask):
   """Points that join two digits, in runs that hold exactly one of them."""
   between_digits = (
@@ -203,8 +235,20 @@ def _decimal_points(is_digit, decimal_point_mask):
       & segments.shift_left(is_digit, False)
   )
   starts, ends = _runs(is_digit | between_digits)
-  (count,) = segments.segment_totals((between_digits,), starts, ends)
-  return between_digits & (count == 1)
+  first, last, before, after = _nearest(starts, ends, between_digits)
+  # The point before each one (strictly) and the one after it.
+  previous = segments.shift_right(before, segments.NO_MAXIMUM)
+  following = segments.shift_left(after, -segments.NO_MAXIMUM)
+  return between_digits & (previous < first) & (following > last)
+
+
+def place_of(index, point):
+  """The power of ten of the place of the digit at ``index``.
+
+  ``index`` and ``point`` (:attr:`NumberLayout.point`) are int32 indices
+  into the same row, the digit's and its number's point's.
+  """
+  return point - index - (index < point).astype(jnp.int32)
 
 
 def number_layout(
@@ -243,52 +287,35 @@ def number_layout(
   is_digit = label_is_digit
   if digit_mask is not None:
     is_digit = is_digit & jnp.asarray(digit_mask, bool)
+  index = jax.lax.broadcasted_iota(jnp.int32, is_digit.shape, is_digit.ndim - 1)
   if decimal_point_mask is None:
-    points = jnp.zeros_like(is_digit)
+    starts, ends = _runs(is_digit)
+    first, last, _, _ = _nearest(starts, ends)
+    point = last + 1
+    digits_right = last - index
   else:
     points = _decimal_points(is_digit, jnp.asarray(decimal_point_mask, bool))
-  # Computed once: every segmented scan over the numbers (here and in
-  # compare_numbers, scaled_number_sums) then builds its blocks from the same
-  # arrays, and XLA builds them once.
-  starts, ends = _materialized(_runs(is_digit | points))
-  groups = [((is_digit,), ends, True)]
-  if decimal_point_mask is not None:
-    # Parts: a number cut before its point, so the fractional part (point
-    # first) counts its digits from the point, the integer part to it.
-    part_starts = starts | points
-    part_ends = ends | segments.shift_left(points, False)
-    groups += [
-        ((points, is_digit), part_starts, False),
-        ((is_digit,), part_ends, True),
-    ]
-  sums = segments.segmented_sums(groups)
-  digit_count = is_digit.astype(jnp.int32)
-  digits_right = _integers(sums[0][0]) - digit_count
-  if decimal_point_mask is None:
-    places = digits_right
-  else:
-    (point_on_left, from_point), (to_point,) = sums[1:]
-    fractional = is_digit & (point_on_left > 0)
-    places = jnp.where(
-        fractional, -_integers(from_point), _integers(to_point) - digit_count
+    starts, ends = _runs(is_digit | points)
+    first, last, before, after = _nearest(starts, ends, points)
+    # A number's point is the nearest one on either side, if it lies in it.
+    point = jnp.where(
+        after <= last, after, jnp.where(before >= first, before, last + 1)
     )
-  zero = jnp.zeros_like(digits_right)
-  digit_values, is_last, digits_right, places = _materialized(
-      (
-          jnp.where(is_digit, digit_values, 0),
-          is_digit & ends,
-          jnp.where(is_digit, digits_right, zero),
-          jnp.where(is_digit, places, zero),
+    point_on_right = (index < point) & (point <= last)
+    digits_right = last - index - point_on_right.astype(jnp.int32)
+  return _materialized(
+      NumberLayout(
+          digit_values=jnp.where(is_digit, digit_values, 0),
+          is_digit=is_digit,
+          is_last=is_digit & ends,
+          starts=starts,
+          ends=ends,
+          digits_right=jnp.where(is_digit, digits_right, 0),
+          places=jnp.where(is_digit, place_of(index, point), 0),
+          first=first,
+          last=last,
+          point=point,
       )
-  )
-  return NumberLayout(
-      digit_values=digit_values,
-      is_digit=is_digit,
-      is_last=is_last,
-      starts=starts,
-      ends=ends,
-      digits_right=digits_right,
-      places=places,
   )
 
 
@@ -301,11 +328,6 @@ def _materialized(fields):
   """
   values = jax.lax.optimization_barrier(tuple(fields))
   return values if type(fields) is tuple else type(fields)(*values)
-
-
-def _integers(sums):
-  """Float32 sums of integers (exact below 2**24) as int32."""
-  return jnp.rint(sums).astype(jnp.int32)
 
 
 # Exponents of ten kept within float32 range; 1e30 leaves headroom for sums.
@@ -329,24 +351,26 @@ def pow10(exponent):
   return jnp.exp(capped * _LN10_HIGH) * jnp.exp(capped * _LN10_LOW)
 
 
-def scaled_number_sum(digit_terms, scale_place, layout: NumberLayout):
-  """Sum of ``digit_terms * 10**(place - scale_place)`` over each number.
+def place_factors(scale_places, layout: NumberLayout):
+  """``10**(place - scale_place)`` at each digit for each ``scale_place``.
 
-  The result is valid at each number's last digit (``layout.is_last``).
+  ``scale_places``: int32 arrays shaped like the layout (one power of ten
+  over all of them at once). Returns float32 ``[len(scale_places), ..., T]``.
   """
-  return scaled_number_sums(((digit_terms, scale_place),), layout)[0]
+  return jax.lax.optimization_barrier(
+      pow10(layout.places - jnp.stack(scale_places))
+  )
 
 
-def scaled_number_sums(terms_and_places, layout: NumberLayout) -> tuple:
-  """:func:`scaled_number_sum` of several ``(digit_terms, scale_place)``.
+def scaled_number_sums(terms, factors, layout: NumberLayout) -> tuple:
+  """Sums of ``terms * factors`` over each number, one pass for them all.
 
-  One pass of segmented sums computes them all.
+  ``terms``: ``[F, ..., T]`` digit terms; ``factors``: their
+  :func:`place_factors`. Each sum is valid at its number's last digit
+  (``layout.is_last``), where it is ``sum_i terms_i * 10**(place_i - s)``.
   """
-  digit_terms, scale_places = zip(*terms_and_places)
-  # One power of ten over all the fields at once: a third of the ops.
-  factors = pow10(layout.places - jnp.stack(scale_places))
-  terms = jnp.where(layout.is_digit, jnp.stack(digit_terms) * factors, 0.0)
-  return segments.forward_sums(tuple(terms), layout.starts)
+  scaled = jnp.where(layout.is_digit, terms * factors, 0.0)
+  return segments.segmented_sums(tuple(scaled), layout.first)
 
 
 class NumberComparison(NamedTuple):
@@ -369,13 +393,6 @@ class NumberComparison(NamedTuple):
   correction: chex.Array
 
 
-def _direction(key):
-  """The direction (-1, 0 or 1) a difference key holds (0 for none)."""
-  return jnp.where(
-      key == segments.NO_MAXIMUM, 0, jnp.where(key & 1 == 1, 1, -1)
-  )
-
-
 def compare_numbers(x_digits, y_digits, layout: NumberLayout):
   """Leading places, sign and exact difference digits of two numbers.
 
@@ -383,15 +400,13 @@ def compare_numbers(x_digits, y_digits, layout: NumberLayout):
   10**place`` (``1000 - 999`` cancels to rounding noise); written with
   borrows, its digits are integers 0..9 whose float sum has no cancellation.
 
-  Everything is a maximum over a number, exact in int32, found by one pass
-  of segmented maxima (from the left and from the right; the maximum over a
-  whole number is the larger of the two). Places fall from left to right,
-  so the leading non-zero digit of X holds the highest place of X's
-  non-zero digits, and the most significant difference the highest place of
-  the differing digits: as the key ``2 * place + (x > y)``, whose maximum
-  over the number is that difference with its direction, the sign. From the
-  right, the same key's maximum at a position is the nearest difference at
-  or below it; the place borrows from the next one up when that difference
+  Everything is the nearest position of some kind at or after another,
+  exact in int32, found by one pass of running maxima from the right (of
+  ``-index`` where the kind is) and read at the number's first position
+  (one gather): X's and Y's leading non-zero digits, and their first
+  difference, whose direction is the sign (the key ``2 * index + (x < y)``
+  carries it). Read at each position instead, the nearest difference at or
+  after it: the place borrows from the next one up when that difference
   goes the wrong way (the larger number's digit is the smaller there).
 
   Args:
@@ -403,26 +418,38 @@ def compare_numbers(x_digits, y_digits, layout: NumberLayout):
     A :class:`NumberComparison`.
   """
   none = segments.NO_MAXIMUM
+  index = jax.lax.broadcasted_iota(
+      jnp.int32, layout.first.shape, layout.first.ndim - 1
+  )
   step = jnp.where(layout.is_digit, x_digits - y_digits, 0)
   keys = (
-      jnp.where(layout.is_digit & (x_digits != 0), layout.places, none),
-      jnp.where(layout.is_digit & (y_digits != 0), layout.places, none),
-      jnp.where(step != 0, 2 * layout.places + (step > 0), none),
+      jnp.where(layout.is_digit & (x_digits != 0), -index, none),
+      jnp.where(layout.is_digit & (y_digits != 0), -index, none),
+      jnp.where(step != 0, -2 * index - (step < 0), none),
   )
-  from_left, from_right = segments.segmented_maxes(
-      ((keys, layout.starts, False), (keys, layout.ends, True))
+  _, nearest = segments.running_maxes(backward=keys)
+  at_first = segments.read_at(jnp.stack(nearest, -1), layout.first)
+  x_lead, y_lead, first_difference = _materialized(
+      tuple(-at_first[..., f] for f in range(3))
   )
-  x_place, y_place, first = (
-      jnp.maximum(l, r) for l, r in zip(from_left, from_right)
+
+  def leading_place(lead):
+    place = jnp.maximum(place_of(lead, layout.point), 0)
+    return jnp.where(lead <= layout.last, place, 0)
+
+  def direction(key):
+    """-1 or 1 for a difference key in the number, 0 for none."""
+    return jnp.where(key >> 1 <= layout.last, jnp.where(key & 1 == 1, -1, 1), 0)
+
+  sign = direction(first_difference)
+  borrow_out = ((sign != 0) & (direction(-nearest[2]) == -sign)).astype(
+      jnp.int32
   )
-  sign = _direction(first)
-  nearest = _direction(from_right[2])
-  borrow_out = ((sign != 0) & (nearest == -sign)).astype(jnp.int32)
   borrow_in = jnp.where(layout.ends, 0, segments.shift_left(borrow_out, 0))
   return _materialized(
       NumberComparison(
-          x_place=jnp.maximum(x_place, 0),
-          y_place=jnp.maximum(y_place, 0),
+          x_place=leading_place(x_lead),
+          y_place=leading_place(y_lead),
           sign=sign,
           correction=jnp.where(layout.is_digit, 10 * borrow_out - borrow_in, 0),
       )

@@ -1,42 +1,37 @@
-r"""Segmented sums along the last axis, as a few matmuls.
+r"""Running maxima and segmented sums along the last axis, in a few ops.
 
-A row of ``T`` positions is cut into segments (each number of
-:mod:`ntil_jax.numbers` is one) by a boolean ``starts``, true at the first
-position of every segment. The inclusive segmented sum of ``v`` is
+Everything :mod:`ntil_jax.numbers` computes about the numbers of a row of
+``T`` positions is one of two scans:
 
-.. math::
-
-  s_t = \sum_{j \le t,\ \mathrm{seg}(j) = \mathrm{seg}(t)} v_j ,
-
-and the reverse one sums over :math:`j \ge t` instead, with segments cut
-where ``ends`` is true. Everything :mod:`ntil_jax.numbers` computes is such
-a sum (each digit's place, the scaled sums) or the same scan with the
-maximum in place of the sum (leading digits, the sign, borrows:
-:func:`segmented_maxes`).
+* a **running maximum** of integer keys, from the left (``max_{j <= t}``) or
+  from the right (``max_{j >= t}``), with no segments: where each number
+  starts and ends, the nearest decimal point, the leading non-zero digits
+  and the differences of two numbers are all the *nearest* position of some
+  kind, found as the maximum of ``t`` (from the left) or of ``-t`` (from the
+  right) over the positions of that kind (:func:`running_maxes`);
+* an inclusive **segmented sum** of float fields over the numbers, a segment
+  given by the index of its first position (:func:`segmented_sums`): the
+  scaled sums of digits, whose terms must never meet another number's (no
+  cancellation against them).
 
 The row is cut into blocks of ``b`` positions (about ``sqrt(T)``, at most
-:data:`BLOCK`; :func:`block_size`). Within a block, a ``[b, b]`` mask (same
-segment, earlier or same position) times the block's values is one batched
-matmul; across blocks, a ``[T/b, T/b]`` mask carries each segment's sum over
-the blocks it crossed, one more matmul. The segment of a position is the
-count of starts up to it, itself a matmul with a triangular matrix. So a
-sum is the same dozen ops whatever ``T`` (``lax.associative_scan`` unrolls
-``log2 T`` levels of slices, pads and concatenates per field), on tensor
-cores or an MXU, with O(T b) work and memory per row (at most 512 bytes a
-position), and rows independent. The masks of a segmentation are built once
-and shared by every sum over it (XLA merges the identical computations).
+:data:`BLOCK`; :func:`block_size`). A running maximum is one variadic
+reduction over a constant ``[b, b]`` triangle within each block (every field
+at once) and one over a constant ``[T/b, T/b]`` triangle across blocks. A
+segmented sum is one batched matmul with a ``[b, b]`` mask within each block
+(same segment, at or before the position) and one with a ``[T/b, T/b]`` mask
+carrying each segment's sum over the blocks it crossed. So a scan is the same
+dozen ops whatever ``T`` (``lax.associative_scan`` unrolls ``log2 T`` levels
+of slices, pads and concatenates per field), on tensor cores or an MXU, with
+O(T b) work per row and rows independent.
 
-A segmented maximum takes the same masks: a masked maximum within each
-block and one across blocks, reductions where the sum has matmuls, in int32.
-
-Matmuls run at ``Precision.HIGHEST``: integer sums (counts, places) are
-exact below ``2**24``, and float sums are float32 sums of the same segment's
-terms only (no cancellation against other numbers). The gradient of a sum
-is autodiff's: the transposed masks, a sum from the other side.
+Maxima are exact (int32). Sums run at ``Precision.HIGHEST`` and are float32
+sums of the same segment's terms only. The gradient of a sum is autodiff's:
+the transposed masks, a sum from the other side.
 """
 
 import math
-from typing import NamedTuple, Sequence
+from typing import Sequence
 
 import chex
 import jax
@@ -45,6 +40,8 @@ import numpy as np
 
 # Positions per block: the side of each block's [b, b] mask.
 BLOCK = 128
+# What a running maximum is where nothing is maximized.
+NO_MAXIMUM = -(2**30)
 _HIGHEST = jax.lax.Precision.HIGHEST
 
 
@@ -71,113 +68,35 @@ def block_size(length: int) -> int:
   return max(1, min(BLOCK, side, length))
 
 
-class _Blocks(NamedTuple):
-  """How a row's segments lie in its blocks, for sums in one direction.
+def _triangle(size: int, reverse: bool, strict: bool = False) -> np.ndarray:
+  """``[size, size]`` bool: column j at (or strictly) before row i in order.
 
-  Attributes:
-    same: ``[..., nb, b, b]`` float32, 1 where column j is in row i's
-      segment and at or before it in the scan's order.
-    carried: ``[..., nb, nb]`` float32, 1 where the segment that block k
-      opens with holds block j's last segment (j before k).
-    open: ``[..., nb, b]`` bool, the positions of the segment a block opens
-      with (the one that came in from the blocks before).
-    reverse: whether the scan runs from the right.
+  The order runs from the left, or from the right with ``reverse``.
   """
-
-  same: chex.Array
-  carried: chex.Array
-  open: chex.Array
-  reverse: bool
-
-
-def _triangle(size: int, reverse: bool) -> np.ndarray:
-  """``[size, size]``: 1 where column j is at or before row i in scan order."""
-  ones = np.ones((size, size), np.float32)
-  return np.triu(ones) if reverse else np.tril(ones)
+  ones = np.ones((size, size), bool)
+  if reverse:
+    return np.triu(ones, 1 if strict else 0)
+  return np.tril(ones, -1 if strict else 0)
 
 
-def _blocks(bounds: chex.Array, reverse: bool) -> _Blocks:
-  """The :class:`_Blocks` of the segments that ``bounds [..., T]`` cut."""
-  length = bounds.shape[-1]
-  block = block_size(length)
+def _blocked(x: chex.Array, block: int, fill) -> chex.Array:
+  """``x [..., T, F]`` padded with ``fill`` to ``[..., T/b, b, F]``."""
+  length = x.shape[-2]
   num_blocks = -(-length // block)
   pad = num_blocks * block - length
-  batch = bounds.shape[:-1]
-  # Padding is a segment a position; a reverse scan's last real position
-  # then still ends its segment where the caller said.
-  bounds = jnp.pad(
-      bounds, [(0, 0)] * len(batch) + [(0, pad)], constant_values=True
-  )
-  bounds = bounds.reshape(batch + (num_blocks, block)).astype(jnp.float32)
-  within = _triangle(block, reverse)
-  # Segment of each position within its block: the bounds up to it in scan
-  # order (0: the segment that came in from the blocks before).
-  local = jnp.einsum("...j,ij->...i", bounds, within, precision=_HIGHEST)
-  same = (local[..., :, None] == local[..., None, :]) & (within > 0)
-  # Bounds in blocks up to k, and up to the block before k (-1 for none).
-  across = _triangle(num_blocks, reverse)
-  count = local[..., 0] if reverse else local[..., -1]
-  seen = jnp.einsum("...j,kj->...k", count, across, precision=_HIGHEST)
-  shift = shift_left if reverse else shift_right
-  before = shift(seen, -1.0)
-  # Block k's open segment holds block j's last one if no bound lies in
-  # between: j before k, and as many bounds up to j as up to k's neighbour.
-  strictly = across - np.eye(num_blocks, dtype=np.float32) > 0
-  carried = (before[..., :, None] == seen[..., None, :]) & strictly
-  return _Blocks(
-      same=same.astype(jnp.float32),
-      carried=carried.astype(jnp.float32),
-      open=local == 0,
-      reverse=reverse,
-  )
+  widths = [(0, 0)] * (x.ndim - 2) + [(0, pad), (0, 0)]
+  x = jnp.pad(x, widths, constant_values=fill)
+  return x.reshape(x.shape[:-2] + (num_blocks, block, x.shape[-1]))
 
 
-def _blocked(values: chex.Array, blocks: _Blocks, fill) -> chex.Array:
-  """``values [..., T, F]`` padded with ``fill``, as ``[..., nb, b, F]``.
-
-  Padding ends the last real segment of a reverse scan only where the
-  caller's bounds say so, so its values must add nothing: ``fill``.
-  """
-  num_blocks, block = blocks.open.shape[-2:]
-  batch = values.shape[:-2]
-  pad = num_blocks * block - values.shape[-2]
-  values = jnp.pad(
-      values,
-      [(0, 0)] * len(batch) + [(0, pad), (0, 0)],
-      constant_values=fill,
-  )
-  return values.reshape(batch + (num_blocks, block, values.shape[-1]))
-
-
-def _unblocked(blocked: chex.Array, length: int) -> chex.Array:
+def _unblocked(x: chex.Array, length: int) -> chex.Array:
   """The inverse of :func:`_blocked`: ``[..., T, F]``."""
-  num_blocks, block, fields = blocked.shape[-3:]
-  shape = blocked.shape[:-3] + (num_blocks * block, fields)
-  return blocked.reshape(shape)[..., :length, :]
+  num_blocks, block, fields = x.shape[-3:]
+  return x.reshape(x.shape[:-3] + (num_blocks * block, fields))[..., :length, :]
 
 
-def _sums(blocks: _Blocks, values: chex.Array) -> chex.Array:
-  """Inclusive segmented sums of ``values [..., T, F]`` (float32)."""
-  blocked = _blocked(values, blocks, 0.0)
-  sums = jnp.einsum(
-      "...ij,...jf->...if", blocks.same, blocked, precision=_HIGHEST
-  )
-  # Each block's sum of the segment it closes with (in scan order), carried
-  # to the blocks whose open segment it is.
-  tails = sums[..., 0, :] if blocks.reverse else sums[..., -1, :]
-  carry = jnp.einsum(
-      "...kj,...jf->...kf", blocks.carried, tails, precision=_HIGHEST
-  )
-  sums = sums + jnp.where(blocks.open[..., None], carry[..., None, :], 0.0)
-  return _unblocked(sums, values.shape[-2])
-
-
-# What a segmented maximum is where nothing is maximized.
-NO_MAXIMUM = -(2**30)
-
-
-def _masked_max(mask: chex.Array, values: chex.Array) -> chex.Array:
-  """``out[..., i, f] = max_j values[..., j, f]`` over ``mask[..., i, j]``.
+def _masked_max(masks: Sequence[np.ndarray], values: chex.Array) -> chex.Array:
+  """``out[..., i, f] = max_j values[..., j, f]`` over ``masks[f][i, j]``.
 
   One variadic reduction over the fields (one operand each). XLA:CPU splits
   a single-operand reduction over more than 32 elements in two (a
@@ -186,8 +105,8 @@ def _masked_max(mask: chex.Array, values: chex.Array) -> chex.Array:
   op at every block size; XLA:GPU does not split maxima at all.
   """
   chosen = tuple(
-      jnp.where(mask > 0, values[..., None, :, f], NO_MAXIMUM)
-      for f in range(values.shape[-1])
+      jnp.where(mask, values[..., None, :, f], NO_MAXIMUM)
+      for f, mask in enumerate(masks)
   )
   maxes = jax.lax.reduce(
       chosen,
@@ -198,93 +117,124 @@ def _masked_max(mask: chex.Array, values: chex.Array) -> chex.Array:
   return jnp.stack(maxes, -1)
 
 
-def _maxes(blocks: _Blocks, values: chex.Array) -> chex.Array:
-  """Inclusive segmented maxima of ``values [..., T, F]`` (int32).
-
-  The same blocks as :func:`_sums`, with a masked maximum where it has a
-  matmul: one reduction within the blocks, one across them.
-  """
-  maxes = _masked_max(blocks.same, _blocked(values, blocks, NO_MAXIMUM))
-  tails = maxes[..., 0, :] if blocks.reverse else maxes[..., -1, :]
-  carry = _masked_max(blocks.carried, tails)
-  maxes = jnp.where(
-      blocks.open[..., None], jnp.maximum(maxes, carry[..., None, :]), maxes
-  )
-  return _unblocked(maxes, values.shape[-2])
-
-
-def segmented_maxes(
-    groups: Sequence[tuple[Sequence[chex.Array], chex.Array, bool]],
-) -> tuple:
-  """Inclusive segmented maxima of groups of integer fields.
-
-  As :func:`segmented_sums`, with the maximum instead of the sum: int32
-  fields, exact, and :data:`NO_MAXIMUM` is the maximum of nothing (fields
-  should hold values above it).
-  """
-  return _scanned(groups, jnp.int32, _maxes)
-
-
-def segmented_sums(
-    groups: Sequence[tuple[Sequence[chex.Array], chex.Array, bool]],
-) -> tuple:
-  """Inclusive segmented sums of several groups of fields.
+def running_maxes(
+    forward: Sequence[chex.Array] = (), backward: Sequence[chex.Array] = ()
+) -> tuple[tuple, tuple]:
+  """Inclusive running maxima of integer fields along the last axis.
 
   Args:
-    groups: ``(fields, boundaries, reverse)`` triples. ``fields`` are
-      ``[..., T]`` arrays (cast to float32) summed over the segments that
-      ``boundaries`` (bool ``[..., T]``, like every field) cuts: from the
-      left, restarting where ``boundaries`` (the starts) is true; with
-      ``reverse``, from the right, restarting where it (the ends) is true.
+    forward: ``[..., T]`` integer fields maximized from the left:
+      ``out[..., t] = max_{j <= t} x[..., j]``.
+    backward: fields maximized from the right: ``max_{j >= t}``.
 
   Returns:
-    A tuple with a tuple of float32 sums for each group, shaped like its
-    fields. The sums are computed once (an optimization barrier): XLA
-    would otherwise recompute their last elementwise steps inside every op
-    that reads them.
+    ``(forward maxima, backward maxima)``, tuples of int32 arrays shaped like
+    the fields, exact. :data:`NO_MAXIMUM` is the maximum of nothing (fields
+    should hold values above it). All the fields share one reduction within
+    the blocks and one across them, and are computed once (an optimization
+    barrier: XLA would otherwise recompute their last steps inside every op
+    that reads them).
   """
-  return _scanned(groups, jnp.float32, _sums)
-
-
-def _scanned(groups, dtype, scan) -> tuple:
-  """``scan(blocks, stacked fields)`` of each group, computed once."""
-  out = []
-  for fields, bounds, reverse in groups:
-    bounds = jnp.asarray(bounds, bool)
-    if bounds.shape[-1] == 0:
-      out.append(tuple(jnp.zeros(bounds.shape, dtype) for _ in fields))
-      continue
-    values = jnp.stack([jnp.asarray(f).astype(dtype) for f in fields], -1)
-    result = jax.lax.optimization_barrier(
-        scan(_blocks(bounds, reverse), values)
-    )
-    out.append(tuple(result[..., f] for f in range(len(fields))))
-  return tuple(out)
-
-
-def forward_sums(fields: Sequence[chex.Array], starts: chex.Array) -> tuple:
-  """Segmented sums from the left of each field, restarting at ``starts``."""
-  return segmented_sums(((fields, starts, False),))[0]
-
-
-def reverse_sums(fields: Sequence[chex.Array], ends: chex.Array) -> tuple:
-  """Segmented sums from the right of each field, restarting at ``ends``."""
-  return segmented_sums(((fields, ends, True),))[0]
-
-
-def segment_totals(
-    fields: Sequence[chex.Array], starts: chex.Array, ends: chex.Array
-) -> tuple:
-  """Each field's sum over its whole segment, at every position of it.
-
-  ``starts`` and ``ends`` must cut the same segments. Exact for integer
-  fields; for float fields it is a difference of two sums (use
-  :func:`forward_sums` at the segments' last positions where that matters).
-  """
-  from_left, from_right = segmented_sums(
-      ((fields, starts, False), (fields, ends, True))
+  fields = tuple(forward) + tuple(backward)
+  reverse = (False,) * len(forward) + (True,) * len(backward)
+  if not fields:
+    return (), ()
+  length = fields[0].shape[-1]
+  if length == 0:
+    zeros = tuple(jnp.zeros(f.shape, jnp.int32) for f in fields)
+    return zeros[: len(forward)], zeros[len(forward) :]
+  block = block_size(length)
+  values = jnp.stack([jnp.asarray(f).astype(jnp.int32) for f in fields], -1)
+  values = _blocked(values, block, NO_MAXIMUM)
+  within = _masked_max([_triangle(block, r) for r in reverse], values)
+  # Each block's maximum (at its last position in scan order), carried to
+  # the blocks after it in scan order.
+  totals = jnp.stack(
+      [within[..., 0 if r else -1, f] for f, r in enumerate(reverse)], -1
   )
-  return tuple(
-      l + r - jnp.asarray(f, jnp.float32)
-      for l, r, f in zip(from_left, from_right, fields)
+  num_blocks = values.shape[-3]
+  across = _masked_max(
+      [_triangle(num_blocks, r, strict=True) for r in reverse], totals
+  )
+  maxes = jnp.maximum(within, across[..., None, :])
+  maxes = jax.lax.optimization_barrier(_unblocked(maxes, length))
+  out = tuple(maxes[..., f] for f in range(len(fields)))
+  return out[: len(forward)], out[len(forward) :]
+
+
+def segmented_sums(fields: Sequence[chex.Array], firsts: chex.Array) -> tuple:
+  """Inclusive segmented sums from the left of float fields.
+
+  Args:
+    fields: ``[..., T]`` arrays (cast to float32).
+    firsts: ``[..., T]`` integers, the index of the first position of the
+      segment each position belongs to (segments are contiguous runs; every
+      position of a segment holds the same index, as
+      :func:`running_maxes` of ``where(starts, iota, NO_MAXIMUM)`` gives).
+
+  Returns:
+    A tuple of float32 arrays shaped like the fields: ``out[..., t]`` is the
+    sum of the field over the positions ``j <= t`` of ``t``'s segment. The
+    sums are computed once (an optimization barrier).
+  """
+  firsts = jnp.asarray(firsts, jnp.int32)
+  length = firsts.shape[-1]
+  if length == 0:
+    return tuple(jnp.zeros(firsts.shape, jnp.float32) for _ in fields)
+  block = block_size(length)
+  values = jnp.stack([jnp.asarray(f).astype(jnp.float32) for f in fields], -1)
+  values = _blocked(values, block, 0.0)
+  # Padding is a segment of its own (no real position starts at -1).
+  ids = _blocked(firsts[..., None], block, -1)[..., 0]
+  same = (ids[..., :, None] == ids[..., None, :]) & _triangle(block, False)
+  sums = jnp.einsum(
+      "...ij,...jf->...if",
+      same.astype(jnp.float32),
+      values,
+      precision=_HIGHEST,
+  )
+  # Block k opens with the segment block j (before k) closes with: j's sum
+  # of it (at j's last position) is carried to k's positions in it.
+  opening, closing = ids[..., 0], ids[..., -1]
+  carried = (opening[..., :, None] == closing[..., None, :]) & _triangle(
+      ids.shape[-2], False, strict=True
+  )
+  carry = jnp.einsum(
+      "...kj,...jf->...kf",
+      carried.astype(jnp.float32),
+      sums[..., -1, :],
+      precision=_HIGHEST,
+  )
+  is_open = (ids == opening[..., None])[..., None]
+  sums = sums + jnp.where(is_open, carry[..., None, :], 0.0)
+  sums = jax.lax.optimization_barrier(_unblocked(sums, length))
+  return tuple(sums[..., f] for f in range(len(fields)))
+
+
+def read_at(x: chex.Array, index: chex.Array) -> chex.Array:
+  """``x[..., index[..., t], :]`` at each ``t``: one gather.
+
+  Args:
+    x: ``[..., T, F]``.
+    index: ``[..., T]`` integers in ``[0, T)``, positions of the same row
+      (not checked: XLA may return anything for one outside).
+
+  Returns:
+    ``[..., T, F]``, each position's fields read at its ``index``. The leading
+    axes are the gather's batching axes (no index arrays are built for them).
+  """
+  batch = x.ndim - 2
+  dimensions = jax.lax.GatherDimensionNumbers(
+      offset_dims=(x.ndim - 1,),
+      collapsed_slice_dims=(batch,),
+      start_index_map=(batch,),
+      operand_batching_dims=tuple(range(batch)),
+      start_indices_batching_dims=tuple(range(batch)),
+  )
+  return jax.lax.gather(
+      x,
+      jnp.asarray(index, jnp.int32)[..., None],
+      dimensions,
+      slice_sizes=(1,) * (batch + 1) + (x.shape[-1],),
+      mode=jax.lax.GatherScatterMode.PROMISE_IN_BOUNDS,
   )

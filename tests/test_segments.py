@@ -1,4 +1,4 @@
-"""The segmented sums of the number logic: exact, and a few ops whatever T."""
+"""The scans of the number logic: exact, and a few ops whatever T."""
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -24,16 +24,22 @@ def loop_sums(values, starts):
   return out
 
 
-def loop_maxes(values, starts):
-  """Inclusive segmented maxima along the last axis, one position at a time."""
-  out = np.empty_like(values)
-  for row in np.ndindex(values.shape[:-1]):
-    best = segments.NO_MAXIMUM
-    for t in range(values.shape[-1]):
+def loop_running_max(values, reverse=False):
+  """Inclusive running maxima along the last axis, from either side."""
+  if reverse:
+    return flip(loop_running_max(flip(values)))
+  return np.maximum.accumulate(values, axis=-1)
+
+
+def loop_firsts(starts):
+  """The index of each position's segment's first position, by a loop."""
+  out = np.empty(starts.shape, np.int32)
+  for row in np.ndindex(starts.shape[:-1]):
+    first = 0
+    for t in range(starts.shape[-1]):
       if starts[row + (t,)]:
-        best = segments.NO_MAXIMUM
-      best = max(best, values[row + (t,)])
-      out[row + (t,)] = best
+        first = t
+      out[row + (t,)] = first
   return out
 
 
@@ -41,10 +47,38 @@ def flip(x):
   return x[..., ::-1]
 
 
-class SegmentedSumsTest(parameterized.TestCase):
+class RunningMaximaTest(parameterized.TestCase):
 
   @parameterized.product(
       # Around block sizes and their multiples, where the carries change.
+      length=(1, 2, 7, 32, 33, 127, 128, 129, 300, 1000),
+      hole_rate=(0.0, 0.5, 0.99),
+  )
+  def test_equal_a_loop(self, length, hole_rate):
+    rng = np.random.default_rng(length + 11)
+    values = rng.integers(-2000, 2000, (2, 3, length)).astype(np.int32)
+    values[rng.random(values.shape) < hole_rate] = segments.NO_MAXIMUM
+    # Compiled as one program (as the losses run it), not op by op.
+    (forward, shifted), (backward,) = jax.jit(
+        lambda v: segments.running_maxes(forward=(v, v + 1), backward=(v,))
+    )(values)
+    np.testing.assert_array_equal(forward, loop_running_max(values))
+    np.testing.assert_array_equal(shifted, loop_running_max(values + 1))
+    np.testing.assert_array_equal(backward, loop_running_max(values, True))
+
+  def test_one_direction_and_empty_rows(self):
+    values = np.array([[3, -1, 5, 2]], np.int32)
+    (), (backward,) = segments.running_maxes(backward=(values,))
+    np.testing.assert_array_equal(backward, [[5, 5, 5, 2]])
+    (forward,), () = segments.running_maxes(forward=(values,))
+    np.testing.assert_array_equal(forward, [[3, 3, 5, 5]])
+    (empty,), () = segments.running_maxes(forward=(jnp.zeros((2, 0)),))
+    self.assertEqual(empty.shape, (2, 0))
+
+
+class SegmentedSumsTest(parameterized.TestCase):
+
+  @parameterized.product(
       length=(1, 2, 7, 127, 128, 129, 256, 300, 1000),
       bound_rate=(0.0, 0.01, 0.3, 0.9),
   )
@@ -52,71 +86,18 @@ class SegmentedSumsTest(parameterized.TestCase):
     rng = np.random.default_rng(length)
     values = rng.integers(-3, 4, (2, 3, length)).astype(np.float32)
     starts = rng.random(values.shape) < bound_rate
-    ends = rng.random(values.shape) < bound_rate
-    # Compiled as one program (as the losses run it), not op by op.
-    (forward, twice), (backward,) = jax.jit(
-        lambda v, s, e: segments.segmented_sums(
-            (((v, 2 * v), s, False), ((v,), e, True))
-        )
-    )(values, starts, ends)
+    starts[..., 0] = True
+    forward, twice = jax.jit(
+        lambda v, f: segments.segmented_sums((v, 2 * v), f)
+    )(values, loop_firsts(starts))
     np.testing.assert_array_equal(forward, loop_sums(values, starts))
     np.testing.assert_array_equal(twice, 2 * loop_sums(values, starts))
-    want = flip(loop_sums(flip(values), flip(ends)))
-    np.testing.assert_array_equal(backward, want)
-
-  @parameterized.product(
-      length=(1, 7, 32, 33, 128, 129, 300, 1000),
-      bound_rate=(0.0, 0.05, 0.5),
-  )
-  def test_maxima_equal_a_loop(self, length, bound_rate):
-    rng = np.random.default_rng(length + 11)
-    # Places of digits, and nothing (the maximum of nothing) elsewhere.
-    values = rng.integers(-2000, 2000, (2, 3, length)).astype(np.int32)
-    values[rng.random(values.shape) < 0.5] = segments.NO_MAXIMUM
-    starts = rng.random(values.shape) < bound_rate
-    ends = rng.random(values.shape) < bound_rate
-    (forward, shifted), (backward,) = jax.jit(
-        lambda v, s, e: segments.segmented_maxes(
-            (((v, v + 1), s, False), ((v,), e, True))
-        )
-    )(values, starts, ends)
-    np.testing.assert_array_equal(forward, loop_maxes(values, starts))
-    np.testing.assert_array_equal(shifted, loop_maxes(values + 1, starts))
-    np.testing.assert_array_equal(
-        backward, flip(loop_maxes(flip(values), flip(ends)))
-    )
-
-  @parameterized.parameters(1, 9, 128, 300)
-  def test_totals_and_one_direction_helpers(self, length):
-    rng = np.random.default_rng(length + 7)
-    values = rng.integers(0, 50, (2, length)).astype(np.float32)
-    in_run = rng.random((2, length)) < 0.8
-    starts = ~(in_run & segments.shift_right(in_run, False))
-    ends = ~(in_run & segments.shift_left(in_run, False))
-    (forward,), (backward,), (total,) = jax.jit(
-        lambda v, s, e: (
-            segments.forward_sums((v,), s),
-            segments.reverse_sums((v,), e),
-            segments.segment_totals((v,), s, e),
-        )
-    )(values, starts, ends)
-    np.testing.assert_array_equal(forward, loop_sums(values, starts))
-    np.testing.assert_array_equal(
-        backward, flip(loop_sums(flip(values), flip(ends)))
-    )
-    # A segment's total at each position: its forward sum at its last one.
-    ids = np.cumsum(np.asarray(starts), -1)
-    for row in range(2):
-      for t in range(length):
-        members = ids[row] == ids[row, t]
-        self.assertEqual(total[row, t], values[row][members].sum())
 
   def test_large_integer_sums_are_exact(self):
-    # Counts and places are read back as integers: exact below 2**24.
+    # Sums of integers are exact below 2**24.
     length = 1000
     values = np.full((1, length), 9999, np.float32)
-    starts = np.zeros((1, length), bool)
-    (forward,) = segments.forward_sums((values,), starts)
+    (forward,) = segments.segmented_sums((values,), np.zeros((1, length)))
     np.testing.assert_array_equal(forward[0], 9999 * np.arange(1, length + 1))
 
   @parameterized.parameters(1, 9, 100, 512)
@@ -126,20 +107,30 @@ class SegmentedSumsTest(parameterized.TestCase):
     in_run = rng.random((2, length)) < 0.8
     starts = ~(in_run & segments.shift_right(in_run, False))
     ends = ~(in_run & segments.shift_left(in_run, False))
+    firsts = loop_firsts(np.asarray(starts))
     weights = jnp.asarray(rng.standard_normal((2, length)), jnp.float32)
 
     def total(x):
-      return jnp.sum(weights * segments.forward_sums((x,), starts)[0])
+      return jnp.sum(weights * segments.segmented_sums((x,), firsts)[0])
 
     grad = jax.jit(jax.grad(total))(values)
     want = flip(loop_sums(flip(np.asarray(weights)), flip(np.asarray(ends))))
     np.testing.assert_allclose(grad, want, rtol=1e-6, atol=1e-6)
 
   def test_empty_rows(self):
-    ((out,),) = segments.segmented_sums(
-        (((jnp.zeros((2, 0)),), jnp.zeros((2, 0), bool), False),)
-    )
+    (out,) = segments.segmented_sums((jnp.zeros((2, 0)),), jnp.zeros((2, 0)))
     self.assertEqual(out.shape, (2, 0))
+
+
+class ReadAtTest(absltest.TestCase):
+
+  def test_equal_indexing(self):
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 3, 50, 4)).astype(np.float32)
+    index = rng.integers(0, 50, (2, 3, 50))
+    got = jax.jit(segments.read_at)(x, index)
+    want = np.take_along_axis(x, index[..., None], axis=-2)
+    np.testing.assert_array_equal(got, want)
 
 
 class OpCountTest(absltest.TestCase):
