@@ -44,18 +44,22 @@ class NTILComponents(NamedTuple):
 
 
 def _straight_through_digits(digit_logits_, *, tau, key, noise_scale):
-  """Argmax digit in the forward pass, tempered-softmax gradient backward."""
+  """``(hard, soft)``: the argmax digit and the tempered-softmax mean digit.
+
+  The straight-through digit is ``hard + soft - sg(soft)``: the argmax in
+  the forward pass (``soft - sg(soft)`` is exactly 0), the gradient of
+  ``soft`` backward. ``hard`` is int32.
+  """
   if key is not None:
     gumbel = jax.random.gumbel(key, digit_logits_.shape, jnp.float32)
     digit_logits_ = digit_logits_ + noise_scale * gumbel
-  hard = jnp.argmax(digit_logits_, axis=-1).astype(jnp.float32)
+  hard = jnp.argmax(digit_logits_, axis=-1).astype(jnp.int32)
   soft = jax.nn.softmax(digit_logits_ / tau, axis=-1) @ base.DIGITS
-  # soft - sg(soft) is exactly 0, so the forward value is exactly the argmax.
-  return hard + (soft - jax.lax.stop_gradient(soft))
+  return hard, soft
 
 
 @jax.custom_vjp
-def _number_deviations(predicted, layout):
+def _number_deviations(soft_digits, x_digits, layout, comparison):
   """Relative and magnitude deviations of each number, on its last digit.
 
   X and Y are never formed (they overflow float32 past 38 digits, and their
@@ -71,22 +75,22 @@ def _number_deviations(predicted, layout):
   from last digits get 1 (a ``where`` before the operation), so nothing is
   ever ``0 * inf``.
 
-  ``predicted``: the straight-through digits (their value is the argmax
-  digits); ``layout``: a :class:`numbers.NumberLayout`, not differentiated.
+  X is written with ``x_digits`` (int32, the argmax digits; 0 outside
+  numbers), and its gradient is that of the straight-through digits
+  ``x_digits + soft_digits - sg(soft_digits)``: the returned deviations
+  are differentiated with respect to ``soft_digits`` as if X's digits were
+  those. ``layout``: a :class:`numbers.NumberLayout`, not differentiated.
   The gradient is written out (:func:`_deviations_backward`): per number, the
   derivatives with respect to ``X / 10**x_place`` and ``|X - Y| / 10**L``,
   read at every digit of it (one gather at the number's last digit) and
   scaled by the digit's place.
   """
-  return _deviations_forward(predicted, layout)[0]
+  return _deviations_forward(soft_digits, x_digits, layout, comparison)[0]
 
 
-def _deviations_forward(predicted, layout):
-  target = layout.digit_values.astype(jnp.float32)
-  x_digits = jnp.rint(predicted).astype(jnp.int32)
-  x_place, y_place, sign, correction = numbers.compare_numbers(
-      x_digits, layout.digit_values, layout
-  )
+def _deviations_forward(soft_digits, x_digits, layout, comparison):
+  del soft_digits  # Only its gradient counts (_deviations_backward).
+  x_place, y_place, sign, correction = comparison
   x_larger = sign > 0
   big_place = jnp.where(x_larger, x_place, y_place)  # the larger leading one
   small_place = jnp.where(x_larger, y_place, x_place)
@@ -96,7 +100,9 @@ def _deviations_forward(predicted, layout):
   factors = numbers.place_factors((x_place, y_place, big_place), layout)
   difference_digits = sign * (x_digits - layout.digit_values) + correction
   x_own, y_own, difference = numbers.scaled_number_sums(
-      jnp.stack([predicted, target, difference_digits.astype(jnp.float32)]),
+      jnp.stack([x_digits, layout.digit_values, difference_digits]).astype(
+          jnp.float32
+      ),
       factors,
       layout,
   )
@@ -122,24 +128,24 @@ def _deviations_forward(predicted, layout):
       - jnp.log(far_plus_one)
   )
   magnitude = jnp.where(close, jnp.log1p(ratio), log_ratio)
-  # Derivatives with respect to |X - Y| / 10**L and to the larger and the
-  # smaller number, each at its own scale; those of X are the larger's or
-  # the smaller's.
-  close_slope = 1.0 / ((1.0 + ratio) * close_plus_one)
+  # Derivatives with respect to |X - Y| / 10**L and to X at its own scale,
+  # the larger number's or the smaller's; read only at last digits.
+  by_big = 1.0 / big_plus_one
+  by_close_difference = jnp.where(
+      close, 1.0 / (close_plus_one + difference), 0.0
+  )
   by_small = jnp.where(
-      close, -ratio * small_scale * close_slope, -1.0 / far_plus_one
+      close,
+      -ratio * small_scale * by_close_difference,
+      -1.0 / far_plus_one,
   )
-  by_big = jnp.where(far, 1.0 / big_plus_one, 0.0)
-  coefficients = tuple(
-      base.masked(c, last)
-      for c in (
-          1.0 / big_plus_one,  # relative by difference
-          jnp.where(close, close_slope, 0.0),  # magnitude by difference
-          jnp.where(x_larger, -relative / big_plus_one, 0.0),  # relative by X
-          jnp.where(x_larger, by_big, by_small),  # magnitude by X
-      )
+  coefficients = (
+      by_big,  # relative by difference
+      by_close_difference,  # magnitude by difference
+      jnp.where(x_larger, -relative * by_big, 0.0),  # relative by X
+      jnp.where(x_larger, jnp.where(far, by_big, 0.0), by_small),  # magnitude
   )
-  # d(X / 10**x_place) and d(|X - Y| / 10**L) by each predicted digit.
+  # d(X / 10**x_place) and d(|X - Y| / 10**L) by each digit of X.
   slopes = (factors[0], sign.astype(jnp.float32) * factors[2])
   deviations = (base.masked(relative, last), base.masked(magnitude, last))
   return deviations, (coefficients, slopes, layout.last, layout.is_digit)
@@ -160,13 +166,10 @@ def _deviations_backward(residuals, cotangents):
   )
   per_number = segments.read_at(per_number, last)
   grad = per_number[..., 1] * slopes[0] + per_number[..., 0] * slopes[1]
-  return base.masked(grad, is_digit), None
+  return base.masked(grad, is_digit), None, None, None
 
 
-_number_deviations.defvjp(
-    lambda predicted, layout: _deviations_forward(predicted, layout),
-    _deviations_backward,
-)
+_number_deviations.defvjp(_deviations_forward, _deviations_backward)
 
 
 def ntil_parts_from_layout(
@@ -181,14 +184,18 @@ def ntil_parts_from_layout(
   digit_logits_ = base.digits_in_numbers(stats.digit_logits, layout)
   probs = jax.nn.softmax(digit_logits_, axis=-1)
   emd = jnp.sum(probs * base.digit_distance(layout), axis=-1)
+  hard, soft = _straight_through_digits(
+      digit_logits_, tau=tau, key=key, noise_scale=noise_scale
+  )
+  hard = jnp.where(layout.is_digit, hard, 0)
+  soft = base.masked(soft, layout.is_digit)
+  # The layout's places from the comparison's pass (one pass, not two).
+  layout, comparison = numbers.compare_numbers(hard, layout)
+  relative, magnitude = _number_deviations(soft, hard, layout, comparison)
+  predicted = hard + (soft - jax.lax.stop_gradient(soft))
   exponent = layout.digits_right.astype(jnp.float32)
   # Capped so that absurdly long numbers give large, finite weights.
   weights = jnp.minimum(jnp.power(1.0 + sigma, exponent), 1e30)
-  predicted = _straight_through_digits(
-      digit_logits_, tau=tau, key=key, noise_scale=noise_scale
-  )
-  predicted = base.masked(predicted, layout.is_digit)
-  relative, magnitude = _number_deviations(predicted, layout)
   return NTILComponents(
       emd=base.masked(emd, layout.is_digit),
       weights=jnp.where(layout.is_digit, weights, 1.0),

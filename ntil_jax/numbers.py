@@ -14,7 +14,7 @@ fractional digits into one number ("3.14" is one number with places 0, -1, -2);
 a run holding two or more such points ("1.2.3") is split at every point.
 """
 
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import chex
 import jax
@@ -47,6 +47,8 @@ class NumberLayout(NamedTuple):
     point: int32 index of the number's decimal point, ``last + 1`` for a
       number without one: the digit at index ``j`` has the place
       ``point - j - (j < point)`` (:func:`place_of`).
+    points: true at the decimal points that join a number's digits;
+      ``None`` when no ``decimal_point_mask`` was given.
   """
 
   digit_values: chex.Array
@@ -59,6 +61,7 @@ class NumberLayout(NamedTuple):
   first: chex.Array
   last: chex.Array
   point: chex.Array
+  points: Optional[chex.Array] = None
 
 
 def _spec(x) -> tuple:
@@ -204,7 +207,7 @@ def _runs(in_run):
   return starts, ends
 
 
-def _nearest(starts, ends, kind=None):
+def _nearest(starts, ends, kind=None, backward=()):
   """Where each run starts and ends, and the nearest ``kind`` on each side.
 
   One pass of running maxima over ``[..., T]`` bools (:func:`_runs`'
@@ -212,19 +215,27 @@ def _nearest(starts, ends, kind=None):
   the index of the first and last position of each position's run, and of
   the nearest position where ``kind`` is true at or before it
   (:data:`segments.NO_MAXIMUM` for none) and at or after it (``2**30``
-  for none); ``before`` and ``after`` are ``None`` without ``kind``.
+  for none); ``before`` and ``after`` are ``None`` without ``kind``. With
+  ``backward`` integer fields, the same pass also returns their running
+  maxima from the right, as a tuple after those four.
   """
-  index = jax.lax.broadcasted_iota(jnp.int32, starts.shape, starts.ndim - 1)
+  index = _positions(starts)
   none = segments.NO_MAXIMUM
   kinds = () if kind is None else (jnp.where(kind, index, none),)
   negated = () if kind is None else (jnp.where(kind, -index, none),)
   (first, *before), (last, *after) = segments.running_maxes(
       forward=(jnp.where(starts, index, none),) + kinds,
-      backward=(jnp.where(ends, -index, none),) + negated,
+      backward=(jnp.where(ends, -index, none),) + negated + tuple(backward),
   )
+  extra = tuple(after[len(negated) :])
   if kind is None:
-    return first, -last, None, None
-  return first, -last, before[0], -after[0]
+    return first, -last, None, None, extra
+  return first, -last, before[0], -after[0], extra
+
+
+def _positions(like):
+  """int32 ``[..., T]``: each position's index along the last axis."""
+  return jax.lax.broadcasted_iota(jnp.int32, like.shape, like.ndim - 1)
 
 
 def _decimal_points(is_digit, decimal_point_mask):
@@ -235,7 +246,7 @@ def _decimal_points(is_digit, decimal_point_mask):
       & segments.shift_left(is_digit, False)
   )
   starts, ends = _runs(is_digit | between_digits)
-  first, last, before, after = _nearest(starts, ends, between_digits)
+  first, last, before, after, _ = _nearest(starts, ends, between_digits)
   # The point before each one (strictly) and the one after it.
   previous = segments.shift_right(before, segments.NO_MAXIMUM)
   following = segments.shift_left(after, -segments.NO_MAXIMUM)
@@ -287,36 +298,58 @@ def number_layout(
   is_digit = label_is_digit
   if digit_mask is not None:
     is_digit = is_digit & jnp.asarray(digit_mask, bool)
-  index = jax.lax.broadcasted_iota(jnp.int32, is_digit.shape, is_digit.ndim - 1)
   if decimal_point_mask is None:
+    points = None
     starts, ends = _runs(is_digit)
-    first, last, _, _ = _nearest(starts, ends)
-    point = last + 1
-    digits_right = last - index
   else:
     points = _decimal_points(is_digit, jnp.asarray(decimal_point_mask, bool))
     starts, ends = _runs(is_digit | points)
-    first, last, before, after = _nearest(starts, ends, points)
+  layout = NumberLayout(
+      digit_values=jnp.where(is_digit, digit_values, 0),
+      is_digit=is_digit,
+      is_last=is_digit & ends,
+      starts=starts,
+      ends=ends,
+      digits_right=None,
+      places=None,
+      first=None,
+      last=None,
+      point=None,
+      points=points,
+  )
+  return _located(layout)[0]
+
+
+def _located(layout: NumberLayout, backward=()):
+  """``layout`` with the fields one pass of running maxima finds.
+
+  ``first``, ``last``, ``point``, ``digits_right`` and ``places`` from its
+  ``starts``, ``ends`` and ``points``; the same pass also maximizes the
+  ``backward`` fields from the right. Returns ``(layout, their maxima)``.
+  """
+  is_digit, points = layout.is_digit, layout.points
+  index = _positions(is_digit)
+  first, last, before, after, extra = _nearest(
+      layout.starts, layout.ends, points, backward
+  )
+  if points is None:
+    point = last + 1
+    digits_right = last - index
+  else:
     # A number's point is the nearest one on either side, if it lies in it.
     point = jnp.where(
         after <= last, after, jnp.where(before >= first, before, last + 1)
     )
     point_on_right = (index < point) & (point <= last)
     digits_right = last - index - point_on_right.astype(jnp.int32)
-  return _materialized(
-      NumberLayout(
-          digit_values=jnp.where(is_digit, digit_values, 0),
-          is_digit=is_digit,
-          is_last=is_digit & ends,
-          starts=starts,
-          ends=ends,
-          digits_right=jnp.where(is_digit, digits_right, 0),
-          places=jnp.where(is_digit, place_of(index, point), 0),
-          first=first,
-          last=last,
-          point=point,
-      )
+  layout = layout._replace(
+      digits_right=jnp.where(is_digit, digits_right, 0),
+      places=jnp.where(is_digit, place_of(index, point), 0),
+      first=first,
+      last=last,
+      point=point,
   )
+  return layout, extra
 
 
 def _materialized(fields):
@@ -324,31 +357,46 @@ def _materialized(fields):
 
   XLA fuses cheap elementwise work into every consumer; the number logic's
   outputs feed dozens, and recomputing them in each multiplied the program.
-  ``fields``: a tuple or a NamedTuple, returned as the same type.
+  Fields of one dtype are stacked first, so each dtype is one kernel (an
+  optimization barrier on separate arrays makes one kernel per array).
+  ``fields``: a tuple or a NamedTuple of arrays of one shape, returned as
+  the same type.
   """
-  values = jax.lax.optimization_barrier(tuple(fields))
-  return values if type(fields) is tuple else type(fields)(*values)
+  values = [jnp.asarray(f) for f in fields]
+  groups = {}
+  for i, value in enumerate(values):
+    groups.setdefault(value.dtype, []).append(i)
+  stacked = jax.lax.optimization_barrier(
+      [jnp.stack([values[i] for i in group]) for group in groups.values()]
+  )
+  for group, array in zip(groups.values(), stacked):
+    for k, i in enumerate(group):
+      values[i] = array[k]
+  return tuple(values) if type(fields) is tuple else type(fields)(*values)
 
 
 # Exponents of ten kept within float32 range; 1e30 leaves headroom for sums.
 MAX_DECIMAL_EXPONENT = 30
-_LN10 = float(np.log(10.0))
-# ln 10 split so that exponent * _LN10_HIGH is exact in float32 for
-# |exponent| < 2**11 (a 13-bit mantissa), and the rest is small.
-_LN10_HIGH = 4716.0 / 2048.0
-_LN10_LOW = _LN10 - _LN10_HIGH
+# 10**k for k in [-2 * MAX_DECIMAL_EXPONENT, MAX_DECIMAL_EXPONENT], each the
+# float32 nearest to it (0 below float32's range).
+_POWERS_OF_TEN = np.array(
+    [
+        float(f"1e{k}")
+        for k in range(-2 * MAX_DECIMAL_EXPONENT, MAX_DECIMAL_EXPONENT + 1)
+    ],
+    np.float32,
+)
 
 
 def pow10(exponent):
   """10 ** exponent for integer exponents, capped at 1e30.
 
-  Accurate to a few float32 ulps (``exp`` of an exactly rounded argument
-  times a correction close to 1), and 0 below float32's range.
+  Read from a table of the float32 powers of ten (each correctly rounded;
+  0 below float32's range): one gather, exact where ``exp`` is not.
   """
-  capped = jnp.clip(
-      exponent, -2 * MAX_DECIMAL_EXPONENT, MAX_DECIMAL_EXPONENT
-  ).astype(jnp.float32)
-  return jnp.exp(capped * _LN10_HIGH) * jnp.exp(capped * _LN10_LOW)
+  index = jnp.clip(exponent, -2 * MAX_DECIMAL_EXPONENT, MAX_DECIMAL_EXPONENT)
+  index = (index + 2 * MAX_DECIMAL_EXPONENT).astype(jnp.uint32)
+  return jnp.asarray(_POWERS_OF_TEN).at[index].get(mode="promise_in_bounds")
 
 
 def place_factors(scale_places, layout: NumberLayout):
@@ -393,45 +441,45 @@ class NumberComparison(NamedTuple):
   correction: chex.Array
 
 
-def compare_numbers(x_digits, y_digits, layout: NumberLayout):
-  """Leading places, sign and exact difference digits of two numbers.
+def compare_numbers(x_digits, layout: NumberLayout):
+  """Leading places, sign and exact difference digits of X and the target.
 
   ``|X - Y|`` of two long numbers is not the float sum of ``(x - y) *
   10**place`` (``1000 - 999`` cancels to rounding noise); written with
   borrows, its digits are integers 0..9 whose float sum has no cancellation.
 
   Everything is the nearest position of some kind at or after another,
-  exact in int32, found by one pass of running maxima from the right (of
-  ``-index`` where the kind is) and read at the number's first position
-  (one gather): X's and Y's leading non-zero digits, and their first
-  difference, whose direction is the sign (the key ``2 * index + (x < y)``
-  carries it). Read at each position instead, the nearest difference at or
-  after it: the place borrows from the next one up when that difference
-  goes the wrong way (the larger number's digit is the smaller there).
+  exact in int32, found by running maxima from the right (of ``-index``
+  where the kind is) and read at the number's first position (one gather):
+  X's and Y's leading non-zero digits, and their first difference, whose
+  direction is the sign (the key ``2 * index + (x < y)`` carries it). Read
+  at each position instead, the nearest difference at or after it: the
+  place borrows from the next one up when that difference goes the wrong
+  way (the larger number's digit is the smaller there). These maxima share
+  one pass with the layout's own (where each number starts and ends), which
+  is run again here: XLA drops the first one when nothing else reads it.
 
   Args:
-    x_digits: integer digit values of X, shaped like the layout.
-    y_digits: integer digit values of Y (X's and Y's are 0 outside numbers).
-    layout: the :class:`NumberLayout` both are written in.
+    x_digits: integer digit values of X, shaped like the layout (0 outside
+      numbers).
+    layout: the :class:`NumberLayout` X is written in; Y is its target.
 
   Returns:
-    A :class:`NumberComparison`.
+    ``(layout, comparison)``: the layout (its fields from this pass) and a
+    :class:`NumberComparison`.
   """
   none = segments.NO_MAXIMUM
-  index = jax.lax.broadcasted_iota(
-      jnp.int32, layout.first.shape, layout.first.ndim - 1
-  )
+  index = _positions(x_digits)
+  y_digits = layout.digit_values
   step = jnp.where(layout.is_digit, x_digits - y_digits, 0)
   keys = (
       jnp.where(layout.is_digit & (x_digits != 0), -index, none),
       jnp.where(layout.is_digit & (y_digits != 0), -index, none),
       jnp.where(step != 0, -2 * index - (step < 0), none),
   )
-  _, nearest = segments.running_maxes(backward=keys)
+  layout, nearest = _located(layout, keys)
   at_first = segments.read_at(jnp.stack(nearest, -1), layout.first)
-  x_lead, y_lead, first_difference = _materialized(
-      tuple(-at_first[..., f] for f in range(3))
-  )
+  x_lead, y_lead, first_difference = (-at_first[..., f] for f in range(3))
 
   def leading_place(lead):
     place = jnp.maximum(place_of(lead, layout.point), 0)
@@ -446,7 +494,7 @@ def compare_numbers(x_digits, y_digits, layout: NumberLayout):
       jnp.int32
   )
   borrow_in = jnp.where(layout.ends, 0, segments.shift_left(borrow_out, 0))
-  return _materialized(
+  return layout, _materialized(
       NumberComparison(
           x_place=leading_place(x_lead),
           y_place=leading_place(y_lead),
