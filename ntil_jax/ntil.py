@@ -96,8 +96,25 @@ def _deviations_forward(soft_digits, x_digits, layout, comparison):
   small_place = jnp.where(x_larger, y_place, x_place)
   # X / 10**x_place and Y / 10**y_place: in [1, 10), or below 1 when the
   # number is (leading places are clamped at 0); |X - Y| / 10**big_place
-  # from the digits of |X - Y| (exact integers 0..9), zero when X = Y.
-  factors = numbers.place_factors((x_place, y_place, big_place), layout)
+  # from the digits of |X - Y| (exact integers 0..9), zero when X = Y. With
+  # their digits' powers of ten: the "+1" at the larger number's scale and
+  # at the smaller one's, and the smaller number at the larger one's scale.
+  places = layout.places
+  powers = jax.lax.optimization_barrier(
+      numbers.pow10(
+          jnp.stack(
+              [
+                  places - x_place,
+                  places - y_place,
+                  places - big_place,
+                  -big_place,
+                  -small_place,
+                  small_place - big_place,
+              ]
+          )
+      )
+  )
+  factors, (offset, small_offset, small_scale) = powers[:3], powers[3:]
   difference_digits = sign * (x_digits - layout.digit_values) + correction
   x_own, y_own, difference = numbers.scaled_number_sums(
       jnp.stack([x_digits, layout.digit_values, difference_digits]).astype(
@@ -108,11 +125,6 @@ def _deviations_forward(soft_digits, x_digits, layout, comparison):
   )
   big = jnp.where(x_larger, x_own, y_own)
   small = jnp.where(x_larger, y_own, x_own)
-  # The "+1" at the larger number's scale and at the smaller one's, and the
-  # smaller number at the larger one's scale.
-  offset, small_offset, small_scale = numbers.pow10(
-      jnp.stack([-big_place, -small_place, small_place - big_place])
-  )
   last = layout.is_last
   big_plus_one = jnp.where(last, big + offset, 1.0)
   relative = difference / big_plus_one
@@ -148,7 +160,14 @@ def _deviations_forward(soft_digits, x_digits, layout, comparison):
   # d(X / 10**x_place) and d(|X - Y| / 10**L) by each digit of X.
   slopes = (factors[0], sign.astype(jnp.float32) * factors[2])
   deviations = (base.masked(relative, last), base.masked(magnitude, last))
-  return deviations, (coefficients, slopes, layout.last, layout.is_digit)
+  # With the deviations, in one kernel (the backward would recompute them).
+  stacked = jax.lax.optimization_barrier(jnp.stack(deviations + coefficients))
+  return tuple(stacked[:2]), (
+      tuple(stacked[2:]),
+      slopes,
+      layout.last,
+      layout.is_digit,
+  )
 
 
 def _deviations_backward(residuals, cotangents):

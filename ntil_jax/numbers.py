@@ -395,26 +395,23 @@ def pow10(exponent):
   0 below float32's range): one gather, exact where ``exp`` is not.
   """
   index = jnp.clip(exponent, -2 * MAX_DECIMAL_EXPONENT, MAX_DECIMAL_EXPONENT)
-  index = (index + 2 * MAX_DECIMAL_EXPONENT).astype(jnp.uint32)
-  return jnp.asarray(_POWERS_OF_TEN).at[index].get(mode="promise_in_bounds")
-
-
-def place_factors(scale_places, layout: NumberLayout):
-  """``10**(place - scale_place)`` at each digit for each ``scale_place``.
-
-  ``scale_places``: int32 arrays shaped like the layout (one power of ten
-  over all of them at once). Returns float32 ``[len(scale_places), ..., T]``.
-  """
-  return jax.lax.optimization_barrier(
-      pow10(layout.places - jnp.stack(scale_places))
+  index = (index + 2 * MAX_DECIMAL_EXPONENT).astype(jnp.int32)
+  return jax.lax.gather(
+      jnp.asarray(_POWERS_OF_TEN),
+      index[..., None],
+      jax.lax.GatherDimensionNumbers(
+          offset_dims=(), collapsed_slice_dims=(0,), start_index_map=(0,)
+      ),
+      slice_sizes=(1,),
+      mode=jax.lax.GatherScatterMode.PROMISE_IN_BOUNDS,
   )
 
 
 def scaled_number_sums(terms, factors, layout: NumberLayout) -> tuple:
   """Sums of ``terms * factors`` over each number, one pass for them all.
 
-  ``terms``: ``[F, ..., T]`` digit terms; ``factors``: their
-  :func:`place_factors`. Each sum is valid at its number's last digit
+  ``terms``: ``[F, ..., T]`` digit terms; ``factors``: their powers of ten
+  ``10**(place - s)`` (:func:`pow10`). Each sum is valid at its number's last digit
   (``layout.is_last``), where it is ``sum_i terms_i * 10**(place_i - s)``.
   """
   scaled = jnp.where(layout.is_digit, terms * factors, 0.0)
