@@ -1,9 +1,11 @@
 """Where the numbers are: digit runs, place values and per-number sums.
 
-Everything here works along the last (sequence) axis with the segmented sums
-of :mod:`ntil_jax.segments` (one segment a number): a few passes of a dozen
-ops each, whatever T, with O(T) memory per row and rows independent (a batch
-sharded over a mesh needs no communication).
+Everything here works along the last (sequence) axis with the scans of
+:mod:`ntil_jax.segments`: running maxima of positions (where each number
+starts and ends, its decimal point, the leading digits and the differences
+of two numbers are all the *nearest* position of some kind) and segmented
+sums over the numbers, a few passes of a dozen ops each, whatever T, with
+rows independent (a batch sharded over a mesh needs no communication).
 A sequence sharded along T is made whole first (:func:`whole_sequence`).
 
 Vocabulary: a *number* is a maximal run of consecutive positions whose label is
@@ -377,34 +379,26 @@ def _materialized(fields):
 
 # Exponents of ten kept within float32 range; 1e30 leaves headroom for sums.
 MAX_DECIMAL_EXPONENT = 30
-# 10**k for k in [-2 * MAX_DECIMAL_EXPONENT, MAX_DECIMAL_EXPONENT], each the
-# float32 nearest to it (0 below float32's range).
-_POWERS_OF_TEN = np.array(
-    [
-        float(f"1e{k}")
-        for k in range(-2 * MAX_DECIMAL_EXPONENT, MAX_DECIMAL_EXPONENT + 1)
-    ],
-    np.float32,
-)
+_LN10 = float(np.log(10.0))
+# ln 10 split so that exponent * _LN10_HIGH is exact in float32 for
+# |exponent| < 2**11 (a 13-bit mantissa), and the rest is small.
+_LN10_HIGH = 4716.0 / 2048.0
+_LN10_LOW = _LN10 - _LN10_HIGH
 
 
 def pow10(exponent):
   """10 ** exponent for integer exponents, capped at 1e30.
 
-  Read from a table of the float32 powers of ten (each correctly rounded;
-  0 below float32's range): one gather, exact where ``exp`` is not.
+  Accurate to a few float32 ulps (``exp`` of an exactly rounded argument
+  times a correction close to 1), and 0 below float32's range. Elementwise
+  (a lookup table would be one gather, but a gather from a replicated table
+  by sharded indices has no output sharding JAX can infer on an explicit
+  mesh).
   """
-  index = jnp.clip(exponent, -2 * MAX_DECIMAL_EXPONENT, MAX_DECIMAL_EXPONENT)
-  index = (index + 2 * MAX_DECIMAL_EXPONENT).astype(jnp.int32)
-  return jax.lax.gather(
-      jnp.asarray(_POWERS_OF_TEN),
-      index[..., None],
-      jax.lax.GatherDimensionNumbers(
-          offset_dims=(), collapsed_slice_dims=(0,), start_index_map=(0,)
-      ),
-      slice_sizes=(1,),
-      mode=jax.lax.GatherScatterMode.PROMISE_IN_BOUNDS,
-  )
+  capped = jnp.clip(
+      exponent, -2 * MAX_DECIMAL_EXPONENT, MAX_DECIMAL_EXPONENT
+  ).astype(jnp.float32)
+  return jnp.exp(capped * _LN10_HIGH) * jnp.exp(capped * _LN10_LOW)
 
 
 def scaled_number_sums(terms, factors, layout: NumberLayout) -> tuple:
