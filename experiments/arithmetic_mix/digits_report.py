@@ -45,6 +45,7 @@ from experiments import common
 from experiments import labels
 from experiments import prose
 from experiments import stats
+from experiments import tables
 from train.tasks import arithmetic_mix as task
 
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "digits")
@@ -425,7 +426,7 @@ def values_table(grouped, keys, early) -> list[str]:
             str(sum(r["unparsed"] for r in runs)),
         ]
     )
-  return stats.table(head, rows)
+  return tables.table(head, rows)
 
 
 def paired_table(comparisons, early) -> list[str]:
@@ -450,7 +451,7 @@ def paired_table(comparisons, early) -> list[str]:
     for key, _, scale, digits, higher in PAIRED:
       cells += paired_cells(runs, reference, key, scale, digits, higher)
     rows.append(cells)
-  return stats.table(head, rows)
+  return tables.table(head, rows)
 
 
 def paired_vs_ce(grouped, keys, early) -> list[str]:
@@ -511,7 +512,7 @@ def breakdown_table(grouped, keys, problems, name, key, order) -> list[str]:
       )
     if any(c != "-" for c in cells):
       rows.append([f"{label(k)} − CE, paired Δ (seeds better)", ""] + cells)
-  return stats.table(head, rows)
+  return tables.table(head, rows)
 
 
 def bucket_metric(name, bucket):

@@ -258,7 +258,7 @@ def write_report(runs, out_dir):
   figures.seed_bars(
       {m: {r["seed"]: r for r in runs} for m, runs in main.items()},
       list(main),
-      (("exact_match", "exact match (%)", 100, True),),
+      (stats.Metric("exact_match", "exact match (%)"),),
       os.path.join(plot_dir, "exact_match.png"),
       "arithmetic_mix test",
       LABELS.get,
