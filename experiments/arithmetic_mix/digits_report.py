@@ -672,81 +672,67 @@ def train_size(source) -> int | None:
 
 def regime(grouped, early, problems=None, source="") -> list[str]:
   """The set-up, from the records (and the test problems if known)."""
-  runs = [r for runs in grouped.values() for r in runs.values()]
-  first = runs[0]
+  first = next(r for runs in grouped.values() for r in runs.values())
   data = first.get("data", {})
   seen = first.get("problems_seen", first["steps"] * first["batch_size"])
   answers = ""
   if problems:
     digits = [answer_digits(a) for _, a in problems]
-    decimals = np.mean([has_decimals(a) for _, a in problems])
-    answers = (
-        f"; test answers have {np.median(digits):g} digits at the median "
-        f"({min(digits)} to {max(digits)}), {100 * decimals:.0f}% with "
-        "decimals"
+    answers = prose.text(
+        __file__,
+        "answers",
+        median=np.median(digits),
+        low=min(digits),
+        high=max(digits),
+        decimals=100 * np.mean([has_decimals(a) for _, a in problems]),
     )
   # The test split is the same for every training size: only the runs' own
   # dataset (as many problems as they read) names how many it held.
-  if train_size(source) == seen:
-    once = (
-        f"of {seen:,} generated training problems: **each seen at most "
-        "once** (exactly once)"
-    )
-  else:
-    once = (
-        "the digits profile generates exactly that many training problems, "
-        "so **each is seen once**"
-    )
-  lines = [
-      f"- Task: mathematics_dataset `{data.get('module', '?')}` at difficulty "
-      f"`{data.get('difficulty', '?')}` (train and test drawn at it)"
-      f"{answers}.",
-      f"- Model: the `{first['model']}` decoder, **trained from scratch** "
-      "(no pretraining), one config for every method.",
-      f"- Data: abundant: {first['steps']} steps × {first['batch_size']} = "
-      f"{seen:,} problems read, {once}.",
-      f"- **Fixed budget: {first['steps']} steps** for every method; test "
-      f"exact match evaluated at steps "
-      f"{', '.join(str(s) for s in eval_steps(grouped))}.",
-  ]
-  ce = grouped.get("ce", {})
-  steps = eval_steps(grouped)
-  if ce and len(steps) >= 2:
-    late, end = steps[-2], steps[-1]
-    before = [curve_value(r, late) for r in ce.values()]
-    after = [curve_value(r, end) for r in ce.values()]
-    rising = sum(a > b for a, b in zip(after, before))
-    rise = 100 * (np.nanmean(after) - np.nanmean(before))
-    if rise >= STEEP_RISE:
-      verdict = (
-          f"**still rising steeply at the end of the budget** ({rise:+.2f} "
-          f"points over the last {end - late} steps): the end-of-budget "
-          "comparison is between models that have not finished learning"
-      )
-    elif rise > 0:
-      verdict = (
-          f"rising slowly at the end of the budget ({rise:+.2f} points over "
-          f"the last {end - late} steps, as the cosine schedule takes the "
-          "learning rate to zero): close to what this model learns on this "
-          "schedule, not a proven plateau"
-      )
-    else:
-      verdict = "no longer rising at the end of the budget"
-    lines.append(
-        f"- CE's exact match went from {100 * np.nanmean(before):.2f}% at "
-        f"step {late} to {100 * np.nanmean(after):.2f}% at step {end} "
-        f"(mean over {_seeds(len(ce))}; higher at {end} on "
-        f"{rising}/{len(ce)}):"
-        f" {verdict}."
-    )
-  lines += [
-      f"- Test: {first['num_test_examples']:,} problems, greedy decoding, "
-      "exact string match. Hardware: "
-      f"{first['device']} ({first['host']}).",
-      f"- Two claims are kept apart: exact match at step {early} (learning "
-      "faster) and at the end (a better model after the budget).",
-  ]
-  return lines
+  once = "once_counted" if train_size(source) == seen else "once"
+  return prose.section(
+      __file__,
+      "regime",
+      module=data.get("module", "?"),
+      difficulty=data.get("difficulty", "?"),
+      answers=answers,
+      model=first["model"],
+      steps=first["steps"],
+      batch_size=first["batch_size"],
+      seen=seen,
+      once=prose.text(__file__, once, seen=seen),
+      eval_steps=", ".join(str(s) for s in eval_steps(grouped)),
+      ce_rise=ce_rise(grouped.get("ce", {}), eval_steps(grouped)),
+      test_size=first["num_test_examples"],
+      device=first["device"],
+      host=first["host"],
+      early=early,
+  )
+
+
+def ce_rise(ce, steps) -> list[str]:
+  """How much CE's exact match rose over the last eval interval, and
+  whether that is steep (`STEEP_RISE`): a list item, none without CE."""
+  if not ce or len(steps) < 2:
+    return []
+  late, end = steps[-2], steps[-1]
+  before = [curve_value(r, late) for r in ce.values()]
+  after = [curve_value(r, end) for r in ce.values()]
+  rise = 100 * (np.nanmean(after) - np.nanmean(before))
+  kind = "steep" if rise >= STEEP_RISE else "slow" if rise > 0 else "flat"
+  return prose.section(
+      __file__,
+      "ce_rise",
+      before=100 * np.nanmean(before),
+      late=late,
+      after=100 * np.nanmean(after),
+      end=end,
+      seeds=_seeds(len(ce)),
+      rising=sum(a > b for a, b in zip(after, before)),
+      n=len(ce),
+      verdict=prose.text(
+          __file__, f"rise_{kind}", rise=rise, interval=end - late
+      ),
+  )
 
 
 def _seeds(n) -> str:
@@ -876,22 +862,17 @@ def _ntil_vs_ce(grouped, early, breakdowns=None) -> list[str]:
       d = stats.paired(ntil_b, ce_b, bucket_metric(name, b), 100, True)
       if d is not None:
         sort(d, f"{BREAKDOWN_NAMES[name]} {b} ({d['mean']:+.2f} pts)", True)
-  n = len(set(ntil) & set(ce))
   tested = len(behind) + len(within) + len(ahead)
-  return [
-      f"- **Where NTIL does not beat CE** ({_seeds(n)} paired; beating "
-      "means p < 0.05 and better on every seed): behind or level on "
-      "average: "
-      + ("; ".join(behind) if behind else "none")
-      + "; ahead on average but within seed noise: "
-      + ("; ".join(within) if within else "none")
-      + ".",
-      "- NTIL beats CE beyond seed noise on: "
-      + ("; ".join(ahead) if ahead else "nothing")
-      + f". These are {tested} comparisons without correction for their "
-      f"number: with no real differences about {tested / 20:.1f} would pass "
-      "p < 0.05 by chance.",
-  ]
+  return prose.section(
+      __file__,
+      "ntil_vs_ce",
+      seeds=_seeds(len(set(ntil) & set(ce))),
+      behind="; ".join(behind) if behind else "none",
+      within="; ".join(within) if within else "none",
+      ahead="; ".join(ahead) if ahead else "nothing",
+      tested=tested,
+      chance=tested / 20,
+  )
 
 
 def device_check(runs, other) -> list[str]:
@@ -903,30 +884,23 @@ def device_check(runs, other) -> list[str]:
   ]
   if not pairs:
     return []
-  lines = [
-      "The same config (same seed, data and init) trained on two devices: "
-      "floating-point order differs, so the runs drift apart.",
-      "",
-      f"| cell | {pairs[0][0]['device']} | other device | Δ (pts) |",
-      "|---|---|---|---|",
-  ]
-  deltas = []
+  rows, deltas = [], []
   for run, twin in pairs:
     delta = 100 * (run["exact_match"] - twin["exact_match"])
     deltas.append(abs(delta))
-    lines.append(
+    rows.append(
         f"| {run['name']} | {100 * run['exact_match']:.2f} | "
         f"{100 * twin['exact_match']:.2f} ({twin['device']}) | "
         f"{delta:+.2f} |"
     )
-  lines += [
-      "",
-      f"Mean absolute difference {np.mean(deltas):.2f} points over "
-      f"{len(pairs)} cells: runs differing only in hardware differ by about "
-      "this much, so a paired difference between losses of that size on "
-      "one seed is noise.",
-  ]
-  return lines
+  return prose.section(
+      __file__,
+      "device_check",
+      device=pairs[0][0]["device"],
+      rows=rows,
+      mean=np.mean(deltas),
+      count=len(pairs),
+  )
 
 
 def write_report(

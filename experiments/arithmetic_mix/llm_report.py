@@ -28,6 +28,7 @@ import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 import numpy as np
 
 from experiments import common
+from experiments import prose
 from experiments.arithmetic_mix import digits_report as dr
 
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "llm")
@@ -119,27 +120,29 @@ def setup_lines(tuned, grouped, problems, source) -> list[str]:
   """What the fine-tuned cells share: schedule, data, hardware, speed."""
   first = tuned[0]
   seen = first.get("problems_seen", first["steps"] * first["batch_size"])
-  # The llm grid generates as many training problems as a run reads; the
-  # test split's dataset may be another size's (the split does not depend
-  # on it), which says nothing of the runs' own.
-  once = "each seen once"
-  lines = [
-      f"- Model: `{first.get('snapshot', '?')}`, pretrained, **full "
-      "fine-tuning** (every parameter), one config for every method.",
-      f"- Schedule: {first['steps']} steps × {first['batch_size']} problems "
-      f"= {seen:,} problems read, {once}; peak learning rate "
-      f"{first.get('learning_rate', float('nan')):g} (AdamW, warmup then "
-      "cosine decay); the losses' settings are the paper's (λ = 0.3, α = β "
-      "= σ = 0.2).",
-      f"- Test: {first['num_test_examples']:,} problems, greedy decoding, "
-      "exact string match of the first line; evaluated at steps "
-      f"{', '.join(str(s) for s in dr.eval_steps(grouped))}.",
-  ]
+  # The llm grid generates as many training problems as a run reads (each
+  # seen once); the test split's dataset may be another size's (the split
+  # does not depend on it), which says nothing of the runs' own.
+  lines = prose.section(
+      __file__,
+      "setup",
+      snapshot=first.get("snapshot", "?"),
+      steps=first["steps"],
+      batch_size=first["batch_size"],
+      seen=seen,
+      rate=first.get("learning_rate", float("nan")),
+      test_size=first["num_test_examples"],
+      eval_steps=", ".join(str(s) for s in dr.eval_steps(grouped)),
+  )
   if problems:
     digits = [dr.answer_digits(a) for _, a in problems]
-    lines.append(
-        f"- Test answers: {np.median(digits):g} digits at the median "
-        f"({min(digits)} to {max(digits)}), from {source}."
+    lines += prose.section(
+        __file__,
+        "answers",
+        median=np.median(digits),
+        low=min(digits),
+        high=max(digits),
+        source=source,
     )
   return lines + hardware_lines(tuned)
 
@@ -164,13 +167,15 @@ def hardware_lines(tuned) -> list[str]:
     walls = [r["wall_seconds"] for r in runs if r.get("wall_seconds")]
     if not speeds:
       continue
-    cells = f"{len(runs)} cells on " if len(devices) > 1 else ""
-    lines.append(
-        f"- Hardware: {cells}{device} ({host}): "
-        f"{np.median(speeds):.3f} steps/s at the median "
-        f"({1 / np.median(speeds):.1f} s a step), "
-        f"{_duration(np.median(walls))} of wall time a cell with its "
-        "evaluations (on a machine shared with other jobs)."
+    lines += prose.section(
+        __file__,
+        "hardware",
+        cells=f"{len(runs)} cells on " if len(devices) > 1 else "",
+        device=device,
+        host=host,
+        speed=np.median(speeds),
+        step=1 / np.median(speeds),
+        wall=_duration(np.median(walls)),
     )
   ce = {r["seed"]: r.get("device") for r in tuned if r["method"] == "ce"}
   mixed = sorted(
@@ -181,10 +186,8 @@ def hardware_lines(tuned) -> list[str]:
       and r.get("device") != ce[r["seed"]]
   )
   if mixed:
-    lines.append(
-        f"- **{len(mixed)} paired cell(s) ran on other hardware than CE's "
-        f"cell of the same seed** ({', '.join(mixed)}): their Δ mixes the "
-        "loss with the devices' arithmetic."
+    lines += prose.section(
+        __file__, "mixed", count=len(mixed), cells=", ".join(mixed)
     )
   return lines
 
@@ -233,29 +236,24 @@ def dataset_section(dataset, zero, tuned, problems, source, plot_dir, hint=""):
   paired = f"{dataset}_paired_delta_curve.png"
   plot_dataset_curves(grouped, zero, os.path.join(plot_dir, curve), title)
   dr.plot_paired_curves(grouped, os.path.join(plot_dir, paired))
-  recorded = sum(len(grouped[k]) for k in keys)
   lines += [
       *setup_lines(tuned, grouped, problems, source),
       "",
-      f"**{recorded} of the {len(dr.METHODS) * seeds} fine-tuned cells "
-      f"recorded** ({len(dr.METHODS)} losses × {seeds} seeds); "
-      + ", ".join(
-          f"{dr.label(m)} {len(grouped.get(m, {}))}" for m in dr.METHODS
-      )
-      + ".",
-      "",
-      *dr.values_table(grouped, keys, early),
-      "",
-      *dr.paired_vs_ce(grouped, keys, early),
-      "",
-      "Mean ± sd over seeds; paired Δ = run − CE on each seed (same data "
-      "order), better = seeds where the run is better (log error: lower), "
-      "p = two-sided paired t-test; '-' below 2 paired seeds. Unparseable "
-      "outputs count as wrong; the log error is over those that parse.",
-      "",
-      f"![exact match vs step](plots/{curve})",
-      "",
-      f"![paired delta vs CE](plots/{paired})",
+      *prose.section(
+          __file__,
+          "tuned",
+          recorded=sum(len(grouped[k]) for k in keys),
+          cells=len(dr.METHODS) * seeds,
+          losses=len(dr.METHODS),
+          seeds=seeds,
+          counts=", ".join(
+              f"{dr.label(m)} {len(grouped.get(m, {}))}" for m in dr.METHODS
+          ),
+          values=dr.values_table(grouped, keys, early),
+          paired=dr.paired_vs_ce(grouped, keys, early),
+          curve=curve,
+          paired_plot=paired,
+      ),
       "",
   ]
   if problems is not None and any(
@@ -269,16 +267,11 @@ def dataset_section(dataset, zero, tuned, problems, source, plot_dir, hint=""):
           "",
       ]
   else:
-    lines += [
-        f"Breakdowns: need the test problems ({source} not found, or its "
-        "problems do not reproduce the recorded exact match)"
-        + (
-            f"; prepare them with `{hint}` and run the report again."
-            if hint
-            else "."
-        ),
-        "",
-    ]
+    if hint:
+      hint = f"; prepare them with `{hint}` and run the report again"
+    lines += prose.section(
+        __file__, "no_breakdowns", source=source, hint=hint
+    ) + [""]
   lines += [
       "### What it shows",
       "",
@@ -338,21 +331,8 @@ def write_report(
   plot_dir = os.path.join(out_dir, "plots")
   os.makedirs(plot_dir, exist_ok=True)
   snapshots = sorted({r.get("snapshot", "?") for r in runs})
-  lines = [
-      f"# {', '.join(snapshots)}, fine-tuned on arithmetic: CE vs EMD vs "
-      "NTL-MSE vs soft labels vs NTIL",
-      "",
-      "Generated by `python -m experiments.arithmetic_mix.report "
-      "--profile=llm` from this folder's results.json (written by `python -m "
-      "experiments.arithmetic_mix.run --profile=llm --pretrained=SNAPSHOT "
-      "--dataset=...`). Nothing here is typed by hand.",
-      "",
-      "Regime: a **pretrained** model fine-tuned on abundant data, every "
-      "training problem read once (the paper's setting, at a smaller model "
-      "and budget); exact match at the first evaluation (learning faster) "
-      "and at the end (after the budget) are kept apart.",
-      "",
-  ]
+  lines = prose.section(__file__, "report", snapshots=", ".join(snapshots))
+  lines.append("")
   for dataset, (zero, tuned) in split_runs(runs).items():
     lines += dataset_section(
         dataset,
