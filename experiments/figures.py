@@ -142,3 +142,16 @@ def paired_dots(
   )
   save(fig, path)
   return True
+
+
+def finish(ax, xlabel, ylabel=None, empty="not run yet", fontsize=7) -> None:
+  """A panel of lines: its axis labels, grid and legend (``empty`` written
+  on it where no line has a label)."""
+  ax.set_xlabel(xlabel)
+  if ylabel:
+    ax.set_ylabel(ylabel)
+  ax.grid(alpha=0.3)
+  if ax.get_legend_handles_labels()[0]:
+    ax.legend(fontsize=fontsize)
+  else:
+    ax.text(0.5, 0.5, empty, transform=ax.transAxes, ha="center")

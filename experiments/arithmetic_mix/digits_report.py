@@ -42,6 +42,7 @@ import numpy as np
 
 from configs import arithmetic_mix
 from experiments import common
+from experiments import figures
 from experiments import labels
 from experiments import prose
 from experiments import stats
@@ -361,6 +362,10 @@ def ablation_keys(grouped):
   return [k for k, _ in ABLATIONS if k in grouped]
 
 
+def control_keys(grouped):
+  return [CONTROL] if CONTROL in grouped else []
+
+
 def paired_cells(runs, reference, key, scale, digits, higher):
   """``Δ ± sd``, ``better/n``, ``p``; three '-' below 2 paired seeds."""
   d = stats.paired(runs or {}, reference or {}, key, scale, higher)
@@ -538,58 +543,53 @@ def color(key) -> str:
   return labels.color(key, [k for k, _ in ABLATIONS])
 
 
+def curve_lines(ax, grouped, keys, xlabel="step", start=()) -> None:
+  """A line a key: exact match vs step, mean over seeds (from the mean of
+  ``start``, zero-shot scores, at step 0)."""
+  steps = eval_steps(grouped)
+  for k in keys:
+    runs = list(grouped[k].values())
+    ys = [100 * np.nanmean([curve_value(r, s) for r in runs]) for s in steps]
+    xs = [0] * bool(start) + steps
+    ys = [100 * float(np.mean(start))] * bool(start) + ys
+    ax.plot(
+        xs,
+        ys,
+        marker="o",
+        ms=3,
+        ls="--" if k == CONTROL else "-",
+        color=color(k),
+        label=f"{label(k)} ({len(runs)})",
+    )
+  figures.finish(ax, xlabel)
+
+
 def plot_curves(grouped, path):
   """Exact match vs step, mean over seeds: main and control; NTIL and its
   ablations."""
-  steps = eval_steps(grouped)
-  fig, (left, right) = plt.subplots(
-      1, 2, figsize=(9, 3.4), sharex=True, sharey=True
-  )
+  fig, axes = plt.subplots(1, 2, figsize=(9, 3.4), sharex=True, sharey=True)
   panels = (
-      (left, main_keys(grouped) + ([CONTROL] if CONTROL in grouped else [])),
+      ("methods and control", main_keys(grouped) + control_keys(grouped)),
       (
-          right,
-          (["ntil"] if "ntil" in grouped else []) + ablation_keys(grouped),
+          "NTIL and its ablations",
+          ["ntil"] * ("ntil" in grouped) + ablation_keys(grouped),
       ),
   )
-  for ax, keys in panels:
-    for k in keys:
-      runs = list(grouped[k].values())
-      means = [np.nanmean([curve_value(r, s) for r in runs]) for s in steps]
-      ax.plot(
-          steps,
-          [100 * m for m in means],
-          marker="o",
-          ms=3,
-          ls="--" if k == CONTROL else "-",
-          color=color(k),
-          label=f"{label(k)} ({len(runs)})",
-      )
-    ax.set_xlabel("step")
-    ax.grid(alpha=0.3)
-    if keys:
-      ax.legend(fontsize=7)
-    else:
-      ax.text(0.5, 0.5, "not run yet", transform=ax.transAxes, ha="center")
-  left.set_ylabel("test exact match (%, mean over seeds)")
-  left.set_title("methods and control (seeds)", fontsize=9)
-  right.set_title("NTIL and its ablations (seeds)", fontsize=9)
-  fig.tight_layout()
-  fig.savefig(path, dpi=90)
-  plt.close(fig)
+  for ax, (title, keys) in zip(axes, panels):
+    curve_lines(ax, grouped, keys)
+    ax.set_title(f"{title} (seeds)", fontsize=9)
+  axes[0].set_ylabel("test exact match (%, mean over seeds)")
+  figures.save(fig, path, dpi=90)
 
 
 def plot_paired_curves(grouped, path):
   """Paired Δ exact match vs CE at every eval step: mean ± sd over seeds."""
-  steps = eval_steps(grouped)
   reference = grouped.get("ce", {})
-  keys = [k for k in main_keys(grouped) if k != "ce"]
-  keys += [CONTROL] if CONTROL in grouped else []
+  keys = [k for k in main_keys(grouped) if k != "ce"] + control_keys(grouped)
   fig, ax = plt.subplots(figsize=(6.5, 3.4))
-  drawn = 0
   for i, k in enumerate(keys):
     points = []
-    for s in steps:
+    for s in eval_steps(grouped):
       d = stats.paired(
           grouped[k], reference, lambda r, s=s: curve_value(r, s), 100.0, True
       )
@@ -598,7 +598,6 @@ def plot_paired_curves(grouped, path):
     if not points:
       continue
     x, mean, std = (np.array(v) for v in zip(*points))
-    n = len(set(grouped[k]) & set(reference))
     ax.errorbar(
         x + 6 * (i - len(keys) / 2),  # side by side
         mean,
@@ -608,27 +607,14 @@ def plot_paired_curves(grouped, path):
         capsize=2,
         ls="--" if k == CONTROL else "-",
         color=color(k),
-        label=f"{label(k)} ({n} paired)",
+        label=f"{label(k)} ({len(set(grouped[k]) & set(reference))} paired)",
     )
-    drawn += 1
   ax.axhline(0, color="k", lw=0.8)
-  ax.set_xlabel("step")
-  ax.set_ylabel("Δ exact match vs CE (points)")
   ax.set_title("paired by seed: mean ± sd of (run - CE, same seed)", fontsize=9)
-  ax.grid(alpha=0.3)
-  if drawn:
-    ax.legend(fontsize=7)
-  else:
-    ax.text(
-        0.5,
-        0.5,
-        "no seed paired with CE yet",
-        transform=ax.transAxes,
-        ha="center",
-    )
-  fig.tight_layout()
-  fig.savefig(path, dpi=90)
-  plt.close(fig)
+  figures.finish(
+      ax, "step", "Δ exact match vs CE (points)", "no seed paired with CE yet"
+  )
+  figures.save(fig, path, dpi=90)
 
 
 # ---------------------------------------------------------------------------

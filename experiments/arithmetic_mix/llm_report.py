@@ -28,6 +28,7 @@ import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 import numpy as np
 
 from experiments import common
+from experiments import figures
 from experiments import prose
 from experiments.arithmetic_mix import digits_report as dr
 
@@ -195,31 +196,17 @@ def hardware_lines(tuned) -> list[str]:
 def plot_dataset_curves(grouped, zero, path, title):
   """Exact match vs step, mean over seeds per method, from the zero-shot
   score at step 0."""
-  steps = dr.eval_steps(grouped)
-  start = [r["exact_match"] for r in zero]
   fig, ax = plt.subplots(figsize=(5.5, 3.4))
-  for key in dr.main_keys(grouped):
-    runs = list(grouped[key].values())
-    means = [np.nanmean([dr.curve_value(r, s) for r in runs]) for s in steps]
-    xs, ys = list(steps), [100 * m for m in means]
-    if start:
-      xs, ys = [0] + xs, [100 * float(np.mean(start))] + ys
-    ax.plot(
-        xs,
-        ys,
-        marker="o",
-        ms=3,
-        color=dr.color(key),
-        label=f"{dr.label(key)} ({len(runs)})",
-    )
-  ax.set_xlabel("fine-tuning step (0: zero-shot)")
+  dr.curve_lines(
+      ax,
+      grouped,
+      dr.main_keys(grouped),
+      "fine-tuning step (0: zero-shot)",
+      [r["exact_match"] for r in zero],
+  )
   ax.set_ylabel("test exact match (%, mean over seeds)")
   ax.set_title("\n".join(textwrap.wrap(title, 70)), fontsize=9)
-  ax.grid(alpha=0.3)
-  ax.legend(fontsize=7)
-  fig.tight_layout()
-  fig.savefig(path, dpi=90)
-  plt.close(fig)
+  figures.save(fig, path, dpi=90)
 
 
 def dataset_section(dataset, zero, tuned, problems, source, plot_dir, hint=""):
