@@ -550,8 +550,9 @@ def curve_lines(ax, grouped, keys, xlabel="step", start=()) -> None:
   for k in keys:
     runs = list(grouped[k].values())
     ys = [100 * np.nanmean([curve_value(r, s) for r in runs]) for s in steps]
-    xs = [0] * bool(start) + steps
-    ys = [100 * float(np.mean(start))] * bool(start) + ys
+    xs = steps
+    if start:
+      xs, ys = [0] + xs, [100 * float(np.mean(start))] + ys
     ax.plot(
         xs,
         ys,
