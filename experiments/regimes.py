@@ -27,14 +27,6 @@ REGIMES = ("fixed", "stream")
 REGIME_LABELS = dict(fixed="fixed set", stream="stream (each seen once)")
 
 
-def at_step(run, metric, step) -> float:
-  """``metric`` of ``run``'s learning curve at eval ``step`` (NaN if none)."""
-  curves = run["curves"]
-  if step in curves["eval_steps"]:
-    return float(curves[metric][curves["eval_steps"].index(step)])
-  return float("nan")
-
-
 def common_eval_steps(groupings) -> list[int]:
   """The eval steps that every run of every regime has, in order."""
   common = None
@@ -117,7 +109,7 @@ def side_by_side(groupings, rows, metric, *, scale=100, digits=1, higher=True):
     ]
   lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
   readers = (
-      lambda run: at_step(run, metric, mid),
+      lambda run: stats.at_step(run, metric, mid),
       lambda run: float(run["curves"][metric][-1]),
   )
   for key, label in rows:
@@ -178,8 +170,8 @@ def plot_paired_by_regime(groupings, rows, metric, path, title, scale=100):
               [
                   scale
                   * (
-                      at_step(grouped[key][s], metric, step)
-                      - at_step(reference[s], metric, step)
+                      stats.at_step(grouped[key][s], metric, step)
+                      - stats.at_step(reference[s], metric, step)
                   )
                   for step in steps
               ]

@@ -60,6 +60,14 @@ def value(run, metric):
   return metric(run) if callable(metric) else run[metric]
 
 
+def at_step(run, metric, step) -> float:
+  """``metric`` of ``run``'s learning curve at eval ``step`` (NaN if none)."""
+  curves = run["curves"]
+  if step in curves["eval_steps"]:
+    return float(curves[metric][curves["eval_steps"].index(step)])
+  return float("nan")
+
+
 def curve_area(run, metric="exact_match"):
   """Mean ``metric`` over training: the area under its learning curve
   (trapezoids, from 0 at step 0) divided by the number of steps."""

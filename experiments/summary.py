@@ -342,7 +342,7 @@ def figure(out_path, root=ROOT) -> str:
         def read(run, metric=cell.metric, step=mids[position]):
           if at_end:
             return float(run["curves"][metric][-1])
-          return regimes.at_step(run, metric, step)
+          return stats.at_step(run, metric, step)
 
         d = stats.paired(grouped[k], grouped["ce"], read, 100, True)
         if d is None:

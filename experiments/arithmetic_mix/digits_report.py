@@ -15,7 +15,7 @@ they hold, and their stored predictions (the test split's order). The
 breakdowns by answer digits, operation and decimals also need the test
 problems themselves (questions and answers are not in the records), read
 from the prepared data (``--data_dir``). The report keeps a copy of them
-beside results.json (``test_problems/``, `read_test_problems`), so that it
+beside results.json (``test_problems/``, `answers.read_test_problems`), so that it
 renders whole again where the data is not prepared; without either, or if a
 run's stored predictions do not reproduce its recorded exact match against
 them, those breakdowns are left out and the report says so.
@@ -27,12 +27,9 @@ seeds where the run is better, and a two-sided paired t-test
 """
 
 import collections
-import glob
-import json
-import math
 import os
-import sys
 import re
+import sys
 
 import matplotlib
 
@@ -47,7 +44,7 @@ from experiments import labels
 from experiments import prose
 from experiments import stats
 from experiments import tables
-from train.tasks import arithmetic_mix as task
+from experiments.arithmetic_mix import answers
 
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "digits")
 RESULTS = os.path.join(HERE, "results.json")
@@ -82,6 +79,8 @@ EARLY_STEP = 200  # the first point of the learning curve
 # report calls the curve still rising steeply.
 STEEP_RISE = 3.0
 # The grids this report renders: profile -> (results file, output folder).
+# The grid's data where a record does not name it.
+DATA = dict(module="arithmetic__add_or_sub", difficulty="easy")
 PROFILES = dict(
     digits=("results.json", ""),
     digits_long=("results_long.json", "long"),
@@ -95,181 +94,10 @@ WITHIN = ("within_1_percent", "within 1% (pts)", 100.0, 2, True)
 LOG_ERROR = ("log_error", "mean log10(1+abs err)", 1.0, 3, False)
 PAIRED = (EM_END, EM_EARLY, WITHIN, LOG_ERROR)
 
-# ---------------------------------------------------------------------------
-# Pure helpers on one problem.
 
-_NUMBER = r"-?\d+(?:\.\d+)?"
-_EXPRESSION = re.compile(rf"({_NUMBER})\s*([+-])\s*({_NUMBER})")
-_ADD_WORDS = re.compile(r"\b(plus|add|sum|total|put together)\b")
-_SUBTRACT_WORDS = re.compile(
-    r"\b(minus|subtract|take away|less than|difference|distance)\b"
-)
-
-
-def answer_digits(answer: str) -> int:
-  """How many digits the answer has (sign and decimal point not counted).
-
-  ``'-153.97'`` has 5, ``'0.09'`` 3 (the leading zero is written too).
-  """
-  return sum(c.isdigit() for c in answer.strip())
-
-
-def digits_bucket(answer: str) -> str:
-  """The answer-length column of an answer: ``'<=3'``, ``'4'``..``'8'``,
-  ``'>=9'``."""
-  n = answer_digits(answer)
-  if n <= 3:
-    return "<=3"
-  if n >= 9:
-    return ">=9"
-  return str(n)
-
-
-DIGIT_BUCKETS = ("<=3", "4", "5", "6", "7", "8", ">=9")
-
-
-def operation(question: str) -> str | None:
-  """``'add'`` or ``'subtract'``: the operation as the question writes it.
-
-  Worded questions by their verb ('Add', 'Sum', 'Total of', 'Put together',
-  'plus'; 'Subtract', 'minus', 'take away', 'less than', 'difference',
-  'distance'), bare ones by their operator (``'-20.3+-1891'`` adds,
-  ``'44 - -46.6'`` subtracts, whatever the operands' signs). None if neither
-  reading applies.
-  """
-  text = question.lower()
-  add = bool(_ADD_WORDS.search(text))
-  subtract = bool(_SUBTRACT_WORDS.search(text))
-  if add != subtract:
-    return "add" if add else "subtract"
-  if add:  # both kinds of word: ambiguous
-    return None
-  match = _EXPRESSION.search(question)
-  if match is None:
-    return None
-  return "add" if match.group(2) == "+" else "subtract"
-
-
-OPERATIONS = ("add", "subtract")
-
-
-def has_decimals(answer: str) -> bool:
-  """Whether the answer is written with a decimal point."""
-  return "." in answer
-
-
-def decimals_bucket(answer: str) -> str:
-  return "decimal" if has_decimals(answer) else "integer"
-
-
-DECIMAL_BUCKETS = ("integer", "decimal")
-
-
-def log10_error(prediction: str, answer: str) -> float | None:
-  """log10(1 + |prediction - answer|); None if either does not parse.
-
-  Parsed as the trainer's scorer parses (`train.tasks.arithmetic_mix`).
-  """
-  predicted, true = task.parse_number(prediction), task.parse_number(answer)
-  if predicted is None or true is None:
-    return None
-  return math.log10(1.0 + abs(float(predicted - true)))
-
-
-def within_1_percent(prediction: str, answer: str) -> bool:
-  """The prediction parses and is within 1% of the answer (the scorer's)."""
-  predicted, true = task.parse_number(prediction), task.parse_number(answer)
-  if predicted is None or true is None:
-    return False
-  return abs(float(predicted - true)) <= 0.01 * abs(float(true))
-
-
-def is_exact(prediction: str, answer: str) -> bool:
-  return prediction.strip() == answer.strip()
-
-
-# ---------------------------------------------------------------------------
-# Pure helpers on a run's predictions.
-
-
-def score(predictions, problems) -> dict:
-  """Exact match, within 1%, mean log10 error and unparsed count.
-
-  Args:
-    predictions: predicted answer strings, in test order.
-    problems: (question, answer) pairs, in the same order.
-
-  Returns:
-    dict(exact_match, within_1_percent, log_error, unparsed): rates over all
-    problems (an unparseable prediction is wrong and not within 1%); the
-    log error is the mean over the predictions that parse (nan if none),
-    ``unparsed`` counts the others.
-  """
-  errors = [log10_error(p, a) for p, (_, a) in zip(predictions, problems)]
-  parsed = [e for e in errors if e is not None]
-  n = len(problems)
-  return dict(
-      exact_match=sum(
-          is_exact(p, a) for p, (_, a) in zip(predictions, problems)
-      )
-      / n,
-      within_1_percent=sum(
-          within_1_percent(p, a) for p, (_, a) in zip(predictions, problems)
-      )
-      / n,
-      log_error=float(np.mean(parsed)) if parsed else float("nan"),
-      unparsed=n - len(parsed),
-  )
-
-
-def breakdown(predictions, problems, key) -> dict:
-  """{bucket: (correct, total)} of exact match, ``key(question, answer)``
-  naming each problem's bucket (None: left out)."""
-  counts = collections.defaultdict(lambda: [0, 0])
-  for prediction, (question, answer) in zip(predictions, problems):
-    bucket = key(question, answer)
-    if bucket is None:
-      continue
-    counts[bucket][0] += is_exact(prediction, answer)
-    counts[bucket][1] += 1
-  return {b: tuple(c) for b, c in counts.items()}
-
-
-BREAKDOWN_NAMES = dict(
-    digits="answer digits",
-    operation="operation",
-    decimals="answer",
-    form="answer",
-)
-# (name, title, bucket of (question, answer), bucket order)
-BREAKDOWNS = (
-    (
-        "digits",
-        "By answer length in digits (sign and decimal point not counted)",
-        lambda q, a: digits_bucket(a),
-        DIGIT_BUCKETS,
-    ),
-    (
-        "operation",
-        "By operation, as the question writes it",
-        lambda q, a: operation(q),
-        OPERATIONS,
-    ),
-    (
-        "decimals",
-        "By whether the answer has decimals",
-        lambda q, a: decimals_bucket(a),
-        DECIMAL_BUCKETS,
-    ),
-)
-
-
-def curve_value(run, step, metric="exact_match") -> float:
-  """The run's eval ``metric`` at ``step``; nan if it was not evaluated."""
-  curves = run["curves"]
-  if step in curves["eval_steps"]:
-    return float(curves[metric][curves["eval_steps"].index(step)])
-  return float("nan")
+def curve_value(run, step) -> float:
+  """The run's test exact match at eval ``step``; nan if not evaluated."""
+  return stats.at_step(run, "exact_match", step)
 
 
 # ---------------------------------------------------------------------------
@@ -301,7 +129,7 @@ def run_view(run, problems, early=EARLY_STEP, breakdowns=None) -> dict:
   unparsed, from_predictions (whether the figures and breakdowns were
   computed from the stored predictions against ``problems``), and
   ``breakdowns``: {name: {bucket: rate}} (empty without problems), over
-  ``breakdowns`` (`BREAKDOWNS` if None).
+  ``breakdowns`` (`answers.BREAKDOWNS` if None).
   """
   view = dict(
       run,
@@ -318,7 +146,7 @@ def run_view(run, problems, early=EARLY_STEP, breakdowns=None) -> dict:
     return view
   if len(predictions) != len(problems):
     return view
-  scores = score(predictions, problems)
+  scores = answers.score(predictions, problems)
   if abs(scores["exact_match"] - run["exact_match"]) > 1e-9:
     return view  # not the test split the run was scored on
   view.update(
@@ -328,9 +156,10 @@ def run_view(run, problems, early=EARLY_STEP, breakdowns=None) -> dict:
       unparsed=scores["unparsed"],
       from_predictions=True,
   )
-  for name, _, key, _ in breakdowns or BREAKDOWNS:
+  for name, _, key, _ in breakdowns or answers.BREAKDOWNS:
     view["breakdowns"][name] = {
-        b: c / t for b, (c, t) in breakdown(predictions, problems, key).items()
+        b: c / t
+        for b, (c, t) in answers.breakdown(predictions, problems, key).items()
     }
   return view
 
@@ -651,37 +480,31 @@ def coverage(grouped, sizes=None) -> list[str]:
   return lines
 
 
-def train_size(source) -> int | None:
-  """The training set's size, from the prepared data's name, if known."""
-  match = re.search(r"(?:^|_)train(\d+)_test", os.path.basename(source or ""))
-  return int(match.group(1)) if match else None
-
-
 def regime(grouped, early, problems=None, source="") -> list[str]:
   """The set-up, from the records (and the test problems if known)."""
   first = next(r for runs in grouped.values() for r in runs.values())
   data = first.get("data", {})
   seen = first.get("problems_seen", first["steps"] * first["batch_size"])
-  answers = ""
+  test_answers = ""
   if problems:
-    digits = [answer_digits(a) for _, a in problems]
-    answers = prose.text(
+    digits = [answers.answer_digits(a) for _, a in problems]
+    test_answers = prose.text(
         __file__,
         "answers",
         median=np.median(digits),
         low=min(digits),
         high=max(digits),
-        decimals=100 * np.mean([has_decimals(a) for _, a in problems]),
+        decimals=100 * np.mean([answers.has_decimals(a) for _, a in problems]),
     )
   # The test split is the same for every training size: only the runs' own
   # dataset (as many problems as they read) names how many it held.
-  once = "once_counted" if train_size(source) == seen else "once"
+  once = "once_counted" if answers.train_size(source) == seen else "once"
   return prose.section(
       __file__,
       "regime",
       module=data.get("module", "?"),
       difficulty=data.get("difficulty", "?"),
-      answers=answers,
+      answers=test_answers,
       model=first["model"],
       steps=first["steps"],
       batch_size=first["batch_size"],
@@ -844,11 +667,15 @@ def _ntil_vs_ce(grouped, early, breakdowns=None) -> list[str]:
       sort(d, f"{name} ({d['mean']:+.{digits}f}{unit})", higher)
   ntil_b = {s: r for s, r in ntil.items() if r["breakdowns"]}
   ce_b = {s: r for s, r in ce.items() if r["breakdowns"]}
-  for name, _, _, order in breakdowns or BREAKDOWNS:
+  for name, _, _, order in breakdowns or answers.BREAKDOWNS:
     for b in order:
       d = stats.paired(ntil_b, ce_b, bucket_metric(name, b), 100, True)
       if d is not None:
-        sort(d, f"{BREAKDOWN_NAMES[name]} {b} ({d['mean']:+.2f} pts)", True)
+        sort(
+            d,
+            f"{answers.BREAKDOWN_NAMES[name]} {b} ({d['mean']:+.2f} pts)",
+            True,
+        )
   tested = len(behind) + len(within) + len(ahead)
   return prose.section(
       __file__,
@@ -949,7 +776,7 @@ def write_report(
   else:
     lines += prose.section(__file__, "breakdowns", source=problems_source)
     lines.append("")
-    for name, title, key, order in BREAKDOWNS:
+    for name, title, key, order in answers.BREAKDOWNS:
       lines += [
           f"### {title}",
           "",
@@ -1068,128 +895,10 @@ def _chunks_elsewhere(grouped, early) -> list[str]:
   ) + [""]
 
 
-# ---------------------------------------------------------------------------
-# The test problems.
-
-
 def prepare_command(runs, data_dir="data") -> str:
-  """The command that generates the runs' data (needs the arithmetic-data
-  extra)."""
-  data = runs[0].get("data", {})
-  module = data.get("module", "arithmetic__add_or_sub")
-  difficulty = data.get("difficulty", "easy")
-  seen = runs[0].get("problems_seen", runs[0]["steps"] * runs[0]["batch_size"])
-  return (
-      f"python -m train.prepare_data --data_dir={data_dir} --module={module} "
-      f"--difficulty={difficulty} --train_size={seen} "
-      f"--test_size={runs[0]['num_test_examples']} --workers=2"
-  )
-
-
-def dataset_pattern(runs, data_dir) -> str:
-  """Where the runs' prepared data would be: any training size, the test
-  split does not depend on it."""
-  data = runs[0].get("data", {})
-  module = data.get("module", "arithmetic__add_or_sub").removeprefix(
-      "arithmetic__"
-  )
-  difficulty = data.get("difficulty", "easy")
-  size = runs[0]["num_test_examples"]
-  return os.path.join(
-      data_dir,
-      task.NAME,
-      f"{module}-{difficulty}_train*_test{size}_seed0",
-  )
-
-
-def kept_problems_dir(results) -> str:
-  """Where the report of ``results`` keeps its copies of test splits."""
-  return os.path.join(os.path.dirname(results) or ".", "test_problems")
-
-
-def prepared_configs(pattern, seen) -> list[str]:
-  """The dataset folders that ``pattern`` matches (any training size: it does
-  not change the test split), the runs' own (``seen`` problems) first."""
-  found = glob.glob(os.path.join(pattern, "*", "dataset_info.json"))
-  names = sorted(
-      os.path.basename(os.path.dirname(os.path.dirname(path))) for path in found
-  )
-  return sorted(names, key=lambda name: train_size(name) != seen)
-
-
-def read_test_problems(data_dir, pattern, seen, kept):
-  """(problems, source) of a prepared test split, or of the report's copy.
-
-  Reading prepared data writes or refreshes its copy under ``kept``, so that
-  a report regenerated where the data is not prepared (a fresh clone,
-  another machine) renders the same breakdowns from the same problems
-  instead of leaving them out. The runs' own dataset comes first, prepared
-  or kept, then any prepared one, then any copy. A copy is checked like the
-  data: the breakdowns need every run's stored predictions to reproduce its
-  recorded exact match against it.
-
-  Args:
-    data_dir: the prepared data.
-    pattern: the dataset folders under ``data_dir`` that would do (a glob).
-    seen: the problems each run read (its dataset's training size).
-    kept: the folder of the copies (`kept_problems_dir`), one a dataset.
-
-  Returns:
-    The (question, answer) pairs in the order the runs were scored and the
-    dataset's path under ``data_dir``; (None, None) where none is there.
-  """
-  copies = sorted(
-      os.path.basename(path)[: -len(".json")]
-      for path in glob.glob(
-          os.path.join(kept, os.path.basename(pattern) + ".json")
-      )
-  )
-  candidates = sorted(
-      [(name, True) for name in prepared_configs(pattern, seen)]
-      + [(name, False) for name in copies],
-      key=lambda c: (train_size(c[0]) != seen, not c[1]),
-  )
-  if not candidates:
-    return None, None
-  config, is_prepared = candidates[0]
-  source = os.path.join(data_dir, task.NAME, config)
-  copy = os.path.join(kept, f"{config}.json")
-  if not is_prepared:
-    print(
-        f"the test problems of {config} are not prepared under {data_dir}; "
-        f"reading the report's copy of them ({copy})",
-        file=sys.stderr,
-    )
-    with open(copy) as f:
-      return [tuple(p) for p in json.load(f)], source
-  from train import input_pipeline  # pylint: disable=g-import-not-at-top
-
-  split = input_pipeline.load_split(data_dir, "test", config_name=config)
-  records = split.__getitems__(list(range(len(split))))
-  problems = [input_pipeline.decode_record(r) for r in records]
-  text = "[\n" + ",\n".join(json.dumps(list(p)) for p in problems) + "\n]\n"
-  old = None
-  if os.path.exists(copy):
-    with open(copy) as f:
-      old = f.read()
-  if text != old:
-    os.makedirs(kept, exist_ok=True)
-    common.write_text(copy, text)
-  return problems, source
-
-
-def load_test_problems(runs, data_dir, results):
-  """(problems, source): the test split's (question, answer) pairs in the
-  order the runs were scored, and its path; problems None if not found
-  (in the prepared data or the copies kept beside ``results``)."""
-  pattern = dataset_pattern(runs, data_dir)
-  problems, source = read_test_problems(
-      data_dir,
-      pattern,
-      runs[0].get("problems_seen"),
-      kept_problems_dir(results),
-  )
-  return problems, source or pattern
+  """The command that generates the runs' data (`answers.prepare_command`)."""
+  seen = runs[0]["steps"] * runs[0]["batch_size"]
+  return answers.prepare_command(runs, data_dir, DATA, seen)
 
 
 def main(results, out_dir, data_dir, profile="digits", other_results=()):
@@ -1212,7 +921,7 @@ def main(results, out_dir, data_dir, profile="digits", other_results=()):
   other = []
   for path in other_results:
     other += common.load_results(path)  # [] where it is missing
-  problems, source = load_test_problems(runs, data_dir, results)
+  problems, source = answers.load(runs, data_dir, results, DATA)
   if problems is None:
     print(
         f"warning: no test problems under {source}, so the breakdowns by "

@@ -30,6 +30,7 @@ import numpy as np
 from experiments import common
 from experiments import figures
 from experiments import prose
+from experiments.arithmetic_mix import answers
 from experiments.arithmetic_mix import digits_report as dr
 
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "llm")
@@ -49,28 +50,11 @@ DATASETS = {
 }
 
 
-def answer_form(answer: str) -> str:
-  """``'fraction'``, ``'decimal'`` or ``'integer'``: how the answer is
-  written (arithmetic_mix's answers are integers or fractions)."""
-  if "/" in answer:
-    return "fraction"
-  return "decimal" if "." in answer else "integer"
-
-
-FORMS = ("integer", "decimal", "fraction")
 # Per dataset: the breakdowns of exact match that apply to its questions
 # (operation words are add_or_sub's; arithmetic_mix mixes operations).
 BREAKDOWNS = {
-    "add_or_sub": dr.BREAKDOWNS,
-    "arithmetic_mix": (
-        dr.BREAKDOWNS[0],
-        (
-            "form",
-            "By how the answer is written",
-            lambda q, a: answer_form(a),
-            FORMS,
-        ),
-    ),
+    "add_or_sub": answers.BREAKDOWNS,
+    "arithmetic_mix": (answers.BREAKDOWNS[0], answers.FORM),
 }
 
 
@@ -107,7 +91,9 @@ def zero_shot_lines(records, problems) -> list[str]:
     if problems is not None and len(record.get("predictions") or []) == len(
         problems
     ):
-      within = dr.score(record["predictions"], problems)["within_1_percent"]
+      within = answers.score(record["predictions"], problems)[
+          "within_1_percent"
+      ]
     lines.append(
         f"| {record.get('snapshot', '?')} | {_pct(record['exact_match'])} | "
         f"{_pct(within)} | {_pct(record.get('parsed_rate'))} | "
@@ -136,7 +122,7 @@ def setup_lines(tuned, grouped, problems, source) -> list[str]:
       eval_steps=", ".join(str(s) for s in dr.eval_steps(grouped)),
   )
   if problems:
-    digits = [dr.answer_digits(a) for _, a in problems]
+    digits = [answers.answer_digits(a) for _, a in problems]
     lines += prose.section(
         __file__,
         "answers",
@@ -212,7 +198,7 @@ def plot_dataset_curves(grouped, zero, path, title):
 def dataset_section(dataset, zero, tuned, problems, source, plot_dir, hint=""):
   """The lines of one dataset's section (and its plots, if fine-tuned)."""
   seeds, title = DATASETS.get(dataset, (5, dataset))
-  breakdowns = BREAKDOWNS.get(dataset, dr.BREAKDOWNS[:1])
+  breakdowns = BREAKDOWNS.get(dataset, answers.BREAKDOWNS[:1])
   lines = [f"## {title}", "", *zero_shot_lines(zero, problems), ""]
   if not tuned:
     return lines + ["Fine-tuned cells: none recorded yet.", ""]
@@ -270,32 +256,11 @@ def dataset_section(dataset, zero, tuned, problems, source, plot_dir, hint=""):
 
 def dataset_dir(dataset, tuned, zero, data_dir):
   """The prepared data of the dataset's test split (any training size)."""
+  del dataset  # the records name it
   runs = tuned or zero
-  data = runs[0].get("data") or {}
-  size = runs[0]["num_test_examples"]
-  prefix = ""
-  if data.get("module"):
-    module = data["module"].removeprefix("arithmetic__")
-    prefix = f"{module}-{data.get('difficulty', 'easy')}_"
-  pattern = os.path.join(
-      data_dir, "arithmetic_mix", f"{prefix}train*_test{size}_seed0"
-  )
-  configs = dr.prepared_configs(pattern, runs[0].get("problems_seen"))
+  pattern = answers.dataset_pattern(runs, data_dir)
+  configs = answers.prepared_configs(pattern, runs[0].get("problems_seen"))
   return (configs[0] if configs else None), pattern
-
-
-def load_problems(dataset, tuned, zero, data_dir, results):
-  """(problems or None, where they were found or looked for): from the
-  prepared data, or else from the copy the report keeps beside ``results``
-  (`digits_report.read_test_problems`)."""
-  _, pattern = dataset_dir(dataset, tuned, zero, data_dir)
-  problems, source = dr.read_test_problems(
-      data_dir,
-      pattern,
-      (tuned or zero)[0].get("problems_seen"),
-      dr.kept_problems_dir(results),
-  )
-  return problems, source or pattern
 
 
 def write_report(
@@ -351,11 +316,11 @@ def main(results, out_dir, data_dir, other_results=()) -> str:
     raise SystemExit(f"no runs in {results}")
   problems, sources, hints = {}, {}, {}
   for dataset, (zero, tuned) in split_runs(runs).items():
-    problems[dataset], sources[dataset] = load_problems(
-        dataset, tuned, zero, data_dir, results
+    problems[dataset], sources[dataset] = answers.load(
+        tuned or zero, data_dir, results
     )
     if problems[dataset] is None:
-      hints[dataset] = prepare_command(tuned or zero, data_dir)
+      hints[dataset] = answers.prepare_command(tuned or zero, data_dir)
       print(
           f"warning: {dataset}: no test problems under {sources[dataset]}, "
           "so the breakdowns by answer length, operation and decimals are "
@@ -371,21 +336,4 @@ def main(results, out_dir, data_dir, other_results=()) -> str:
       sources,
       other,
       hints,
-  )
-
-
-def prepare_command(runs, data_dir) -> str:
-  """The command that generates the test problems the runs were scored on
-  (and their training problems; needs the arithmetic-data extra)."""
-  data = runs[0].get("data") or {}
-  options = "".join(
-      f" --{name}={data[name]}"
-      for name in ("module", "difficulty")
-      if data.get(name)  # none: the paper's arithmetic__mixed
-  )
-  seen = runs[0].get("problems_seen") or runs[0]["num_test_examples"]
-  return (
-      f"python -m train.prepare_data --data_dir={data_dir}{options} "
-      f"--train_size={seen} --test_size={runs[0]['num_test_examples']} "
-      "--workers=2"
   )
