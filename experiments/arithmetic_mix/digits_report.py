@@ -86,13 +86,21 @@ PROFILES = dict(
     digits_long=("results_long.json", "long"),
 )
 
-# The paired metrics: (key, name, scale, digits, higher is better). Keys
-# name fields of `run_view`.
-EM_END = ("em_end", "exact match at the end (pts)", 100.0, 2, True)
-EM_EARLY = ("em_early", "exact match at step {early} (pts)", 100.0, 2, True)
-WITHIN = ("within_1_percent", "within 1% (pts)", 100.0, 2, True)
-LOG_ERROR = ("log_error", "mean log10(1+abs err)", 1.0, 3, False)
-PAIRED = (EM_END, EM_EARLY, WITHIN, LOG_ERROR)
+# The main table's columns and the paired metrics: fields of `run_view`;
+# ``{early}`` in a name is the early eval step.
+Metric = stats.Metric
+VALUES = (
+    Metric("em_early", "exact match @{early} (%)", 100, 2),
+    Metric("em_end", "exact match, end (%)", 100, 2),
+    Metric("within_1_percent", "within 1% (%)", 100, 2),
+    Metric("log_error", "mean log10(1+abs err)", 1, 3, False),
+)
+PAIRED = (
+    VALUES[1]._replace(name="exact match at the end (pts)"),
+    VALUES[0]._replace(name="exact match at step {early} (pts)"),
+    VALUES[2]._replace(name="within 1% (pts)"),
+    VALUES[3],
+)
 
 
 def curve_value(run, step) -> float:
@@ -237,30 +245,18 @@ def fmt(values, scale, digits) -> str:
 
 
 def values_table(grouped, keys, early) -> list[str]:
-  head = [
-      "run",
-      "seeds",
-      f"exact match @{early} (%)",
-      "exact match, end (%)",
-      "within 1% (%)",
-      "mean log10(1+abs err)",
-      "unparsed (all seeds)",
-  ]
+  """`VALUES`, mean ± sd over seeds, and the unparsed answers of each key."""
   rows = []
   for key in keys:
     runs = list(grouped[key].values())
+    seeds = ",".join(str(s) for s in sorted(grouped[key]))
     rows.append(
-        [
-            label(key),
-            f"{len(runs)} ({','.join(str(s) for s in sorted(grouped[key]))})",
-            fmt([r["em_early"] for r in runs], 100, 2),
-            fmt([r["em_end"] for r in runs], 100, 2),
-            fmt([r["within_1_percent"] for r in runs], 100, 2),
-            fmt([r["log_error"] for r in runs], 1, 3),
-            str(sum(r["unparsed"] for r in runs)),
-        ]
+        [label(key), f"{len(runs)} ({seeds})"]
+        + [fmt([r[m.field] for r in runs], m.scale, m.digits) for m in VALUES]
+        + [str(sum(r["unparsed"] for r in runs))]
     )
-  return tables.table(head, rows)
+  names = [m.name.format(early=early) for m in VALUES]
+  return tables.table(["run", "seeds", *names, "unparsed (all seeds)"], rows)
 
 
 def paired_table(comparisons, early) -> list[str]:
@@ -268,23 +264,23 @@ def paired_table(comparisons, early) -> list[str]:
 
   Rows without a paired seed are left out.
   """
-  comparisons = [
-      (row_label, runs, reference)
+  rows = [
+      [row_label]
+      + [
+          cell
+          for m in PAIRED
+          for cell in paired_cells(
+              runs, reference, m.field, m.scale, m.digits, m.higher
+          )
+      ]
       for row_label, runs, reference in comparisons
       if runs and reference and set(runs) & set(reference)
   ]
-  if not comparisons:
+  if not rows:
     return ["No seed paired yet."]
   head = ["comparison"]
-  for _, name, _, _, _ in PAIRED:
-    short = name.format(early=early)
-    head += [f"Δ {short}", "better", "p"]
-  rows = []
-  for row_label, runs, reference in comparisons:
-    cells = [row_label]
-    for key, _, scale, digits, higher in PAIRED:
-      cells += paired_cells(runs, reference, key, scale, digits, higher)
-    rows.append(cells)
+  for m in PAIRED:
+    head += [f"Δ {m.name.format(early=early)}", "better", "p"]
   return tables.table(head, rows)
 
 
