@@ -20,8 +20,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 import numpy as np
 
+from experiments import figures
 from experiments import labels
 from experiments import stats
+from experiments import tables
 
 REGIMES = ("fixed", "stream")
 REGIME_LABELS = dict(fixed="fixed set", stream="stream (each seen once)")
@@ -107,7 +109,7 @@ def side_by_side(groupings, rows, metric, *, scale=100, digits=1, higher=True):
         f"{REGIME_LABELS[regime]}, step {mid}",
         f"{REGIME_LABELS[regime]}, end",
     ]
-  lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  body = []
   readers = (
       lambda run: stats.at_step(run, metric, mid),
       lambda run: float(run["curves"][metric][-1]),
@@ -122,8 +124,8 @@ def side_by_side(groupings, rows, metric, *, scale=100, digits=1, higher=True):
       reference = runs if key == "ce" else grouped.get("ce", {})
       for read in readers:
         cells.append(_cell(runs, reference, read, scale, digits, higher))
-    lines.append("| " + " | ".join(cells) + " |")
-  return lines
+    body.append(cells)
+  return tables.table(head, body)
 
 
 def seed_counts(groupings, rows) -> str:
@@ -194,9 +196,7 @@ def plot_paired_by_regime(groupings, rows, metric, path, title, scale=100):
   axes[0][0].set_ylabel(f"Δ {metric} vs CE (points)")
   axes[0][-1].legend(fontsize=7)
   fig.suptitle(title, fontsize=9)
-  fig.tight_layout()
-  fig.savefig(path, dpi=90)
-  plt.close(fig)
+  figures.save(fig, path, dpi=90)
   return True
 
 
