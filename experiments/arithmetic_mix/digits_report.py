@@ -15,10 +15,10 @@ they hold, and their stored predictions (the test split's order). The
 breakdowns by answer digits, operation and decimals also need the test
 problems themselves (questions and answers are not in the records), read
 from the prepared data (``--data_dir``). The report keeps a copy of them
-beside results.json (``test_problems/``, `answers.read_test_problems`), so that it
-renders whole again where the data is not prepared; without either, or if a
-run's stored predictions do not reproduce its recorded exact match against
-them, those breakdowns are left out and the report says so.
+beside results.json (``test_problems/``, `answers.read_test_problems`), so
+that it renders whole again where the data is not prepared; without either,
+or if a run's stored predictions do not reproduce its recorded exact match
+against them, those breakdowns are left out and the report says so.
 
 Paired comparisons use `experiments.stats.paired`: the same seed means the
 same initialisation and data order, so run - reference on each seed, the
@@ -42,6 +42,7 @@ from experiments import common
 from experiments import figures
 from experiments import labels
 from experiments import prose
+from experiments import report_engine
 from experiments import stats
 from experiments import tables
 from experiments.arithmetic_mix import answers
@@ -779,49 +780,59 @@ def write_report(
           *breakdown_table(grouped, keys, problems, name, key, order),
           "",
       ]
-  lines += ["## Control: digit-weighted CE", ""]
-  if CONTROL in grouped:
-    comparisons = [
-        (f"{CONTROL_LABEL} − CE", grouped[CONTROL], grouped.get("ce")),
-        (f"CE + NTIL − {CONTROL_LABEL}", grouped.get("ntil"), grouped[CONTROL]),
-    ]
-    control_keys = [k for k in ("ce", CONTROL, "ntil") if k in grouped]
-    lines += prose.section(
-        __file__,
-        "control",
-        values=values_table(grouped, control_keys, early),
-        paired=paired_table(comparisons, early),
-    ) + [""]
-  else:
-    lines += ["Not run yet.", ""]
-  lines += ["## Ablations of NTIL (paired against full NTIL)", ""]
-  if ablation_keys(grouped):
-    lines += [
-        *values_table(
-            grouped,
-            (["ntil"] if "ntil" in grouped else []) + ablation_keys(grouped),
-            early,
-        ),
-        "",
-        *paired_table(
-            [
-                (f"{label(k)} − full NTIL", grouped[k], grouped.get("ntil"))
-                for k in ablation_keys(grouped)
-            ],
-            early,
-        ),
-        "",
-    ]
-  else:
-    lines += ["Not run yet.", ""]
+  control = [(f"{CONTROL_LABEL} − CE", grouped.get(CONTROL), grouped.get("ce"))]
+  control += [
+      (
+          f"CE + NTIL − {CONTROL_LABEL}",
+          grouped.get("ntil"),
+          grouped.get(CONTROL),
+      )
+  ]
+  lines += part(
+      "Control: digit-weighted CE",
+      CONTROL in grouped
+      and compared("control", grouped, ["ce", CONTROL, "ntil"], control, early),
+  )
+  ablations = ablation_keys(grouped)
+  lines += part(
+      "Ablations of NTIL (paired against full NTIL)",
+      ablations
+      and compared(
+          "ablations",
+          grouped,
+          ["ntil", *ablations],
+          [
+              (f"{label(k)} − full NTIL", grouped[k], grouped.get("ntil"))
+              for k in ablations
+          ],
+          early,
+      ),
+  )
   if profile == "digits":
     lines += chunk_section(grouped, early, group_runs(other, None, early))
   lines += ["## What it shows", "", *reading(grouped, early)]
   check = device_check(runs, other)
   if check:
     lines += ["", "## The same cells on another device", "", *check]
-  with open(os.path.join(out_dir, "results.md"), "w") as f:
-    f.write("\n".join(lines) + "\n")
+  report_engine.write(out_dir, lines, end="\n")
+
+
+def part(heading, lines, missing="Not run yet.") -> list[str]:
+  """A ``## heading`` section: ``lines``, or ``missing`` without them."""
+  return [f"## {heading}", "", *(lines or [missing]), ""]
+
+
+def compared(name, grouped, keys, comparisons, early, **values) -> list[str]:
+  """Section ``name`` of the Markdown, its blocks ``values`` (`values_table`
+  of those of ``keys`` recorded) and ``paired`` (`paired_table` of
+  ``comparisons``)."""
+  return prose.section(
+      __file__,
+      name,
+      values=values_table(grouped, [k for k in keys if k in grouped], early),
+      paired=paired_table(comparisons, early),
+      **values,
+  )
 
 
 def chunk_section(grouped, early, elsewhere=None) -> list[str]:
@@ -834,34 +845,39 @@ def chunk_section(grouped, early, elsewhere=None) -> list[str]:
   single-digit cells.
   """
   keys = [m + CHUNKS for m in CHUNK_METHODS if m + CHUNKS in grouped]
-  lines = ["## Numbers in tokens of 1-3 digits", ""]
   apart = _chunks_elsewhere(elsewhere or {}, early)
+  heading = "Numbers in tokens of 1-3 digits"
   if not keys:
-    return lines + ["Not run yet (group `chunks`, 15 cells).", "", *apart]
-  single = lambda key: key[: -len(CHUNKS)]
+    return part(heading, [], "Not run yet (group `chunks`, 15 cells).") + apart
+  single = lambda key: key.removesuffix(CHUNKS)
   devices = lambda ks: ", ".join(
       sorted({r["device"] for k in ks for r in grouped.get(k, {}).values()})
   )
   mine, theirs = devices(keys), devices(map(single, keys))
-  across = prose.section(__file__, "across", mine=mine, theirs=theirs)
-  ce = grouped.get("ce" + CHUNKS)
+  across = prose.text(__file__, "across", mine=mine, theirs=theirs)
   comparisons = [
       (f"{label(k)} − {label(single(k))}", grouped[k], grouped.get(single(k)))
       for k in keys
-  ] + [(f"{label(k)} − CE, both in chunks", grouped[k], ce) for k in keys[1:]]
-  return lines + [
-      *prose.section(
-          __file__,
-          "chunks",
-          count=sum(len(grouped[k]) for k in keys),
-          cells=len(CHUNK_METHODS) * len(SEEDS),
-          across=" " + across[0] if mine != theirs else "",
-          values=values_table(grouped, keys, early),
-          paired=paired_table(comparisons, early),
-      ),
-      "",
-      *apart,
   ]
+  comparisons += [
+      (
+          f"{label(k)} − CE, both in chunks",
+          grouped[k],
+          grouped.get("ce" + CHUNKS),
+      )
+      for k in keys[1:]
+  ]
+  lines = compared(
+      "chunks",
+      grouped,
+      keys,
+      comparisons,
+      early,
+      count=sum(len(grouped[k]) for k in keys),
+      cells=len(CHUNK_METHODS) * len(SEEDS),
+      across=" " + across if mine != theirs else "",
+  )
+  return part(heading, lines) + apart
 
 
 def _chunks_elsewhere(grouped, early) -> list[str]:
@@ -870,24 +886,15 @@ def _chunks_elsewhere(grouped, early) -> list[str]:
   methods = [m for m in CHUNK_METHODS if m + CHUNKS in grouped]
   if not methods:
     return []
-  keys = [k for m in methods for k in (m, m + CHUNKS) if k in grouped]
-  devices = {r["device"] for k in keys for r in grouped[k].values()}
-  return prose.section(
-      __file__,
-      "chunks_elsewhere",
-      device=", ".join(sorted(devices)),
-      values=values_table(grouped, keys, early),
-      paired=paired_table(
-          [
-              (
-                  f"{label(m + CHUNKS)} − {label(m)}",
-                  grouped[m + CHUNKS],
-                  grouped.get(m),
-              )
-              for m in methods
-          ],
-          early,
-      ),
+  keys = [k for m in methods for k in (m, m + CHUNKS)]
+  devices = {r["device"] for k in keys for r in grouped.get(k, {}).values()}
+  comparisons = [
+      (f"{label(m + CHUNKS)} − {label(m)}", grouped[m + CHUNKS], grouped.get(m))
+      for m in methods
+  ]
+  device = ", ".join(sorted(devices))
+  return compared(
+      "chunks_elsewhere", grouped, keys, comparisons, early, device=device
   ) + [""]
 
 
