@@ -46,13 +46,26 @@ def fmt(values, digits):
   return f"{mean:.{digits}f} ± {std:.{digits}f}"
 
 
-def group_runs(runs, main_variant="main"):
-  """{variant, or method for main runs: {seed: run}}."""
+def group_runs(runs, key=None, view=None):
+  """{key: {seed: run}}; a later run of a seed replaces one before it.
+
+  Args:
+    runs: run records.
+    key: a run's row (None: the run is left out); default: its method for
+      the main grid's runs, else its variant.
+    view: what is kept of a run (default: the record).
+  """
   grouped = collections.defaultdict(dict)
   for run in runs:
-    key = run["method"] if run["variant"] == main_variant else run["variant"]
-    grouped[key][run["seed"]] = run
+    k = key(run) if key else main_key(run)
+    if k is not None:
+      grouped[k][run["seed"]] = view(run) if view else run
   return grouped
+
+
+def main_key(run):
+  """The method of a main-grid run, else the run's variant."""
+  return run["method"] if run["variant"] == "main" else run["variant"]
 
 
 def value(run, metric):

@@ -22,7 +22,6 @@ Pure functions of the records, no flags (importable from tests).
 """
 
 import argparse
-import collections
 import dataclasses
 import json
 import os
@@ -206,18 +205,17 @@ def key(run) -> str | None:
 
 def select(runs, cell) -> dict:
   """``{key: {seed: run}}`` of the cell's runs."""
-  grouped = collections.defaultdict(dict)
-  for run in runs:
+
+  def row(run):
     if run.get("group") not in cell.groups:
-      continue
+      return None
     if cell.task_field and run.get("task") != cell.task_field:
-      continue
+      return None
     if cell.dataset and run.get("dataset") != cell.dataset:
-      continue
-    k = key(run)
-    if k is not None:
-      grouped[k][run["seed"]] = run
-  return grouped
+      return None
+    return key(run)
+
+  return stats.group_runs(runs, row)
 
 
 def _delta(runs, reference, read) -> str:

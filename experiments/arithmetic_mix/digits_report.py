@@ -184,12 +184,8 @@ def early_step(runs) -> int:
 def group_runs(runs, problems=None, early=EARLY_STEP, breakdowns=None) -> dict:
   """{cell kind: {seed: run_view}}; a later record of a cell replaces one
   before it."""
-  grouped = collections.defaultdict(dict)
-  for run in runs:
-    grouped[cell_key(run)][run["seed"]] = run_view(
-        run, problems, early, breakdowns
-    )
-  return dict(grouped)
+  view = lambda run: run_view(run, problems, early, breakdowns)
+  return dict(stats.group_runs(runs, cell_key, view))
 
 
 def main_keys(grouped):

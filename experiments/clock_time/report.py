@@ -8,7 +8,6 @@ NTIL runs for the ablations and sweeps) on the seeds both have, with how
 many seeds it is better on and a paired t-test.
 """
 
-import collections
 import os
 
 from absl import flags
@@ -104,17 +103,15 @@ def group_runs(runs, regime=EARLY):
   Main-grid runs are keyed by their method, controls by their variant
   without the ``_converged`` suffix, so both regimes share keys.
   """
-  grouped = collections.defaultdict(dict)
-  for run in runs:
+
+  def key(run):
     if regime_of(run) != regime:
-      continue
-    variant = run["variant"]
-    if variant in ("main", CONVERGED):
-      key = run["method"]
-    else:
-      key = variant.removesuffix("_converged")
-    grouped[key][run["seed"]] = run
-  return grouped
+      return None
+    if run["variant"] in ("main", CONVERGED):
+      return run["method"]
+    return run["variant"].removesuffix("_converged")
+
+  return stats_lib.group_runs(runs, key)
 
 
 def steps_to(run, threshold=0.5):
