@@ -65,6 +65,19 @@ class Spec:
     """`tables.reading` of the paired metrics."""
     return tables.reading(grouped, self.paired, self.methods, labels.LABELS)
 
+  def blocks(self, grouped, controls=labels.CONTROLS) -> dict[str, list]:
+    """The tables of every task section, named as the Markdown's blocks:
+    ``main_table``, ``paired`` (the methods against CE), ``reading``, and
+    the controls against CE (beside NTIL), ``against_ce``, and against
+    NTIL, ``against_ntil``."""
+    return dict(
+        main_table=self.main_table(grouped),
+        paired=self.paired_table(grouped, self.methods),
+        reading=self.reading(grouped),
+        against_ce=self.paired_table(grouped, [*controls, "ntil"]),
+        against_ntil=self.paired_table(grouped, controls, "ntil"),
+    )
+
   def seed_bars(self, grouped, path, title, rotation=15) -> None:
     """`figures.seed_bars` of the methods in the paired metrics."""
     figures.seed_bars(

@@ -54,7 +54,7 @@ VARIANT_LABELS = {
 }
 LONG = ("ce_2x_steps", "ntil_2x_steps")
 VARIANT_LABELS_SWEEP = ("sigma=0.1", "sigma=0.5", "lam=0.1", "lam=1.0")
-CONTROLS = ("ce_digit_weighted", "ntil_reference")
+CONTROLS = labels.CONTROLS
 EXACT = Metric("exact_match", "exact match %")
 GAP = Metric("mean_time_gap_minutes", "mean gap (min)", 1, 2, False)
 SPEC = report_engine.Spec(
@@ -384,12 +384,8 @@ def regime_sections(grouped, title, out_dir, suffix, labels):
       "regime",
       title=title,
       suffix=suffix,
-      main_table=SPEC.main_table(grouped),
-      paired=SPEC.paired_table(grouped, METHODS),
-      reading=SPEC.reading(grouped),
       gaps=gap_table(grouped, labels),
-      controls_ce=SPEC.paired_table(grouped, [*CONTROLS, "ntil"]),
-      controls_ntil=SPEC.paired_table(grouped, CONTROLS, "ntil"),
+      **SPEC.blocks(grouped),
   ) + [""]
 
 

@@ -352,6 +352,7 @@ def task_section(task, runs, out_dir):
   )
   disagreements = plot_predictions(task, grouped, test, path("predictions"))
   any_run = runs[0]
+  blocks = task_spec.blocks(grouped)
   lines = prose.section(
       __file__,
       "task",
@@ -364,9 +365,7 @@ def task_section(task, runs, out_dir):
       test_size=any_run["num_test_examples"],
       seconds=np.median([r["wall_seconds"] for r in runs]),
       ce_budget=ce_budget_sentence(task, grouped),
-      main_table=task_spec.main_table(grouped),
-      paired=task_spec.paired_table(grouped, METHODS),
-      reading=task_spec.reading(grouped),
+      **blocks,
   ) + ["", *early_table(task, grouped)]
   if not is_multi(task):
     lines += prose.section(
@@ -383,16 +382,8 @@ def task_section(task, runs, out_dir):
         test_size=len(test),
         task=task,
     ) + [""]
-  controls = [
-      k for k in ("ce_digit_weighted", "ntil_reference") if k in grouped
-  ]
-  if controls:
-    lines += prose.section(
-        __file__,
-        "controls",
-        against_ce=task_spec.paired_table(grouped, [*controls, "ntil"]),
-        against_ntil=task_spec.paired_table(grouped, controls, "ntil"),
-    ) + [""]
+  if any(k in grouped for k in labels.CONTROLS):
+    lines += prose.section(__file__, "controls", **blocks) + [""]
   ablations = [k for k in ("exp_off", "rel_off", "mag_off") if k in grouped]
   if ablations:
     lines += prose.section(
