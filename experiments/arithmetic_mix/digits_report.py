@@ -556,13 +556,6 @@ def _verdict(d, higher_better=True) -> str:
   return f"{direction} on average but within seed noise (p = {p})"
 
 
-def _delta_text(d, scale_name, digits) -> str:
-  return (
-      f"{d['mean']:+.{digits}f} {scale_name}, better on "
-      f"{d['better']}/{d['n']} seeds"
-  )
-
-
 def reading(grouped, early, seeds=len(SEEDS), breakdowns=None) -> list[str]:
   """Statements computed from the numbers: rankings, paired verdicts,
   where NTIL does not beat CE, the control and the ablations.
@@ -588,19 +581,21 @@ def reading(grouped, early, seeds=len(SEEDS), breakdowns=None) -> list[str]:
         + ", ".join(f"{label(k)} {means[k]:.2f}" for k in order)
         + "."
     )
+
+  def versus(text, runs, reference):
+    """Appends ``text``'s paired difference at the end and its verdict."""
+    d = stats.paired(runs, reference or {}, "em_end", 100.0, True)
+    if d is not None:
+      lines.append(
+          f"- {text}, exact match at the end: {d['mean']:+.2f} points, "
+          f"better on {d['better']}/{d['n']} seeds: {_verdict(d)}."
+      )
+    return d
+
   reference = grouped.get("ce", {})
   beaten = []
-  for k in [k for k in keys if k != "ce"] + (
-      [CONTROL] if CONTROL in grouped else []
-  ):
-    d = stats.paired(grouped[k], reference, "em_end", 100.0, True)
-    if d is None:
-      continue
-    lines.append(
-        f"- {label(k)} − CE, exact match at the end: "
-        f"{_delta_text(d, 'points', 2)}: {_verdict(d)}."
-    )
-    if beats(d):
+  for k in [k for k in keys if k != "ce"] + control_keys(grouped):
+    if beats(versus(f"{label(k)} − CE", grouped[k], reference)):
       beaten.append(label(k))
   if reference and len(keys) > 1:
     lines.append(
@@ -611,21 +606,13 @@ def reading(grouped, early, seeds=len(SEEDS), breakdowns=None) -> list[str]:
     )
   lines += _ntil_vs_ce(grouped, early, breakdowns)
   if CONTROL in grouped and "ntil" in grouped:
-    d = stats.paired(grouped["ntil"], grouped[CONTROL], "em_end", 100.0, True)
-    if d is not None:
-      lines.append(
-          f"- NTIL − digit-weighted CE (the control for 'more weight on "
-          f"digits'), exact match at the end: {_delta_text(d, 'points', 2)}:"
-          f" {_verdict(d)}."
-      )
-  for k in ablation_keys(grouped):
-    d = stats.paired(grouped[k], grouped.get("ntil", {}), "em_end", 100, True)
-    if d is None:
-      continue
-    lines.append(
-        f"- {label(k)} − full NTIL, exact match at the end: "
-        f"{_delta_text(d, 'points', 2)}: {_verdict(d)}."
+    versus(
+        "NTIL − digit-weighted CE (the control for 'more weight on digits')",
+        grouped["ntil"],
+        grouped[CONTROL],
     )
+  for k in ablation_keys(grouped):
+    versus(f"{label(k)} − full NTIL", grouped[k], grouped.get("ntil"))
   few = [k for k in keys if len(grouped[k]) < seeds]
   if few:
     lines.append(
