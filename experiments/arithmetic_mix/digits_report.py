@@ -342,6 +342,16 @@ def breakdown_table(grouped, keys, problems, name, key, order) -> list[str]:
   return tables.table(head, rows)
 
 
+def breakdown_sections(grouped, keys, problems, breakdowns=None):
+  """A ``###`` section a breakdown (`answers.BREAKDOWNS` if None): its
+  `breakdown_table`."""
+  lines = []
+  for name, title, key, order in breakdowns or answers.BREAKDOWNS:
+    table = breakdown_table(grouped, keys, problems, name, key, order)
+    lines += [f"### {title}", "", *table, ""]
+  return lines
+
+
 def bucket_metric(name, bucket):
   """A run's exact match in one bucket of a breakdown (nan if absent)."""
   return lambda run: run["breakdowns"].get(name, {}).get(bucket, np.nan)
@@ -756,13 +766,7 @@ def write_report(
   else:
     lines += prose.section(__file__, "breakdowns", source=problems_source)
     lines.append("")
-    for name, title, key, order in answers.BREAKDOWNS:
-      lines += [
-          f"### {title}",
-          "",
-          *breakdown_table(grouped, keys, problems, name, key, order),
-          "",
-      ]
+    lines += breakdown_sections(grouped, keys, problems)
   control = [(f"{CONTROL_LABEL} − CE", grouped.get(CONTROL), grouped.get("ce"))]
   control += [
       (

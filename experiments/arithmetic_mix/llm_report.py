@@ -81,26 +81,19 @@ def zero_shot_lines(records, problems) -> list[str]:
   """The snapshot before fine-tuning: one row per zero-shot record."""
   if not records:
     return ["Zero-shot: not recorded (`--groups=zero_shot`)."]
-  lines = [
-      "| snapshot, zero-shot | exact match (%) | within 1% (%) | output "
-      "parses as a number (%) | mean log10(1+abs err) | test problems |",
-      "|---|---|---|---|---|---|",
-  ]
+  rows = []
   for record in records:
     within = record.get("within_1_percent")
-    if problems is not None and len(record.get("predictions") or []) == len(
-        problems
-    ):
-      within = answers.score(record["predictions"], problems)[
-          "within_1_percent"
-      ]
-    lines.append(
+    predictions = record.get("predictions") or []
+    if problems is not None and len(predictions) == len(problems):
+      within = answers.score(predictions, problems)["within_1_percent"]
+    rows.append(
         f"| {record.get('snapshot', '?')} | {_pct(record['exact_match'])} | "
         f"{_pct(within)} | {_pct(record.get('parsed_rate'))} | "
         f"{record.get('mean_log10_abs_error', float('nan')):.3f} | "
         f"{record['num_test_examples']:,} |"
     )
-  return lines
+  return prose.section(__file__, "zero_shot", rows=rows)
 
 
 def setup_lines(tuned, grouped, problems, source) -> list[str]:
@@ -232,13 +225,7 @@ def dataset_section(dataset, zero, tuned, problems, source, plot_dir, hint=""):
   if problems is not None and any(
       r["from_predictions"] for runs in grouped.values() for r in runs.values()
   ):
-    for name, heading, key, order in breakdowns:
-      lines += [
-          f"### {heading}",
-          "",
-          *dr.breakdown_table(grouped, keys, problems, name, key, order),
-          "",
-      ]
+    lines += dr.breakdown_sections(grouped, keys, problems, breakdowns)
   else:
     if hint:
       hint = f"; prepare them with `{hint}` and run the report again"
