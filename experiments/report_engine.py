@@ -92,6 +92,14 @@ class Spec:
     )
 
 
+def load(results):
+  """The runs of a results file; exits saying so where it holds none."""
+  runs = common.load_results(results)
+  if not runs:
+    raise SystemExit(f"no runs in {results}")
+  return runs
+
+
 def split_regimes(runs):
   """(fixed-set runs, streamed runs): the main report and its stream part."""
   streamed = [r for r in runs if common.regime(r) == common.STREAM]

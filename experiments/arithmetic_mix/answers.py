@@ -326,3 +326,15 @@ def load(runs, data_dir, results, data=None):
       kept_problems_dir(results),
   )
   return problems, source or pattern
+
+
+def warn_missing(source, command, dataset="") -> None:
+  """Says on stderr that the breakdowns are left out for want of the test
+  problems (looked for at ``source``), and the ``command`` that writes them."""
+  print(
+      f"warning: {dataset}{': ' if dataset else ''}no test problems under "
+      f"{source}, so the breakdowns by answer length, operation and decimals "
+      f"are left out of the report; prepare them with `{command}` (the "
+      "arithmetic-data extra) and run the report again.",
+      file=sys.stderr,
+  )

@@ -29,7 +29,6 @@ seeds where the run is better, and a two-sided paired t-test
 import collections
 import os
 import re
-import sys
 
 import matplotlib
 
@@ -905,21 +904,13 @@ def main(results, out_dir, data_dir, profile="digits", other_results=()):
   Returns:
     The path of the written results.md.
   """
-  runs = common.load_results(results)
-  if not runs:
-    raise SystemExit(f"no runs in {results}")
+  runs = report_engine.load(results)
   other = []
   for path in other_results:
     other += common.load_results(path)  # [] where it is missing
   problems, source = answers.load(runs, data_dir, results, DATA)
   if problems is None:
-    print(
-        f"warning: no test problems under {source}, so the breakdowns by "
-        "answer length, operation and decimals are left out of the report; "
-        f"prepare them with `{prepare_command(runs, data_dir)}` (the "
-        "arithmetic-data extra) and run the report again.",
-        file=sys.stderr,
-    )
+    answers.warn_missing(source, prepare_command(runs, data_dir))
   os.makedirs(out_dir, exist_ok=True)
   write_report(runs, problems, out_dir, source, profile, other)
   return os.path.join(out_dir, "results.md")

@@ -18,7 +18,6 @@ report), so both grids are read by the same definitions.
 
 import math
 import os
-import sys
 import textwrap
 
 import matplotlib
@@ -30,6 +29,7 @@ import numpy as np
 from experiments import common
 from experiments import figures
 from experiments import prose
+from experiments import report_engine
 from experiments.arithmetic_mix import answers
 from experiments.arithmetic_mix import digits_report as dr
 
@@ -298,9 +298,7 @@ def main(results, out_dir, data_dir, other_results=()) -> str:
   ``other_results``: results files of the same cells run elsewhere (another
   device); those that exist are compared cell by cell.
   """
-  runs = common.load_results(results)
-  if not runs:
-    raise SystemExit(f"no runs in {results}")
+  runs = report_engine.load(results)
   problems, sources, hints = {}, {}, {}
   for dataset, (zero, tuned) in split_runs(runs).items():
     problems[dataset], sources[dataset] = answers.load(
@@ -308,13 +306,7 @@ def main(results, out_dir, data_dir, other_results=()) -> str:
     )
     if problems[dataset] is None:
       hints[dataset] = answers.prepare_command(tuned or zero, data_dir)
-      print(
-          f"warning: {dataset}: no test problems under {sources[dataset]}, "
-          "so the breakdowns by answer length, operation and decimals are "
-          f"left out of the report; prepare them with `{hints[dataset]}` "
-          "(the arithmetic-data extra) and run the report again.",
-          file=sys.stderr,
-      )
+      answers.warn_missing(sources[dataset], hints[dataset], dataset)
   other = [r for path in other_results for r in common.load_results(path)]
   return write_report(
       runs,

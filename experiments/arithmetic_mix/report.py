@@ -299,9 +299,7 @@ def main(argv):
     return
   results = FLAGS.results or os.path.join(HERE, "results.json")
   out_dir = FLAGS.out_dir or HERE
-  runs = common.load_results(results)
-  if not runs:
-    raise SystemExit(f"no runs in {results}")
+  runs = report_engine.load(results)
   write_report(runs, out_dir)
   common.note_failures(results, os.path.join(out_dir, "results.md"))
   print(f"wrote {os.path.join(out_dir, 'results.md')} and plots/")
