@@ -1,8 +1,9 @@
 """The figures every experiment's report draws, from runs grouped by seed.
 
 A report's runs are ``grouped``: ``{key: {seed: run}}``, a key being a
-method or a variant. A panel is one `stats.Metric`, as the tables name it. Colours are `labels.color`'s, so a
-method has one colour in every figure of the project.
+method or a variant. A panel is one `stats.Metric`, as the tables name it.
+Colours are `labels.color`'s, so a method has one colour in every figure of
+the project.
 """
 
 import matplotlib

@@ -47,7 +47,6 @@ from experiments import tables
 from experiments.arithmetic_mix import answers
 
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "digits")
-RESULTS = os.path.join(HERE, "results.json")
 
 METHODS = arithmetic_mix.METHODS
 # NTIL's peers (DEL, SMMD), run.py's group "peers": rows of the main table.
@@ -78,9 +77,9 @@ EARLY_STEP = 200  # the first point of the learning curve
 # CE's mean rise over the last eval interval (points) above which the
 # report calls the curve still rising steeply.
 STEEP_RISE = 3.0
-# The grids this report renders: profile -> (results file, output folder).
 # The grid's data where a record does not name it.
 DATA = dict(module="arithmetic__add_or_sub", difficulty="easy")
+# The grids this report renders: profile -> (results file, output folder).
 PROFILES = dict(
     digits=("results.json", ""),
     digits_long=("results_long.json", "long"),
