@@ -206,11 +206,7 @@ def ce_last_gain(ce_runs, metric, scale=100) -> list[str]:
   Says whether CE's curve has flattened at the budget (a lead at a budget
   where CE still rises is a faster learner, not a better trained model).
   """
-  gains = [
-      scale * (run["curves"][metric][-1] - run["curves"][metric][-2])
-      for run in ce_runs.values()
-      if len(run["curves"][metric]) > 1
-  ]
+  gains = stats.last_gains(ce_runs, metric, scale)
   if not gains:
     return []
   steps = next(iter(ce_runs.values()))["curves"]["eval_steps"]

@@ -100,6 +100,13 @@ def load(results):
   return runs
 
 
+def seed_values(runs, metric) -> str:
+  """``'61.2% (seed 0), ...'``: a share of each run ({seed: run})."""
+  return ", ".join(
+      f"{100 * runs[s][metric]:.1f}% (seed {s})" for s in sorted(runs)
+  )
+
+
 def split_regimes(runs):
   """(fixed-set runs, streamed runs): the main report and its stream part."""
   streamed = [r for r in runs if common.regime(r) == common.STREAM]

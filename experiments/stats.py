@@ -81,6 +81,13 @@ def at_step(run, metric, step) -> float:
   return float("nan")
 
 
+def last_gains(runs, metric, scale=100) -> list[float]:
+  """Each run's gain in ``metric`` over its last eval interval ({seed: run};
+  runs with one eval are left out)."""
+  curves = [run["curves"].get(metric, []) for run in runs.values()]
+  return [scale * (c[-1] - c[-2]) for c in curves if len(c) > 1]
+
+
 def curve_area(run, metric="exact_match"):
   """Mean ``metric`` over training: the area under its learning curve
   (trapezoids, from 0 at step 0) divided by the number of steps."""

@@ -243,9 +243,7 @@ def ce_budget_sentence(grouped):
   runs = grouped.get("ce", {})
   if not runs:
     return "has no runs yet."
-  values = ", ".join(
-      f"{100 * runs[s]['exact_match']:.1f}% (seed {s})" for s in sorted(runs)
-  )
+  values = report_engine.seed_values(runs, "exact_match")
   return prose.section(
       __file__,
       "ce_budget",

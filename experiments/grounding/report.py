@@ -166,14 +166,8 @@ def ce_budget_sentence(task, grouped):
   if not runs:
     return "CE has no runs yet."
   metric, name = headline(task)
-  values = ", ".join(
-      f"{100 * runs[s][metric]:.1f}% (seed {s})" for s in sorted(runs)
-  )
-  late = []
-  for run in runs.values():
-    curve = run["curves"].get(metric, [])
-    if len(curve) >= 2:
-      late.append(100 * (curve[-1] - curve[-2]))
+  values = report_engine.seed_values(runs, metric)
+  late = stats.last_gains(runs, metric)
   change = (
       f"; over its last eval interval CE's {name} changed by "
       f"{np.mean(late):+.1f} points on average (seeds "
