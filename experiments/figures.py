@@ -1,11 +1,9 @@
 """The figures every experiment's report draws, from runs grouped by seed.
 
 A report's runs are ``grouped``: ``{key: {seed: run}}``, a key being a
-method or a variant. A panel is one metric as the tables name it,
-``(metric, name, scale, higher_is_better)``: a key of the run's record (and
-of its ``curves``) or a function of the run (`stats.value`), multiplied by
-``scale`` (100 for a share in points). Colours are `labels.color`'s, so a
-method has one colour in every figure of the project.
+method or a variant. A panel is one `stats.Metric`, as the tables name it.
+Colours are `labels.color`'s, so a method has one colour in every figure of
+the project.
 """
 
 import matplotlib
@@ -38,7 +36,7 @@ def seed_bars(grouped, keys, panels, path, title, key_label, rotation=15):
   fig, axes = plt.subplots(
       1, len(panels), figsize=(4.6 * len(panels), 3.8), squeeze=False
   )
-  for ax, (metric, name, scale, higher) in zip(axes[0], panels):
+  for ax, (metric, name, scale, _, higher) in zip(axes[0], panels):
     for i, key in enumerate(keys):
       runs = [grouped[key][s] for s in sorted(grouped[key])]
       values = [scale * stats.value(r, metric) for r in runs]
@@ -69,7 +67,7 @@ def mean_curves(
   for key in (k for k in keys if grouped.get(k)):
     runs = list(grouped[key].values())
     steps = runs[0]["curves"]["eval_steps"]
-    for ax, (metric, _, scale, _) in zip(axes[0], panels):
+    for ax, (metric, _, scale, *_) in zip(axes[0], panels):
       values = np.mean([r["curves"][metric] for r in runs], axis=0)
       ax.plot(
           steps,
@@ -78,7 +76,7 @@ def mean_curves(
           label=key_label(key),
           color=labels.color(key),
       )
-  for ax, (metric, name, _, higher) in zip(axes[0], panels):
+  for ax, (metric, name, *_, higher) in zip(axes[0], panels):
     if mark_step:
       ax.axvline(mark_step, color="k", lw=0.8, ls=":")
     if metric in log_scale:
@@ -108,7 +106,7 @@ def paired_dots(
       continue
     diffs = [
         stats.paired(grouped[key], base, metric, scale, higher)
-        for metric, _, scale, higher in panels
+        for metric, _, scale, _, higher in panels
     ]
     if diffs[0] is not None:
       rows.append((key, diffs))
@@ -121,7 +119,7 @@ def paired_dots(
       sharey=True,
       squeeze=False,
   )
-  for index, (ax, (_, name, _, higher)) in enumerate(zip(axes[0], panels)):
+  for index, (ax, panel) in enumerate(zip(axes[0], panels)):
     for y, (key, diffs) in enumerate(rows):
       d = diffs[index]
       if d is None:
@@ -135,7 +133,7 @@ def paired_dots(
           color="C0" if key in methods else "C1",
       )
     ax.axvline(0, color="k", lw=0.8)
-    ax.set_title(f"Δ {name} vs CE {better(higher)}", fontsize=9)
+    ax.set_title(f"Δ {panel.name} vs CE {better(panel.higher)}", fontsize=9)
     ax.grid(axis="x", alpha=0.3)
   axes[0][0].set_yticks(range(len(rows)), [key_label(k) for k, _ in rows])
   axes[0][0].invert_yaxis()
@@ -145,3 +143,16 @@ def paired_dots(
   )
   save(fig, path)
   return True
+
+
+def finish(ax, xlabel, ylabel=None, empty="not run yet", fontsize=7) -> None:
+  """A panel of lines: its axis labels, grid and legend (``empty`` written
+  on it where no line has a label)."""
+  ax.set_xlabel(xlabel)
+  if ylabel:
+    ax.set_ylabel(ylabel)
+  ax.grid(alpha=0.3)
+  if ax.get_legend_handles_labels()[0]:
+    ax.legend(fontsize=fontsize)
+  else:
+    ax.text(0.5, 0.5, empty, transform=ax.transAxes, ha="center")

@@ -12,6 +12,9 @@ LABELS = {
     "del": "CE + DEL",
     "smmd": "CE + SMMD",
 }
+# The controls of every grid: digit-weighted CE and NTIL with the authors'
+# scaling.
+CONTROLS = ("ce_digit_weighted", "ntil_reference")
 VARIANT_LABELS = {
     "ce_digit_weighted": "CE, digit tokens weighted 1 + 0.3",
     "ntil_reference": "CE + NTIL, authors' scaling",

@@ -70,3 +70,9 @@ def section(module_file: str, name: str, /, **values) -> list[str]:
       out.append(line.format_map(values))
     previous = line
   return out
+
+
+def text(module_file: str, name: str, /, **values) -> str:
+  """Section ``name`` as one string: its lines joined by spaces (a sentence
+  or a fragment that a field of another section takes)."""
+  return " ".join(section(module_file, name, **values))

@@ -20,19 +20,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 import numpy as np
 
+from experiments import figures
 from experiments import labels
 from experiments import stats
+from experiments import tables
 
 REGIMES = ("fixed", "stream")
 REGIME_LABELS = dict(fixed="fixed set", stream="stream (each seen once)")
-
-
-def at_step(run, metric, step) -> float:
-  """``metric`` of ``run``'s learning curve at eval ``step`` (NaN if none)."""
-  curves = run["curves"]
-  if step in curves["eval_steps"]:
-    return float(curves[metric][curves["eval_steps"].index(step)])
-  return float("nan")
 
 
 def common_eval_steps(groupings) -> list[int]:
@@ -115,9 +109,9 @@ def side_by_side(groupings, rows, metric, *, scale=100, digits=1, higher=True):
         f"{REGIME_LABELS[regime]}, step {mid}",
         f"{REGIME_LABELS[regime]}, end",
     ]
-  lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  body = []
   readers = (
-      lambda run: at_step(run, metric, mid),
+      lambda run: stats.at_step(run, metric, mid),
       lambda run: float(run["curves"][metric][-1]),
   )
   for key, label in rows:
@@ -130,8 +124,8 @@ def side_by_side(groupings, rows, metric, *, scale=100, digits=1, higher=True):
       reference = runs if key == "ce" else grouped.get("ce", {})
       for read in readers:
         cells.append(_cell(runs, reference, read, scale, digits, higher))
-    lines.append("| " + " | ".join(cells) + " |")
-  return lines
+    body.append(cells)
+  return tables.table(head, body)
 
 
 def seed_counts(groupings, rows) -> str:
@@ -178,8 +172,8 @@ def plot_paired_by_regime(groupings, rows, metric, path, title, scale=100):
               [
                   scale
                   * (
-                      at_step(grouped[key][s], metric, step)
-                      - at_step(reference[s], metric, step)
+                      stats.at_step(grouped[key][s], metric, step)
+                      - stats.at_step(reference[s], metric, step)
                   )
                   for step in steps
               ]
@@ -202,9 +196,7 @@ def plot_paired_by_regime(groupings, rows, metric, path, title, scale=100):
   axes[0][0].set_ylabel(f"Δ {metric} vs CE (points)")
   axes[0][-1].legend(fontsize=7)
   fig.suptitle(title, fontsize=9)
-  fig.tight_layout()
-  fig.savefig(path, dpi=90)
-  plt.close(fig)
+  figures.save(fig, path, dpi=90)
   return True
 
 
@@ -214,11 +206,7 @@ def ce_last_gain(ce_runs, metric, scale=100) -> list[str]:
   Says whether CE's curve has flattened at the budget (a lead at a budget
   where CE still rises is a faster learner, not a better trained model).
   """
-  gains = [
-      scale * (run["curves"][metric][-1] - run["curves"][metric][-2])
-      for run in ce_runs.values()
-      if len(run["curves"][metric]) > 1
-  ]
+  gains = stats.last_gains(ce_runs, metric, scale)
   if not gains:
     return []
   steps = next(iter(ce_runs.values()))["curves"]["eval_steps"]

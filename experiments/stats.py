@@ -1,12 +1,33 @@
-"""Runs paired by seed: means, paired differences, t-tests, markdown tables.
+"""Runs paired by seed: means, paired differences, t-tests.
 
-The arithmetic and the tables every experiment's report shares.
+The arithmetic every experiment's report shares, and `Metric`, how a report
+names what it compares.
 """
 
 import collections
+from typing import Any, NamedTuple
 
 import numpy as np
 from scipy import stats
+
+
+class Metric(NamedTuple):
+  """One compared quantity of a run, as tables and figures show it.
+
+  Attributes:
+    field: a key of the run's record (and of its ``curves``), or a function
+      of the run (`value`).
+    name: how tables and figures name it.
+    scale: multiplies the values (100 for a share in points).
+    digits: decimals shown.
+    higher: whether higher is better.
+  """
+
+  field: Any
+  name: str
+  scale: float = 100
+  digits: int = 1
+  higher: bool = True
 
 
 def mean_std(values):
@@ -25,18 +46,46 @@ def fmt(values, digits):
   return f"{mean:.{digits}f} ± {std:.{digits}f}"
 
 
-def group_runs(runs, main_variant="main"):
-  """{variant, or method for main runs: {seed: run}}."""
+def group_runs(runs, key=None, view=None):
+  """{key: {seed: run}}; a later run of a seed replaces one before it.
+
+  Args:
+    runs: run records.
+    key: a run's row (None: the run is left out); default: its method for
+      the main grid's runs, else its variant.
+    view: what is kept of a run (default: the record).
+  """
   grouped = collections.defaultdict(dict)
   for run in runs:
-    key = run["method"] if run["variant"] == main_variant else run["variant"]
-    grouped[key][run["seed"]] = run
+    k = key(run) if key else main_key(run)
+    if k is not None:
+      grouped[k][run["seed"]] = view(run) if view else run
   return grouped
+
+
+def main_key(run):
+  """The method of a main-grid run, else the run's variant."""
+  return run["method"] if run["variant"] == "main" else run["variant"]
 
 
 def value(run, metric):
   """A recorded metric (a key) or one derived from the run (a function)."""
   return metric(run) if callable(metric) else run[metric]
+
+
+def at_step(run, metric, step) -> float:
+  """``metric`` of ``run``'s learning curve at eval ``step`` (NaN if none)."""
+  curves = run["curves"]
+  if step in curves["eval_steps"]:
+    return float(curves[metric][curves["eval_steps"].index(step)])
+  return float("nan")
+
+
+def last_gains(runs, metric, scale=100) -> list[float]:
+  """Each run's gain in ``metric`` over its last eval interval ({seed: run};
+  runs with one eval are left out)."""
+  curves = [run["curves"].get(metric, []) for run in runs.values()]
+  return [scale * (c[-1] - c[-2]) for c in curves if len(c) > 1]
 
 
 def curve_area(run, metric="exact_match"):
@@ -87,129 +136,3 @@ def paired(runs, reference, metric, scale, higher_better):
     t = p = float("nan")
   mean, std = mean_std(diffs)
   return dict(n=len(seeds), mean=mean, std=std, better=better, t=t, p=p)
-
-
-def paired_cells(runs, reference, metric, scale, higher_better, digits):
-  """Three table cells: ``Δ ± sd``, ``better/n`` and ``t (p = ...)``."""
-  d = paired(runs, reference, metric, scale, higher_better)
-  if d is None:
-    return ["–"] * 3
-  std = "" if np.isnan(d["std"]) else f" ± {d['std']:.{digits}f}"
-  test = "–" if np.isnan(d["t"]) else f"{d['t']:+.2f} (p = {d['p']:.3f})"
-  return [f"{d['mean']:+.{digits}f}{std}", f"{d['better']}/{d['n']}", test]
-
-
-def reading(grouped, metrics, methods, labels):
-  """Plain statements computed from the numbers (no adjectives chosen).
-
-  Args:
-    grouped: {method: {seed: run}}; ``'ce'`` is the reference.
-    metrics: (field, name, scale, higher_better) per metric.
-    methods: the methods in table order.
-    labels: {method: its name in the text}.
-
-  Returns:
-    Markdown list lines: per metric, the ranking by mean over seeds, then
-    each method's paired difference to CE with its verdict.
-  """
-  lines = []
-  reference = grouped.get("ce", {})
-  present = [m for m in methods if m in grouped]
-  for metric, name, scale, higher in metrics:
-    means = {
-        m: scale * np.mean([r[metric] for r in grouped[m].values()])
-        for m in present
-    }
-    ranked = sorted(present, key=lambda m: -means[m] if higher else means[m])
-    lines.append(
-        f"- Ranking by {name.split(' (')[0]} (mean over seeds, best first): "
-        + ", ".join(f"{labels[m]} {means[m]:.2f}" for m in ranked)
-        + "."
-    )
-    for method in present:
-      if method == "ce":
-        continue
-      d = paired(grouped[method], reference, metric, scale, higher)
-      if d is None or np.isnan(d["p"]):
-        continue
-      direction = "better" if (d["mean"] > 0) == higher else "worse"
-      verdict = (
-          f"{direction} than CE at p = {d['p']:.3f}"
-          if d["p"] < 0.05
-          else f"not distinguishable from CE (p = {d['p']:.2f})"
-      )
-      lines.append(
-          f"  - {labels[method]}: {d['mean']:+.2f} on {name}, better on "
-          f"{d['better']}/{d['n']} seeds: {verdict}."
-      )
-  return lines
-
-
-def table(head, rows):
-  """Markdown table lines from a header and rows of cells."""
-  return [
-      "| " + " | ".join(head) + " |",
-      "|" + "---|" * len(head),
-      *("| " + " | ".join(row) + " |" for row in rows),
-  ]
-
-
-def values_table(grouped, rows, columns, first="method"):
-  """Mean ± sd over seeds of each row's runs in each column.
-
-  Args:
-    grouped: {key: {seed: run}}.
-    rows: (key, label) pairs; keys not in ``grouped`` are left out.
-    columns: (field, header, scale, digits, ...) per column.
-    first: the header of the label column.
-
-  Returns:
-    Markdown table lines: label, number of seeds, then ``mean ± sd``.
-  """
-  body = []
-  for key, label in rows:
-    if key not in grouped:
-      continue
-    runs = list(grouped[key].values())
-    body.append(
-        [label, str(len(runs))]
-        + [
-            fmt([scale * r[field] for r in runs], digits)
-            for field, _, scale, digits, *_ in columns
-        ]
-    )
-  head = [first, "seeds"] + [header for _, header, *_ in columns]
-  return table(head, body)
-
-
-def paired_table(grouped, rows, reference_key, metrics):
-  """Each row's runs against ``grouped[reference_key]``, seed by seed.
-
-  Args:
-    grouped: {key: {seed: run}}.
-    rows: (key, label) pairs; keys not in ``grouped``, and the reference,
-      are left out.
-    reference_key: the runs compared with.
-    metrics: (field, name, scale, higher_better) per metric; differences
-      with 2 decimals where ``scale`` is 1, else 1.
-
-  Returns:
-    Markdown table lines: per metric ``Δ ± sd``, seeds better and the
-    paired t-test (:func:`paired_cells`).
-  """
-  head = ["", "seeds"]
-  for _, name, _, _ in metrics:
-    head += [f"Δ {name}", "seeds better", "paired t"]
-  reference = grouped.get(reference_key, {})
-  body = []
-  for key, label in rows:
-    if key not in grouped or key == reference_key:
-      continue
-    runs = grouped[key]
-    cells = [label, str(len(set(runs) & set(reference)))]
-    for field, _, scale, higher in metrics:
-      cells += paired_cells(
-          runs, reference, field, scale, higher, 2 if scale == 1 else 1
-      )
-    body.append(cells)
-  return table(head, body)

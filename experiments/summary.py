@@ -22,7 +22,6 @@ Pure functions of the records, no flags (importable from tests).
 """
 
 import argparse
-import collections
 import dataclasses
 import json
 import os
@@ -34,6 +33,7 @@ from scipy import stats as scipy_stats
 from experiments import labels
 from experiments import regimes
 from experiments import stats
+from experiments import tables
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIGURE = os.path.join("experiments", "summary.png")
@@ -86,14 +86,14 @@ def _clock(groups, stream):
   return Cell(
       "clocks",
       "experiments/clock_time/results.json",
-      groups,
+      tuple(groups.split()),
       "exact_match",
       "exact match",
       None if stream else 20000,
   )
 
 
-def _boxes(task, label, groups, train_size, metric=None):
+def _boxes(task, groups, train_size, metric=None):
   if metric == "exact_match":
     name = "exact box"
   elif task == "grounding_multi":
@@ -101,9 +101,9 @@ def _boxes(task, label, groups, train_size, metric=None):
   else:
     metric, name = ("acc_at_50", "Acc@0.5")
   return Cell(
-      label,
+      BOX_TASKS[task],
       "experiments/grounding/results.json",
-      groups,
+      tuple(groups.split()),
       metric,
       name,
       train_size,
@@ -111,10 +111,17 @@ def _boxes(task, label, groups, train_size, metric=None):
   )
 
 
+BOX_TASKS = dict(
+    grounding="boxes named by a query",
+    grounding_single="one object",
+    grounding_multi="every box of a colour",
+)
+
+
 def _digits(path):
   return Cell(
       "multi-digit sums (add_or_sub)",
-      path,
+      f"experiments/arithmetic_mix/digits/{path}",
       ("main", "control", "peers"),
       "exact_match",
       "exact match",
@@ -136,8 +143,8 @@ def _llm(dataset, label):
 
 # Row order: task by task, fixed set before stream, shorter budget first.
 CELLS = (
-    _digits("experiments/arithmetic_mix/digits/results.json"),
-    _digits("experiments/arithmetic_mix/digits/results_long.json"),
+    _digits("results.json"),
+    _digits("results_long.json"),
     Cell(
         "arithmetic_mix (ported grid)",
         "experiments/arithmetic_mix/results.json",
@@ -146,48 +153,32 @@ CELLS = (
         "exact match",
         20000,
     ),
-    _clock(("main", "control", "peers"), False),
-    _clock(("converged", "converged_control"), False),
-    _clock(("stream", "stream_control"), True),
+    _clock("main control peers", False),
+    _clock("converged converged_control", False),
+    _clock("stream stream_control", True),
     _clock(
-        (
-            "stream_converged",
-            "stream_converged_control",
-            "stream_converged_peers",
-        ),
+        "stream_converged stream_converged_control stream_converged_peers",
         True,
     ),
-    _boxes("grounding", "boxes named by a query", ("main", "control"), 5000),
-    _boxes(
-        "grounding",
-        "boxes named by a query",
-        ("stream", "stream_control"),
-        None,
-    ),
-    _boxes(
-        "grounding",
-        "boxes named by a query",
-        ("stream_long", "stream_long_control"),
-        None,
-    ),
-    _boxes("grounding_single", "one object", ("single", "single_peers"), 1000),
+    _boxes("grounding", "main control", 5000),
+    _boxes("grounding", "stream stream_control", None),
+    _boxes("grounding", "stream_long stream_long_control", None),
+    _boxes("grounding_single", "single single_peers", 1000),
     # Streamed, one object is found about 99% of the time (Acc@0.5) by
     # every loss: the exact box, still in the middle, tells them apart.
     _boxes(
         "grounding_single",
-        "one object",
-        ("stream_single", "stream_single_control"),
+        "stream_single stream_single_control",
         None,
         metric="exact_match",
     ),
     _boxes(
         "grounding_single",
-        "one object",
-        ("stream_single_long", "stream_single_long_control"),
+        "stream_single_long stream_single_long_control",
         None,
         metric="exact_match",
     ),
-    _boxes("grounding_multi", "every box of a colour", ("multi",), 5000),
+    _boxes("grounding_multi", "multi", 5000),
     # A pretrained model, the paper's setting (each problem read once).
     _llm("add_or_sub", "multi-digit sums (add_or_sub)"),
     _llm("arithmetic_mix", "arithmetic_mix"),
@@ -214,18 +205,17 @@ def key(run) -> str | None:
 
 def select(runs, cell) -> dict:
   """``{key: {seed: run}}`` of the cell's runs."""
-  grouped = collections.defaultdict(dict)
-  for run in runs:
+
+  def row(run):
     if run.get("group") not in cell.groups:
-      continue
+      return None
     if cell.task_field and run.get("task") != cell.task_field:
-      continue
+      return None
     if cell.dataset and run.get("dataset") != cell.dataset:
-      continue
-    k = key(run)
-    if k is not None:
-      grouped[k][run["seed"]] = run
-  return grouped
+      return None
+    return key(run)
+
+  return stats.group_runs(runs, row)
 
 
 def _delta(runs, reference, read) -> str:
@@ -294,10 +284,7 @@ def table(root=ROOT) -> list[str]:
       *(f"{label} Δ" for _, label in LOSSES),
       "NTIL Δ over the curve",
   ]
-  lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-  for cell, grouped in recorded(root):
-    lines.append("| " + " | ".join(row(cell, grouped)) + " |")
-  return lines
+  return tables.table(head, [row(c, grouped) for c, grouped in recorded(root)])
 
 
 def recorded(root=ROOT):
@@ -353,7 +340,7 @@ def figure(out_path, root=ROOT) -> str:
         def read(run, metric=cell.metric, step=mids[position]):
           if at_end:
             return float(run["curves"][metric][-1])
-          return regimes.at_step(run, metric, step)
+          return stats.at_step(run, metric, step)
 
         d = stats.paired(grouped[k], grouped["ce"], read, 100, True)
         if d is None:

@@ -14,6 +14,7 @@ import ml_collections
 import pytest
 from scipy import stats
 
+from experiments.arithmetic_mix import answers
 from experiments.arithmetic_mix import digits_report as dr
 from train.tasks import arithmetic_mix as task
 
@@ -37,8 +38,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
     ],
 )
 def test_answer_digits(answer, digits, bucket):
-  assert dr.answer_digits(answer) == digits
-  assert dr.digits_bucket(answer) == bucket
+  assert answers.answer_digits(answer) == digits
+  assert answers.digits_bucket(answer) == bucket
 
 
 @pytest.mark.parametrize(
@@ -66,27 +67,27 @@ def test_answer_digits(answer, digits, bucket):
     ],
 )
 def test_operation(question, expected):
-  assert dr.operation(question) == expected
+  assert answers.operation(question) == expected
 
 
 def test_decimals():
-  assert dr.has_decimals("1.5") and dr.has_decimals("-0.201966")
-  assert not dr.has_decimals("-15") and not dr.has_decimals("1000")
-  assert dr.decimals_bucket("4.25") == "decimal"
-  assert dr.decimals_bucket("42") == "integer"
+  assert answers.has_decimals("1.5") and answers.has_decimals("-0.201966")
+  assert not answers.has_decimals("-15") and not answers.has_decimals("1000")
+  assert answers.decimals_bucket("4.25") == "decimal"
+  assert answers.decimals_bucket("42") == "integer"
 
 
 def test_log10_error_and_within_1_percent():
-  assert dr.log10_error("4.2", "4.25") == pytest.approx(math.log10(1.05))
-  assert dr.log10_error("7", "6") == pytest.approx(math.log10(2.0))
-  assert dr.log10_error("-2", "-2.5") == pytest.approx(math.log10(1.5))
-  assert dr.log10_error("1/2", "0.5") == 0.0  # parsed as the scorer does
-  assert dr.log10_error("x", "1") is None
-  assert dr.log10_error("1.2.3", "1") is None
-  assert dr.within_1_percent("99.5", "100")
-  assert not dr.within_1_percent("98", "100")
-  assert dr.within_1_percent("0", "0")
-  assert not dr.within_1_percent("x", "1")
+  assert answers.log10_error("4.2", "4.25") == pytest.approx(math.log10(1.05))
+  assert answers.log10_error("7", "6") == pytest.approx(math.log10(2.0))
+  assert answers.log10_error("-2", "-2.5") == pytest.approx(math.log10(1.5))
+  assert answers.log10_error("1/2", "0.5") == 0.0  # parsed as the scorer does
+  assert answers.log10_error("x", "1") is None
+  assert answers.log10_error("1.2.3", "1") is None
+  assert answers.within_1_percent("99.5", "100")
+  assert not answers.within_1_percent("98", "100")
+  assert answers.within_1_percent("0", "0")
+  assert not answers.within_1_percent("x", "1")
 
 
 @pytest.mark.parametrize(
@@ -113,14 +114,14 @@ def test_scorer_reads_answers():
 def test_score_and_breakdown():
   problems = [("Add 1 and 2.", "3"), ("5 - 7.5", "-2.5"), ("1+1", "2")]
   predictions = ["3", "-2", "oops"]
-  scores = dr.score(predictions, problems)
+  scores = answers.score(predictions, problems)
   assert scores["exact_match"] == pytest.approx(1 / 3)
   assert scores["within_1_percent"] == pytest.approx(1 / 3)
   # Parsed: errors 0 and 0.5; "oops" excluded and counted.
   assert scores["log_error"] == pytest.approx(math.log10(1.5) / 2)
   assert scores["unparsed"] == 1
-  by_operation = dr.breakdown(
-      predictions, problems, lambda q, a: dr.operation(q)
+  by_operation = answers.breakdown(
+      predictions, problems, lambda q, a: answers.operation(q)
   )
   assert by_operation == {"add": (1, 2), "subtract": (0, 1)}
 

@@ -143,9 +143,9 @@ def test_cells_on_two_devices_are_named(tmp_path):
     [("-3/7", "fraction"), ("0.5", "decimal"), ("12", "integer")],
 )
 def test_answer_form(answer, form):
-  from experiments.arithmetic_mix import llm_report  # pylint: disable=g-import-not-at-top
+  from experiments.arithmetic_mix import answers  # pylint: disable=g-import-not-at-top
 
-  assert llm_report.answer_form(answer) == form
+  assert answers.answer_form(answer) == form
 
 
 def test_runs_split_by_dataset_in_report_order():
@@ -222,17 +222,18 @@ def test_missing_test_problems_name_the_command_that_prepares_them(
     tmp_path, capsys
 ):
   from experiments import common  # pylint: disable=g-import-not-at-top
+  from experiments.arithmetic_mix import answers  # pylint: disable=g-import-not-at-top
   from experiments.arithmetic_mix import llm_report  # pylint: disable=g-import-not-at-top
 
   mix = [record("arithmetic_mix", "ce", 0, {0})]
   digits = [record("add_or_sub", "ce", 0, {0})]
   digits[0]["data"] = dict(module="arithmetic__add_or_sub", difficulty="easy")
   # The paper's arithmetic__mixed: no module or difficulty flags.
-  assert llm_report.prepare_command(mix, "d") == (
+  assert answers.prepare_command(mix, "d") == (
       "python -m train.prepare_data --data_dir=d --train_size=9600 "
       "--test_size=4 --workers=2"
   )
-  assert llm_report.prepare_command(digits, "d") == (
+  assert answers.prepare_command(digits, "d") == (
       "python -m train.prepare_data --data_dir=d "
       "--module=arithmetic__add_or_sub --difficulty=easy --train_size=9600 "
       "--test_size=4 --workers=2"
@@ -243,7 +244,7 @@ def test_missing_test_problems_name_the_command_that_prepares_them(
   text = open(path).read()
   warnings = capsys.readouterr().err
   for runs in (mix, digits):
-    command = llm_report.prepare_command(runs, str(tmp_path / "none"))
+    command = answers.prepare_command(runs, str(tmp_path / "none"))
     assert f"prepare them with `{command}` and run the report again." in text
     assert command in warnings
   assert "### By answer length" not in text

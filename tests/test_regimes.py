@@ -1,6 +1,7 @@
 """Fixed set vs stream tables and plots (experiments/regimes.py), by hand."""
 
 from experiments import regimes
+from experiments import stats
 
 
 def run(curve, steps=(100, 200)):
@@ -67,8 +68,8 @@ def test_one_regime_and_a_missing_mid_step():
   lines = regimes.side_by_side(later, ROWS, "exact_match")
   assert "step 200" in lines[0]
   assert cells(lines, "CE") == ["30.0", "40.0"]
-  assert regimes.at_step(later["fixed"]["ce"][0], "exact_match", 100) != (
-      regimes.at_step(later["fixed"]["ce"][0], "exact_match", 100)
+  assert stats.at_step(later["fixed"]["ce"][0], "exact_match", 100) != (
+      stats.at_step(later["fixed"]["ce"][0], "exact_match", 100)
   )  # NaN where the curve has no such step
 
 

@@ -15,10 +15,10 @@ they hold, and their stored predictions (the test split's order). The
 breakdowns by answer digits, operation and decimals also need the test
 problems themselves (questions and answers are not in the records), read
 from the prepared data (``--data_dir``). The report keeps a copy of them
-beside results.json (``test_problems/``, `read_test_problems`), so that it
-renders whole again where the data is not prepared; without either, or if a
-run's stored predictions do not reproduce its recorded exact match against
-them, those breakdowns are left out and the report says so.
+beside results.json (``test_problems/``, `answers.read_test_problems`), so
+that it renders whole again where the data is not prepared; without either,
+or if a run's stored predictions do not reproduce its recorded exact match
+against them, those breakdowns are left out and the report says so.
 
 Paired comparisons use `experiments.stats.paired`: the same seed means the
 same initialisation and data order, so run - reference on each seed, the
@@ -27,11 +27,7 @@ seeds where the run is better, and a two-sided paired t-test
 """
 
 import collections
-import glob
-import json
-import math
 import os
-import sys
 import re
 
 import matplotlib
@@ -42,13 +38,15 @@ import numpy as np
 
 from configs import arithmetic_mix
 from experiments import common
+from experiments import figures
 from experiments import labels
 from experiments import prose
+from experiments import report_engine
 from experiments import stats
-from train.tasks import arithmetic_mix as task
+from experiments import tables
+from experiments.arithmetic_mix import answers
 
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "digits")
-RESULTS = os.path.join(HERE, "results.json")
 
 METHODS = arithmetic_mix.METHODS
 # NTIL's peers (DEL, SMMD), run.py's group "peers": rows of the main table.
@@ -79,195 +77,34 @@ EARLY_STEP = 200  # the first point of the learning curve
 # CE's mean rise over the last eval interval (points) above which the
 # report calls the curve still rising steeply.
 STEEP_RISE = 3.0
+# The grid's data where a record does not name it.
+DATA = dict(module="arithmetic__add_or_sub", difficulty="easy")
 # The grids this report renders: profile -> (results file, output folder).
 PROFILES = dict(
     digits=("results.json", ""),
     digits_long=("results_long.json", "long"),
 )
 
-# The paired metrics: (key, name, scale, digits, higher is better). Keys
-# name fields of `run_view`.
-EM_END = ("em_end", "exact match at the end (pts)", 100.0, 2, True)
-EM_EARLY = ("em_early", "exact match at step {early} (pts)", 100.0, 2, True)
-WITHIN = ("within_1_percent", "within 1% (pts)", 100.0, 2, True)
-LOG_ERROR = ("log_error", "mean log10(1+abs err)", 1.0, 3, False)
-PAIRED = (EM_END, EM_EARLY, WITHIN, LOG_ERROR)
-
-# ---------------------------------------------------------------------------
-# Pure helpers on one problem.
-
-_NUMBER = r"-?\d+(?:\.\d+)?"
-_EXPRESSION = re.compile(rf"({_NUMBER})\s*([+-])\s*({_NUMBER})")
-_ADD_WORDS = re.compile(r"\b(plus|add|sum|total|put together)\b")
-_SUBTRACT_WORDS = re.compile(
-    r"\b(minus|subtract|take away|less than|difference|distance)\b"
+# The main table's columns and the paired metrics: fields of `run_view`;
+# ``{early}`` in a name is the early eval step.
+Metric = stats.Metric
+VALUES = (
+    Metric("em_early", "exact match @{early} (%)", 100, 2),
+    Metric("em_end", "exact match, end (%)", 100, 2),
+    Metric("within_1_percent", "within 1% (%)", 100, 2),
+    Metric("log_error", "mean log10(1+abs err)", 1, 3, False),
+)
+PAIRED = (
+    VALUES[1]._replace(name="exact match at the end (pts)"),
+    VALUES[0]._replace(name="exact match at step {early} (pts)"),
+    VALUES[2]._replace(name="within 1% (pts)"),
+    VALUES[3],
 )
 
 
-def answer_digits(answer: str) -> int:
-  """How many digits the answer has (sign and decimal point not counted).
-
-  ``'-153.97'`` has 5, ``'0.09'`` 3 (the leading zero is written too).
-  """
-  return sum(c.isdigit() for c in answer.strip())
-
-
-def digits_bucket(answer: str) -> str:
-  """The answer-length column of an answer: ``'<=3'``, ``'4'``..``'8'``,
-  ``'>=9'``."""
-  n = answer_digits(answer)
-  if n <= 3:
-    return "<=3"
-  if n >= 9:
-    return ">=9"
-  return str(n)
-
-
-DIGIT_BUCKETS = ("<=3", "4", "5", "6", "7", "8", ">=9")
-
-
-def operation(question: str) -> str | None:
-  """``'add'`` or ``'subtract'``: the operation as the question writes it.
-
-  Worded questions by their verb ('Add', 'Sum', 'Total of', 'Put together',
-  'plus'; 'Subtract', 'minus', 'take away', 'less than', 'difference',
-  'distance'), bare ones by their operator (``'-20.3+-1891'`` adds,
-  ``'44 - -46.6'`` subtracts, whatever the operands' signs). None if neither
-  reading applies.
-  """
-  text = question.lower()
-  add = bool(_ADD_WORDS.search(text))
-  subtract = bool(_SUBTRACT_WORDS.search(text))
-  if add != subtract:
-    return "add" if add else "subtract"
-  if add:  # both kinds of word: ambiguous
-    return None
-  match = _EXPRESSION.search(question)
-  if match is None:
-    return None
-  return "add" if match.group(2) == "+" else "subtract"
-
-
-OPERATIONS = ("add", "subtract")
-
-
-def has_decimals(answer: str) -> bool:
-  """Whether the answer is written with a decimal point."""
-  return "." in answer
-
-
-def decimals_bucket(answer: str) -> str:
-  return "decimal" if has_decimals(answer) else "integer"
-
-
-DECIMAL_BUCKETS = ("integer", "decimal")
-
-
-def log10_error(prediction: str, answer: str) -> float | None:
-  """log10(1 + |prediction - answer|); None if either does not parse.
-
-  Parsed as the trainer's scorer parses (`train.tasks.arithmetic_mix`).
-  """
-  predicted, true = task.parse_number(prediction), task.parse_number(answer)
-  if predicted is None or true is None:
-    return None
-  return math.log10(1.0 + abs(float(predicted - true)))
-
-
-def within_1_percent(prediction: str, answer: str) -> bool:
-  """The prediction parses and is within 1% of the answer (the scorer's)."""
-  predicted, true = task.parse_number(prediction), task.parse_number(answer)
-  if predicted is None or true is None:
-    return False
-  return abs(float(predicted - true)) <= 0.01 * abs(float(true))
-
-
-def is_exact(prediction: str, answer: str) -> bool:
-  return prediction.strip() == answer.strip()
-
-
-# ---------------------------------------------------------------------------
-# Pure helpers on a run's predictions.
-
-
-def score(predictions, problems) -> dict:
-  """Exact match, within 1%, mean log10 error and unparsed count.
-
-  Args:
-    predictions: predicted answer strings, in test order.
-    problems: (question, answer) pairs, in the same order.
-
-  Returns:
-    dict(exact_match, within_1_percent, log_error, unparsed): rates over all
-    problems (an unparseable prediction is wrong and not within 1%); the
-    log error is the mean over the predictions that parse (nan if none),
-    ``unparsed`` counts the others.
-  """
-  errors = [log10_error(p, a) for p, (_, a) in zip(predictions, problems)]
-  parsed = [e for e in errors if e is not None]
-  n = len(problems)
-  return dict(
-      exact_match=sum(
-          is_exact(p, a) for p, (_, a) in zip(predictions, problems)
-      )
-      / n,
-      within_1_percent=sum(
-          within_1_percent(p, a) for p, (_, a) in zip(predictions, problems)
-      )
-      / n,
-      log_error=float(np.mean(parsed)) if parsed else float("nan"),
-      unparsed=n - len(parsed),
-  )
-
-
-def breakdown(predictions, problems, key) -> dict:
-  """{bucket: (correct, total)} of exact match, ``key(question, answer)``
-  naming each problem's bucket (None: left out)."""
-  counts = collections.defaultdict(lambda: [0, 0])
-  for prediction, (question, answer) in zip(predictions, problems):
-    bucket = key(question, answer)
-    if bucket is None:
-      continue
-    counts[bucket][0] += is_exact(prediction, answer)
-    counts[bucket][1] += 1
-  return {b: tuple(c) for b, c in counts.items()}
-
-
-BREAKDOWN_NAMES = dict(
-    digits="answer digits",
-    operation="operation",
-    decimals="answer",
-    form="answer",
-)
-# (name, title, bucket of (question, answer), bucket order)
-BREAKDOWNS = (
-    (
-        "digits",
-        "By answer length in digits (sign and decimal point not counted)",
-        lambda q, a: digits_bucket(a),
-        DIGIT_BUCKETS,
-    ),
-    (
-        "operation",
-        "By operation, as the question writes it",
-        lambda q, a: operation(q),
-        OPERATIONS,
-    ),
-    (
-        "decimals",
-        "By whether the answer has decimals",
-        lambda q, a: decimals_bucket(a),
-        DECIMAL_BUCKETS,
-    ),
-)
-
-
-def curve_value(run, step, metric="exact_match") -> float:
-  """The run's eval ``metric`` at ``step``; nan if it was not evaluated."""
-  curves = run["curves"]
-  if step in curves["eval_steps"]:
-    return float(curves[metric][curves["eval_steps"].index(step)])
-  return float("nan")
+def curve_value(run, step) -> float:
+  """The run's test exact match at eval ``step``; nan if not evaluated."""
+  return stats.at_step(run, "exact_match", step)
 
 
 # ---------------------------------------------------------------------------
@@ -299,7 +136,7 @@ def run_view(run, problems, early=EARLY_STEP, breakdowns=None) -> dict:
   unparsed, from_predictions (whether the figures and breakdowns were
   computed from the stored predictions against ``problems``), and
   ``breakdowns``: {name: {bucket: rate}} (empty without problems), over
-  ``breakdowns`` (`BREAKDOWNS` if None).
+  ``breakdowns`` (`answers.BREAKDOWNS` if None).
   """
   view = dict(
       run,
@@ -316,7 +153,7 @@ def run_view(run, problems, early=EARLY_STEP, breakdowns=None) -> dict:
     return view
   if len(predictions) != len(problems):
     return view
-  scores = score(predictions, problems)
+  scores = answers.score(predictions, problems)
   if abs(scores["exact_match"] - run["exact_match"]) > 1e-9:
     return view  # not the test split the run was scored on
   view.update(
@@ -326,9 +163,10 @@ def run_view(run, problems, early=EARLY_STEP, breakdowns=None) -> dict:
       unparsed=scores["unparsed"],
       from_predictions=True,
   )
-  for name, _, key, _ in breakdowns or BREAKDOWNS:
+  for name, _, key, _ in breakdowns or answers.BREAKDOWNS:
     view["breakdowns"][name] = {
-        b: c / t for b, (c, t) in breakdown(predictions, problems, key).items()
+        b: c / t
+        for b, (c, t) in answers.breakdown(predictions, problems, key).items()
     }
   return view
 
@@ -344,12 +182,8 @@ def early_step(runs) -> int:
 def group_runs(runs, problems=None, early=EARLY_STEP, breakdowns=None) -> dict:
   """{cell kind: {seed: run_view}}; a later record of a cell replaces one
   before it."""
-  grouped = collections.defaultdict(dict)
-  for run in runs:
-    grouped[cell_key(run)][run["seed"]] = run_view(
-        run, problems, early, breakdowns
-    )
-  return dict(grouped)
+  view = lambda run: run_view(run, problems, early, breakdowns)
+  return dict(stats.group_runs(runs, cell_key, view))
 
 
 def main_keys(grouped):
@@ -358,6 +192,10 @@ def main_keys(grouped):
 
 def ablation_keys(grouped):
   return [k for k, _ in ABLATIONS if k in grouped]
+
+
+def control_keys(grouped):
+  return [CONTROL] if CONTROL in grouped else []
 
 
 def paired_cells(runs, reference, key, scale, digits, higher):
@@ -402,30 +240,18 @@ def fmt(values, scale, digits) -> str:
 
 
 def values_table(grouped, keys, early) -> list[str]:
-  head = [
-      "run",
-      "seeds",
-      f"exact match @{early} (%)",
-      "exact match, end (%)",
-      "within 1% (%)",
-      "mean log10(1+abs err)",
-      "unparsed (all seeds)",
-  ]
+  """`VALUES`, mean ± sd over seeds, and the unparsed answers of each key."""
   rows = []
   for key in keys:
     runs = list(grouped[key].values())
+    seeds = ",".join(str(s) for s in sorted(grouped[key]))
     rows.append(
-        [
-            label(key),
-            f"{len(runs)} ({','.join(str(s) for s in sorted(grouped[key]))})",
-            fmt([r["em_early"] for r in runs], 100, 2),
-            fmt([r["em_end"] for r in runs], 100, 2),
-            fmt([r["within_1_percent"] for r in runs], 100, 2),
-            fmt([r["log_error"] for r in runs], 1, 3),
-            str(sum(r["unparsed"] for r in runs)),
-        ]
+        [label(key), f"{len(runs)} ({seeds})"]
+        + [fmt([r[m.field] for r in runs], m.scale, m.digits) for m in VALUES]
+        + [str(sum(r["unparsed"] for r in runs))]
     )
-  return stats.table(head, rows)
+  names = [m.name.format(early=early) for m in VALUES]
+  return tables.table(["run", "seeds", *names, "unparsed (all seeds)"], rows)
 
 
 def paired_table(comparisons, early) -> list[str]:
@@ -433,24 +259,24 @@ def paired_table(comparisons, early) -> list[str]:
 
   Rows without a paired seed are left out.
   """
-  comparisons = [
-      (row_label, runs, reference)
+  rows = [
+      [row_label]
+      + [
+          cell
+          for m in PAIRED
+          for cell in paired_cells(
+              runs, reference, m.field, m.scale, m.digits, m.higher
+          )
+      ]
       for row_label, runs, reference in comparisons
       if runs and reference and set(runs) & set(reference)
   ]
-  if not comparisons:
+  if not rows:
     return ["No seed paired yet."]
   head = ["comparison"]
-  for _, name, _, _, _ in PAIRED:
-    short = name.format(early=early)
-    head += [f"Δ {short}", "better", "p"]
-  rows = []
-  for row_label, runs, reference in comparisons:
-    cells = [row_label]
-    for key, _, scale, digits, higher in PAIRED:
-      cells += paired_cells(runs, reference, key, scale, digits, higher)
-    rows.append(cells)
-  return stats.table(head, rows)
+  for m in PAIRED:
+    head += [f"Δ {m.name.format(early=early)}", "better", "p"]
+  return tables.table(head, rows)
 
 
 def paired_vs_ce(grouped, keys, early) -> list[str]:
@@ -511,7 +337,17 @@ def breakdown_table(grouped, keys, problems, name, key, order) -> list[str]:
       )
     if any(c != "-" for c in cells):
       rows.append([f"{label(k)} − CE, paired Δ (seeds better)", ""] + cells)
-  return stats.table(head, rows)
+  return tables.table(head, rows)
+
+
+def breakdown_sections(grouped, keys, problems, breakdowns=None):
+  """A ``###`` section a breakdown (`answers.BREAKDOWNS` if None): its
+  `breakdown_table`."""
+  lines = []
+  for name, title, key, order in breakdowns or answers.BREAKDOWNS:
+    table = breakdown_table(grouped, keys, problems, name, key, order)
+    lines += [f"### {title}", "", *table, ""]
+  return lines
 
 
 def bucket_metric(name, bucket):
@@ -537,58 +373,54 @@ def color(key) -> str:
   return labels.color(key, [k for k, _ in ABLATIONS])
 
 
+def curve_lines(ax, grouped, keys, xlabel="step", start=()) -> None:
+  """A line a key: exact match vs step, mean over seeds (from the mean of
+  ``start``, zero-shot scores, at step 0)."""
+  steps = eval_steps(grouped)
+  for k in keys:
+    runs = list(grouped[k].values())
+    ys = [100 * np.nanmean([curve_value(r, s) for r in runs]) for s in steps]
+    xs = steps
+    if start:
+      xs, ys = [0] + xs, [100 * float(np.mean(start))] + ys
+    ax.plot(
+        xs,
+        ys,
+        marker="o",
+        ms=3,
+        ls="--" if k == CONTROL else "-",
+        color=color(k),
+        label=f"{label(k)} ({len(runs)})",
+    )
+  figures.finish(ax, xlabel)
+
+
 def plot_curves(grouped, path):
   """Exact match vs step, mean over seeds: main and control; NTIL and its
   ablations."""
-  steps = eval_steps(grouped)
-  fig, (left, right) = plt.subplots(
-      1, 2, figsize=(9, 3.4), sharex=True, sharey=True
-  )
+  fig, axes = plt.subplots(1, 2, figsize=(9, 3.4), sharex=True, sharey=True)
   panels = (
-      (left, main_keys(grouped) + ([CONTROL] if CONTROL in grouped else [])),
+      ("methods and control", main_keys(grouped) + control_keys(grouped)),
       (
-          right,
-          (["ntil"] if "ntil" in grouped else []) + ablation_keys(grouped),
+          "NTIL and its ablations",
+          ["ntil"] * ("ntil" in grouped) + ablation_keys(grouped),
       ),
   )
-  for ax, keys in panels:
-    for k in keys:
-      runs = list(grouped[k].values())
-      means = [np.nanmean([curve_value(r, s) for r in runs]) for s in steps]
-      ax.plot(
-          steps,
-          [100 * m for m in means],
-          marker="o",
-          ms=3,
-          ls="--" if k == CONTROL else "-",
-          color=color(k),
-          label=f"{label(k)} ({len(runs)})",
-      )
-    ax.set_xlabel("step")
-    ax.grid(alpha=0.3)
-    if keys:
-      ax.legend(fontsize=7)
-    else:
-      ax.text(0.5, 0.5, "not run yet", transform=ax.transAxes, ha="center")
-  left.set_ylabel("test exact match (%, mean over seeds)")
-  left.set_title("methods and control (seeds)", fontsize=9)
-  right.set_title("NTIL and its ablations (seeds)", fontsize=9)
-  fig.tight_layout()
-  fig.savefig(path, dpi=90)
-  plt.close(fig)
+  for ax, (title, keys) in zip(axes, panels):
+    curve_lines(ax, grouped, keys)
+    ax.set_title(f"{title} (seeds)", fontsize=9)
+  axes[0].set_ylabel("test exact match (%, mean over seeds)")
+  figures.save(fig, path, dpi=90)
 
 
 def plot_paired_curves(grouped, path):
   """Paired Δ exact match vs CE at every eval step: mean ± sd over seeds."""
-  steps = eval_steps(grouped)
   reference = grouped.get("ce", {})
-  keys = [k for k in main_keys(grouped) if k != "ce"]
-  keys += [CONTROL] if CONTROL in grouped else []
+  keys = [k for k in main_keys(grouped) if k != "ce"] + control_keys(grouped)
   fig, ax = plt.subplots(figsize=(6.5, 3.4))
-  drawn = 0
   for i, k in enumerate(keys):
     points = []
-    for s in steps:
+    for s in eval_steps(grouped):
       d = stats.paired(
           grouped[k], reference, lambda r, s=s: curve_value(r, s), 100.0, True
       )
@@ -597,7 +429,6 @@ def plot_paired_curves(grouped, path):
     if not points:
       continue
     x, mean, std = (np.array(v) for v in zip(*points))
-    n = len(set(grouped[k]) & set(reference))
     ax.errorbar(
         x + 6 * (i - len(keys) / 2),  # side by side
         mean,
@@ -607,27 +438,14 @@ def plot_paired_curves(grouped, path):
         capsize=2,
         ls="--" if k == CONTROL else "-",
         color=color(k),
-        label=f"{label(k)} ({n} paired)",
+        label=f"{label(k)} ({len(set(grouped[k]) & set(reference))} paired)",
     )
-    drawn += 1
   ax.axhline(0, color="k", lw=0.8)
-  ax.set_xlabel("step")
-  ax.set_ylabel("Δ exact match vs CE (points)")
   ax.set_title("paired by seed: mean ± sd of (run - CE, same seed)", fontsize=9)
-  ax.grid(alpha=0.3)
-  if drawn:
-    ax.legend(fontsize=7)
-  else:
-    ax.text(
-        0.5,
-        0.5,
-        "no seed paired with CE yet",
-        transform=ax.transAxes,
-        ha="center",
-    )
-  fig.tight_layout()
-  fig.savefig(path, dpi=90)
-  plt.close(fig)
+  figures.finish(
+      ax, "step", "Δ exact match vs CE (points)", "no seed paired with CE yet"
+  )
+  figures.save(fig, path, dpi=90)
 
 
 # ---------------------------------------------------------------------------
@@ -663,89 +481,69 @@ def coverage(grouped, sizes=None) -> list[str]:
   return lines
 
 
-def train_size(source) -> int | None:
-  """The training set's size, from the prepared data's name, if known."""
-  match = re.search(r"(?:^|_)train(\d+)_test", os.path.basename(source or ""))
-  return int(match.group(1)) if match else None
-
-
 def regime(grouped, early, problems=None, source="") -> list[str]:
   """The set-up, from the records (and the test problems if known)."""
-  runs = [r for runs in grouped.values() for r in runs.values()]
-  first = runs[0]
+  first = next(r for runs in grouped.values() for r in runs.values())
   data = first.get("data", {})
   seen = first.get("problems_seen", first["steps"] * first["batch_size"])
-  answers = ""
+  test_answers = ""
   if problems:
-    digits = [answer_digits(a) for _, a in problems]
-    decimals = np.mean([has_decimals(a) for _, a in problems])
-    answers = (
-        f"; test answers have {np.median(digits):g} digits at the median "
-        f"({min(digits)} to {max(digits)}), {100 * decimals:.0f}% with "
-        "decimals"
+    digits = [answers.answer_digits(a) for _, a in problems]
+    test_answers = prose.text(
+        __file__,
+        "answers",
+        median=np.median(digits),
+        low=min(digits),
+        high=max(digits),
+        decimals=100 * np.mean([answers.has_decimals(a) for _, a in problems]),
     )
   # The test split is the same for every training size: only the runs' own
   # dataset (as many problems as they read) names how many it held.
-  if train_size(source) == seen:
-    once = (
-        f"of {seen:,} generated training problems: **each seen at most "
-        "once** (exactly once)"
-    )
-  else:
-    once = (
-        "the digits profile generates exactly that many training problems, "
-        "so **each is seen once**"
-    )
-  lines = [
-      f"- Task: mathematics_dataset `{data.get('module', '?')}` at difficulty "
-      f"`{data.get('difficulty', '?')}` (train and test drawn at it)"
-      f"{answers}.",
-      f"- Model: the `{first['model']}` decoder, **trained from scratch** "
-      "(no pretraining), one config for every method.",
-      f"- Data: abundant: {first['steps']} steps × {first['batch_size']} = "
-      f"{seen:,} problems read, {once}.",
-      f"- **Fixed budget: {first['steps']} steps** for every method; test "
-      f"exact match evaluated at steps "
-      f"{', '.join(str(s) for s in eval_steps(grouped))}.",
-  ]
-  ce = grouped.get("ce", {})
-  steps = eval_steps(grouped)
-  if ce and len(steps) >= 2:
-    late, end = steps[-2], steps[-1]
-    before = [curve_value(r, late) for r in ce.values()]
-    after = [curve_value(r, end) for r in ce.values()]
-    rising = sum(a > b for a, b in zip(after, before))
-    rise = 100 * (np.nanmean(after) - np.nanmean(before))
-    if rise >= STEEP_RISE:
-      verdict = (
-          f"**still rising steeply at the end of the budget** ({rise:+.2f} "
-          f"points over the last {end - late} steps): the end-of-budget "
-          "comparison is between models that have not finished learning"
-      )
-    elif rise > 0:
-      verdict = (
-          f"rising slowly at the end of the budget ({rise:+.2f} points over "
-          f"the last {end - late} steps, as the cosine schedule takes the "
-          "learning rate to zero): close to what this model learns on this "
-          "schedule, not a proven plateau"
-      )
-    else:
-      verdict = "no longer rising at the end of the budget"
-    lines.append(
-        f"- CE's exact match went from {100 * np.nanmean(before):.2f}% at "
-        f"step {late} to {100 * np.nanmean(after):.2f}% at step {end} "
-        f"(mean over {_seeds(len(ce))}; higher at {end} on "
-        f"{rising}/{len(ce)}):"
-        f" {verdict}."
-    )
-  lines += [
-      f"- Test: {first['num_test_examples']:,} problems, greedy decoding, "
-      "exact string match. Hardware: "
-      f"{first['device']} ({first['host']}).",
-      f"- Two claims are kept apart: exact match at step {early} (learning "
-      "faster) and at the end (a better model after the budget).",
-  ]
-  return lines
+  once = "once_counted" if answers.train_size(source) == seen else "once"
+  return prose.section(
+      __file__,
+      "regime",
+      module=data.get("module", "?"),
+      difficulty=data.get("difficulty", "?"),
+      answers=test_answers,
+      model=first["model"],
+      steps=first["steps"],
+      batch_size=first["batch_size"],
+      seen=seen,
+      once=prose.text(__file__, once, seen=seen),
+      eval_steps=", ".join(str(s) for s in eval_steps(grouped)),
+      ce_rise=ce_rise(grouped.get("ce", {}), eval_steps(grouped)),
+      test_size=first["num_test_examples"],
+      device=first["device"],
+      host=first["host"],
+      early=early,
+  )
+
+
+def ce_rise(ce, steps) -> list[str]:
+  """How much CE's exact match rose over the last eval interval, and
+  whether that is steep (`STEEP_RISE`): a list item, none without CE."""
+  if not ce or len(steps) < 2:
+    return []
+  late, end = steps[-2], steps[-1]
+  before = [curve_value(r, late) for r in ce.values()]
+  after = [curve_value(r, end) for r in ce.values()]
+  rise = 100 * (np.nanmean(after) - np.nanmean(before))
+  kind = "steep" if rise >= STEEP_RISE else "slow" if rise > 0 else "flat"
+  return prose.section(
+      __file__,
+      "ce_rise",
+      before=100 * np.nanmean(before),
+      late=late,
+      after=100 * np.nanmean(after),
+      end=end,
+      seeds=_seeds(len(ce)),
+      rising=sum(a > b for a, b in zip(after, before)),
+      n=len(ce),
+      verdict=prose.text(
+          __file__, f"rise_{kind}", rise=rise, interval=end - late
+      ),
+  )
 
 
 def _seeds(n) -> str:
@@ -764,13 +562,6 @@ def _verdict(d, higher_better=True) -> str:
     return f"{direction} on average (p = {d['p']:.3f}), but not on every seed"
   p = "-" if np.isnan(d["p"]) else f"{d['p']:.3f}"
   return f"{direction} on average but within seed noise (p = {p})"
-
-
-def _delta_text(d, scale_name, digits) -> str:
-  return (
-      f"{d['mean']:+.{digits}f} {scale_name}, better on "
-      f"{d['better']}/{d['n']} seeds"
-  )
 
 
 def reading(grouped, early, seeds=len(SEEDS), breakdowns=None) -> list[str]:
@@ -798,19 +589,21 @@ def reading(grouped, early, seeds=len(SEEDS), breakdowns=None) -> list[str]:
         + ", ".join(f"{label(k)} {means[k]:.2f}" for k in order)
         + "."
     )
+
+  def versus(text, runs, reference):
+    """Appends ``text``'s paired difference at the end and its verdict."""
+    d = stats.paired(runs, reference or {}, "em_end", 100.0, True)
+    if d is not None:
+      lines.append(
+          f"- {text}, exact match at the end: {d['mean']:+.2f} points, "
+          f"better on {d['better']}/{d['n']} seeds: {_verdict(d)}."
+      )
+    return d
+
   reference = grouped.get("ce", {})
   beaten = []
-  for k in [k for k in keys if k != "ce"] + (
-      [CONTROL] if CONTROL in grouped else []
-  ):
-    d = stats.paired(grouped[k], reference, "em_end", 100.0, True)
-    if d is None:
-      continue
-    lines.append(
-        f"- {label(k)} − CE, exact match at the end: "
-        f"{_delta_text(d, 'points', 2)}: {_verdict(d)}."
-    )
-    if beats(d):
+  for k in [k for k in keys if k != "ce"] + control_keys(grouped):
+    if beats(versus(f"{label(k)} − CE", grouped[k], reference)):
       beaten.append(label(k))
   if reference and len(keys) > 1:
     lines.append(
@@ -821,21 +614,13 @@ def reading(grouped, early, seeds=len(SEEDS), breakdowns=None) -> list[str]:
     )
   lines += _ntil_vs_ce(grouped, early, breakdowns)
   if CONTROL in grouped and "ntil" in grouped:
-    d = stats.paired(grouped["ntil"], grouped[CONTROL], "em_end", 100.0, True)
-    if d is not None:
-      lines.append(
-          f"- NTIL − digit-weighted CE (the control for 'more weight on "
-          f"digits'), exact match at the end: {_delta_text(d, 'points', 2)}:"
-          f" {_verdict(d)}."
-      )
-  for k in ablation_keys(grouped):
-    d = stats.paired(grouped[k], grouped.get("ntil", {}), "em_end", 100, True)
-    if d is None:
-      continue
-    lines.append(
-        f"- {label(k)} − full NTIL, exact match at the end: "
-        f"{_delta_text(d, 'points', 2)}: {_verdict(d)}."
+    versus(
+        "NTIL − digit-weighted CE (the control for 'more weight on digits')",
+        grouped["ntil"],
+        grouped[CONTROL],
     )
+  for k in ablation_keys(grouped):
+    versus(f"{label(k)} − full NTIL", grouped[k], grouped.get("ntil"))
   few = [k for k in keys if len(grouped[k]) < seeds]
   if few:
     lines.append(
@@ -870,27 +655,26 @@ def _ntil_vs_ce(grouped, early, breakdowns=None) -> list[str]:
       sort(d, f"{name} ({d['mean']:+.{digits}f}{unit})", higher)
   ntil_b = {s: r for s, r in ntil.items() if r["breakdowns"]}
   ce_b = {s: r for s, r in ce.items() if r["breakdowns"]}
-  for name, _, _, order in breakdowns or BREAKDOWNS:
+  for name, _, _, order in breakdowns or answers.BREAKDOWNS:
     for b in order:
       d = stats.paired(ntil_b, ce_b, bucket_metric(name, b), 100, True)
       if d is not None:
-        sort(d, f"{BREAKDOWN_NAMES[name]} {b} ({d['mean']:+.2f} pts)", True)
-  n = len(set(ntil) & set(ce))
+        sort(
+            d,
+            f"{answers.BREAKDOWN_NAMES[name]} {b} ({d['mean']:+.2f} pts)",
+            True,
+        )
   tested = len(behind) + len(within) + len(ahead)
-  return [
-      f"- **Where NTIL does not beat CE** ({_seeds(n)} paired; beating "
-      "means p < 0.05 and better on every seed): behind or level on "
-      "average: "
-      + ("; ".join(behind) if behind else "none")
-      + "; ahead on average but within seed noise: "
-      + ("; ".join(within) if within else "none")
-      + ".",
-      "- NTIL beats CE beyond seed noise on: "
-      + ("; ".join(ahead) if ahead else "nothing")
-      + f". These are {tested} comparisons without correction for their "
-      f"number: with no real differences about {tested / 20:.1f} would pass "
-      "p < 0.05 by chance.",
-  ]
+  return prose.section(
+      __file__,
+      "ntil_vs_ce",
+      seeds=_seeds(len(set(ntil) & set(ce))),
+      behind="; ".join(behind) if behind else "none",
+      within="; ".join(within) if within else "none",
+      ahead="; ".join(ahead) if ahead else "nothing",
+      tested=tested,
+      chance=tested / 20,
+  )
 
 
 def device_check(runs, other) -> list[str]:
@@ -902,30 +686,23 @@ def device_check(runs, other) -> list[str]:
   ]
   if not pairs:
     return []
-  lines = [
-      "The same config (same seed, data and init) trained on two devices: "
-      "floating-point order differs, so the runs drift apart.",
-      "",
-      f"| cell | {pairs[0][0]['device']} | other device | Δ (pts) |",
-      "|---|---|---|---|",
-  ]
-  deltas = []
+  rows, deltas = [], []
   for run, twin in pairs:
     delta = 100 * (run["exact_match"] - twin["exact_match"])
     deltas.append(abs(delta))
-    lines.append(
+    rows.append(
         f"| {run['name']} | {100 * run['exact_match']:.2f} | "
         f"{100 * twin['exact_match']:.2f} ({twin['device']}) | "
         f"{delta:+.2f} |"
     )
-  lines += [
-      "",
-      f"Mean absolute difference {np.mean(deltas):.2f} points over "
-      f"{len(pairs)} cells: runs differing only in hardware differ by about "
-      "this much, so a paired difference between losses of that size on "
-      "one seed is noise.",
-  ]
-  return lines
+  return prose.section(
+      __file__,
+      "device_check",
+      device=pairs[0][0]["device"],
+      rows=rows,
+      mean=np.mean(deltas),
+      count=len(pairs),
+  )
 
 
 def write_report(
@@ -987,56 +764,60 @@ def write_report(
   else:
     lines += prose.section(__file__, "breakdowns", source=problems_source)
     lines.append("")
-    for name, title, key, order in BREAKDOWNS:
-      lines += [
-          f"### {title}",
-          "",
-          *breakdown_table(grouped, keys, problems, name, key, order),
-          "",
-      ]
-  lines += ["## Control: digit-weighted CE", ""]
-  if CONTROL in grouped:
-    comparisons = [
-        (f"{CONTROL_LABEL} − CE", grouped[CONTROL], grouped.get("ce")),
-        (f"CE + NTIL − {CONTROL_LABEL}", grouped.get("ntil"), grouped[CONTROL]),
-    ]
-    control_keys = [k for k in ("ce", CONTROL, "ntil") if k in grouped]
-    lines += prose.section(
-        __file__,
-        "control",
-        values=values_table(grouped, control_keys, early),
-        paired=paired_table(comparisons, early),
-    ) + [""]
-  else:
-    lines += ["Not run yet.", ""]
-  lines += ["## Ablations of NTIL (paired against full NTIL)", ""]
-  if ablation_keys(grouped):
-    lines += [
-        *values_table(
-            grouped,
-            (["ntil"] if "ntil" in grouped else []) + ablation_keys(grouped),
-            early,
-        ),
-        "",
-        *paired_table(
-            [
-                (f"{label(k)} − full NTIL", grouped[k], grouped.get("ntil"))
-                for k in ablation_keys(grouped)
-            ],
-            early,
-        ),
-        "",
-    ]
-  else:
-    lines += ["Not run yet.", ""]
+    lines += breakdown_sections(grouped, keys, problems)
+  control = [(f"{CONTROL_LABEL} − CE", grouped.get(CONTROL), grouped.get("ce"))]
+  control += [
+      (
+          f"CE + NTIL − {CONTROL_LABEL}",
+          grouped.get("ntil"),
+          grouped.get(CONTROL),
+      )
+  ]
+  lines += part(
+      "Control: digit-weighted CE",
+      CONTROL in grouped
+      and compared("control", grouped, ["ce", CONTROL, "ntil"], control, early),
+  )
+  ablations = ablation_keys(grouped)
+  lines += part(
+      "Ablations of NTIL (paired against full NTIL)",
+      ablations
+      and compared(
+          "ablations",
+          grouped,
+          ["ntil", *ablations],
+          [
+              (f"{label(k)} − full NTIL", grouped[k], grouped.get("ntil"))
+              for k in ablations
+          ],
+          early,
+      ),
+  )
   if profile == "digits":
     lines += chunk_section(grouped, early, group_runs(other, None, early))
   lines += ["## What it shows", "", *reading(grouped, early)]
   check = device_check(runs, other)
   if check:
     lines += ["", "## The same cells on another device", "", *check]
-  with open(os.path.join(out_dir, "results.md"), "w") as f:
-    f.write("\n".join(lines) + "\n")
+  report_engine.write(out_dir, lines, end="\n")
+
+
+def part(heading, lines, missing="Not run yet.") -> list[str]:
+  """A ``## heading`` section: ``lines``, or ``missing`` without them."""
+  return [f"## {heading}", "", *(lines or [missing]), ""]
+
+
+def compared(name, grouped, keys, comparisons, early, **values) -> list[str]:
+  """Section ``name`` of the Markdown, its blocks ``values`` (`values_table`
+  of those of ``keys`` recorded) and ``paired`` (`paired_table` of
+  ``comparisons``)."""
+  return prose.section(
+      __file__,
+      name,
+      values=values_table(grouped, [k for k in keys if k in grouped], early),
+      paired=paired_table(comparisons, early),
+      **values,
+  )
 
 
 def chunk_section(grouped, early, elsewhere=None) -> list[str]:
@@ -1049,34 +830,39 @@ def chunk_section(grouped, early, elsewhere=None) -> list[str]:
   single-digit cells.
   """
   keys = [m + CHUNKS for m in CHUNK_METHODS if m + CHUNKS in grouped]
-  lines = ["## Numbers in tokens of 1-3 digits", ""]
   apart = _chunks_elsewhere(elsewhere or {}, early)
+  heading = "Numbers in tokens of 1-3 digits"
   if not keys:
-    return lines + ["Not run yet (group `chunks`, 15 cells).", "", *apart]
-  single = lambda key: key[: -len(CHUNKS)]
+    return part(heading, [], "Not run yet (group `chunks`, 15 cells).") + apart
+  single = lambda key: key.removesuffix(CHUNKS)
   devices = lambda ks: ", ".join(
       sorted({r["device"] for k in ks for r in grouped.get(k, {}).values()})
   )
   mine, theirs = devices(keys), devices(map(single, keys))
-  across = prose.section(__file__, "across", mine=mine, theirs=theirs)
-  ce = grouped.get("ce" + CHUNKS)
+  across = prose.text(__file__, "across", mine=mine, theirs=theirs)
   comparisons = [
       (f"{label(k)} − {label(single(k))}", grouped[k], grouped.get(single(k)))
       for k in keys
-  ] + [(f"{label(k)} − CE, both in chunks", grouped[k], ce) for k in keys[1:]]
-  return lines + [
-      *prose.section(
-          __file__,
-          "chunks",
-          count=sum(len(grouped[k]) for k in keys),
-          cells=len(CHUNK_METHODS) * len(SEEDS),
-          across=" " + across[0] if mine != theirs else "",
-          values=values_table(grouped, keys, early),
-          paired=paired_table(comparisons, early),
-      ),
-      "",
-      *apart,
   ]
+  comparisons += [
+      (
+          f"{label(k)} − CE, both in chunks",
+          grouped[k],
+          grouped.get("ce" + CHUNKS),
+      )
+      for k in keys[1:]
+  ]
+  lines = compared(
+      "chunks",
+      grouped,
+      keys,
+      comparisons,
+      early,
+      count=sum(len(grouped[k]) for k in keys),
+      cells=len(CHUNK_METHODS) * len(SEEDS),
+      across=" " + across if mine != theirs else "",
+  )
+  return part(heading, lines) + apart
 
 
 def _chunks_elsewhere(grouped, early) -> list[str]:
@@ -1085,149 +871,22 @@ def _chunks_elsewhere(grouped, early) -> list[str]:
   methods = [m for m in CHUNK_METHODS if m + CHUNKS in grouped]
   if not methods:
     return []
-  keys = [k for m in methods for k in (m, m + CHUNKS) if k in grouped]
-  devices = {r["device"] for k in keys for r in grouped[k].values()}
-  return prose.section(
-      __file__,
-      "chunks_elsewhere",
-      device=", ".join(sorted(devices)),
-      values=values_table(grouped, keys, early),
-      paired=paired_table(
-          [
-              (
-                  f"{label(m + CHUNKS)} − {label(m)}",
-                  grouped[m + CHUNKS],
-                  grouped.get(m),
-              )
-              for m in methods
-          ],
-          early,
-      ),
+  keys = [k for m in methods for k in (m, m + CHUNKS)]
+  devices = {r["device"] for k in keys for r in grouped.get(k, {}).values()}
+  comparisons = [
+      (f"{label(m + CHUNKS)} − {label(m)}", grouped[m + CHUNKS], grouped.get(m))
+      for m in methods
+  ]
+  device = ", ".join(sorted(devices))
+  return compared(
+      "chunks_elsewhere", grouped, keys, comparisons, early, device=device
   ) + [""]
 
 
-# ---------------------------------------------------------------------------
-# The test problems.
-
-
 def prepare_command(runs, data_dir="data") -> str:
-  """The command that generates the runs' data (needs the arithmetic-data
-  extra)."""
-  data = runs[0].get("data", {})
-  module = data.get("module", "arithmetic__add_or_sub")
-  difficulty = data.get("difficulty", "easy")
-  seen = runs[0].get("problems_seen", runs[0]["steps"] * runs[0]["batch_size"])
-  return (
-      f"python -m train.prepare_data --data_dir={data_dir} --module={module} "
-      f"--difficulty={difficulty} --train_size={seen} "
-      f"--test_size={runs[0]['num_test_examples']} --workers=2"
-  )
-
-
-def dataset_pattern(runs, data_dir) -> str:
-  """Where the runs' prepared data would be: any training size, the test
-  split does not depend on it."""
-  data = runs[0].get("data", {})
-  module = data.get("module", "arithmetic__add_or_sub").removeprefix(
-      "arithmetic__"
-  )
-  difficulty = data.get("difficulty", "easy")
-  size = runs[0]["num_test_examples"]
-  return os.path.join(
-      data_dir,
-      task.NAME,
-      f"{module}-{difficulty}_train*_test{size}_seed0",
-  )
-
-
-def kept_problems_dir(results) -> str:
-  """Where the report of ``results`` keeps its copies of test splits."""
-  return os.path.join(os.path.dirname(results) or ".", "test_problems")
-
-
-def prepared_configs(pattern, seen) -> list[str]:
-  """The dataset folders that ``pattern`` matches (any training size: it does
-  not change the test split), the runs' own (``seen`` problems) first."""
-  found = glob.glob(os.path.join(pattern, "*", "dataset_info.json"))
-  names = sorted(
-      os.path.basename(os.path.dirname(os.path.dirname(path))) for path in found
-  )
-  return sorted(names, key=lambda name: train_size(name) != seen)
-
-
-def read_test_problems(data_dir, pattern, seen, kept):
-  """(problems, source) of a prepared test split, or of the report's copy.
-
-  Reading prepared data writes or refreshes its copy under ``kept``, so that
-  a report regenerated where the data is not prepared (a fresh clone,
-  another machine) renders the same breakdowns from the same problems
-  instead of leaving them out. The runs' own dataset comes first, prepared
-  or kept, then any prepared one, then any copy. A copy is checked like the
-  data: the breakdowns need every run's stored predictions to reproduce its
-  recorded exact match against it.
-
-  Args:
-    data_dir: the prepared data.
-    pattern: the dataset folders under ``data_dir`` that would do (a glob).
-    seen: the problems each run read (its dataset's training size).
-    kept: the folder of the copies (`kept_problems_dir`), one a dataset.
-
-  Returns:
-    The (question, answer) pairs in the order the runs were scored and the
-    dataset's path under ``data_dir``; (None, None) where none is there.
-  """
-  copies = sorted(
-      os.path.basename(path)[: -len(".json")]
-      for path in glob.glob(
-          os.path.join(kept, os.path.basename(pattern) + ".json")
-      )
-  )
-  candidates = sorted(
-      [(name, True) for name in prepared_configs(pattern, seen)]
-      + [(name, False) for name in copies],
-      key=lambda c: (train_size(c[0]) != seen, not c[1]),
-  )
-  if not candidates:
-    return None, None
-  config, is_prepared = candidates[0]
-  source = os.path.join(data_dir, task.NAME, config)
-  copy = os.path.join(kept, f"{config}.json")
-  if not is_prepared:
-    print(
-        f"the test problems of {config} are not prepared under {data_dir}; "
-        f"reading the report's copy of them ({copy})",
-        file=sys.stderr,
-    )
-    with open(copy) as f:
-      return [tuple(p) for p in json.load(f)], source
-  from train import input_pipeline  # pylint: disable=g-import-not-at-top
-
-  split = input_pipeline.load_split(data_dir, "test", config_name=config)
-  records = split.__getitems__(list(range(len(split))))
-  problems = [input_pipeline.decode_record(r) for r in records]
-  text = "[\n" + ",\n".join(json.dumps(list(p)) for p in problems) + "\n]\n"
-  old = None
-  if os.path.exists(copy):
-    with open(copy) as f:
-      old = f.read()
-  if text != old:
-    os.makedirs(kept, exist_ok=True)
-    common.write_text(copy, text)
-  return problems, source
-
-
-def load_test_problems(runs, data_dir, results):
-  """(problems, source): the test split's (question, answer) pairs in the
-  order the runs were scored, and its path; problems None if not found
-  (in the prepared data or the copies kept beside ``results``)."""
-  pattern = dataset_pattern(runs, data_dir)
-  problems, source = read_test_problems(
-      data_dir,
-      pattern,
-      runs[0].get("problems_seen"),
-      kept_problems_dir(results),
-  )
-  return problems, source or pattern
+  """The command that generates the runs' data (`answers.prepare_command`)."""
+  seen = runs[0]["steps"] * runs[0]["batch_size"]
+  return answers.prepare_command(runs, data_dir, DATA, seen)
 
 
 def main(results, out_dir, data_dir, profile="digits", other_results=()):
@@ -1244,21 +903,13 @@ def main(results, out_dir, data_dir, profile="digits", other_results=()):
   Returns:
     The path of the written results.md.
   """
-  runs = common.load_results(results)
-  if not runs:
-    raise SystemExit(f"no runs in {results}")
+  runs = report_engine.load(results)
   other = []
   for path in other_results:
     other += common.load_results(path)  # [] where it is missing
-  problems, source = load_test_problems(runs, data_dir, results)
+  problems, source = answers.load(runs, data_dir, results, DATA)
   if problems is None:
-    print(
-        f"warning: no test problems under {source}, so the breakdowns by "
-        "answer length, operation and decimals are left out of the report; "
-        f"prepare them with `{prepare_command(runs, data_dir)}` (the "
-        "arithmetic-data extra) and run the report again.",
-        file=sys.stderr,
-    )
+    answers.warn_missing(source, prepare_command(runs, data_dir))
   os.makedirs(out_dir, exist_ok=True)
   write_report(runs, problems, out_dir, source, profile, other)
   return os.path.join(out_dir, "results.md")

@@ -18,7 +18,6 @@ report), so both grids are read by the same definitions.
 
 import math
 import os
-import sys
 import textwrap
 
 import matplotlib
@@ -28,6 +27,10 @@ import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 import numpy as np
 
 from experiments import common
+from experiments import figures
+from experiments import prose
+from experiments import report_engine
+from experiments.arithmetic_mix import answers
 from experiments.arithmetic_mix import digits_report as dr
 
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "llm")
@@ -47,28 +50,11 @@ DATASETS = {
 }
 
 
-def answer_form(answer: str) -> str:
-  """``'fraction'``, ``'decimal'`` or ``'integer'``: how the answer is
-  written (arithmetic_mix's answers are integers or fractions)."""
-  if "/" in answer:
-    return "fraction"
-  return "decimal" if "." in answer else "integer"
-
-
-FORMS = ("integer", "decimal", "fraction")
 # Per dataset: the breakdowns of exact match that apply to its questions
 # (operation words are add_or_sub's; arithmetic_mix mixes operations).
 BREAKDOWNS = {
-    "add_or_sub": dr.BREAKDOWNS,
-    "arithmetic_mix": (
-        dr.BREAKDOWNS[0],
-        (
-            "form",
-            "By how the answer is written",
-            lambda q, a: answer_form(a),
-            FORMS,
-        ),
-    ),
+    "add_or_sub": answers.BREAKDOWNS,
+    "arithmetic_mix": (answers.BREAKDOWNS[0], answers.FORM),
 }
 
 
@@ -95,51 +81,48 @@ def zero_shot_lines(records, problems) -> list[str]:
   """The snapshot before fine-tuning: one row per zero-shot record."""
   if not records:
     return ["Zero-shot: not recorded (`--groups=zero_shot`)."]
-  lines = [
-      "| snapshot, zero-shot | exact match (%) | within 1% (%) | output "
-      "parses as a number (%) | mean log10(1+abs err) | test problems |",
-      "|---|---|---|---|---|---|",
-  ]
+  rows = []
   for record in records:
     within = record.get("within_1_percent")
-    if problems is not None and len(record.get("predictions") or []) == len(
-        problems
-    ):
-      within = dr.score(record["predictions"], problems)["within_1_percent"]
-    lines.append(
+    predictions = record.get("predictions") or []
+    if problems is not None and len(predictions) == len(problems):
+      within = answers.score(predictions, problems)["within_1_percent"]
+    rows.append(
         f"| {record.get('snapshot', '?')} | {_pct(record['exact_match'])} | "
         f"{_pct(within)} | {_pct(record.get('parsed_rate'))} | "
         f"{record.get('mean_log10_abs_error', float('nan')):.3f} | "
         f"{record['num_test_examples']:,} |"
     )
-  return lines
+  return prose.section(__file__, "zero_shot", rows=rows)
 
 
 def setup_lines(tuned, grouped, problems, source) -> list[str]:
   """What the fine-tuned cells share: schedule, data, hardware, speed."""
   first = tuned[0]
   seen = first.get("problems_seen", first["steps"] * first["batch_size"])
-  # The llm grid generates as many training problems as a run reads; the
-  # test split's dataset may be another size's (the split does not depend
-  # on it), which says nothing of the runs' own.
-  once = "each seen once"
-  lines = [
-      f"- Model: `{first.get('snapshot', '?')}`, pretrained, **full "
-      "fine-tuning** (every parameter), one config for every method.",
-      f"- Schedule: {first['steps']} steps × {first['batch_size']} problems "
-      f"= {seen:,} problems read, {once}; peak learning rate "
-      f"{first.get('learning_rate', float('nan')):g} (AdamW, warmup then "
-      "cosine decay); the losses' settings are the paper's (λ = 0.3, α = β "
-      "= σ = 0.2).",
-      f"- Test: {first['num_test_examples']:,} problems, greedy decoding, "
-      "exact string match of the first line; evaluated at steps "
-      f"{', '.join(str(s) for s in dr.eval_steps(grouped))}.",
-  ]
+  # The llm grid generates as many training problems as a run reads (each
+  # seen once); the test split's dataset may be another size's (the split
+  # does not depend on it), which says nothing of the runs' own.
+  lines = prose.section(
+      __file__,
+      "setup",
+      snapshot=first.get("snapshot", "?"),
+      steps=first["steps"],
+      batch_size=first["batch_size"],
+      seen=seen,
+      rate=first.get("learning_rate", float("nan")),
+      test_size=first["num_test_examples"],
+      eval_steps=", ".join(str(s) for s in dr.eval_steps(grouped)),
+  )
   if problems:
-    digits = [dr.answer_digits(a) for _, a in problems]
-    lines.append(
-        f"- Test answers: {np.median(digits):g} digits at the median "
-        f"({min(digits)} to {max(digits)}), from {source}."
+    digits = [answers.answer_digits(a) for _, a in problems]
+    lines += prose.section(
+        __file__,
+        "answers",
+        median=np.median(digits),
+        low=min(digits),
+        high=max(digits),
+        source=source,
     )
   return lines + hardware_lines(tuned)
 
@@ -164,13 +147,15 @@ def hardware_lines(tuned) -> list[str]:
     walls = [r["wall_seconds"] for r in runs if r.get("wall_seconds")]
     if not speeds:
       continue
-    cells = f"{len(runs)} cells on " if len(devices) > 1 else ""
-    lines.append(
-        f"- Hardware: {cells}{device} ({host}): "
-        f"{np.median(speeds):.3f} steps/s at the median "
-        f"({1 / np.median(speeds):.1f} s a step), "
-        f"{_duration(np.median(walls))} of wall time a cell with its "
-        "evaluations (on a machine shared with other jobs)."
+    lines += prose.section(
+        __file__,
+        "hardware",
+        cells=f"{len(runs)} cells on " if len(devices) > 1 else "",
+        device=device,
+        host=host,
+        speed=np.median(speeds),
+        step=1 / np.median(speeds),
+        wall=_duration(np.median(walls)),
     )
   ce = {r["seed"]: r.get("device") for r in tuned if r["method"] == "ce"}
   mixed = sorted(
@@ -181,10 +166,8 @@ def hardware_lines(tuned) -> list[str]:
       and r.get("device") != ce[r["seed"]]
   )
   if mixed:
-    lines.append(
-        f"- **{len(mixed)} paired cell(s) ran on other hardware than CE's "
-        f"cell of the same seed** ({', '.join(mixed)}): their Δ mixes the "
-        "loss with the devices' arithmetic."
+    lines += prose.section(
+        __file__, "mixed", count=len(mixed), cells=", ".join(mixed)
     )
   return lines
 
@@ -192,37 +175,23 @@ def hardware_lines(tuned) -> list[str]:
 def plot_dataset_curves(grouped, zero, path, title):
   """Exact match vs step, mean over seeds per method, from the zero-shot
   score at step 0."""
-  steps = dr.eval_steps(grouped)
-  start = [r["exact_match"] for r in zero]
   fig, ax = plt.subplots(figsize=(5.5, 3.4))
-  for key in dr.main_keys(grouped):
-    runs = list(grouped[key].values())
-    means = [np.nanmean([dr.curve_value(r, s) for r in runs]) for s in steps]
-    xs, ys = list(steps), [100 * m for m in means]
-    if start:
-      xs, ys = [0] + xs, [100 * float(np.mean(start))] + ys
-    ax.plot(
-        xs,
-        ys,
-        marker="o",
-        ms=3,
-        color=dr.color(key),
-        label=f"{dr.label(key)} ({len(runs)})",
-    )
-  ax.set_xlabel("fine-tuning step (0: zero-shot)")
+  dr.curve_lines(
+      ax,
+      grouped,
+      dr.main_keys(grouped),
+      "fine-tuning step (0: zero-shot)",
+      [r["exact_match"] for r in zero],
+  )
   ax.set_ylabel("test exact match (%, mean over seeds)")
   ax.set_title("\n".join(textwrap.wrap(title, 70)), fontsize=9)
-  ax.grid(alpha=0.3)
-  ax.legend(fontsize=7)
-  fig.tight_layout()
-  fig.savefig(path, dpi=90)
-  plt.close(fig)
+  figures.save(fig, path, dpi=90)
 
 
 def dataset_section(dataset, zero, tuned, problems, source, plot_dir, hint=""):
   """The lines of one dataset's section (and its plots, if fine-tuned)."""
   seeds, title = DATASETS.get(dataset, (5, dataset))
-  breakdowns = BREAKDOWNS.get(dataset, dr.BREAKDOWNS[:1])
+  breakdowns = BREAKDOWNS.get(dataset, answers.BREAKDOWNS[:1])
   lines = [f"## {title}", "", *zero_shot_lines(zero, problems), ""]
   if not tuned:
     return lines + ["Fine-tuned cells: none recorded yet.", ""]
@@ -233,52 +202,36 @@ def dataset_section(dataset, zero, tuned, problems, source, plot_dir, hint=""):
   paired = f"{dataset}_paired_delta_curve.png"
   plot_dataset_curves(grouped, zero, os.path.join(plot_dir, curve), title)
   dr.plot_paired_curves(grouped, os.path.join(plot_dir, paired))
-  recorded = sum(len(grouped[k]) for k in keys)
   lines += [
       *setup_lines(tuned, grouped, problems, source),
       "",
-      f"**{recorded} of the {len(dr.METHODS) * seeds} fine-tuned cells "
-      f"recorded** ({len(dr.METHODS)} losses × {seeds} seeds); "
-      + ", ".join(
-          f"{dr.label(m)} {len(grouped.get(m, {}))}" for m in dr.METHODS
-      )
-      + ".",
-      "",
-      *dr.values_table(grouped, keys, early),
-      "",
-      *dr.paired_vs_ce(grouped, keys, early),
-      "",
-      "Mean ± sd over seeds; paired Δ = run − CE on each seed (same data "
-      "order), better = seeds where the run is better (log error: lower), "
-      "p = two-sided paired t-test; '-' below 2 paired seeds. Unparseable "
-      "outputs count as wrong; the log error is over those that parse.",
-      "",
-      f"![exact match vs step](plots/{curve})",
-      "",
-      f"![paired delta vs CE](plots/{paired})",
+      *prose.section(
+          __file__,
+          "tuned",
+          recorded=sum(len(grouped[k]) for k in keys),
+          cells=len(dr.METHODS) * seeds,
+          losses=len(dr.METHODS),
+          seeds=seeds,
+          counts=", ".join(
+              f"{dr.label(m)} {len(grouped.get(m, {}))}" for m in dr.METHODS
+          ),
+          values=dr.values_table(grouped, keys, early),
+          paired=dr.paired_vs_ce(grouped, keys, early),
+          curve=curve,
+          paired_plot=paired,
+      ),
       "",
   ]
   if problems is not None and any(
       r["from_predictions"] for runs in grouped.values() for r in runs.values()
   ):
-    for name, heading, key, order in breakdowns:
-      lines += [
-          f"### {heading}",
-          "",
-          *dr.breakdown_table(grouped, keys, problems, name, key, order),
-          "",
-      ]
+    lines += dr.breakdown_sections(grouped, keys, problems, breakdowns)
   else:
-    lines += [
-        f"Breakdowns: need the test problems ({source} not found, or its "
-        "problems do not reproduce the recorded exact match)"
-        + (
-            f"; prepare them with `{hint}` and run the report again."
-            if hint
-            else "."
-        ),
-        "",
-    ]
+    if hint:
+      hint = f"; prepare them with `{hint}` and run the report again"
+    lines += prose.section(
+        __file__, "no_breakdowns", source=source, hint=hint
+    ) + [""]
   lines += [
       "### What it shows",
       "",
@@ -290,32 +243,11 @@ def dataset_section(dataset, zero, tuned, problems, source, plot_dir, hint=""):
 
 def dataset_dir(dataset, tuned, zero, data_dir):
   """The prepared data of the dataset's test split (any training size)."""
+  del dataset  # the records name it
   runs = tuned or zero
-  data = runs[0].get("data") or {}
-  size = runs[0]["num_test_examples"]
-  prefix = ""
-  if data.get("module"):
-    module = data["module"].removeprefix("arithmetic__")
-    prefix = f"{module}-{data.get('difficulty', 'easy')}_"
-  pattern = os.path.join(
-      data_dir, "arithmetic_mix", f"{prefix}train*_test{size}_seed0"
-  )
-  configs = dr.prepared_configs(pattern, runs[0].get("problems_seen"))
+  pattern = answers.dataset_pattern(runs, data_dir)
+  configs = answers.prepared_configs(pattern, runs[0].get("problems_seen"))
   return (configs[0] if configs else None), pattern
-
-
-def load_problems(dataset, tuned, zero, data_dir, results):
-  """(problems or None, where they were found or looked for): from the
-  prepared data, or else from the copy the report keeps beside ``results``
-  (`digits_report.read_test_problems`)."""
-  _, pattern = dataset_dir(dataset, tuned, zero, data_dir)
-  problems, source = dr.read_test_problems(
-      data_dir,
-      pattern,
-      (tuned or zero)[0].get("problems_seen"),
-      dr.kept_problems_dir(results),
-  )
-  return problems, source or pattern
 
 
 def write_report(
@@ -338,21 +270,8 @@ def write_report(
   plot_dir = os.path.join(out_dir, "plots")
   os.makedirs(plot_dir, exist_ok=True)
   snapshots = sorted({r.get("snapshot", "?") for r in runs})
-  lines = [
-      f"# {', '.join(snapshots)}, fine-tuned on arithmetic: CE vs EMD vs "
-      "NTL-MSE vs soft labels vs NTIL",
-      "",
-      "Generated by `python -m experiments.arithmetic_mix.report "
-      "--profile=llm` from this folder's results.json (written by `python -m "
-      "experiments.arithmetic_mix.run --profile=llm --pretrained=SNAPSHOT "
-      "--dataset=...`). Nothing here is typed by hand.",
-      "",
-      "Regime: a **pretrained** model fine-tuned on abundant data, every "
-      "training problem read once (the paper's setting, at a smaller model "
-      "and budget); exact match at the first evaluation (learning faster) "
-      "and at the end (after the budget) are kept apart.",
-      "",
-  ]
+  lines = prose.section(__file__, "report", snapshots=", ".join(snapshots))
+  lines.append("")
   for dataset, (zero, tuned) in split_runs(runs).items():
     lines += dataset_section(
         dataset,
@@ -379,23 +298,15 @@ def main(results, out_dir, data_dir, other_results=()) -> str:
   ``other_results``: results files of the same cells run elsewhere (another
   device); those that exist are compared cell by cell.
   """
-  runs = common.load_results(results)
-  if not runs:
-    raise SystemExit(f"no runs in {results}")
+  runs = report_engine.load(results)
   problems, sources, hints = {}, {}, {}
   for dataset, (zero, tuned) in split_runs(runs).items():
-    problems[dataset], sources[dataset] = load_problems(
-        dataset, tuned, zero, data_dir, results
+    problems[dataset], sources[dataset] = answers.load(
+        tuned or zero, data_dir, results
     )
     if problems[dataset] is None:
-      hints[dataset] = prepare_command(tuned or zero, data_dir)
-      print(
-          f"warning: {dataset}: no test problems under {sources[dataset]}, "
-          "so the breakdowns by answer length, operation and decimals are "
-          f"left out of the report; prepare them with `{hints[dataset]}` "
-          "(the arithmetic-data extra) and run the report again.",
-          file=sys.stderr,
-      )
+      hints[dataset] = answers.prepare_command(tuned or zero, data_dir)
+      answers.warn_missing(sources[dataset], hints[dataset], dataset)
   other = [r for path in other_results for r in common.load_results(path)]
   return write_report(
       runs,
@@ -404,21 +315,4 @@ def main(results, out_dir, data_dir, other_results=()) -> str:
       sources,
       other,
       hints,
-  )
-
-
-def prepare_command(runs, data_dir) -> str:
-  """The command that generates the test problems the runs were scored on
-  (and their training problems; needs the arithmetic-data extra)."""
-  data = runs[0].get("data") or {}
-  options = "".join(
-      f" --{name}={data[name]}"
-      for name in ("module", "difficulty")
-      if data.get(name)  # none: the paper's arithmetic__mixed
-  )
-  seen = runs[0].get("problems_seen") or runs[0]["num_test_examples"]
-  return (
-      f"python -m train.prepare_data --data_dir={data_dir}{options} "
-      f"--train_size={seen} --test_size={runs[0]['num_test_examples']} "
-      "--workers=2"
   )

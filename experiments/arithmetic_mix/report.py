@@ -25,6 +25,7 @@ from experiments import common
 from experiments import figures
 from experiments import labels
 from experiments import prose
+from experiments import report_engine
 from experiments import stats
 from experiments.arithmetic_mix import digits_report
 from experiments.arithmetic_mix import llm_report
@@ -65,11 +66,15 @@ flags.DEFINE_string(
 
 METHODS = arithmetic_mix.METHODS
 LABELS = labels.LABELS
-# The NTIL paper's Table 3 (exact match %, fine-tuned LLMs, single runs), as
-# quoted in the project's experiment issue; context only, not comparable.
-PAPER_TABLE3 = (
-    ("Qwen2.5-1.5B", 40.3, 40.7, 42.4),
-    ("MiniCPM3-4B", 66.8, 68.2, 68.6),
+# (group, cell name prefix, label): the NTIL variants run on seed 0.
+VARIANTS = (
+    ("ablation", "ntil-no-exp", "Exp off (sigma=0)"),
+    ("ablation", "ntil-no-rel", "Rel off (alpha=0)"),
+    ("ablation", "ntil-no-mag", "Mag off (beta=0)"),
+    ("sweep", "ntil-sigma0.1", "sigma=0.1"),
+    ("sweep", "ntil-sigma0.5", "sigma=0.5"),
+    ("sweep", "ntil-lam0.1", "lambda=0.1"),
+    ("sweep", "ntil-lam1.0", "lambda=1.0"),
 )
 
 
@@ -91,49 +96,29 @@ def by_method(runs, group="main"):
 
 
 def plot_curves(main, path):
+  """Train CE (smoothed) and test exact match vs step, mean over seeds."""
   fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
   for method, runs in main.items():
-    steps = runs[0]["curves"]["steps"]
+    style = dict(label=LABELS[method], color=labels.color(method))
     ce = np.mean([r["curves"]["ce"] for r in runs], axis=0)
-    left.plot(
-        steps,
-        plots.smooth(ce, 8),
-        label=LABELS[method],
-        color=labels.color(method),
-    )
-    eval_steps = runs[0]["curves"]["eval_steps"]
+    left.plot(runs[0]["curves"]["steps"], plots.smooth(ce, 8), **style)
     em = np.mean([r["curves"]["exact_match"] for r in runs], axis=0)
-    right.plot(
-        eval_steps,
-        100 * em,
-        marker="o",
-        label=LABELS[method],
-        color=labels.color(method),
-    )
-  left.set_xlabel("step")
-  left.set_ylabel("train CE per answer token (mean over seeds)")
-  right.set_xlabel("step")
-  right.set_ylabel("test exact match (%, mean over seeds)")
-  for ax in (left, right):
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+    right.plot(runs[0]["curves"]["eval_steps"], 100 * em, marker="o", **style)
+  ylabel = "train CE per answer token (mean over seeds)"
+  figures.finish(left, "step", ylabel, fontsize=8)
+  ylabel = "test exact match (%, mean over seeds)"
+  figures.finish(right, "step", ylabel, fontsize=8)
+  figures.save(fig, path, dpi=110)
 
 
 def plot_by_length(main, path):
+  """Exact match by the answer's length in characters, mean over seeds."""
   fig, ax = plt.subplots(figsize=(7, 3.6))
   for method, runs in main.items():
-    lengths = sorted(
-        {int(k) for r in runs for k in r["exact_match_by_answer_length"]}
-    )
+    by_length = [r["exact_match_by_answer_length"] for r in runs]
+    lengths = sorted({int(k) for lengths in by_length for k in lengths})
     values = [
-        100
-        * np.mean(
-            [r["exact_match_by_answer_length"].get(str(k), 0.0) for r in runs]
-        )
-        for k in lengths
+        100 * np.mean([b.get(str(k), 0.0) for b in by_length]) for k in lengths
     ]
     ax.plot(
         lengths,
@@ -142,13 +127,13 @@ def plot_by_length(main, path):
         label=LABELS[method],
         color=labels.color(method),
     )
-  ax.set_xlabel("answer length (characters, e.g. '-8/3' is 4)")
-  ax.set_ylabel("exact match (%, mean over seeds)")
-  ax.grid(alpha=0.3)
-  ax.legend(fontsize=8)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  figures.finish(
+      ax,
+      "answer length (characters, e.g. '-8/3' is 4)",
+      "exact match (%, mean over seeds)",
+      fontsize=8,
+  )
+  figures.save(fig, path, dpi=110)
 
 
 def reading(main):
@@ -157,17 +142,7 @@ def reading(main):
       m: stats.mean_std([100 * r["exact_match"] for r in runs])
       for m, runs in main.items()
   }
-  order = sorted(means, key=lambda m: -means[m][0])
-  lines = [
-      "- Ranking by mean exact match: "
-      + ", ".join(f"{LABELS[m]} {means[m][0]:.2f}%" for m in order)
-      + "."
-  ]
-  spread = np.nanmean([s for _, s in means.values()])
-  lines.append(
-      f"- The typical seed-to-seed standard deviation is "
-      f"{spread:.2f} points."
-  )
+  versus = []
   if "ntil" in means and "ce" in means:
     gap = means["ntil"][0] - means["ce"][0]
     # Standard error of the difference of two means over seeds.
@@ -186,68 +161,54 @@ def reading(main):
           f"beyond two standard errors ({2 * stderr:.2f}): NTIL does "
           f"{'better' if gap > 0 else 'worse'} here."
       )
-    lines.append(f"- NTIL minus CE: {gap:+.2f} points, {verdict}")
+    versus.append(f"- NTIL minus CE: {gap:+.2f} points, {verdict}")
   if "ntil" in means:
-    better = [
-        m for m in means if m != "ntil" and means[m][0] > means["ntil"][0]
-    ]
+    better = [LABELS[m] for m in means if means[m][0] > means["ntil"][0]]
     if better:
-      lines.append(
-          "- Methods with a higher mean than NTIL: "
-          + ", ".join(LABELS[m] for m in better)
-          + "."
+      versus.append(
+          f"- Methods with a higher mean than NTIL: {', '.join(better)}."
       )
   errors = {
       m: stats.mean_std([r["mean_log10_abs_error"] for r in runs])
       for m, runs in main.items()
   }
-  order = sorted(errors, key=lambda m: errors[m][0])
-  lines.append(
-      "- Numeric error of parsable answers, mean log10(1 + |pred - "
-      "true|), lower is better: "
-      + ", ".join(
-          f"{LABELS[m]} {errors[m][0]:.3f} ± {errors[m][1]:.3f}" for m in order
-      )
-      + "."
+  best = max(mean for mean, _ in means.values())
+  return prose.section(
+      __file__,
+      "reading",
+      ranking=", ".join(
+          f"{LABELS[m]} {means[m][0]:.2f}%"
+          for m in sorted(means, key=lambda m: -means[m][0])
+      ),
+      spread=np.nanmean([s for _, s in means.values()]),
+      versus=versus,
+      errors=", ".join(
+          f"{LABELS[m]} {errors[m][0]:.3f} ± {errors[m][1]:.3f}"
+          for m in sorted(errors, key=lambda m: errors[m][0])
+      ),
+      caveat=prose.section(__file__, "caveat", best=best) if best < 5 else [],
   )
-  best = max(means.values(), key=lambda v: v[0])[0]
-  if best < 5.0:
-    lines.append(
-        f"- Caveat: with at most {best:.2f}% exact match every method is "
-        "near the floor; this grid measures what a small model learns in a "
-        "short CPU budget, not the fine-tuned regime of the paper."
-    )
-  return lines
 
 
 def ablation_rows(runs, main):
-  reference = [r for r in main.get("ntil", []) if r["seed"] == 0]
-  rows = [("NTIL (all on, seed 0)", reference)]
-  names = dict(
-      ablation=(
-          ("ntil-no-exp", "Exp off (sigma=0)"),
-          ("ntil-no-rel", "Rel off (alpha=0)"),
-          ("ntil-no-mag", "Mag off (beta=0)"),
-      ),
-      sweep=(
-          ("ntil-sigma0.1", "sigma=0.1"),
-          ("ntil-sigma0.5", "sigma=0.5"),
-          ("ntil-lam0.1", "lambda=0.1"),
-          ("ntil-lam1.0", "lambda=1.0"),
-      ),
-  )
-  for group, pairs in names.items():
-    for prefix, label in pairs:
-      rows.append(
-          (
-              label,
-              [
-                  r
-                  for r in runs
-                  if r["group"] == group and r["name"].startswith(prefix + "-")
-              ],
-          )
+  """(label, runs) of NTIL on seed 0 and of each recorded variant."""
+  rows = [
+      (
+          "NTIL (all on, seed 0)",
+          [r for r in main.get("ntil", []) if r["seed"] == 0],
       )
+  ]
+  for group, prefix, label in VARIANTS:
+    rows.append(
+        (
+            label,
+            [
+                r
+                for r in runs
+                if r["group"] == group and r["name"].startswith(prefix + "-")
+            ],
+        )
+    )
   return [(label, cells) for label, cells in rows if cells]
 
 
@@ -258,7 +219,7 @@ def write_report(runs, out_dir):
   figures.seed_bars(
       {m: {r["seed"]: r for r in runs} for m, runs in main.items()},
       list(main),
-      (("exact_match", "exact match (%)", 100, True),),
+      (stats.Metric("exact_match", "exact match (%)"),),
       os.path.join(plot_dir, "exact_match.png"),
       "arithmetic_mix test",
       LABELS.get,
@@ -302,16 +263,8 @@ def write_report(runs, out_dir):
     )
   else:
     lines.append("Not run yet.")
-  lines += [""] + prose.section(
-      __file__,
-      "paper",
-      rows=[
-          f"| {name} | {ce} | {emd} | {ntil} |"
-          for name, ce, emd, ntil in PAPER_TABLE3
-      ],
-  )
-  with open(os.path.join(out_dir, "results.md"), "w") as f:
-    f.write("\n".join(lines) + "\n")
+  lines += [""] + prose.section(__file__, "paper")
+  report_engine.write(out_dir, lines, end="\n")
 
 
 def main(argv):
@@ -346,9 +299,7 @@ def main(argv):
     return
   results = FLAGS.results or os.path.join(HERE, "results.json")
   out_dir = FLAGS.out_dir or HERE
-  runs = common.load_results(results)
-  if not runs:
-    raise SystemExit(f"no runs in {results}")
+  runs = report_engine.load(results)
   write_report(runs, out_dir)
   common.note_failures(results, os.path.join(out_dir, "results.md"))
   print(f"wrote {os.path.join(out_dir, 'results.md')} and plots/")

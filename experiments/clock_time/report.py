@@ -8,7 +8,6 @@ NTIL runs for the ablations and sweeps) on the seeds both have, with how
 many seeds it is better on and a paired t-test.
 """
 
-import collections
 import os
 
 from absl import flags
@@ -21,13 +20,16 @@ from experiments import figures
 from experiments import labels
 from experiments import prose
 from experiments import regimes
+from experiments import report_engine
 from experiments import stats as stats_lib
+from experiments import tables
 from experiments.clock_time import grid
 from train import plots
 from train.tasks import clock_time as task
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FLAGS = flags.FLAGS
+Metric = stats_lib.Metric
 
 
 def define_flags():
@@ -52,34 +54,28 @@ VARIANT_LABELS = {
 }
 LONG = ("ce_2x_steps", "ntil_2x_steps")
 VARIANT_LABELS_SWEEP = ("sigma=0.1", "sigma=0.5", "lam=0.1", "lam=1.0")
-# The NTIL paper's Table 4 (fine-tuned MLLMs on the TIME photographs):
-# accuracy % and mean time gap in minutes for CE, EMD, NTIL.
-PAPER_TABLE4 = (
-    ("LLaVA-1.5 (7b)", (95.1, 95.3, 98.3), (8.52, 7.98, 4.14)),
-    ("Qwen2-VL (7b)", (75.0, 78.7, 80.5), (30.84, 30.78, 27.72)),
-    ("Qwen2-VL (2b)", (81.3, 81.7, 85.3), (32.34, 31.98, 24.66)),
-    ("Yi-VL (6b)", (76.2, 75.1, 87.4), (56.58, 54.78, 26.58)),
+CONTROLS = labels.CONTROLS
+EXACT = Metric("exact_match", "exact match %")
+GAP = Metric("mean_time_gap_minutes", "mean gap (min)", 1, 2, False)
+SPEC = report_engine.Spec(
+    methods=METHODS,
+    columns=(
+        EXACT,
+        GAP,
+        Metric("median_time_gap_minutes", "median gap (min)", 1, 1, False),
+        Metric("within_5_minutes", "within 5 min %"),
+        Metric("hour_accuracy", "hour %"),
+        Metric("minute_accuracy", "minute %"),
+        Metric("parsed_rate", "parsed %"),
+    ),
+    paired=(
+        EXACT._replace(name="exact match"),
+        GAP._replace(name="mean time gap (min)"),
+    ),
+    variant_labels=VARIANT_LABELS,
 )
-# Table 6 (clock columns): accuracy with Exp/Rel/Mag off and all on.
-PAPER_TABLE6 = (
-    ("Qwen2-VL", 79.8, 79.0, 81.6, 85.3),
-    ("Yi-VL", 83.4, 85.6, 87.6, 87.4),
-)
-# (metric, label, scale, digits, higher is better)
-COLUMNS = (
-    ("exact_match", "exact match %", 100, 1, True),
-    ("mean_time_gap_minutes", "mean gap (min)", 1, 2, False),
-    ("median_time_gap_minutes", "median gap (min)", 1, 1, False),
-    ("within_5_minutes", "within 5 min %", 100, 1, True),
-    ("hour_accuracy", "hour %", 100, 1, True),
-    ("minute_accuracy", "minute %", 100, 1, True),
-    ("parsed_rate", "parsed %", 100, 1, True),
-)
-PAIRED = (
-    ("exact_match", "exact match", 100, True),
-    ("mean_time_gap_minutes", "mean time gap (min)", 1, False),
-)
-
+PAIRED = SPEC.paired
+label = SPEC.label
 
 EARLY, CONVERGED = "budget=600", "converged"
 CHECKS = ("ce_8x_steps", "ntil_8x_steps")  # method_8x_steps
@@ -107,17 +103,15 @@ def group_runs(runs, regime=EARLY):
   Main-grid runs are keyed by their method, controls by their variant
   without the ``_converged`` suffix, so both regimes share keys.
   """
-  grouped = collections.defaultdict(dict)
-  for run in runs:
+
+  def key(run):
     if regime_of(run) != regime:
-      continue
-    variant = run["variant"]
-    if variant in ("main", CONVERGED):
-      key = run["method"]
-    else:
-      key = variant.removesuffix("_converged")
-    grouped[key][run["seed"]] = run
-  return grouped
+      return None
+    if run["variant"] in ("main", CONVERGED):
+      return run["method"]
+    return run["variant"].removesuffix("_converged")
+
+  return stats_lib.group_runs(runs, key)
 
 
 def steps_to(run, threshold=0.5):
@@ -139,40 +133,6 @@ def steps_to(run, threshold=0.5):
 # Mean exact match over training (the area under the learning curve / steps).
 curve_area = stats_lib.curve_area
 
-
-def main_table(grouped):
-  rows = [(m, LABELS[m]) for m in METHODS]
-  return stats_lib.values_table(grouped, rows, COLUMNS)
-
-
-def paired_table(grouped, rows, reference_key):
-  """Rows: (key, label); each compared with grouped[reference_key]."""
-  return stats_lib.paired_table(grouped, rows, reference_key, PAIRED)
-
-
-# The variant table's columns: (field, header, scale, digits).
-VARIANT_COLUMNS = (
-    ("exact_match", "exact match %", 100, 1),
-    ("mean_time_gap_minutes", "mean gap (min)", 1, 2),
-)
-
-
-def variant_table(grouped, keys):
-  """Absolute mean ± sd of exact match and gap for variants (and NTIL)."""
-  rows = [(k, label(k)) for k in keys if k in grouped]
-  return stats_lib.values_table(grouped, rows, VARIANT_COLUMNS, first="run")
-
-
-def label(key) -> str:
-  return LABELS.get(key) or VARIANT_LABELS[key]
-
-
-def plot_paired(grouped, path, title):
-  """Paired differences of every run type to CE: exact match and gap."""
-  keys = [*METHODS] + [k for k in VARIANT_LABELS if k not in (*LONG, *CHECKS)]
-  figures.paired_dots(grouped, keys, PAIRED, path, title, label, METHODS)
-
-
 GAP_BINS = (
     (0, 0, "exact"),
     (1, 2, "1-2 min"),
@@ -190,18 +150,17 @@ def test_labels(grouped):
   return [label for _, label in task.generate_clocks("test", size, 0)]
 
 
-def gap_shares(run, labels):
-  """Share of test clocks in each `GAP_BINS` bin, for one run."""
-  gaps = []
-  for predicted, answer in zip(run["predictions"], labels):
-    guess = task.parse_time(predicted)
-    gaps.append(
-        task.UNPARSED_GAP
-        if guess is None
-        else task.time_gap_minutes(guess, task.parse_time(answer))
-    )
-  gaps = np.asarray(gaps)
-  return [np.mean((gaps >= low) & (gaps <= high)) for low, high, _ in GAP_BINS]
+def gaps(run, labels):
+  """Each test clock's time gap in minutes (`task.UNPARSED_GAP` if
+  unreadable), for one run."""
+  return np.array(
+      [
+          task.UNPARSED_GAP
+          if task.parse_time(p) is None
+          else task.time_gap_minutes(task.parse_time(p), task.parse_time(a))
+          for p, a in zip(run["predictions"], labels)
+      ]
+  )
 
 
 def gap_table(grouped, labels):
@@ -209,33 +168,24 @@ def gap_table(grouped, labels):
 
   Also the share of the mean gap that clocks 51+ minutes off contribute.
   """
-  head = (
-      ["method"]
-      + [name for _, _, name in GAP_BINS]
-      + ["share of mean gap from 51+ min"]
-  )
-  lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  head = ["method"] + [name for *_, name in GAP_BINS]
+  rows = []
   for method in METHODS:
     if method not in grouped:
       continue
-    runs = list(grouped[method].values())
-    shares = np.mean([gap_shares(r, labels) for r in runs], axis=0)
-    large = []
-    for run in runs:
-      gaps = np.array(
-          [
-              task.UNPARSED_GAP
-              if task.parse_time(p) is None
-              else task.time_gap_minutes(task.parse_time(p), task.parse_time(a))
-              for p, a in zip(run["predictions"], labels)
-          ]
+    shares, large = [], []
+    for run in grouped[method].values():
+      run_gaps = gaps(run, labels)
+      shares.append(
+          [np.mean((run_gaps >= a) & (run_gaps <= b)) for a, b, _ in GAP_BINS]
       )
-      large.append(gaps[gaps >= 51].sum() / max(gaps.sum(), 1))
-    lines.append(
-        f"| {LABELS[method]} | "
-        + " | ".join(f"{100 * x:.1f}" for x in shares)
-        + f" | {100 * np.mean(large):.0f}% |"
+      large.append(run_gaps[run_gaps >= 51].sum() / max(run_gaps.sum(), 1))
+    rows.append(
+        [LABELS[method]]
+        + [f"{100 * x:.1f}" for x in np.mean(shares, axis=0)]
+        + [f"{100 * np.mean(large):.0f}%"]
     )
+  lines = tables.table(head + ["share of mean gap from 51+ min"], rows)
   slips = hour_slips(grouped, labels)
   if slips:
     lines += ["", *prose.section(__file__, "slips", **slips)]
@@ -273,13 +223,7 @@ def plot_predictions(grouped, path, title, count=18):
     return None
   settings = grid.PROFILES[ce["profile"]]
   clocks = list(task.generate_clocks("test", settings["test_size"], 0))
-  differ = [
-      i
-      for i in range(len(clocks))
-      if ce["predictions"][i] != ntil["predictions"][i]
-  ]
-  same = [i for i in range(len(clocks)) if i not in set(differ)]
-  chosen = (differ[: count - 4] + same[:4])[:count]
+  chosen, differ = report_engine.differ_first(ce, ntil, count)
   plots.plot_clock_predictions(
       [clocks[i][0] for i in chosen],
       [clocks[i][1] for i in chosen],
@@ -291,7 +235,7 @@ def plot_predictions(grouped, path, title, count=18):
       title=f"{title}: test clocks, seed 0 (x: wrong); the first ones are "
       "those where CE and NTIL disagree",
   )
-  return len(differ)
+  return differ
 
 
 def ce_budget_sentence(grouped):
@@ -299,33 +243,28 @@ def ce_budget_sentence(grouped):
   runs = grouped.get("ce", {})
   if not runs:
     return "has no runs yet."
-  values = ", ".join(
-      f"{100 * runs[s]['exact_match']:.1f}% (seed {s})" for s in sorted(runs)
-  )
-  mean = 100 * np.mean([r["exact_match"] for r in runs.values()])
-  inside = sum(40 <= 100 * r["exact_match"] <= 80 for r in runs.values())
-  text = prose.section(
+  values = report_engine.seed_values(runs, "exact_match")
+  return prose.section(
       __file__,
       "ce_budget",
       values=values,
-      mean=mean,
-      inside=inside,
+      mean=100 * np.mean([r["exact_match"] for r in runs.values()]),
+      inside=sum(40 <= 100 * r["exact_match"] <= 80 for r in runs.values()),
       seeds=len(runs),
-  )
-  return text[0]
+  )[0]
 
 
-# (label, metric, scale, digits, higher is better, regime it is read from)
+# (column, the regime it is read from); a column's name is its header.
 EARLY_COLUMNS = (
-    ("exact match % at 600 steps", "exact_match", 100, 1, True, EARLY),
-    ("steps to 50% exact", steps_to, 1, 0, False, CONVERGED),
-    ("mean exact match % over training", curve_area, 100, 1, True, CONVERGED),
+    (EXACT._replace(name="exact match % at 600 steps"), EARLY),
+    (Metric(steps_to, "steps to 50% exact", 1, 0, False), CONVERGED),
+    (Metric(curve_area, "mean exact match % over training"), CONVERGED),
 )
 CONVERGED_COLUMNS = (
-    ("final exact match %", "exact_match", 100, 1, True, CONVERGED),
-    ("mean time gap (min)", "mean_time_gap_minutes", 1, 2, False, CONVERGED),
-    ("within 5 min %", "within_5_minutes", 100, 1, True, CONVERGED),
-    ("hour %", "hour_accuracy", 100, 1, True, CONVERGED),
+    (EXACT._replace(name="final exact match %"), CONVERGED),
+    (GAP._replace(name="mean time gap (min)"), CONVERGED),
+    (Metric("within_5_minutes", "within 5 min %"), CONVERGED),
+    (Metric("hour_accuracy", "hour %"), CONVERGED),
 )
 
 
@@ -338,12 +277,12 @@ def regime_table(groupings, columns, rows):
     rows: (key, label) pairs.
   """
   head = [""]
-  for label, *_ in columns:
-    head += [label, "Δ vs CE (seeds better, p)"]
-  lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-  for key, label in rows:
-    cells = [label]
-    for _, metric, scale, digits, higher, regime in columns:
+  for column, _ in columns:
+    head += [column.name, "Δ vs CE (seeds better, p)"]
+  body = []
+  for key, row_label in rows:
+    cells = [row_label]
+    for (metric, _, scale, digits, higher), regime in columns:
       grouped = groupings[regime]
       runs = grouped.get(key, {})
       values = [scale * stats_lib.value(r, metric) for r in runs.values()]
@@ -361,8 +300,8 @@ def regime_table(groupings, columns, rows):
         cells.append(
             f"{d['mean']:+.{digits}f} ({d['better']}/{d['n']}{p_value})"
         )
-    lines.append("| " + " | ".join(cells) + " |")
-  return lines
+    body.append(cells)
+  return tables.table(head, body)
 
 
 def convergence_lines(converged):
@@ -370,61 +309,59 @@ def convergence_lines(converged):
   ce = converged.get("ce", {})
   if not ce:
     return ["No converged runs recorded yet."]
-  lines = []
   gains = []
   for seed in sorted(ce):
-    curves = ce[seed]["curves"]
-    steps, values = curves["eval_steps"], curves["exact_match"]
+    steps, values = (
+        ce[seed]["curves"][k] for k in ("eval_steps", "exact_match")
+    )
     quarter = min(
         range(len(steps)), key=lambda i: abs(steps[i] - 0.75 * steps[-1])
     )
     gains.append(
         (seed, steps[quarter], 100 * values[quarter], 100 * values[-1])
     )
-  lines.append(
-      "CE's exact match over the last quarter of the converged runs: "
-      + "; ".join(
+  lines = prose.section(
+      __file__,
+      "convergence_ce",
+      gains="; ".join(
           f"seed {seed}: {a:.1f}% at step {step} -> {b:.1f}% (+{b - a:.1f})"
           for seed, step, a, b in gains
-      )
-      + f"; mean gain {np.mean([b - a for *_, a, b in gains]):.1f} points."
+      ),
+      mean=np.mean([b - a for *_, a, b in gains]),
   )
+
+  def lead(runs, reference, seed):
+    return 100 * (runs[seed]["exact_match"] - reference[seed]["exact_match"])
+
   for check_key in CHECKS:
     method = check_key.removesuffix("_8x_steps")
     check, base = converged.get(check_key, {}), converged.get(method, {})
     pairs = sorted(set(check) & set(base))
-    if not pairs:
-      continue
-    lines.append(
-        f"Doubling the budget again ({check[pairs[0]]['steps']} steps), "
-        f"{LABELS[method]}: "
-        + "; ".join(
-            f"seed {s}: {100 * base[s]['exact_match']:.1f}% -> "
-            f"{100 * check[s]['exact_match']:.1f}% "
-            f"({100 * (check[s]['exact_match'] - base[s]['exact_match']):+.1f})"
-            for s in pairs
-        )
-        + "."
-    )
+    if pairs:
+      lines += prose.section(
+          __file__,
+          "convergence_check",
+          steps=check[pairs[0]]["steps"],
+          label=LABELS[method],
+          pairs="; ".join(
+              f"seed {s}: {100 * base[s]['exact_match']:.1f}% -> "
+              f"{100 * check[s]['exact_match']:.1f}% "
+              f"({lead(check, base, s):+.1f})"
+              for s in pairs
+          ),
+      )
   ce_check, ntil_check = (converged.get(k, {}) for k in CHECKS)
   ntil = converged.get("ntil", {})
   pairs = sorted(set(ce_check) & set(ntil_check) & set(ce) & set(ntil))
   if pairs:
-
-    def lead(ce_runs, ntil_runs, seed):
-      return 100 * (
-          ntil_runs[seed]["exact_match"] - ce_runs[seed]["exact_match"]
-      )
-
-    lines.append(
-        "NTIL - CE on the same seed, at the converged budget -> at twice "
-        "it: "
-        + "; ".join(
-            f"seed {s}: {lead(ce, ntil, s):+.1f} -> "
-            f"{lead(ce_check, ntil_check, s):+.1f} points"
+    lines += prose.section(
+        __file__,
+        "convergence_lead",
+        pairs="; ".join(
+            f"seed {s}: {lead(ntil, ce, s):+.1f} -> "
+            f"{lead(ntil_check, ce_check, s):+.1f} points"
             for s in pairs
-        )
-        + "."
+        ),
     )
   return lines
 
@@ -432,34 +369,21 @@ def convergence_lines(converged):
 def regime_sections(grouped, title, out_dir, suffix, labels):
   """Main table, paired differences, error anatomy and controls of one
   regime; writes its plots. Returns the markdown lines."""
-  figures.seed_bars(
+  plot = os.path.join(out_dir, "plots", "{}" + suffix + ".png").format
+  SPEC.seed_bars(grouped, plot("main"), f"clock_time, {title}")
+  SPEC.paired_dots(
       grouped,
-      METHODS,
-      PAIRED,
-      os.path.join(out_dir, "plots", f"main{suffix}.png"),
-      f"clock_time, {title}",
-      label,
+      [*METHODS] + [k for k in VARIANT_LABELS if k not in (*LONG, *CHECKS)],
+      plot("paired"),
+      title,
   )
-  plot_paired(
-      grouped, os.path.join(out_dir, "plots", f"paired{suffix}.png"), title
-  )
-  controls = [
-      ("ce_digit_weighted", VARIANT_LABELS["ce_digit_weighted"]),
-      ("ntil_reference", VARIANT_LABELS["ntil_reference"]),
-  ]
   return prose.section(
       __file__,
       "regime",
       title=title,
       suffix=suffix,
-      main_table=main_table(grouped),
-      paired=paired_table(grouped, [(m, LABELS[m]) for m in METHODS], "ce"),
-      reading=stats_lib.reading(grouped, PAIRED, METHODS, LABELS),
       gaps=gap_table(grouped, labels),
-      controls_ce=paired_table(
-          grouped, [*controls, ("ntil", LABELS["ntil"])], "ce"
-      ),
-      controls_ntil=paired_table(grouped, controls, "ntil"),
+      **SPEC.blocks(grouped),
   ) + [""]
 
 
@@ -504,17 +428,15 @@ def stream_section(fixed, streamed, out_dir) -> list[str]:
 def write_report(runs, out_dir, discussion=None):
   # The prepared-train-split runs make the main report; streamed ones
   # (regime "stream") are set beside them in their own section.
-  streamed = [r for r in runs if common.regime(r) == common.STREAM]
-  runs = [r for r in runs if common.regime(r) == common.FIXED]
+  runs, streamed = report_engine.split_regimes(runs)
   early = group_runs(runs, EARLY)
   converged = group_runs(runs, CONVERGED)
   groupings = {EARLY: early, CONVERGED: converged}
   os.makedirs(os.path.join(out_dir, "plots"), exist_ok=True)
   # The curves and predictions of the longest regime recorded.
   latest = converged if converged.get("ce") else early
-  curve_runs = {m: latest[m] for m in METHODS if m in latest}
   figures.mean_curves(
-      curve_runs,
+      {m: latest[m] for m in METHODS if m in latest},
       METHODS,
       PAIRED,
       os.path.join(out_dir, "plots", "curves.png"),
@@ -532,33 +454,22 @@ def write_report(runs, out_dir, discussion=None):
       "converged" if latest is converged else "600 steps",
   )
   any_run = runs[0]
-  settings = grid.PROFILES[any_run["profile"]]
   labels = test_labels(early or converged)
-  steps = {
-      regime: ", ".join(
-          str(n)
-          for n in sorted(
-              {
-                  r["steps"]
-                  for r in runs
-                  if regime_of(r) == regime
-                  and r["variant"] in ("main", CONVERGED)
-              }
-          )
-      )
-      for regime in (EARLY, CONVERGED)
-  }
-  seconds = {
-      regime: np.median(
-          [r["wall_seconds"] for r in runs if regime_of(r) == regime] or [0]
-      )
-      for regime in (EARLY, CONVERGED)
-  }
-  method_rows = [(m, LABELS[m]) for m in recorded_methods(runs)]
-  control_rows = [
-      ("ce_digit_weighted", VARIANT_LABELS["ce_digit_weighted"]),
-      ("ntil_reference", VARIANT_LABELS["ntil_reference"]),
-  ]
+  steps, seconds = {}, {}
+  for regime in (EARLY, CONVERGED):
+    of_regime = [r for r in runs if regime_of(r) == regime]
+    steps[regime] = ", ".join(
+        str(n)
+        for n in sorted(
+            {
+                r["steps"]
+                for r in of_regime
+                if r["variant"] in ("main", CONVERGED)
+            }
+        )
+    )
+    seconds[regime] = np.median([r["wall_seconds"] for r in of_regime] or [0])
+  rows = SPEC.rows([*recorded_methods(runs), *CONTROLS])
   tuned = ("exp_off", "rel_off", "mag_off", *VARIANT_LABELS_SWEEP)
   lines = prose.section(
       __file__,
@@ -566,7 +477,7 @@ def write_report(runs, out_dir, discussion=None):
       runs=len(runs),
       device=any_run["device"],
       model=any_run["model"],
-      train_size=settings["train_size"],
+      train_size=grid.PROFILES[any_run["profile"]]["train_size"],
       batch_size=any_run["batch_size"],
       test_size=any_run["num_test_examples"],
       early_steps=steps[EARLY],
@@ -574,12 +485,8 @@ def write_report(runs, out_dir, discussion=None):
       converged_steps=steps[CONVERGED],
       converged_seconds=seconds[CONVERGED],
       convergence=" ".join(convergence_lines(converged)),
-      early_table=regime_table(
-          groupings, EARLY_COLUMNS, method_rows + control_rows
-      ),
-      converged_table=regime_table(
-          groupings, CONVERGED_COLUMNS, method_rows + control_rows
-      ),
+      early_table=regime_table(groupings, EARLY_COLUMNS, rows),
+      converged_table=regime_table(groupings, CONVERGED_COLUMNS, rows),
       converged=regime_sections(converged, "converged", out_dir, "", labels),
       disagreements=(
           f"On seed 0, CE and NTIL give different answers on {disagreements} "
@@ -589,37 +496,20 @@ def write_report(runs, out_dir, discussion=None):
       ),
       ce_budget=ce_budget_sentence(early),
       early=regime_sections(early, "600 steps", out_dir, "_600", labels),
-      ablation_values=variant_table(early, ["ntil", *tuned]),
-      ablation_paired=paired_table(
-          early, [(k, VARIANT_LABELS[k]) for k in tuned], "ntil"
+      ablation_values=SPEC.variant_table(
+          early, ["ntil", *tuned], SPEC.columns[:2]
       ),
-      long_values=variant_table(early, ["ce", "ntil", *LONG]),
-      long_paired=paired_table(
-          early,
-          [("ntil_2x_steps", VARIANT_LABELS["ntil_2x_steps"])],
-          "ce_2x_steps",
+      ablation_paired=SPEC.paired_table(early, tuned, "ntil"),
+      long_values=SPEC.variant_table(
+          early, ["ce", "ntil", *LONG], SPEC.columns[:2]
       ),
+      long_paired=SPEC.paired_table(early, ["ntil_2x_steps"], "ce_2x_steps"),
       stream=stream_section(runs, streamed, out_dir),
-      paper_table4=[
-          f"| {name} | {' / '.join(map(str, acc))} | "
-          f"{' / '.join(map(str, gap))} |"
-          for name, acc, gap in PAPER_TABLE4
-      ],
-      paper_table6=[
-          f"| {name} | {a} | {b} | {c} | {d} |"
-          for name, a, b, c, d in PAPER_TABLE6
-      ],
   ) + [""]
-  if discussion and os.path.exists(discussion):
-    with open(discussion) as f:
-      lines += [
-          "## Discussion (written by hand from the numbers above)",
-          "",
-          f.read(),
-      ]
-  with open(os.path.join(out_dir, "results.md"), "w") as f:
-    f.write("\n".join(lines))
-  return os.path.join(out_dir, "results.md")
+  lines += report_engine.hand_written(
+      [("Discussion (written by hand from the numbers above)", discussion)]
+  )
+  return report_engine.write(out_dir, lines)
 
 
 def main(argv):

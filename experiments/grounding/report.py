@@ -22,7 +22,9 @@ from experiments import figures
 from experiments import labels
 from experiments import prose
 from experiments import regimes
+from experiments import report_engine
 from experiments import stats
+from experiments import tables
 from experiments.grounding import grid
 from train import plots
 from train.tasks import boxes
@@ -30,6 +32,7 @@ from train.tasks import grounding_scenes as scenes
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FLAGS = flags.FLAGS
+Metric = stats.Metric
 
 
 def define_flags():
@@ -56,96 +59,59 @@ TASK_TITLES = {
     "grounding_multi": "grounding_multi: every box of a colour, F1 at IoU "
     "0.5 (the paper's Table 2)",
 }
-# (metric, label, scale, digits, higher is better), per kind of task.
-SINGLE_COLUMNS = (
-    ("acc_at_50", "Acc@0.5 %", 100, 1, True),
-    ("acc_at_75", "Acc@0.75 %", 100, 1, True),
-    ("mean_iou", "mean IoU %", 100, 1, True),
-    ("exact_match", "exact %", 100, 1, True),
-    ("coordinate_accuracy", "coordinates exact %", 100, 1, True),
-    ("mean_coordinate_error", "coordinate error (px)", 1, 2, False),
-    ("parsed_rate", "parsed %", 100, 1, True),
+PARSED = Metric("parsed_rate", "parsed %")
+EXACT = Metric("exact_match", "exact %")
+ERROR = Metric("mean_coordinate_error", "coordinate error (px)", 1, 2, False)
+# The metrics of each kind of task: its main table's, and those it pairs.
+SINGLE = report_engine.Spec(
+    methods=METHODS,
+    columns=(
+        Metric("acc_at_50", "Acc@0.5 %"),
+        Metric("acc_at_75", "Acc@0.75 %"),
+        Metric("mean_iou", "mean IoU %"),
+        EXACT,
+        Metric("coordinate_accuracy", "coordinates exact %"),
+        ERROR,
+        PARSED,
+    ),
+    paired=(
+        Metric("acc_at_50", "Acc@0.5 (points)"),
+        Metric("mean_iou", "mean IoU (points)"),
+        EXACT._replace(name="exact match (points)"),
+        ERROR,
+    ),
 )
-MULTI_COLUMNS = (
-    ("f1_at_50", "F1@0.5 %", 100, 1, True),
-    ("precision_at_50", "precision %", 100, 1, True),
-    ("recall_at_50", "recall %", 100, 1, True),
-    ("exact_match", "exact %", 100, 1, True),
-    ("count_accuracy", "box count right %", 100, 1, True),
-    ("parsed_rate", "parsed %", 100, 1, True),
+MULTI = report_engine.Spec(
+    methods=METHODS,
+    columns=(
+        Metric("f1_at_50", "F1@0.5 %"),
+        Metric("precision_at_50", "precision %"),
+        Metric("recall_at_50", "recall %"),
+        EXACT,
+        Metric("count_accuracy", "box count right %"),
+        PARSED,
+    ),
+    paired=(
+        Metric("f1_at_50", "F1@0.5 (points)"),
+        EXACT._replace(name="exact match (points)"),
+    ),
 )
-# (metric, label, scale, higher is better): the paired comparisons.
-SINGLE_PAIRED = (
-    ("acc_at_50", "Acc@0.5 (points)", 100, True),
-    ("mean_iou", "mean IoU (points)", 100, True),
-    ("exact_match", "exact match (points)", 100, True),
-    ("mean_coordinate_error", "coordinate error (px)", 1, False),
-)
-MULTI_PAIRED = (
-    ("f1_at_50", "F1@0.5 (points)", 100, True),
-    ("exact_match", "exact match (points)", 100, True),
-)
-# The NTIL paper's Table 1 (fine-tuned MLLMs, RefCOCO/+/g): Acc@0.5
-# averaged over its 8 splits, for CE, EMD, NTIL.
-PAPER_TABLE1 = (
-    ("PaliGemma (3b)", (0.785, 0.789, 0.795)),
-    ("LLaVA-1.5 (7b)", (0.818, 0.820, 0.822)),
-    ("Yi-VL (6b)", (0.733, 0.740, 0.744)),
-    ("Qwen2-VL (2b)", (0.863, 0.859, 0.866)),
-    ("Qwen2-VL (7b)", (0.860, 0.855, 0.862)),
-)
-# Table 2 (scene text detection: CTW1500, ICDAR2015, TD500, Total-Text):
-# its metric, Acc@0.5, averaged over the 4 data sets. Our copy of the paper
-# garbles the first model's name; PaliGemma (3b) is the one model of
-# Table 1 not otherwise in Table 2.
-PAPER_TABLE2 = (
-    ("PaliGemma (3b)?", (0.193, 0.241, 0.263)),
-    ("Yi-VL (6b)", (0.586, 0.594, 0.597)),
-    ("Qwen2-VL (2b)", (0.720, 0.718, 0.732)),
-    ("Qwen2-VL (7b)", (0.764, 0.751, 0.770)),
-    ("LLaVA-1.5 (7b)", (0.675, 0.690, 0.698)),
-)
+label = SINGLE.label
 
 
 def is_multi(task):
   return task == "grounding_multi"
 
 
-def columns(task):
-  return MULTI_COLUMNS if is_multi(task) else SINGLE_COLUMNS
-
-
-def paired_metrics(task):
-  return MULTI_PAIRED if is_multi(task) else SINGLE_PAIRED
-
-
-def label(key):
-  return LABELS.get(key) or VARIANT_LABELS[key]
-
-
-# ----------------------------------------------------------------------------
-# Tables.
-
-
-def main_table(task, grouped):
-  rows = [(m, LABELS[m]) for m in METHODS]
-  return stats.values_table(grouped, rows, columns(task))
-
-
-def paired_table(task, grouped, keys, reference_key):
-  """Each of ``keys`` against grouped[reference_key], seed by seed."""
-  rows = [(k, label(k)) for k in keys if k in grouped]
-  return stats.paired_table(grouped, rows, reference_key, paired_metrics(task))
+def spec(task) -> report_engine.Spec:
+  """The task's report specification."""
+  return MULTI if is_multi(task) else SINGLE
 
 
 def variant_table(task, grouped, keys):
   """Absolute mean ± sd of the paired metrics for some run types."""
-  metrics = [
-      (field, name.split(" (")[0], scale, 2 if scale == 1 else 1)
-      for field, name, scale, _ in paired_metrics(task)
-  ]
-  rows = [(k, label(k)) for k in keys if k in grouped]
-  return stats.values_table(grouped, rows, metrics, first="run")
+  metrics = [m._replace(name=m.name.split(" (")[0]) for m in spec(task).paired]
+  return spec(task).variant_table(grouped, keys, metrics)
 
 
 # A streamed headline this high leaves no room to lead: the report adds the
@@ -173,28 +139,24 @@ def early_table(task, grouped):
   if len(steps) < 2:
     return []
   measures = (
-      (at_eval(metric, 0), f"{name} at step {steps[0]}"),
-      (at_eval(metric, 1), f"{name} at step {steps[1]}"),
-      (lambda run: stats.curve_area(run, metric), f"mean {name} over training"),
+      Metric(at_eval(metric, 0), f"{name} at step {steps[0]}"),
+      Metric(at_eval(metric, 1), f"{name} at step {steps[1]}"),
+      Metric(
+          lambda run: stats.curve_area(run, metric),
+          f"mean {name} over training",
+      ),
   )
-  head = ["", "seeds"]
-  for _, measure_name in measures:
-    head += [f"Δ {measure_name} (points)", "seeds better", "paired t"]
-  rows = []
-  for method in METHODS:
-    if method == "ce" or method not in grouped:
-      continue
-    runs = grouped[method]
-    row = [LABELS[method], str(len(set(runs) & set(grouped["ce"])))]
-    for measure, _ in measures:
-      row += stats.paired_cells(runs, grouped["ce"], measure, 100, True, 1)
-    rows.append(row)
   ce = grouped["ce"].values()
   absolute = ", ".join(
-      f"{measure_name} {100 * np.mean([measure(r) for r in ce]):.1f}%"
-      for measure, measure_name in measures
+      f"{m.name} {100 * np.mean([m.field(r) for r in ce]):.1f}%"
+      for m in measures
   )
-  table = stats.table(head, rows)
+  table = tables.paired_table(
+      grouped,
+      SINGLE.rows(METHODS),
+      "ce",
+      [m._replace(name=f"{m.name} (points)") for m in measures],
+  )
   return prose.section(__file__, "early", absolute=absolute, table=table) + [""]
 
 
@@ -204,14 +166,8 @@ def ce_budget_sentence(task, grouped):
   if not runs:
     return "CE has no runs yet."
   metric, name = headline(task)
-  values = ", ".join(
-      f"{100 * runs[s][metric]:.1f}% (seed {s})" for s in sorted(runs)
-  )
-  late = []
-  for run in runs.values():
-    curve = run["curves"].get(metric, [])
-    if len(curve) >= 2:
-      late.append(100 * (curve[-1] - curve[-2]))
+  values = report_engine.seed_values(runs, metric)
+  late = stats.last_gains(runs, metric)
   change = (
       f"; over its last eval interval CE's {name} changed by "
       f"{np.mean(late):+.1f} points on average (seeds "
@@ -272,7 +228,7 @@ def outcome_table(task, grouped, test):
     shares = np.mean(shares, axis=0)
     rows.append([LABELS[method]] + [f"{100 * x:.1f}" for x in shares])
   del task
-  return stats.table(["method"] + [name for _, name in OUTCOMES], rows)
+  return tables.table(["method"] + [name for _, name in OUTCOMES], rows)
 
 
 def readable_measures(test):
@@ -297,49 +253,29 @@ def readable_measures(test):
     return cache[key]
 
   return (
-      (
+      Metric(
           lambda run: float(np.mean(deviations(run))),
           "coordinate error, readable boxes (px)",
           1,
+          2,
           False,
       ),
-      (
+      Metric(
           lambda run: float(np.mean(deviations(run) <= 1)),
-          "coordinates within 1 px (points)",
-          100,
-          True,
+          "coordinates within 1 px %",
       ),
   )
 
 
 def readable_table(grouped, test):
   """Absolute values and paired differences to CE of `readable_measures`."""
-  measures = readable_measures(test)
-  head = ["method", "seeds"]
-  for _, name, _, _ in measures:
-    head += [
-        name.replace("(points)", "%"),
-        "Δ to CE",
-        "seeds better",
-        "paired t",
-    ]
-  rows = []
-  for method in METHODS:
-    if method not in grouped:
-      continue
-    runs = grouped[method]
-    row = [LABELS[method], str(len(runs))]
-    for measure, _, scale, higher in measures:
-      digits = 2 if scale == 1 else 1
-      row.append(stats.fmt([scale * measure(r) for r in runs.values()], digits))
-      if method == "ce":
-        row += ["", "", ""]
-      else:
-        row += stats.paired_cells(
-            runs, grouped["ce"], measure, scale, higher, digits
-        )
-    rows.append(row)
-  return stats.table(head, rows)
+  return tables.versus_table(
+      grouped,
+      SINGLE.rows(METHODS),
+      readable_measures(test),
+      "method",
+      seeds=True,
+  )
 
 
 # ----------------------------------------------------------------------------
@@ -351,13 +287,7 @@ def plot_predictions(task, grouped, test, path, count=16):
   ce, ntil = grouped.get("ce", {}).get(0), grouped.get("ntil", {}).get(0)
   if not ce or not ntil:
     return None
-  differ = [
-      i
-      for i in range(len(test))
-      if ce["predictions"][i] != ntil["predictions"][i]
-  ]
-  same = [i for i in range(len(test)) if i not in set(differ)]
-  chosen = (differ[: count - 4] + same[:4])[:count]
+  chosen, differ = report_engine.differ_first(ce, ntil, count)
 
   def parse(text):
     return boxes.parse_boxes(text, scenes.IMAGE_SIZE)
@@ -395,7 +325,7 @@ def plot_predictions(task, grouped, test, path, count=16):
       notes=[note(i) for i in chosen],
       title=f"{task}, seed 0, scenes where CE and NTIL differ first",
   )
-  return len(differ)
+  return differ
 
 
 # ----------------------------------------------------------------------------
@@ -404,22 +334,19 @@ def plot_predictions(task, grouped, test, path, count=16):
 
 def task_section(task, runs, out_dir):
   grouped = stats.group_runs(runs)
-  plot_dir = os.path.join(out_dir, "plots")
   test = test_scenes(task, runs[0])
-  metrics = paired_metrics(task)
-  path = os.path.join(plot_dir, f"{task}_{{}}.png").format
-  figures.seed_bars(grouped, METHODS, metrics, path("main"), task, label, 25)
-  curves = [m for m in metrics if m[0] in grid.CURVE_METRICS[task]]
+  task_spec = spec(task)
+  path = os.path.join(out_dir, "plots", f"{task}_{{}}.png").format
+  task_spec.seed_bars(grouped, path("main"), task, 25)
+  curves = [m for m in task_spec.paired if m.field in grid.CURVE_METRICS[task]]
   figures.mean_curves(grouped, METHODS, curves, path("curves"), label)
   keys = [*METHODS, *VARIANT_LABELS]
-  figures.paired_dots(
-      grouped, keys, metrics[:1], path("paired"), task, label, METHODS
+  task_spec.paired_dots(
+      grouped, keys, path("paired"), task, task_spec.paired[:1]
   )
-  disagreements = plot_predictions(
-      task, grouped, test, os.path.join(plot_dir, f"{task}_predictions.png")
-  )
+  disagreements = plot_predictions(task, grouped, test, path("predictions"))
   any_run = runs[0]
-  seconds = np.median([r["wall_seconds"] for r in runs])
+  blocks = task_spec.blocks(grouped)
   lines = prose.section(
       __file__,
       "task",
@@ -430,11 +357,9 @@ def task_section(task, runs, out_dir):
       batch_size=any_run["batch_size"],
       train_size=grid.PROFILES[any_run["profile"]]["train_size"][task],
       test_size=any_run["num_test_examples"],
-      seconds=seconds,
+      seconds=np.median([r["wall_seconds"] for r in runs]),
       ce_budget=ce_budget_sentence(task, grouped),
-      main_table=main_table(task, grouped),
-      paired=paired_table(task, grouped, METHODS, "ce"),
-      reading=stats.reading(grouped, paired_metrics(task), METHODS, LABELS),
+      **blocks,
   ) + ["", *early_table(task, grouped)]
   if not is_multi(task):
     lines += prose.section(
@@ -451,47 +376,16 @@ def task_section(task, runs, out_dir):
         test_size=len(test),
         task=task,
     ) + [""]
-  controls = [
-      k for k in ("ce_digit_weighted", "ntil_reference") if k in grouped
-  ]
-  if controls:
-    lines += prose.section(
-        __file__,
-        "controls",
-        against_ce=paired_table(task, grouped, [*controls, "ntil"], "ce"),
-        against_ntil=paired_table(task, grouped, controls, "ntil"),
-    ) + [""]
+  if any(k in grouped for k in labels.CONTROLS):
+    lines += prose.section(__file__, "controls", **blocks) + [""]
   ablations = [k for k in ("exp_off", "rel_off", "mag_off") if k in grouped]
   if ablations:
     lines += prose.section(
         __file__,
         "ablations",
         values=variant_table(task, grouped, ["ntil", *ablations]),
-        against_ntil=paired_table(task, grouped, ablations, "ntil"),
-        against_ce=paired_table(task, grouped, ablations, "ce"),
-    ) + [""]
-  return lines
-
-
-def paper_tables():
-  lines = prose.section(__file__, "paper") + [""]
-  for title, rows in (
-      ("Table 1, grounding: Acc@0.5, mean of 8 splits", PAPER_TABLE1),
-      (
-          "Table 2, scene text detection: Acc@0.5, mean of 4 data sets",
-          PAPER_TABLE2,
-      ),
-  ):
-    lines += stats.table(
-        [f"model (paper, {title})", "CE", "EMD", "NTIL", "NTIL - CE"],
-        [
-            [
-                name,
-                *(f"{100 * v:.1f}" for v in values),
-                f"{100 * (values[2] - values[0]):+.1f}",
-            ]
-            for name, values in rows
-        ],
+        against_ntil=task_spec.paired_table(grouped, ablations, "ntil"),
+        against_ce=task_spec.paired_table(grouped, ablations),
     ) + [""]
   return lines
 
@@ -557,12 +451,11 @@ def stream_section(fixed, streamed, out_dir) -> list[str]:
   return lines
 
 
-# (record field, label, scale, digits, higher is better): how close the
-# streamed boxes are at the end of the budget, where Acc@0.5 is at its
-# ceiling.
+# How close the streamed boxes are at the end of the budget, where Acc@0.5
+# is at its ceiling.
 CLOSENESS = (
-    ("mean_coordinate_error", "coordinate error (px)", 1, 3, False),
-    ("coordinate_accuracy", "coordinates exact %", 100, 1, True),
+    ERROR._replace(digits=3),
+    Metric("coordinate_accuracy", "coordinates exact %"),
 )
 
 
@@ -571,37 +464,18 @@ def stream_closeness(grouped, rows) -> list[str]:
   with CE's of the same seed (an unreadable box counts 48 px)."""
   if "ce" not in grouped:
     return []
-  head = ["loss"]
-  for _, label, _, _, _ in CLOSENESS:
-    head += [label, "Δ vs CE", "seeds better", "paired t"]
-  lines = [
+  return [
       *prose.section(__file__, "closeness"),
       "",
-      "| " + " | ".join(head) + " |",
-      "|" + "---|" * len(head),
+      *tables.versus_table(grouped, rows, CLOSENESS, "loss", vs="Δ vs CE"),
+      "",
   ]
-  for key, label in rows:
-    runs = grouped.get(key)
-    if not runs:
-      continue
-    row = [label]
-    for metric, _, scale, digits, higher in CLOSENESS:
-      row.append(stats.fmt([scale * r[metric] for r in runs.values()], digits))
-      if key == "ce":
-        row += [""] * 3
-      else:
-        row += stats.paired_cells(
-            runs, grouped["ce"], metric, scale, higher, digits
-        )
-    lines.append("| " + " | ".join(row) + " |")
-  return lines + [""]
 
 
 def write_report(runs, out_dir, discussion=None, budget=None):
   # The prepared-train-split runs make the main report; streamed ones
   # (regime "stream") are set beside them in their own section.
-  streamed = [r for r in runs if common.regime(r) == common.STREAM]
-  runs = [r for r in runs if common.regime(r) == common.FIXED]
+  runs, streamed = report_engine.split_regimes(runs)
   os.makedirs(os.path.join(out_dir, "plots"), exist_ok=True)
   any_run = runs[0]
   lines = prose.section(
@@ -616,18 +490,14 @@ def write_report(runs, out_dir, discussion=None, budget=None):
     if task_runs:
       lines += task_section(task, task_runs, out_dir)
   lines += stream_section(runs, streamed, out_dir)
-  lines += paper_tables()
-  for title, source in (
-      ("Discussion (written by hand from the numbers above)", discussion),
-      ("Budget (pilots, written by hand)", budget),
-  ):
-    if source and os.path.exists(source):
-      with open(source) as f:
-        lines += [f"## {title}", "", f.read()]
-  path = os.path.join(out_dir, "results.md")
-  with open(path, "w") as f:
-    f.write("\n".join(lines))
-  return path
+  lines += prose.section(__file__, "paper") + [""]
+  lines += report_engine.hand_written(
+      [
+          ("Discussion (written by hand from the numbers above)", discussion),
+          ("Budget (pilots, written by hand)", budget),
+      ]
+  )
+  return report_engine.write(out_dir, lines)
 
 
 def main(argv):

@@ -1,0 +1,340 @@
+"""Arithmetic answers: how each is scored and bucketed, and the test split.
+
+The arithmetic reports (`digits_report`, `llm_report`) score a run's stored
+predictions against its test problems (questions and answers are not in the
+records), read from the prepared data or from the copy a report keeps
+beside its results (`read_test_problems`).
+"""
+
+import collections
+import glob
+import json
+import math
+import os
+import re
+import sys
+
+import numpy as np
+
+from experiments import common
+from train.tasks import arithmetic_mix as task
+
+_NUMBER = r"-?\d+(?:\.\d+)?"
+_EXPRESSION = re.compile(rf"({_NUMBER})\s*([+-])\s*({_NUMBER})")
+_ADD_WORDS = re.compile(r"\b(plus|add|sum|total|put together)\b")
+_SUBTRACT_WORDS = re.compile(
+    r"\b(minus|subtract|take away|less than|difference|distance)\b"
+)
+
+
+def answer_digits(answer: str) -> int:
+  """How many digits the answer has (sign and decimal point not counted).
+
+  ``'-153.97'`` has 5, ``'0.09'`` 3 (the leading zero is written too).
+  """
+  return sum(c.isdigit() for c in answer.strip())
+
+
+def digits_bucket(answer: str) -> str:
+  """The answer-length column of an answer: ``'<=3'``, ``'4'``..``'8'``,
+  ``'>=9'``."""
+  n = answer_digits(answer)
+  if n <= 3:
+    return "<=3"
+  if n >= 9:
+    return ">=9"
+  return str(n)
+
+
+DIGIT_BUCKETS = ("<=3", "4", "5", "6", "7", "8", ">=9")
+
+
+def operation(question: str) -> str | None:
+  """``'add'`` or ``'subtract'``: the operation as the question writes it.
+
+  Worded questions by their verb ('Add', 'Sum', 'Total of', 'Put together',
+  'plus'; 'Subtract', 'minus', 'take away', 'less than', 'difference',
+  'distance'), bare ones by their operator (``'-20.3+-1891'`` adds,
+  ``'44 - -46.6'`` subtracts, whatever the operands' signs). None if neither
+  reading applies.
+  """
+  text = question.lower()
+  add = bool(_ADD_WORDS.search(text))
+  subtract = bool(_SUBTRACT_WORDS.search(text))
+  if add != subtract:
+    return "add" if add else "subtract"
+  if add:  # both kinds of word: ambiguous
+    return None
+  match = _EXPRESSION.search(question)
+  if match is None:
+    return None
+  return "add" if match.group(2) == "+" else "subtract"
+
+
+OPERATIONS = ("add", "subtract")
+
+
+def has_decimals(answer: str) -> bool:
+  """Whether the answer is written with a decimal point."""
+  return "." in answer
+
+
+def decimals_bucket(answer: str) -> str:
+  return "decimal" if has_decimals(answer) else "integer"
+
+
+DECIMAL_BUCKETS = ("integer", "decimal")
+
+
+def log10_error(prediction: str, answer: str) -> float | None:
+  """log10(1 + |prediction - answer|); None if either does not parse.
+
+  Parsed as the trainer's scorer parses (`train.tasks.arithmetic_mix`).
+  """
+  predicted, true = task.parse_number(prediction), task.parse_number(answer)
+  if predicted is None or true is None:
+    return None
+  return math.log10(1.0 + abs(float(predicted - true)))
+
+
+def within_1_percent(prediction: str, answer: str) -> bool:
+  """The prediction parses and is within 1% of the answer (the scorer's)."""
+  predicted, true = task.parse_number(prediction), task.parse_number(answer)
+  if predicted is None or true is None:
+    return False
+  return abs(float(predicted - true)) <= 0.01 * abs(float(true))
+
+
+def is_exact(prediction: str, answer: str) -> bool:
+  return prediction.strip() == answer.strip()
+
+
+def score(predictions, problems) -> dict:
+  """Exact match, within 1%, mean log10 error and unparsed count.
+
+  Args:
+    predictions: predicted answer strings, in test order.
+    problems: (question, answer) pairs, in the same order.
+
+  Returns:
+    dict(exact_match, within_1_percent, log_error, unparsed): rates over all
+    problems (an unparseable prediction is wrong and not within 1%); the
+    log error is the mean over the predictions that parse (nan if none),
+    ``unparsed`` counts the others.
+  """
+  errors = [log10_error(p, a) for p, (_, a) in zip(predictions, problems)]
+  parsed = [e for e in errors if e is not None]
+  n = len(problems)
+  return dict(
+      exact_match=sum(
+          is_exact(p, a) for p, (_, a) in zip(predictions, problems)
+      )
+      / n,
+      within_1_percent=sum(
+          within_1_percent(p, a) for p, (_, a) in zip(predictions, problems)
+      )
+      / n,
+      log_error=float(np.mean(parsed)) if parsed else float("nan"),
+      unparsed=n - len(parsed),
+  )
+
+
+def breakdown(predictions, problems, key) -> dict:
+  """{bucket: (correct, total)} of exact match, ``key(question, answer)``
+  naming each problem's bucket (None: left out)."""
+  counts = collections.defaultdict(lambda: [0, 0])
+  for prediction, (question, answer) in zip(predictions, problems):
+    bucket = key(question, answer)
+    if bucket is None:
+      continue
+    counts[bucket][0] += is_exact(prediction, answer)
+    counts[bucket][1] += 1
+  return {b: tuple(c) for b, c in counts.items()}
+
+
+BREAKDOWN_NAMES = dict(
+    digits="answer digits",
+    operation="operation",
+    decimals="answer",
+    form="answer",
+)
+# (name, title, bucket of (question, answer), bucket order)
+BREAKDOWNS = (
+    (
+        "digits",
+        "By answer length in digits (sign and decimal point not counted)",
+        lambda q, a: digits_bucket(a),
+        DIGIT_BUCKETS,
+    ),
+    (
+        "operation",
+        "By operation, as the question writes it",
+        lambda q, a: operation(q),
+        OPERATIONS,
+    ),
+    (
+        "decimals",
+        "By whether the answer has decimals",
+        lambda q, a: decimals_bucket(a),
+        DECIMAL_BUCKETS,
+    ),
+)
+
+
+def answer_form(answer: str) -> str:
+  """``'fraction'``, ``'decimal'`` or ``'integer'``: how the answer is
+  written (arithmetic_mix's answers are integers or fractions)."""
+  if "/" in answer:
+    return "fraction"
+  return "decimal" if "." in answer else "integer"
+
+
+FORMS = ("integer", "decimal", "fraction")
+FORM = (
+    "form",
+    "By how the answer is written",
+    lambda q, a: answer_form(a),
+    FORMS,
+)
+
+
+def prepare_command(runs, data_dir, data=None, seen=None) -> str:
+  """The command that generates the test problems the runs were scored on
+  (and their training problems; needs the arithmetic-data extra).
+
+  ``data``: the module and difficulty where the records name none (none:
+  the paper's arithmetic__mixed); ``seen``: the training size where they
+  do not name the problems read (default: the test size).
+  """
+  data = {**(data or {}), **(runs[0].get("data") or {})}
+  options = "".join(
+      f" --{name}={data[name]}"
+      for name in ("module", "difficulty")
+      if data.get(name)
+  )
+  size = runs[0]["num_test_examples"]
+  seen = runs[0].get("problems_seen") or seen or size
+  return (
+      f"python -m train.prepare_data --data_dir={data_dir}{options} "
+      f"--train_size={seen} --test_size={size} --workers=2"
+  )
+
+
+def dataset_pattern(runs, data_dir, data=None) -> str:
+  """Where the runs' prepared data would be: any training size, the test
+  split does not depend on it (``data`` as `prepare_command`'s)."""
+  data = {**(data or {}), **(runs[0].get("data") or {})}
+  prefix = ""
+  if data.get("module"):
+    module = data["module"].removeprefix("arithmetic__")
+    prefix = f"{module}-{data.get('difficulty', 'easy')}_"
+  size = runs[0]["num_test_examples"]
+  return os.path.join(data_dir, task.NAME, f"{prefix}train*_test{size}_seed0")
+
+
+def kept_problems_dir(results) -> str:
+  """Where the report of ``results`` keeps its copies of test splits."""
+  return os.path.join(os.path.dirname(results) or ".", "test_problems")
+
+
+def prepared_configs(pattern, seen) -> list[str]:
+  """The dataset folders that ``pattern`` matches (any training size: it does
+  not change the test split), the runs' own (``seen`` problems) first."""
+  found = glob.glob(os.path.join(pattern, "*", "dataset_info.json"))
+  names = sorted(
+      os.path.basename(os.path.dirname(os.path.dirname(path))) for path in found
+  )
+  return sorted(names, key=lambda name: train_size(name) != seen)
+
+
+def read_test_problems(data_dir, pattern, seen, kept):
+  """(problems, source) of a prepared test split, or of the report's copy.
+
+  Reading prepared data writes or refreshes its copy under ``kept``, so that
+  a report regenerated where the data is not prepared (a fresh clone,
+  another machine) renders the same breakdowns from the same problems
+  instead of leaving them out. The runs' own dataset comes first, prepared
+  or kept, then any prepared one, then any copy. A copy is checked like the
+  data: the breakdowns need every run's stored predictions to reproduce its
+  recorded exact match against it.
+
+  Args:
+    data_dir: the prepared data.
+    pattern: the dataset folders under ``data_dir`` that would do (a glob).
+    seen: the problems each run read (its dataset's training size).
+    kept: the folder of the copies (`kept_problems_dir`), one a dataset.
+
+  Returns:
+    The (question, answer) pairs in the order the runs were scored and the
+    dataset's path under ``data_dir``; (None, None) where none is there.
+  """
+  copies = sorted(
+      os.path.basename(path)[: -len(".json")]
+      for path in glob.glob(
+          os.path.join(kept, os.path.basename(pattern) + ".json")
+      )
+  )
+  candidates = sorted(
+      [(name, True) for name in prepared_configs(pattern, seen)]
+      + [(name, False) for name in copies],
+      key=lambda c: (train_size(c[0]) != seen, not c[1]),
+  )
+  if not candidates:
+    return None, None
+  config, is_prepared = candidates[0]
+  source = os.path.join(data_dir, task.NAME, config)
+  copy = os.path.join(kept, f"{config}.json")
+  if not is_prepared:
+    print(
+        f"the test problems of {config} are not prepared under {data_dir}; "
+        f"reading the report's copy of them ({copy})",
+        file=sys.stderr,
+    )
+    with open(copy) as f:
+      return [tuple(p) for p in json.load(f)], source
+  from train import input_pipeline  # pylint: disable=g-import-not-at-top
+
+  split = input_pipeline.load_split(data_dir, "test", config_name=config)
+  records = split.__getitems__(list(range(len(split))))
+  problems = [input_pipeline.decode_record(r) for r in records]
+  text = "[\n" + ",\n".join(json.dumps(list(p)) for p in problems) + "\n]\n"
+  old = None
+  if os.path.exists(copy):
+    with open(copy) as f:
+      old = f.read()
+  if text != old:
+    os.makedirs(kept, exist_ok=True)
+    common.write_text(copy, text)
+  return problems, source
+
+
+def train_size(source) -> int | None:
+  """The training set's size, from the prepared data's name, if known."""
+  match = re.search(r"(?:^|_)train(\d+)_test", os.path.basename(source or ""))
+  return int(match.group(1)) if match else None
+
+
+def load(runs, data_dir, results, data=None):
+  """(problems, source): the test split's (question, answer) pairs in the
+  order the runs were scored, and its path; problems None if not found
+  (in the prepared data or the copies kept beside ``results``)."""
+  pattern = dataset_pattern(runs, data_dir, data)
+  problems, source = read_test_problems(
+      data_dir,
+      pattern,
+      runs[0].get("problems_seen"),
+      kept_problems_dir(results),
+  )
+  return problems, source or pattern
+
+
+def warn_missing(source, command, dataset="") -> None:
+  """Says on stderr that the breakdowns are left out for want of the test
+  problems (looked for at ``source``), and the ``command`` that writes them."""
+  print(
+      f"warning: {dataset}{': ' if dataset else ''}no test problems under "
+      f"{source}, so the breakdowns by answer length, operation and decimals "
+      f"are left out of the report; prepare them with `{command}` (the "
+      "arithmetic-data extra) and run the report again.",
+      file=sys.stderr,
+  )

@@ -1,0 +1,143 @@
+"""A task's report from its specification: the shared tables, figures, files.
+
+A `Spec` says what a task's report compares: its methods (the rows of the
+main table), the columns of that table and the metrics it pairs with a
+reference (`stats.Metric`s), and how variants are named. Its methods make
+the tables and figures every task report shows, from runs grouped by seed
+(``{key: {seed: run}}``, a key being a method or a variant); the task's
+report adds its own sections and the prose around them (`prose`).
+"""
+
+import dataclasses
+import os
+from typing import Mapping
+
+from experiments import common
+from experiments import figures
+from experiments import labels
+from experiments import stats
+from experiments import tables
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+  """What a task's report compares.
+
+  Attributes:
+    methods: the losses, in table order (CE, the reference, first).
+    columns: the main table's metrics.
+    paired: the metrics paired with the reference, seed by seed (the paired
+      tables, the reading, the seed bars and paired-difference plots).
+    variant_labels: {variant: its name}; methods are named by
+      `labels.LABELS`.
+  """
+
+  methods: tuple[str, ...]
+  columns: tuple[stats.Metric, ...]
+  paired: tuple[stats.Metric, ...]
+  variant_labels: Mapping[str, str] = dataclasses.field(
+      default_factory=lambda: labels.VARIANT_LABELS
+  )
+
+  def label(self, key) -> str:
+    """How the report names a method or a variant."""
+    return labels.LABELS.get(key) or self.variant_labels[key]
+
+  def rows(self, keys, grouped=None) -> list[tuple[str, str]]:
+    """``(key, label)`` table rows of ``keys`` (those in ``grouped``)."""
+    return [(k, self.label(k)) for k in keys if grouped is None or k in grouped]
+
+  def main_table(self, grouped) -> list[str]:
+    """Mean ± sd over seeds of every method in every column."""
+    return tables.values_table(grouped, self.rows(self.methods), self.columns)
+
+  def paired_table(self, grouped, keys, reference="ce") -> list[str]:
+    """Each of ``keys`` against ``reference``, seed by seed."""
+    rows = self.rows(keys, grouped)
+    return tables.paired_table(grouped, rows, reference, self.paired)
+
+  def variant_table(self, grouped, keys, metrics) -> list[str]:
+    """Mean ± sd over seeds of some run types in ``metrics``."""
+    rows = self.rows(keys, grouped)
+    return tables.values_table(grouped, rows, metrics, first="run")
+
+  def reading(self, grouped) -> list[str]:
+    """`tables.reading` of the paired metrics."""
+    return tables.reading(grouped, self.paired, self.methods, labels.LABELS)
+
+  def blocks(self, grouped, controls=labels.CONTROLS) -> dict[str, list]:
+    """The tables of every task section, named as the Markdown's blocks:
+    ``main_table``, ``paired`` (the methods against CE), ``reading``, and
+    the controls against CE (beside NTIL), ``against_ce``, and against
+    NTIL, ``against_ntil``."""
+    return dict(
+        main_table=self.main_table(grouped),
+        paired=self.paired_table(grouped, self.methods),
+        reading=self.reading(grouped),
+        against_ce=self.paired_table(grouped, [*controls, "ntil"]),
+        against_ntil=self.paired_table(grouped, controls, "ntil"),
+    )
+
+  def seed_bars(self, grouped, path, title, rotation=15) -> None:
+    """`figures.seed_bars` of the methods in the paired metrics."""
+    figures.seed_bars(
+        grouped, self.methods, self.paired, path, title, self.label, rotation
+    )
+
+  def paired_dots(self, grouped, keys, path, title, panels=None) -> bool:
+    """`figures.paired_dots` of ``keys`` against CE."""
+    panels = panels or self.paired
+    return figures.paired_dots(
+        grouped, keys, panels, path, title, self.label, self.methods
+    )
+
+
+def load(results):
+  """The runs of a results file; exits saying so where it holds none."""
+  runs = common.load_results(results)
+  if not runs:
+    raise SystemExit(f"no runs in {results}")
+  return runs
+
+
+def seed_values(runs, metric) -> str:
+  """``'61.2% (seed 0), ...'``: a share of each run ({seed: run})."""
+  return ", ".join(
+      f"{100 * runs[s][metric]:.1f}% (seed {s})" for s in sorted(runs)
+  )
+
+
+def split_regimes(runs):
+  """(fixed-set runs, streamed runs): the main report and its stream part."""
+  streamed = [r for r in runs if common.regime(r) == common.STREAM]
+  return [r for r in runs if common.regime(r) == common.FIXED], streamed
+
+
+def differ_first(ce, ntil, count, same=4):
+  """Which test examples a predictions figure shows, and how many differ.
+
+  The examples where CE's and NTIL's predictions differ first, then
+  ``same`` where they agree, ``count`` in all, in test order.
+  """
+  pairs = list(zip(ce["predictions"], ntil["predictions"]))
+  differ = [i for i, (a, b) in enumerate(pairs) if a != b]
+  agree = [i for i, (a, b) in enumerate(pairs) if a == b]
+  return (differ[: count - same] + agree[:same])[:count], len(differ)
+
+
+def hand_written(sources) -> list[str]:
+  """A section per ``(title, path)`` whose file exists: its text as is."""
+  lines = []
+  for title, path in sources:
+    if path and os.path.exists(path):
+      with open(path) as f:
+        lines += [f"## {title}", "", f.read()]
+  return lines
+
+
+def write(out_dir, lines, end="") -> str:
+  """Writes ``lines`` (and ``end``) to ``out_dir/results.md``; its path."""
+  path = os.path.join(out_dir, "results.md")
+  with open(path, "w") as f:
+    f.write("\n".join(lines) + end)
+  return path

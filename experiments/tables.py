@@ -1,0 +1,176 @@
+"""Markdown tables of runs grouped by seed, and the statements they support.
+
+``grouped`` is ``{key: {seed: run}}``, a key being a method or a variant;
+columns are `stats.Metric`s, rows ``(key, label)`` pairs.
+"""
+
+import numpy as np
+
+from experiments import stats
+
+
+def table(head, rows):
+  """Markdown table lines from a header and rows of cells."""
+  return [
+      "| " + " | ".join(head) + " |",
+      "|" + "---|" * len(head),
+      *("| " + " | ".join(row) + " |" for row in rows),
+  ]
+
+
+def paired_cells(runs, reference, metric, scale, higher_better, digits):
+  """Three table cells: ``Δ ± sd``, ``better/n`` and ``t (p = ...)``."""
+  d = stats.paired(runs, reference, metric, scale, higher_better)
+  if d is None:
+    return ["–"] * 3
+  std = "" if np.isnan(d["std"]) else f" ± {d['std']:.{digits}f}"
+  test = "–" if np.isnan(d["t"]) else f"{d['t']:+.2f} (p = {d['p']:.3f})"
+  return [f"{d['mean']:+.{digits}f}{std}", f"{d['better']}/{d['n']}", test]
+
+
+def metric_cells(runs, reference, metric):
+  """`paired_cells` of a `stats.Metric`."""
+  return paired_cells(
+      runs, reference, metric.field, metric.scale, metric.higher, metric.digits
+  )
+
+
+def versus_table(grouped, rows, metrics, first, seeds=False, vs="Δ to CE"):
+  """Per row and metric: mean ± sd and `paired_cells` to CE (blank on CE's
+  own row).
+
+  Args:
+    grouped: {key: {seed: run}}.
+    rows: (key, label) pairs; keys without runs are left out.
+    metrics: the `stats.Metric` columns.
+    first: the header of the label column.
+    seeds: whether a column counts each row's seeds.
+    vs: the header of the difference's column.
+
+  Returns:
+    Markdown table lines.
+  """
+  head = [first] + ["seeds"] * seeds
+  for metric in metrics:
+    head += [metric.name, vs, "seeds better", "paired t"]
+  body = []
+  for key, label in rows:
+    runs = grouped.get(key)
+    if not runs:
+      continue
+    cells = [label] + [str(len(runs))] * seeds
+    for metric in metrics:
+      cells.append(fmt_metric(runs.values(), metric))
+      if key == "ce":
+        cells += [""] * 3
+      else:
+        cells += metric_cells(runs, grouped["ce"], metric)
+    body.append(cells)
+  return table(head, body)
+
+
+def reading(grouped, metrics, methods, labels):
+  """Plain statements computed from the numbers (no adjectives chosen).
+
+  Args:
+    grouped: {method: {seed: run}}; ``'ce'`` is the reference.
+    metrics: the `stats.Metric`s read.
+    methods: the methods in table order.
+    labels: {method: its name in the text}.
+
+  Returns:
+    Markdown list lines: per metric, the ranking by mean over seeds, then
+    each method's paired difference to CE with its verdict.
+  """
+  lines = []
+  reference = grouped.get("ce", {})
+  present = [m for m in methods if m in grouped]
+  for metric, name, scale, _, higher in metrics:
+    means = {
+        m: scale * np.mean([r[metric] for r in grouped[m].values()])
+        for m in present
+    }
+    ranked = sorted(present, key=lambda m: -means[m] if higher else means[m])
+    lines.append(
+        f"- Ranking by {name.split(' (')[0]} (mean over seeds, best first): "
+        + ", ".join(f"{labels[m]} {means[m]:.2f}" for m in ranked)
+        + "."
+    )
+    for method in present:
+      if method == "ce":
+        continue
+      d = stats.paired(grouped[method], reference, metric, scale, higher)
+      if d is None or np.isnan(d["p"]):
+        continue
+      direction = "better" if (d["mean"] > 0) == higher else "worse"
+      verdict = (
+          f"{direction} than CE at p = {d['p']:.3f}"
+          if d["p"] < 0.05
+          else f"not distinguishable from CE (p = {d['p']:.2f})"
+      )
+      lines.append(
+          f"  - {labels[method]}: {d['mean']:+.2f} on {name}, better on "
+          f"{d['better']}/{d['n']} seeds: {verdict}."
+      )
+  return lines
+
+
+def values_table(grouped, rows, columns, first="method"):
+  """Mean ± sd over seeds of each row's runs in each column.
+
+  Args:
+    grouped: {key: {seed: run}}.
+    rows: (key, label) pairs; keys not in ``grouped`` are left out.
+    columns: the `stats.Metric` columns.
+    first: the header of the label column.
+
+  Returns:
+    Markdown table lines: label, number of seeds, then ``mean ± sd``.
+  """
+  body = []
+  for key, label in rows:
+    if key not in grouped:
+      continue
+    runs = list(grouped[key].values())
+    body.append(
+        [label, str(len(runs))]
+        + [fmt_metric(runs, column) for column in columns]
+    )
+  return table([first, "seeds"] + [c.name for c in columns], body)
+
+
+def fmt_metric(runs, metric):
+  """``mean ± sd`` of a `stats.Metric` over ``runs`` (a list)."""
+  return stats.fmt(
+      [metric.scale * stats.value(r, metric.field) for r in runs], metric.digits
+  )
+
+
+def paired_table(grouped, rows, reference_key, metrics):
+  """Each row's runs against ``grouped[reference_key]``, seed by seed.
+
+  Args:
+    grouped: {key: {seed: run}}.
+    rows: (key, label) pairs; keys not in ``grouped``, and the reference,
+      are left out.
+    reference_key: the runs compared with.
+    metrics: the `stats.Metric`s compared.
+
+  Returns:
+    Markdown table lines: per metric ``Δ ± sd``, seeds better and the
+    paired t-test (:func:`paired_cells`).
+  """
+  head = ["", "seeds"]
+  for metric in metrics:
+    head += [f"Δ {metric.name}", "seeds better", "paired t"]
+  reference = grouped.get(reference_key, {})
+  body = []
+  for key, label in rows:
+    if key not in grouped or key == reference_key:
+      continue
+    runs = grouped[key]
+    cells = [label, str(len(set(runs) & set(reference)))]
+    for metric in metrics:
+      cells += metric_cells(runs, reference, metric)
+    body.append(cells)
+  return table(head, body)
