@@ -71,9 +71,11 @@ def _number_deviations(soft_digits, x_digits, layout, comparison):
   predicted exactly right is zero (``|x|`` flat at 0). The magnitude
   deviation is ``log1p(|X-Y| / (min+1))`` while that ratio is at most 1, else
   ``log(max+1) - log(min+1)`` with each log taken at its number's own scale,
-  exact for any length. Denominators and logs outside the branch used or away
-  from last digits get 1 (a ``where`` before the operation), so nothing is
-  ever ``0 * inf``.
+  exact for any length. Each branch is computed everywhere and selected
+  with a ``where``: a value of the branch not taken may be infinite (the
+  "+1" at the larger number's scale underflows past 45 digits), but it is
+  never selected, and no autodiff runs through it (the gradient is written
+  out), so it cannot turn into a NaN.
 
   X is written with ``x_digits`` (int32, the argmax digits; 0 outside
   numbers), and its gradient is that of the straight-through digits
@@ -125,40 +127,39 @@ def _deviations_forward(soft_digits, x_digits, layout, comparison):
   )
   big = jnp.where(x_larger, x_own, y_own)
   small = jnp.where(x_larger, y_own, x_own)
-  last = layout.is_last
-  big_plus_one = jnp.where(last, big + offset, 1.0)
+  # Unguarded: values away from last digits are masked out, coefficients are
+  # only read at them, and a branch's value is only read where it is taken.
+  big_plus_one = big + offset
   relative = difference / big_plus_one
   small_plus_one = small * small_scale + offset
-  close = last & (difference <= small_plus_one)
-  far = last & ~close
-  close_plus_one = jnp.where(close, small_plus_one, 1.0)
-  ratio = difference / close_plus_one
-  far_plus_one = jnp.where(far, small + small_offset, 1.0)
+  close = difference <= small_plus_one
+  ratio = difference / small_plus_one
+  own_plus_one = small + small_offset
   log_ratio = (
       (big_place - small_place).astype(jnp.float32) * _LN10
-      + jnp.log(jnp.where(far, big_plus_one, 1.0))
-      - jnp.log(far_plus_one)
+      + jnp.log(big_plus_one)
+      - jnp.log(own_plus_one)
   )
   magnitude = jnp.where(close, jnp.log1p(ratio), log_ratio)
   # Derivatives with respect to |X - Y| / 10**L and to X at its own scale,
-  # the larger number's or the smaller's; read only at last digits.
+  # the larger number's or the smaller's.
   by_big = 1.0 / big_plus_one
   by_close_difference = jnp.where(
-      close, 1.0 / (close_plus_one + difference), 0.0
-  )
-  by_small = jnp.where(
-      close,
-      -ratio * small_scale * by_close_difference,
-      -1.0 / far_plus_one,
+      close, 1.0 / (small_plus_one + difference), 0.0
   )
   coefficients = (
       by_big,  # relative by difference
       by_close_difference,  # magnitude by difference
       jnp.where(x_larger, -relative * by_big, 0.0),  # relative by X
-      jnp.where(x_larger, jnp.where(far, by_big, 0.0), by_small),  # magnitude
+      jnp.where(  # magnitude by X
+          close,
+          jnp.where(x_larger, 0.0, -ratio * small_scale * by_close_difference),
+          jnp.where(x_larger, by_big, -1.0 / own_plus_one),
+      ),
   )
   # d(X / 10**x_place) and d(|X - Y| / 10**L) by each digit of X.
   slopes = (factors[0], sign.astype(jnp.float32) * factors[2])
+  last = layout.is_last
   deviations = (base.masked(relative, last), base.masked(magnitude, last))
   # With the deviations, in one kernel (the backward would recompute them).
   stacked = jax.lax.optimization_barrier(jnp.stack(deviations + coefficients))
