@@ -49,8 +49,9 @@ class NumberLayout(NamedTuple):
     point: int32 index of the number's decimal point, ``last + 1`` for a
       number without one: the digit at index ``j`` has the place
       ``point - j - (j < point)`` (:func:`place_of`).
-    points: true at the decimal points that join a number's digits;
-      ``None`` when no ``decimal_point_mask`` was given.
+    point_candidates: true at decimal-point labels between two digits;
+      those alone in their run of digits and candidates are the numbers'
+      points (``point``). ``None`` when no ``decimal_point_mask`` was given.
   """
 
   digit_values: chex.Array
@@ -63,7 +64,7 @@ class NumberLayout(NamedTuple):
   first: chex.Array
   last: chex.Array
   point: chex.Array
-  points: Optional[chex.Array] = None
+  point_candidates: Optional[chex.Array] = None
 
 
 def _spec(x) -> tuple:
@@ -236,23 +237,19 @@ def _nearest(starts, ends, kind=None, backward=()):
 
 
 def _positions(like):
-  """int32 ``[..., T]``: each position's index along the last axis."""
-  return jax.lax.broadcasted_iota(jnp.int32, like.shape, like.ndim - 1)
+  """int32 ``[..., T]``: each position's index along the last axis.
 
-
-def _decimal_points(is_digit, decimal_point_mask):
-  """Points that join two digits, in runs that hold exactly one of them."""
-  between_digits = (
-      decimal_point_mask
-      & segments.shift_right(is_digit, False)
-      & segments.shift_left(is_digit, False)
+  Split over a mesh as ``like`` is (on an explicit mesh, a replicated iota
+  cannot meet sharded arrays in one ``where``).
+  """
+  sharding = getattr(jax.typeof(like), "sharding", None)
+  spec = getattr(sharding, "spec", None)
+  return jax.lax.broadcasted_iota(
+      jnp.int32,
+      like.shape,
+      like.ndim - 1,
+      out_sharding=sharding if spec is not None and any(spec) else None,
   )
-  starts, ends = _runs(is_digit | between_digits)
-  first, last, before, after, _ = _nearest(starts, ends, between_digits)
-  # The point before each one (strictly) and the one after it.
-  previous = segments.shift_right(before, segments.NO_MAXIMUM)
-  following = segments.shift_left(after, -segments.NO_MAXIMUM)
-  return between_digits & (previous < first) & (following > last)
 
 
 def place_of(index, point):
@@ -301,23 +298,26 @@ def number_layout(
   if digit_mask is not None:
     is_digit = is_digit & jnp.asarray(digit_mask, bool)
   if decimal_point_mask is None:
-    points = None
-    starts, ends = _runs(is_digit)
+    candidates = None
   else:
-    points = _decimal_points(is_digit, jnp.asarray(decimal_point_mask, bool))
-    starts, ends = _runs(is_digit | points)
+    # Decimal-point labels between two digits.
+    candidates = (
+        jnp.asarray(decimal_point_mask, bool)
+        & segments.shift_right(is_digit, False)
+        & segments.shift_left(is_digit, False)
+    )
   layout = NumberLayout(
       digit_values=jnp.where(is_digit, digit_values, 0),
       is_digit=is_digit,
-      is_last=is_digit & ends,
-      starts=starts,
-      ends=ends,
+      is_last=None,
+      starts=None,
+      ends=None,
       digits_right=None,
       places=None,
       first=None,
       last=None,
       point=None,
-      points=points,
+      point_candidates=candidates,
   )
   return _located(layout)[0]
 
@@ -325,26 +325,62 @@ def number_layout(
 def _located(layout: NumberLayout, backward=()):
   """``layout`` with the fields one pass of running maxima finds.
 
-  ``first``, ``last``, ``point``, ``digits_right`` and ``places`` from its
-  ``starts``, ``ends`` and ``points``; the same pass also maximizes the
-  ``backward`` fields from the right. Returns ``(layout, their maxima)``.
+  Where each number starts and ends, its point, ``digits_right`` and
+  ``places``, from ``is_digit`` and ``point_candidates``; the same pass also
+  maximizes the ``backward`` fields from the right. Returns ``(layout,
+  their maxima)``.
+
+  With decimal points, the pass runs over the runs of digits and candidate
+  points: a candidate alone in its run (no other candidate between the
+  run's ends, read from the nearest candidates before and after it) joins
+  the run's digits into one number; a run holding two or more is cut at
+  each of them (a number then ends before its nearest candidate on each
+  side). Whether a position's run holds exactly one is read at its nearest
+  candidate (one gather).
   """
-  is_digit, points = layout.is_digit, layout.points
+  is_digit, candidates = layout.is_digit, layout.point_candidates
   index = _positions(is_digit)
-  first, last, before, after, extra = _nearest(
-      layout.starts, layout.ends, points, backward
-  )
-  if points is None:
+  if candidates is None:
+    starts, ends = _runs(is_digit)
+    first, last, _, _, extra = _nearest(starts, ends, None, backward)
     point = last + 1
     digits_right = last - index
   else:
-    # A number's point is the nearest one on either side, if it lies in it.
-    point = jnp.where(
-        after <= last, after, jnp.where(before >= first, before, last + 1)
+    run_first, run_last, before, after, extra = _nearest(
+        *_runs(is_digit | candidates), candidates, backward
     )
+    # A candidate alone in its run: the one before it (strictly) lies before
+    # the run, and the one after it after the run.
+    previous = segments.shift_right(before, segments.NO_MAXIMUM)
+    following = segments.shift_left(after, -segments.NO_MAXIMUM)
+    alone = candidates & (previous < run_first) & (following > run_last)
+    has_after, has_before = after <= run_last, before >= run_first
+    nearest = jnp.where(has_after, after, jnp.where(has_before, before, index))
+    one = has_after | has_before
+    one &= (
+        segments.read_at(alone[..., None].astype(jnp.int32), nearest)[..., 0]
+        > 0
+    )
+    several = (has_after | has_before) & ~one
+    # A candidate that is not a point stands alone, outside numbers.
+    rejected = candidates & ~alone
+    first = jnp.where(
+        rejected, index, jnp.where(several & has_before, before + 1, run_first)
+    )
+    last = jnp.where(
+        rejected, index, jnp.where(several & has_after, after - 1, run_last)
+    )
+    # Computed once: every later pass and sum reads them.
+    first, last, point = _materialized(
+        (first, last, jnp.where(one, nearest, last + 1))
+    )
+    starts, ends = first == index, last == index
     point_on_right = (index < point) & (point <= last)
     digits_right = last - index - point_on_right.astype(jnp.int32)
   layout = layout._replace(
+      is_last=is_digit & ends,
+      starts=starts,
+      ends=ends,
       digits_right=jnp.where(is_digit, digits_right, 0),
       places=jnp.where(is_digit, place_of(index, point), 0),
       first=first,
