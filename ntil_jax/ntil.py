@@ -349,7 +349,9 @@ def ntil_loss(
     noise_scale: scale of the Gumbel noise when ``key`` is given (``>= 0``).
 
   Returns:
-    ``[..., T]`` float32 per-token loss.
+    ``[..., T]`` float32 per-token loss. Differentiable in reverse mode
+    (``jax.grad``, ``jax.vjp``); the deviations' gradient is written out (a
+    custom VJP), so forward mode (``jax.jvp``) is not supported.
 
   Raises:
     ValueError: for a parameter out of range (checked where it is a concrete

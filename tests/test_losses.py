@@ -121,6 +121,19 @@ class NTILOracleTest(chex.TestCase, parameterized.TestCase):
     no_noise, _, _ = oracle.ntil(logits, labels, mask)
     self.assertFalse(np.allclose(want, no_noise))  # the noise mattered
 
+  def test_reverse_mode_only(self):
+    # The deviations' gradient is written out (a custom VJP): jax.vjp gives
+    # the oracle's gradient under a per-token cotangent, jax.jvp is refused
+    # with JAX's own error, as the docstring says.
+    logits, labels, mask = random_case(10)
+    _, want_grad, _ = oracle.ntil(logits, labels, mask)
+    fn = lambda z: ntil_jax.ntil_loss(z, labels, mask)
+    values, pullback = jax.vjp(fn, jnp.asarray(logits))
+    (grad,) = pullback(jnp.ones_like(values))
+    np.testing.assert_allclose(grad, want_grad, rtol=1e-4, atol=2e-5)
+    with self.assertRaisesRegex(TypeError, "forward-mode"):
+      jax.jvp(fn, (jnp.asarray(logits),), (jnp.asarray(logits),))
+
   def test_components_sum_to_loss(self):
     logits, labels, mask = random_case(9)
     parts = ntil_jax.ntil_components(logits, labels, mask)
