@@ -93,10 +93,6 @@ def regime_of(run) -> str:
   return EARLY
 
 
-def recorded_methods(runs):
-  return regimes.recorded_methods(METHODS, runs, clock_time.METHODS)
-
-
 def group_runs(runs, regime=EARLY):
   """{variant or method: {seed: run}} of one regime.
 
@@ -282,24 +278,13 @@ def regime_table(groupings, columns, rows):
   body = []
   for key, row_label in rows:
     cells = [row_label]
-    for (metric, _, scale, digits, higher), regime in columns:
+    for metric, regime in columns:
       grouped = groupings[regime]
-      runs = grouped.get(key, {})
-      values = [scale * stats_lib.value(r, metric) for r in runs.values()]
-      values = [v for v in values if np.isfinite(v)]
-      cells.append(stats_lib.fmt(values, digits) if values else "–")
-      d = (
-          stats_lib.paired(runs, grouped.get("ce", {}), metric, scale, higher)
-          if key != "ce"
-          else None
+      reference = None if key == "ce" else grouped.get("ce", {})
+      text, delta = regimes.value_and_delta(
+          grouped.get(key, {}), reference, metric
       )
-      if d is None:
-        cells.append("")
-      else:
-        p_value = "" if np.isnan(d["p"]) else f", p = {d['p']:.3f}"
-        cells.append(
-            f"{d['mean']:+.{digits}f} ({d['better']}/{d['n']}{p_value})"
-        )
+      cells += [text, f"{delta[0]} ({delta[1]})" if delta else ""]
     body.append(cells)
   return tables.table(head, body)
 
@@ -389,40 +374,39 @@ def regime_sections(grouped, title, out_dir, suffix, labels):
 
 def stream_section(fixed, streamed, out_dir) -> list[str]:
   """Fixed set vs stream at both budgets: tables, plots, seed counts."""
-  lines = prose.section(
+
+  def budgets(_, section):
+    lines = []
+    for budget, suffix in ((EARLY, "_600"), (CONVERGED, "")):
+      steps = sorted(
+          {
+              r["steps"]
+              for r in streamed
+              if regime_of(r) == budget and r["variant"] not in CHECKS
+          }
+      )
+      if not steps:
+        lines += [f"### {budget}", "", "No streamed run at this budget yet."]
+        lines.append("")
+        continue
+      title = f"{', '.join(f'{n:,}' for n in steps)} steps"
+      lines += section(
+          title,
+          regimes.by_regime(
+              fixed, streamed, lambda runs, b=budget: group_runs(runs, b)
+          ),
+          "exact_match",
+          f"regimes_paired{suffix}.png",
+          f"clocks, {title}: paired Δ exact match vs CE",
+      )
+    return lines
+
+  intro = prose.section(
       __file__, "stream", train_size=grid.PROFILES["cpu"]["train_size"]
-  ) + [""]
-  if not streamed:
-    return lines + ["No streamed run recorded yet.", ""]
-  rows = regimes.rows(
-      LABELS, VARIANT_LABELS, recorded_methods(fixed + streamed)
   )
-  for budget, suffix in ((EARLY, "_600"), (CONVERGED, "")):
-    groupings = {
-        common.FIXED: group_runs(fixed, budget),
-        common.STREAM: group_runs(streamed, budget),
-    }
-    steps = sorted(
-        {
-            r["steps"]
-            for r in streamed
-            if regime_of(r) == budget and r["variant"] not in CHECKS
-        }
-    )
-    if not steps:
-      lines += [f"### {budget}", "", "No streamed run at this budget yet.", ""]
-      continue
-    title = f"{', '.join(f'{n:,}' for n in steps)} steps"
-    lines += regimes.budget_section(
-        title,
-        groupings,
-        rows,
-        "exact_match",
-        out_dir,
-        f"regimes_paired{suffix}.png",
-        f"clocks, {title}: paired Δ exact match vs CE",
-    )
-  return lines
+  return regimes.stream_section(
+      intro, fixed, streamed, METHODS, clock_time.METHODS, budgets, out_dir
+  )
 
 
 def write_report(runs, out_dir, discussion=None):
@@ -469,7 +453,8 @@ def write_report(runs, out_dir, discussion=None):
         )
     )
     seconds[regime] = np.median([r["wall_seconds"] for r in of_regime] or [0])
-  rows = SPEC.rows([*recorded_methods(runs), *CONTROLS])
+  recorded = regimes.recorded_methods(METHODS, runs, clock_time.METHODS)
+  rows = SPEC.rows([*recorded, *CONTROLS])
   tuned = ("exp_off", "rel_off", "mag_off", *VARIANT_LABELS_SWEEP)
   lines = prose.section(
       __file__,

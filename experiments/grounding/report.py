@@ -392,63 +392,51 @@ def task_section(task, runs, out_dir):
 
 def stream_section(fixed, streamed, out_dir) -> list[str]:
   """Fixed set vs stream for each task with streamed runs."""
-  lines = prose.section(__file__, "stream") + [""]
-  if not streamed:
-    return lines + ["No streamed run recorded yet.", ""]
-  rows = regimes.rows(
-      LABELS,
-      VARIANT_LABELS,
-      regimes.recorded_methods(METHODS, fixed + streamed, grounding.METHODS),
-  )
-  for task in grid.METRICS:
-    metric, name = headline(task)
-    train_size = grid.PROFILES["cpu"]["train_size"][task]
-    budgets = sorted({r["steps"] for r in streamed if r["task"] == task})
-    for index, steps in enumerate(budgets):
-      at_budget = [
-          r for r in fixed if r["task"] == task and r["steps"] == steps
-      ]
-      groupings = {
-          common.FIXED: stats.group_runs(at_budget),
-          common.STREAM: stats.group_runs(
-              [r for r in streamed if r["task"] == task and r["steps"] == steps]
-          ),
-      }
-      title = (
-          f"{task}, {steps:,} steps ({name}; fixed set: {train_size:,} scenes)"
-      )
-      plot = f"regimes_paired_{task}.png"
-      if index:  # the longer budgets, streamed only
-        title = f"{task}, {steps:,} steps ({name}; streamed only)"
-        plot = f"regimes_paired_{task}_{steps}.png"
-      lines += regimes.budget_section(
-          title,
-          groupings,
-          rows,
-          metric,
-          out_dir,
-          plot,
-          f"{task}, {steps:,} steps: paired Δ {name} vs CE",
-      )
-      ce = groupings[common.STREAM].get("ce", {})
-      ends = [r["curves"][metric][-1] for r in ce.values()]
-      if ends and np.mean(ends) >= CEILING:
-        # Every loss is at the ceiling: compare where they can differ.
-        lines += [
-            *prose.section(__file__, "ceiling", name=name, ceiling=CEILING),
-            "",
-            *regimes.budget_section(
-                f"{task}, {steps:,} steps (exact box)",
-                groupings,
-                rows,
-                "exact_match",
-                out_dir,
-                plot.replace(".png", "_exact.png"),
-                f"{task}, {steps:,} steps: paired Δ exact box vs CE",
+
+  def budgets(rows, section):
+    lines = []
+    for task in grid.METRICS:
+      metric, name = headline(task)
+      train_size = grid.PROFILES["cpu"]["train_size"][task]
+      budgets = sorted({r["steps"] for r in streamed if r["task"] == task})
+      for index, steps in enumerate(budgets):
+        groupings = regimes.by_regime(
+            fixed,
+            streamed,
+            lambda runs, at=(task, steps): stats.group_runs(
+                [r for r in runs if (r["task"], r["steps"]) == at]
             ),
-            *stream_closeness(groupings[common.STREAM], rows),
-        ]
-  return lines
+        )
+        heading = f"{task}, {steps:,} steps"
+        title = f"{heading} ({name}; fixed set: {train_size:,} scenes)"
+        plot = f"regimes_paired_{task}.png"
+        if index:  # the longer budgets, streamed only
+          title = f"{heading} ({name}; streamed only)"
+          plot = f"regimes_paired_{task}_{steps}.png"
+        lines += section(
+            title, groupings, metric, plot, f"{heading}: paired Δ {name} vs CE"
+        )
+        ce = groupings[common.STREAM].get("ce", {})
+        ends = [r["curves"][metric][-1] for r in ce.values()]
+        if ends and np.mean(ends) >= CEILING:
+          # Every loss is at the ceiling: compare where they can differ.
+          lines += prose.section(
+              __file__, "ceiling", name=name, ceiling=CEILING
+          )
+          lines += [""] + section(
+              f"{heading} (exact box)",
+              groupings,
+              "exact_match",
+              plot.replace(".png", "_exact.png"),
+              f"{heading}: paired Δ exact box vs CE",
+          )
+          lines += stream_closeness(groupings[common.STREAM], rows)
+    return lines
+
+  intro = prose.section(__file__, "stream")
+  return regimes.stream_section(
+      intro, fixed, streamed, METHODS, grounding.METHODS, budgets, out_dir
+  )
 
 
 # How close the streamed boxes are at the end of the budget, where Acc@0.5
