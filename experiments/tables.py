@@ -6,6 +6,7 @@ columns are `stats.Metric`s, rows ``(key, label)`` pairs.
 
 import numpy as np
 
+from experiments import prose
 from experiments import stats
 
 
@@ -102,17 +103,33 @@ def reading(grouped, metrics, methods, labels):
       d = stats.paired(grouped[method], reference, metric, scale, higher)
       if d is None or np.isnan(d["p"]):
         continue
-      direction = "better" if (d["mean"] > 0) == higher else "worse"
-      verdict = (
-          f"{direction} than CE at p = {d['p']:.3f}"
-          if d["p"] < 0.05
-          else f"not distinguishable from CE (p = {d['p']:.2f})"
-      )
       lines.append(
           f"  - {labels[method]}: {d['mean']:+.2f} on {name}, better on "
-          f"{d['better']}/{d['n']} seeds: {verdict}."
+          f"{d['better']}/{d['n']} seeds: {verdict(d, higher, '_vs_ce')}."
       )
   return lines
+
+
+def verdict(d, higher=True, style="") -> str:
+  """A paired difference (`stats.paired`) in words: `tables.md`'s section
+  ``verdict{style}_{kind}``, the kind ``untestable`` (one seed),
+  ``unanimous`` (p < 0.05 and every seed on the mean's side),
+  ``significant`` (p < 0.05) or ``noise``; ``direction`` is better, worse
+  or level."""
+  direction = "better" if (d["mean"] > 0) == higher else "worse"
+  if d["n"] < 2:
+    kind = "untestable"
+  elif d["p"] < 0.05:
+    kind = "unanimous" if d["better"] in (0, d["n"]) else "significant"
+  else:
+    kind = "noise"
+  return prose.text(
+      __file__,
+      f"verdict{style}_{kind}",
+      direction="level" if d["mean"] == 0 else direction,
+      p=d["p"],
+      p_text="-" if np.isnan(d["p"]) else f"{d['p']:.3f}",
+  )
 
 
 def values_table(grouped, rows, columns, first="method"):

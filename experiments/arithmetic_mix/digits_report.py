@@ -550,20 +550,6 @@ def _seeds(n) -> str:
   return f"{n} seed" if n == 1 else f"{n} seeds"
 
 
-def _verdict(d, higher_better=True) -> str:
-  direction = "better" if is_better(d, higher_better) else "worse"
-  if d["mean"] == 0:
-    direction = "level"
-  if d["n"] < 2:
-    return f"{direction} on the one paired seed, untestable"
-  if beyond_noise(d):
-    return f"{direction}, beyond seed noise (p = {d['p']:.3f}, every seed)"
-  if d["p"] < 0.05:  # significant on average, but a seed goes the other way
-    return f"{direction} on average (p = {d['p']:.3f}), but not on every seed"
-  p = "-" if np.isnan(d["p"]) else f"{d['p']:.3f}"
-  return f"{direction} on average but within seed noise (p = {p})"
-
-
 def reading(grouped, early, seeds=len(SEEDS), breakdowns=None) -> list[str]:
   """Statements computed from the numbers: rankings, paired verdicts,
   where NTIL does not beat CE, the control and the ablations.
@@ -596,7 +582,7 @@ def reading(grouped, early, seeds=len(SEEDS), breakdowns=None) -> list[str]:
     if d is not None:
       lines.append(
           f"- {text}, exact match at the end: {d['mean']:+.2f} points, "
-          f"better on {d['better']}/{d['n']} seeds: {_verdict(d)}."
+          f"better on {d['better']}/{d['n']} seeds: {tables.verdict(d)}."
       )
     return d
 

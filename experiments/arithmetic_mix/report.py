@@ -149,19 +149,16 @@ def reading(main):
     stderr = np.sqrt(
         sum(means[m][1] ** 2 / len(main[m]) for m in ("ntil", "ce"))
     )
-    if np.isnan(stderr):
-      verdict = "too few seeds to judge."
-    elif abs(gap) <= 2 * stderr:
-      verdict = (
-          f"within two standard errors ({2 * stderr:.2f}): this grid "
-          "cannot tell them apart."
-      )
-    else:
-      verdict = (
-          f"beyond two standard errors ({2 * stderr:.2f}): NTIL does "
-          f"{'better' if gap > 0 else 'worse'} here."
-      )
-    versus.append(f"- NTIL minus CE: {gap:+.2f} points, {verdict}")
+    kind = "untestable" if np.isnan(stderr) else "noise"
+    if abs(gap) > 2 * stderr:
+      kind = "beyond"
+    versus += prose.section(
+        __file__,
+        f"gap_{kind}",
+        gap=gap,
+        twice=2 * stderr,
+        direction="better" if gap > 0 else "worse",
+    )
   if "ntil" in means:
     better = [LABELS[m] for m in means if means[m][0] > means["ntil"][0]]
     if better:
