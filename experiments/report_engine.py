@@ -21,16 +21,9 @@ from experiments import tables
 
 @dataclasses.dataclass(frozen=True)
 class Spec:
-  """What a task's report compares.
-
-  Attributes:
-    methods: the losses, in table order (CE, the reference, first).
-    columns: the main table's metrics.
-    paired: the metrics paired with the reference, seed by seed (the paired
-      tables, the reading, the seed bars and paired-difference plots).
-    variant_labels: {variant: its name}; methods are named by
-      `labels.LABELS`.
-  """
+  """What a task's report compares: its ``methods`` (CE, the reference,
+  first), the main table's ``columns``, the metrics ``paired`` with CE seed
+  by seed, and the names of its variants (methods': `labels.LABELS`)."""
 
   methods: tuple[str, ...]
   columns: tuple[stats.Metric, ...]

@@ -37,20 +37,9 @@ def metric_cells(runs, reference, metric):
 
 
 def versus_table(grouped, rows, metrics, first, seeds=False, vs="Δ to CE"):
-  """Per row and metric: mean ± sd and `paired_cells` to CE (blank on CE's
-  own row).
-
-  Args:
-    grouped: {key: {seed: run}}.
-    rows: (key, label) pairs; keys without runs are left out.
-    metrics: the `stats.Metric` columns.
-    first: the header of the label column.
-    seeds: whether a column counts each row's seeds.
-    vs: the header of the difference's column.
-
-  Returns:
-    Markdown table lines.
-  """
+  """Per row with runs and metric: mean ± sd and `paired_cells` to CE
+  (blank on CE's own row); ``first`` heads the labels, ``vs`` the
+  differences, and ``seeds`` adds a column of each row's seeds."""
   head = [first] + ["seeds"] * seeds
   for metric in metrics:
     head += [metric.name, vs, "seeds better", "paired t"]
@@ -71,18 +60,9 @@ def versus_table(grouped, rows, metrics, first, seeds=False, vs="Δ to CE"):
 
 
 def reading(grouped, metrics, methods, labels):
-  """Plain statements computed from the numbers (no adjectives chosen).
-
-  Args:
-    grouped: {method: {seed: run}}; ``'ce'`` is the reference.
-    metrics: the `stats.Metric`s read.
-    methods: the methods in table order.
-    labels: {method: its name in the text}.
-
-  Returns:
-    Markdown list lines: per metric, the ranking by mean over seeds, then
-    each method's paired difference to CE with its verdict.
-  """
+  """Markdown list lines computed from the numbers: per metric, the
+  ranking of ``methods`` by mean over seeds, then each one's paired
+  difference to CE and its `verdict` (``labels``: their names)."""
   lines = []
   reference = grouped.get("ce", {})
   present = [m for m in methods if m in grouped]
@@ -133,17 +113,8 @@ def verdict(d, higher=True, style="") -> str:
 
 
 def values_table(grouped, rows, columns, first="method"):
-  """Mean ± sd over seeds of each row's runs in each column.
-
-  Args:
-    grouped: {key: {seed: run}}.
-    rows: (key, label) pairs; keys not in ``grouped`` are left out.
-    columns: the `stats.Metric` columns.
-    first: the header of the label column.
-
-  Returns:
-    Markdown table lines: label, number of seeds, then ``mean ± sd``.
-  """
+  """Mean ± sd over seeds of each row's runs (those in ``grouped``) in
+  each column, after the label (``first`` heads it) and the seeds."""
   body = []
   for key, label in rows:
     if key not in grouped:
@@ -164,19 +135,8 @@ def fmt_metric(runs, metric):
 
 
 def paired_table(grouped, rows, reference_key, metrics):
-  """Each row's runs against ``grouped[reference_key]``, seed by seed.
-
-  Args:
-    grouped: {key: {seed: run}}.
-    rows: (key, label) pairs; keys not in ``grouped``, and the reference,
-      are left out.
-    reference_key: the runs compared with.
-    metrics: the `stats.Metric`s compared.
-
-  Returns:
-    Markdown table lines: per metric ``Δ ± sd``, seeds better and the
-    paired t-test (:func:`paired_cells`).
-  """
+  """Each row's runs (but the reference's) against
+  ``grouped[reference_key]``, seed by seed: `paired_cells` per metric."""
   head = ["", "seeds"]
   for metric in metrics:
     head += [f"Δ {metric.name}", "seeds better", "paired t"]
