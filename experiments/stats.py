@@ -12,16 +12,10 @@ from scipy import stats
 
 
 class Metric(NamedTuple):
-  """One compared quantity of a run, as tables and figures show it.
-
-  Attributes:
-    field: a key of the run's record (and of its ``curves``), or a function
-      of the run (`value`).
-    name: how tables and figures name it.
-    scale: multiplies the values (100 for a share in points).
-    digits: decimals shown.
-    higher: whether higher is better.
-  """
+  """One compared quantity of a run: ``field``, a key of its record (and
+  curves) or a function of it (`value`); its ``name`` in tables and
+  figures, the ``scale`` of its values (100: a share in points), the
+  ``digits`` shown, and whether ``higher`` is better."""
 
   field: Any
   name: str

@@ -2,10 +2,8 @@ r"""results.json -> results.md and plots. Every number comes from results.json.
 
   python -m experiments.clock_time.report
 
-Per method: mean ± sd over seeds; per method and variant: the paired
-difference to its reference (CE for the main grid and the controls, the main
-NTIL runs for the ablations and sweeps) on the seeds both have, with how
-many seeds it is better on and a paired t-test.
+A `report_engine.Spec` (its metrics, variants) and the clock task's own
+sections: budgets, time-gap bins, convergence, predictions.
 """
 
 import os
@@ -265,13 +263,8 @@ CONVERGED_COLUMNS = (
 
 
 def regime_table(groupings, columns, rows):
-  """Per row and column: mean ± sd, and Δ to CE on the same seeds.
-
-  Args:
-    groupings: {regime: grouped runs}.
-    columns: `EARLY_COLUMNS` or `CONVERGED_COLUMNS`.
-    rows: (key, label) pairs.
-  """
+  """Per row and column (`EARLY_COLUMNS`, `CONVERGED_COLUMNS`): mean ± sd,
+  and Δ to CE on the same seeds (`regimes.value_and_delta`)."""
   head = [""]
   for column, _ in columns:
     head += [column.name, "Δ vs CE (seeds better, p)"]

@@ -2,12 +2,9 @@ r"""results.json -> results.md and plots. Every number comes from results.json.
 
   python -m experiments.grounding.report
 
-One section per task in the results (``grounding``, ``grounding_single``,
-``grounding_multi``). Per method: mean ± sd over seeds; per method and
-variant: the paired difference to its reference (CE for the main grid and
-the controls, the main NTIL runs for the ablations) on the seeds both have,
-with how many seeds it is better on and a paired t-test. The test scenes are
-rendered again (deterministic for seed 0) to say where each miss went.
+A section per task in the results, from its `report_engine.Spec`, with the
+task's own: early training, where the misses went (the test scenes rendered
+again), predictions and the stream.
 """
 
 import os
