@@ -12,9 +12,12 @@ import dataclasses
 import os
 from typing import Mapping
 
+from absl import flags
+
 from experiments import common
 from experiments import figures
 from experiments import labels
+from experiments import prose
 from experiments import stats
 from experiments import tables
 
@@ -106,16 +109,21 @@ def split_regimes(runs):
   return [r for r in runs if common.regime(r) == common.FIXED], streamed
 
 
-def differ_first(ce, ntil, count, same=4):
-  """Which test examples a predictions figure shows, and how many differ.
-
-  The examples where CE's and NTIL's predictions differ first, then
-  ``same`` where they agree, ``count`` in all, in test order.
-  """
+def predictions(grouped, count, draw, same=4):
+  """CE's and NTIL's seed-0 predictions, drawn by ``draw(ce, ntil, chosen)``
+  on ``count`` test examples in test order, first those where they differ,
+  then ``same`` where they agree; how many differ (None without both)."""
+  ce, ntil = (grouped.get(k, {}).get(0) for k in ("ce", "ntil"))
+  if not ce or not ntil:
+    return None
   pairs = list(zip(ce["predictions"], ntil["predictions"]))
   differ = [i for i, (a, b) in enumerate(pairs) if a != b]
   agree = [i for i, (a, b) in enumerate(pairs) if a == b]
-  return (differ[: count - same] + agree[:same])[:count], len(differ)
+  draw(ce, ntil, (differ[: count - same] + agree[:same])[:count])
+  return len(differ)
+
+
+DISCUSSION = "Discussion (written by hand from the numbers above)"
 
 
 def hand_written(sources) -> list[str]:
@@ -126,6 +134,37 @@ def hand_written(sources) -> list[str]:
       with open(path) as f:
         lines += [f"## {title}", "", f.read()]
   return lines
+
+
+def task_report(module_file, runs, out_dir, sections, hand) -> str:
+  """Writes a task's results.md (and makes its plots folder): its
+  Markdown's ``report`` section with the fixed-set runs' count, device and
+  model and the fields of ``sections(fixed, streamed)`` (``(fields, lines
+  after it)``; streamed runs, regime "stream", go to the task's own
+  section), then the `hand_written` sections ``hand``; its path."""
+  fixed, streamed = split_regimes(runs)
+  os.makedirs(os.path.join(out_dir, "plots"), exist_ok=True)
+  fields, lines = sections(fixed, streamed)
+  first = fixed[0]
+  head = prose.section(
+      module_file,
+      "report",
+      runs=len(fixed),
+      device=first["device"],
+      model=first["model"],
+      **fields,
+  )
+  return write(out_dir, head + [""] + lines + hand_written(hand))
+
+
+def main(write_report, *extra) -> None:
+  """A task report's command: ``write_report(runs, out_dir, discussion,
+  *extra)`` from the flags; notes failed cells and prints the path."""
+  flags_ = flags.FLAGS
+  runs = common.load_results(flags_.results)
+  path = write_report(runs, flags_.out_dir, flags_.discussion, *extra)
+  common.note_failures(flags_.results, path)
+  print(path)
 
 
 def write(out_dir, lines, end="") -> str:

@@ -208,28 +208,25 @@ def hour_slips(grouped, labels):
 
 
 def plot_predictions(grouped, path, title, count=18):
-  """Test clocks with CE's and NTIL's seed-0 predictions side by side.
+  """Test clocks with CE's and NTIL's seed-0 predictions side by side
+  (`report_engine.predictions`)."""
 
-  Shows first the clocks where the two disagree, then others, in test order.
-  """
-  ce, ntil = grouped.get("ce", {}).get(0), grouped.get("ntil", {}).get(0)
-  if not ce or not ntil:
-    return None
-  settings = grid.PROFILES[ce["profile"]]
-  clocks = list(task.generate_clocks("test", settings["test_size"], 0))
-  chosen, differ = report_engine.differ_first(ce, ntil, count)
-  plots.plot_clock_predictions(
-      [clocks[i][0] for i in chosen],
-      [clocks[i][1] for i in chosen],
-      {
-          "CE": [ce["predictions"][i] for i in chosen],
-          "NTIL": [ntil["predictions"][i] for i in chosen],
-      },
-      path,
-      title=f"{title}: test clocks, seed 0 (x: wrong); the first ones are "
-      "those where CE and NTIL disagree",
-  )
-  return differ
+  def draw(ce, ntil, chosen):
+    size = grid.PROFILES[ce["profile"]]["test_size"]
+    clocks = list(task.generate_clocks("test", size, 0))
+    plots.plot_clock_predictions(
+        [clocks[i][0] for i in chosen],
+        [clocks[i][1] for i in chosen],
+        {
+            "CE": [ce["predictions"][i] for i in chosen],
+            "NTIL": [ntil["predictions"][i] for i in chosen],
+        },
+        path,
+        title=f"{title}: test clocks, seed 0 (x: wrong); the first ones are "
+        "those where CE and NTIL disagree",
+    )
+
+  return report_engine.predictions(grouped, count, draw)
 
 
 def ce_budget_sentence(grouped):
@@ -403,13 +400,17 @@ def stream_section(fixed, streamed, out_dir) -> list[str]:
 
 
 def write_report(runs, out_dir, discussion=None):
-  # The prepared-train-split runs make the main report; streamed ones
-  # (regime "stream") are set beside them in their own section.
-  runs, streamed = report_engine.split_regimes(runs)
+  """Writes results.md and the plots; the path of results.md."""
+  hand = [(report_engine.DISCUSSION, discussion)]
+  sections = lambda runs, streamed: (report_fields(runs, streamed, out_dir), [])
+  return report_engine.task_report(__file__, runs, out_dir, sections, hand)
+
+
+def report_fields(runs, streamed, out_dir):
+  """The fields of the Markdown's ``report`` section; draws its plots."""
   early = group_runs(runs, EARLY)
   converged = group_runs(runs, CONVERGED)
   groupings = {EARLY: early, CONVERGED: converged}
-  os.makedirs(os.path.join(out_dir, "plots"), exist_ok=True)
   # The curves and predictions of the longest regime recorded.
   latest = converged if converged.get("ce") else early
   figures.mean_curves(
@@ -449,12 +450,7 @@ def write_report(runs, out_dir, discussion=None):
   recorded = regimes.recorded_methods(METHODS, runs, clock_time.METHODS)
   rows = SPEC.rows([*recorded, *CONTROLS])
   tuned = ("exp_off", "rel_off", "mag_off", *VARIANT_LABELS_SWEEP)
-  lines = prose.section(
-      __file__,
-      "report",
-      runs=len(runs),
-      device=any_run["device"],
-      model=any_run["model"],
+  return dict(
       train_size=grid.PROFILES[any_run["profile"]]["train_size"],
       batch_size=any_run["batch_size"],
       test_size=any_run["num_test_examples"],
@@ -483,19 +479,12 @@ def write_report(runs, out_dir, discussion=None):
       ),
       long_paired=SPEC.paired_table(early, ["ntil_2x_steps"], "ce_2x_steps"),
       stream=stream_section(runs, streamed, out_dir),
-  ) + [""]
-  lines += report_engine.hand_written(
-      [("Discussion (written by hand from the numbers above)", discussion)]
   )
-  return report_engine.write(out_dir, lines)
 
 
 def main(argv):
   del argv
-  runs = common.load_results(FLAGS.results)
-  path = write_report(runs, FLAGS.out_dir, FLAGS.discussion)
-  common.note_failures(FLAGS.results, path)
-  print(path)
+  report_engine.main(write_report)
 
 
 if __name__ == "__main__":

@@ -281,21 +281,19 @@ def readable_table(grouped, test):
 
 def plot_predictions(task, grouped, test, path, count=16):
   """Test scenes with CE's and NTIL's seed-0 boxes; disagreements first."""
-  ce, ntil = grouped.get("ce", {}).get(0), grouped.get("ntil", {}).get(0)
-  if not ce or not ntil:
-    return None
-  chosen, differ = report_engine.differ_first(ce, ntil, count)
 
   def parse(text):
     return boxes.parse_boxes(text, scenes.IMAGE_SIZE)
 
-  def note(i):
+  def note(i, ce, ntil):
     truth = parse(test[i].answer)
+    found = [
+        (n, parse(r["predictions"][i])) for n, r in (("CE", ce), ("NTIL", ntil))
+    ]
     if is_multi(task):
       return " / ".join(
-          f"{name} {boxes.count_matches(parse(run['predictions'][i]), truth)}"
-          f"/{len(truth)}"
-          for name, run in (("CE", ce), ("NTIL", ntil))
+          f"{name} {boxes.count_matches(box, truth)}/{len(truth)}"
+          for name, box in found
       )
     return " / ".join(
         f"{name} IoU "
@@ -304,25 +302,24 @@ def plot_predictions(task, grouped, test, path, count=16):
             if len(box) == 1 and box[0] is not None
             else "-"
         )
-        for name, box in (
-            ("CE", parse(ce["predictions"][i])),
-            ("NTIL", parse(ntil["predictions"][i])),
-        )
+        for name, box in found
     )
 
-  plots.plot_scene_grid(
-      [test[i].image for i in chosen],
-      [test[i].question for i in chosen],
-      {
-          "truth": [parse(test[i].answer) for i in chosen],
-          "CE": [parse(ce["predictions"][i]) for i in chosen],
-          "NTIL": [parse(ntil["predictions"][i]) for i in chosen],
-      },
-      path,
-      notes=[note(i) for i in chosen],
-      title=f"{task}, seed 0, scenes where CE and NTIL differ first",
-  )
-  return differ
+  def draw(ce, ntil, chosen):
+    plots.plot_scene_grid(
+        [test[i].image for i in chosen],
+        [test[i].question for i in chosen],
+        {
+            "truth": [parse(test[i].answer) for i in chosen],
+            "CE": [parse(ce["predictions"][i]) for i in chosen],
+            "NTIL": [parse(ntil["predictions"][i]) for i in chosen],
+        },
+        path,
+        notes=[note(i, ce, ntil) for i in chosen],
+        title=f"{task}, seed 0, scenes where CE and NTIL differ first",
+    )
+
+  return report_engine.predictions(grouped, count, draw)
 
 
 # ----------------------------------------------------------------------------
@@ -458,39 +455,27 @@ def stream_closeness(grouped, rows) -> list[str]:
 
 
 def write_report(runs, out_dir, discussion=None, budget=None):
-  # The prepared-train-split runs make the main report; streamed ones
-  # (regime "stream") are set beside them in their own section.
-  runs, streamed = report_engine.split_regimes(runs)
-  os.makedirs(os.path.join(out_dir, "plots"), exist_ok=True)
-  any_run = runs[0]
-  lines = prose.section(
-      __file__,
-      "report",
-      runs=len(runs),
-      device=any_run["device"],
-      model=any_run["model"],
-  ) + [""]
-  for task in grid.METRICS:
-    task_runs = [r for r in runs if r["task"] == task]
-    if task_runs:
-      lines += task_section(task, task_runs, out_dir)
-  lines += stream_section(runs, streamed, out_dir)
-  lines += prose.section(__file__, "paper") + [""]
-  lines += report_engine.hand_written(
-      [
-          ("Discussion (written by hand from the numbers above)", discussion),
-          ("Budget (pilots, written by hand)", budget),
-      ]
-  )
-  return report_engine.write(out_dir, lines)
+  """Writes results.md and the plots; the path of results.md."""
+
+  def sections(runs, streamed):
+    lines = []
+    for task in grid.METRICS:
+      task_runs = [r for r in runs if r["task"] == task]
+      if task_runs:
+        lines += task_section(task, task_runs, out_dir)
+    lines += stream_section(runs, streamed, out_dir)
+    return {}, lines + prose.section(__file__, "paper") + [""]
+
+  hand = [
+      (report_engine.DISCUSSION, discussion),
+      ("Budget (pilots, written by hand)", budget),
+  ]
+  return report_engine.task_report(__file__, runs, out_dir, sections, hand)
 
 
 def main(argv):
   del argv
-  runs = common.load_results(FLAGS.results)
-  path = write_report(runs, FLAGS.out_dir, FLAGS.discussion, FLAGS.budget)
-  common.note_failures(FLAGS.results, path)
-  print(path)
+  report_engine.main(write_report, FLAGS.budget)
 
 
 if __name__ == "__main__":
