@@ -19,6 +19,7 @@ Pure functions of the records, no flags (importable from tests).
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import textwrap
@@ -196,27 +197,28 @@ def regime(cell, grouped) -> str:
 def row(cell, grouped) -> list[str]:
   """The table row of one cell (``grouped`` holds CE)."""
   ce = grouped["ce"]
-  steps = next(iter(ce.values()))["steps"]
-
-  def end(run):
-    return float(run["curves"][cell.metric][-1])
-
-  cells = [
+  end = functools.partial(value_at, metric=cell.metric)
+  area = functools.partial(stats.curve_area, metric=cell.metric)
+  return [
       cell.task,
       regime(cell, grouped),
-      f"{steps:,}",
+      f"{next(iter(ce.values()))['steps']:,}",
       f"{cell.metric_name} {stats.fmt([100 * end(r) for r in ce.values()], 1)}"
       f" ({len(ce)} seed{'s' if len(ce) > 1 else ''})",
+      *(
+          _delta(grouped[k], ce, end) if k in grouped else "–"
+          for k, _ in LOSSES
+      ),
+      _delta(grouped["ntil"], ce, area) if "ntil" in grouped else "–",
   ]
-  for k, _ in LOSSES:
-    cells.append(_delta(grouped[k], ce, end) if k in grouped else "–")
-  if "ntil" in grouped:
-    cells.append(
-        _delta(grouped["ntil"], ce, lambda r: stats.curve_area(r, cell.metric))
-    )
-  else:
-    cells.append("–")
-  return cells
+
+
+def value_at(run, metric, step=None) -> float:
+  """``metric`` on ``run``'s learning curve at eval ``step`` (None: the
+  last)."""
+  if step is None:
+    return float(run["curves"][metric][-1])
+  return stats.at_step(run, metric, step)
 
 
 def table(root=ROOT) -> list[str]:
@@ -274,20 +276,15 @@ def figure(out_path, root=ROOT) -> str:
     for index, (k, label) in enumerate(LOSSES):
       ys, means, bars = [], [], []
       for position, (cell, grouped) in enumerate(cells):
-        if k not in grouped:
-          continue
-
-        def read(run, metric=cell.metric, step=mids[position]):
-          if at_end:
-            return float(run["curves"][metric][-1])
-          return stats.at_step(run, metric, step)
-
-        d = stats.paired(grouped[k], grouped["ce"], read, 100, True)
-        if d is None:
-          continue
-        ys.append(position + offsets[index])
-        means.append(d["mean"])
-        bars.append(interval(d))
+        step = None if at_end else mids[position]
+        read = functools.partial(value_at, metric=cell.metric, step=step)
+        d = k in grouped and stats.paired(
+            grouped[k], grouped["ce"], read, 100, True
+        )
+        if d:
+          ys.append(position + offsets[index])
+          means.append(d["mean"])
+          bars.append(interval(d))
       ax.errorbar(
           means,
           ys,
