@@ -35,6 +35,12 @@ def answer_digits(answer: str) -> int:
   return sum(c.isdigit() for c in answer.strip())
 
 
+def digit_range(problems) -> dict:
+  """The answers' digits: dict(median, low, high)."""
+  digits = [answer_digits(a) for _, a in problems]
+  return dict(median=np.median(digits), low=min(digits), high=max(digits))
+
+
 def digits_bucket(answer: str) -> str:
   """The answer-length column of an answer: ``'<=3'``, ``'4'``..``'8'``,
   ``'>=9'``."""

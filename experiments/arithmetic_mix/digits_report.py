@@ -181,17 +181,16 @@ def control_keys(grouped):
   return [CONTROL] if CONTROL in grouped else []
 
 
-def paired_cells(runs, reference, key, scale, digits, higher):
-  """``Δ ± sd``, ``better/n``, ``p``; three '-' below 2 paired seeds."""
+def paired_cells(runs, reference, metric):
+  """``Δ ± sd``, ``better/n``, ``p`` of a `stats.Metric`; three '-' below 2
+  paired seeds."""
+  key, _, scale, digits, higher = metric
   d = stats.paired(runs or {}, reference or {}, key, scale, higher)
   if d is None or d["n"] < 2:
     return ["-"] * 3
   p = "-" if np.isnan(d["p"]) else f"{d['p']:.3f}"
-  return [
-      f"{d['mean']:+.{digits}f} ± {d['std']:.{digits}f}",
-      f"{d['better']}/{d['n']}",
-      p,
-  ]
+  mean_sd = f"{d['mean']:+.{digits}f} ± {d['std']:.{digits}f}"
+  return [mean_sd, f"{d['better']}/{d['n']}", p]
 
 
 def beyond_noise(d) -> bool:
@@ -244,13 +243,7 @@ def paired_table(comparisons, early) -> list[str]:
   """
   rows = [
       [row_label]
-      + [
-          cell
-          for m in PAIRED
-          for cell in paired_cells(
-              runs, reference, m.field, m.scale, m.digits, m.higher
-          )
-      ]
+      + [cell for m in PAIRED for cell in paired_cells(runs, reference, m)]
       for row_label, runs, reference in comparisons
       if runs and reference and set(runs) & set(reference)
   ]
@@ -462,13 +455,10 @@ def regime(grouped, early, problems=None, source="") -> list[str]:
   seen = first.get("problems_seen", first["steps"] * first["batch_size"])
   test_answers = ""
   if problems:
-    digits = [answers.answer_digits(a) for _, a in problems]
     test_answers = prose.text(
         __file__,
         "answers",
-        median=np.median(digits),
-        low=min(digits),
-        high=max(digits),
+        **answers.digit_range(problems),
         decimals=100 * np.mean([answers.has_decimals(a) for _, a in problems]),
     )
   # The test split is the same for every training size: only the runs' own

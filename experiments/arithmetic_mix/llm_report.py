@@ -109,15 +109,8 @@ def setup_lines(tuned, grouped, problems, source) -> list[str]:
       eval_steps=", ".join(str(s) for s in dr.eval_steps(grouped)),
   )
   if problems:
-    digits = [answers.answer_digits(a) for _, a in problems]
-    lines += prose.section(
-        __file__,
-        "answers",
-        median=np.median(digits),
-        low=min(digits),
-        high=max(digits),
-        source=source,
-    )
+    ranged = answers.digit_range(problems)
+    lines += prose.section(__file__, "answers", **ranged, source=source)
   return lines + hardware_lines(tuned)
 
 
