@@ -43,10 +43,6 @@ class Spec:
     """``(key, label)`` table rows of ``keys`` (those in ``grouped``)."""
     return [(k, self.label(k)) for k in keys if grouped is None or k in grouped]
 
-  def main_table(self, grouped) -> list[str]:
-    """Mean ± sd over seeds of every method in every column."""
-    return tables.values_table(grouped, self.rows(self.methods), self.columns)
-
   def paired_table(self, grouped, keys, reference="ce") -> list[str]:
     """Each of ``keys`` against ``reference``, seed by seed."""
     rows = self.rows(keys, grouped)
@@ -57,34 +53,43 @@ class Spec:
     rows = self.rows(keys, grouped)
     return tables.values_table(grouped, rows, metrics, first="run")
 
-  def reading(self, grouped) -> list[str]:
-    """`tables.reading` of the paired metrics."""
-    return tables.reading(grouped, self.paired, self.methods, labels.LABELS)
-
-  def blocks(self, grouped, controls=labels.CONTROLS) -> dict[str, list]:
-    """The tables of every task section, named as the Markdown's blocks:
-    ``main_table``, ``paired`` (the methods against CE), ``reading``, and
-    the controls against CE (beside NTIL), ``against_ce``, and against
-    NTIL, ``against_ntil``."""
+  def section(
+      self, grouped, plot, title, keys, bars=None, panels=None, rotation=15
+  ):
+    """Draws a section's seed bars of the methods (``plot("main")``, titled
+    ``bars`` or ``title``) and paired dots of ``keys`` against CE (on
+    ``panels``, default the paired metrics; ``plot("paired")``); returns
+    its tables, named as the Markdown's blocks: ``main_table``, ``paired``
+    (the methods against CE), ``reading``, and the controls against CE
+    (beside NTIL), ``against_ce``, and against NTIL, ``against_ntil``."""
+    methods, paired = self.methods, self.paired
+    figures.seed_bars(
+        grouped,
+        methods,
+        paired,
+        plot("main"),
+        bars or title,
+        self.label,
+        rotation,
+    )
+    figures.paired_dots(
+        grouped,
+        keys,
+        panels or paired,
+        plot("paired"),
+        title,
+        self.label,
+        methods,
+    )
+    controls = labels.CONTROLS
     return dict(
-        main_table=self.main_table(grouped),
-        paired=self.paired_table(grouped, self.methods),
-        reading=self.reading(grouped),
+        main_table=tables.values_table(
+            grouped, self.rows(methods), self.columns
+        ),
+        paired=self.paired_table(grouped, methods),
+        reading=tables.reading(grouped, paired, methods, labels.LABELS),
         against_ce=self.paired_table(grouped, [*controls, "ntil"]),
         against_ntil=self.paired_table(grouped, controls, "ntil"),
-    )
-
-  def seed_bars(self, grouped, path, title, rotation=15) -> None:
-    """`figures.seed_bars` of the methods in the paired metrics."""
-    figures.seed_bars(
-        grouped, self.methods, self.paired, path, title, self.label, rotation
-    )
-
-  def paired_dots(self, grouped, keys, path, title, panels=None) -> bool:
-    """`figures.paired_dots` of ``keys`` against CE."""
-    panels = panels or self.paired
-    return figures.paired_dots(
-        grouped, keys, panels, path, title, self.label, self.methods
     )
 
 

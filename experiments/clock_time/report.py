@@ -345,20 +345,15 @@ def regime_sections(grouped, title, out_dir, suffix, labels):
   """Main table, paired differences, error anatomy and controls of one
   regime; writes its plots. Returns the markdown lines."""
   plot = os.path.join(out_dir, "plots", "{}" + suffix + ".png").format
-  SPEC.seed_bars(grouped, plot("main"), f"clock_time, {title}")
-  SPEC.paired_dots(
-      grouped,
-      [*METHODS] + [k for k in VARIANT_LABELS if k not in (*LONG, *CHECKS)],
-      plot("paired"),
-      title,
-  )
+  keys = [*METHODS] + [k for k in VARIANT_LABELS if k not in (*LONG, *CHECKS)]
+  blocks = SPEC.section(grouped, plot, title, keys, f"clock_time, {title}")
   return prose.section(
       __file__,
       "regime",
       title=title,
       suffix=suffix,
       gaps=gap_table(grouped, labels),
-      **SPEC.blocks(grouped),
+      **blocks,
   ) + [""]
 
 

@@ -331,16 +331,12 @@ def task_section(task, runs, out_dir):
   test = test_scenes(task, runs[0])
   task_spec = spec(task)
   path = os.path.join(out_dir, "plots", f"{task}_{{}}.png").format
-  task_spec.seed_bars(grouped, path("main"), task, 25)
+  keys, first = [*METHODS, *VARIANT_LABELS], task_spec.paired[:1]
+  blocks = task_spec.section(grouped, path, task, keys, None, first, 25)
   curves = [m for m in task_spec.paired if m.field in grid.CURVE_METRICS[task]]
   figures.mean_curves(grouped, METHODS, curves, path("curves"), label)
-  keys = [*METHODS, *VARIANT_LABELS]
-  task_spec.paired_dots(
-      grouped, keys, path("paired"), task, task_spec.paired[:1]
-  )
   disagreements = plot_predictions(task, grouped, test, path("predictions"))
   any_run = runs[0]
-  blocks = task_spec.blocks(grouped)
   lines = prose.section(
       __file__,
       "task",
