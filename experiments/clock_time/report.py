@@ -408,17 +408,14 @@ def report_fields(runs, streamed, out_dir):
   groupings = {EARLY: early, CONVERGED: converged}
   # The curves and predictions of the longest regime recorded.
   latest = converged if converged.get("ce") else early
+  mark = min((r["steps"] for r in runs if regime_of(r) == EARLY), default=0)
   figures.mean_curves(
       {m: latest[m] for m in METHODS if m in latest},
       METHODS,
       PAIRED,
       os.path.join(out_dir, "plots", "curves.png"),
       label,
-      mark_step=min(
-          (r["steps"] for r in runs if regime_of(r) == EARLY), default=None
-      )
-      if latest is converged
-      else None,
+      mark_step=mark if latest is converged else None,
       log_scale=("mean_time_gap_minutes",),
   )
   disagreements = plot_predictions(
@@ -431,16 +428,10 @@ def report_fields(runs, streamed, out_dir):
   steps, seconds = {}, {}
   for regime in (EARLY, CONVERGED):
     of_regime = [r for r in runs if regime_of(r) == regime]
-    steps[regime] = ", ".join(
-        str(n)
-        for n in sorted(
-            {
-                r["steps"]
-                for r in of_regime
-                if r["variant"] in ("main", CONVERGED)
-            }
-        )
-    )
+    main = {
+        r["steps"] for r in of_regime if r["variant"] in ("main", CONVERGED)
+    }
+    steps[regime] = ", ".join(map(str, sorted(main)))
     seconds[regime] = np.median([r["wall_seconds"] for r in of_regime] or [0])
   recorded = regimes.recorded_methods(METHODS, runs, clock_time.METHODS)
   rows = SPEC.rows([*recorded, *CONTROLS])

@@ -213,7 +213,7 @@ def outcome(prediction, scene):
   return "near" if overlap > 0 else "elsewhere"
 
 
-def outcome_table(task, grouped, test):
+def outcome_table(grouped, test):
   rows = []
   for method in METHODS:
     if method not in grouped:
@@ -224,55 +224,39 @@ def outcome_table(task, grouped, test):
       shares.append([np.mean([k == key for k in kinds]) for key, _ in OUTCOMES])
     shares = np.mean(shares, axis=0)
     rows.append([LABELS[method]] + [f"{100 * x:.1f}" for x in shares])
-  del task
   return tables.table(["method"] + [name for _, name in OUTCOMES], rows)
 
 
-def readable_measures(test):
-  """Derived metrics on the readable boxes alone (single-box tasks).
-
-  The recorded ``mean_coordinate_error`` counts an unreadable answer as 48 px,
-  so a loss with a few more of them can look worse at locating boxes than it
-  is; these separate the two.
-  """
+def readable_table(grouped, test):
+  """Coordinate error and coordinates within 1 px of the readable boxes
+  alone, against CE: the recorded ``mean_coordinate_error`` counts an
+  unreadable answer as 48 px, so a loss with a few more of them can look
+  worse at locating boxes than it is."""
   targets = [np.array(s.objects[s.targets[0]].box) for s in test]
   cache = {}
 
   def deviations(run):
     key = run["config_hash"]
     if key not in cache:
-      found = []
-      for prediction, target in zip(run["predictions"], targets):
-        box = boxes.parse_box(prediction, scenes.IMAGE_SIZE)
-        if box is not None:
-          found.append(np.abs(np.array(box) - target))
+      found = [
+          boxes.parse_box(p, scenes.IMAGE_SIZE) for p in run["predictions"]
+      ]
+      found = [
+          np.abs(np.array(b) - t)
+          for b, t in zip(found, targets)
+          if b is not None
+      ]
       cache[key] = np.array(found, float).reshape(-1, 4)
     return cache[key]
 
-  return (
-      Metric(
-          lambda run: float(np.mean(deviations(run))),
-          "coordinate error, readable boxes (px)",
-          1,
-          2,
-          False,
-      ),
-      Metric(
-          lambda run: float(np.mean(deviations(run) <= 1)),
-          "coordinates within 1 px %",
-      ),
+  error = lambda run: float(np.mean(deviations(run)))
+  within = lambda run: float(np.mean(deviations(run) <= 1))
+  measures = (
+      Metric(error, "coordinate error, readable boxes (px)", 1, 2, False),
+      Metric(within, "coordinates within 1 px %"),
   )
-
-
-def readable_table(grouped, test):
-  """Absolute values and paired differences to CE of `readable_measures`."""
-  return tables.versus_table(
-      grouped,
-      SINGLE.rows(METHODS),
-      readable_measures(test),
-      "method",
-      seeds=True,
-  )
+  rows = SINGLE.rows(METHODS)
+  return tables.versus_table(grouped, rows, measures, "method", seeds=True)
 
 
 # ----------------------------------------------------------------------------
@@ -355,7 +339,7 @@ def task_section(task, runs, out_dir):
     lines += prose.section(
         __file__,
         "where",
-        outcomes=outcome_table(task, grouped, test),
+        outcomes=outcome_table(grouped, test),
         readable=readable_table(grouped, test),
     ) + [""]
   if disagreements is not None:
