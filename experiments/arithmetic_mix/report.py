@@ -189,23 +189,11 @@ def reading(main):
 
 def ablation_rows(runs, main):
   """(label, runs) of NTIL on seed 0 and of each recorded variant."""
-  rows = [
-      (
-          "NTIL (all on, seed 0)",
-          [r for r in main.get("ntil", []) if r["seed"] == 0],
-      )
-  ]
+  ntil = [r for r in main.get("ntil", []) if r["seed"] == 0]
+  rows = [("NTIL (all on, seed 0)", ntil)]
   for group, prefix, label in VARIANTS:
-    rows.append(
-        (
-            label,
-            [
-                r
-                for r in runs
-                if r["group"] == group and r["name"].startswith(prefix + "-")
-            ],
-        )
-    )
+    named = [r for r in runs if r["name"].startswith(prefix + "-")]
+    rows.append((label, [r for r in named if r["group"] == group]))
   return [(label, cells) for label, cells in rows if cells]
 
 
