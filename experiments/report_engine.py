@@ -2,10 +2,11 @@
 
 A `Spec` says what a task's report compares: its methods (the rows of the
 main table), the columns of that table and the metrics it pairs with a
-reference (`stats.Metric`s), and how variants are named. Its methods make
-the tables and figures every task report shows, from runs grouped by seed
-(``{key: {seed: run}}``, a key being a method or a variant); the task's
-report adds its own sections and the prose around them (`prose`).
+reference (`stats.Metric`s), and how variants are named; `Spec.section`
+draws and tabulates one section from runs grouped by seed (``{key: {seed:
+run}}``). `task_report` is the flow of a task's report: its Markdown's
+``report`` section, the task's own sections (a hook), the hand-written
+parts; `main` its command.
 """
 
 import dataclasses
