@@ -109,12 +109,6 @@ def seed_values(runs, metric) -> str:
   )
 
 
-def split_regimes(runs):
-  """(fixed-set runs, streamed runs): the main report and its stream part."""
-  streamed = [r for r in runs if common.regime(r) == common.STREAM]
-  return [r for r in runs if common.regime(r) == common.FIXED], streamed
-
-
 def predictions(grouped, count, draw, same=4):
   """CE's and NTIL's seed-0 predictions, drawn by ``draw(ce, ntil, chosen)``
   on ``count`` test examples in test order, first those where they differ,
@@ -148,7 +142,8 @@ def task_report(module_file, runs, out_dir, sections, hand) -> str:
   model and the fields of ``sections(fixed, streamed)`` (``(fields, lines
   after it)``; streamed runs, regime "stream", go to the task's own
   section), then the `hand_written` sections ``hand``; its path."""
-  fixed, streamed = split_regimes(runs)
+  fixed = [r for r in runs if common.regime(r) == common.FIXED]
+  streamed = [r for r in runs if common.regime(r) == common.STREAM]
   os.makedirs(os.path.join(out_dir, "plots"), exist_ok=True)
   fields, lines = sections(fixed, streamed)
   first = fixed[0]

@@ -114,10 +114,6 @@ def setup_lines(tuned, grouped, problems, source) -> list[str]:
   return lines + hardware_lines(tuned)
 
 
-def _duration(seconds) -> str:
-  return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} minutes"
-
-
 def hardware_lines(tuned) -> list[str]:
   """Each device's cells and speed; the pairs whose seeds ran on two
   devices (they differ in the arithmetic as well as in the loss)."""
@@ -130,6 +126,7 @@ def hardware_lines(tuned) -> list[str]:
     walls = [r["wall_seconds"] for r in runs if r.get("wall_seconds")]
     if not speeds:
       continue
+    wall = np.median(walls)
     lines += prose.section(
         __file__,
         "hardware",
@@ -138,7 +135,7 @@ def hardware_lines(tuned) -> list[str]:
         host=host,
         speed=np.median(speeds),
         step=1 / np.median(speeds),
-        wall=_duration(np.median(walls)),
+        wall=f"{wall:.0f} s" if wall < 120 else f"{wall / 60:.0f} minutes",
     )
   ce = {r["seed"]: r.get("device") for r in tuned if r["method"] == "ce"}
   mixed = sorted(

@@ -137,13 +137,6 @@ GAP_BINS = (
 )
 
 
-def test_labels(grouped):
-  """The test split's labels, rendered again (deterministic for seed 0)."""
-  run = next(iter(next(iter(grouped.values())).values()))
-  size = run["num_test_examples"]
-  return [label for _, label in task.generate_clocks("test", size, 0)]
-
-
 def gaps(run, labels):
   """Each test clock's time gap in minutes (`task.UNPARSED_GAP` if
   unreadable), for one run."""
@@ -424,7 +417,9 @@ def report_fields(runs, streamed, out_dir):
       "converged" if latest is converged else "600 steps",
   )
   any_run = runs[0]
-  labels = test_labels(early or converged)
+  # The test split's labels, rendered again (deterministic for seed 0).
+  clocks = task.generate_clocks("test", runs[0]["num_test_examples"], 0)
+  labels = [label for _, label in clocks]
   steps, seconds = {}, {}
   for regime in (EARLY, CONVERGED):
     of_regime = [r for r in runs if regime_of(r) == regime]

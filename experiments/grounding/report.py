@@ -111,6 +111,12 @@ def variant_table(task, grouped, keys):
   return spec(task).variant_table(grouped, keys, metrics)
 
 
+# How close the streamed boxes are at the end of the budget, where Acc@0.5
+# is at its ceiling.
+CLOSENESS = (
+    ERROR._replace(digits=3),
+    Metric("coordinate_accuracy", "coordinates exact %"),
+)
 # A streamed headline this high leaves no room to lead: the report adds the
 # exact-box comparison (grounding_single reads about 99% Acc@0.5 streamed).
 CEILING = 0.9
@@ -185,13 +191,6 @@ OUTCOMES = (
     ("elsewhere", "elsewhere"),
     ("unparsed", "unreadable"),
 )
-
-
-def test_scenes(task, run):
-  variant = scenes.VARIANTS[task]
-  return list(
-      scenes.generate_scenes(variant, "test", run["num_test_examples"], 0)
-  )
 
 
 def outcome(prediction, scene):
@@ -312,7 +311,8 @@ def plot_predictions(task, grouped, test, path, count=16):
 
 def task_section(task, runs, out_dir):
   grouped = stats.group_runs(runs)
-  test = test_scenes(task, runs[0])
+  size = runs[0]["num_test_examples"]  # the test scenes, rendered again
+  test = list(scenes.generate_scenes(scenes.VARIANTS[task], "test", size, 0))
   task_spec = spec(task)
   path = os.path.join(out_dir, "plots", f"{task}_{{}}.png").format
   keys, first = [*METHODS, *VARIANT_LABELS], task_spec.paired[:1]
@@ -404,34 +404,17 @@ def stream_section(fixed, streamed, out_dir) -> list[str]:
               plot.replace(".png", "_exact.png"),
               f"{heading}: paired Δ exact box vs CE",
           )
-          lines += stream_closeness(groupings[common.STREAM], rows)
+          # How close the streamed boxes are (an unreadable box: 48 px).
+          close = tables.versus_table(
+              groupings[common.STREAM], rows, CLOSENESS, "loss", vs="Δ vs CE"
+          )
+          lines += [*prose.section(__file__, "closeness"), "", *close, ""]
     return lines
 
   intro = prose.section(__file__, "stream")
   return regimes.stream_section(
       intro, fixed, streamed, METHODS, grounding.METHODS, budgets, out_dir
   )
-
-
-# How close the streamed boxes are at the end of the budget, where Acc@0.5
-# is at its ceiling.
-CLOSENESS = (
-    ERROR._replace(digits=3),
-    Metric("coordinate_accuracy", "coordinates exact %"),
-)
-
-
-def stream_closeness(grouped, rows) -> list[str]:
-  """End-of-budget table: how close each loss's streamed boxes are, paired
-  with CE's of the same seed (an unreadable box counts 48 px)."""
-  if "ce" not in grouped:
-    return []
-  return [
-      *prose.section(__file__, "closeness"),
-      "",
-      *tables.versus_table(grouped, rows, CLOSENESS, "loss", vs="Δ vs CE"),
-      "",
-  ]
 
 
 def write_report(runs, out_dir, discussion=None, budget=None):
