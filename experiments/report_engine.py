@@ -22,6 +22,8 @@ from experiments import prose
 from experiments import stats
 from experiments import tables
 
+FLAGS = flags.FLAGS
+
 
 @dataclasses.dataclass(frozen=True)
 class Spec:
@@ -161,10 +163,9 @@ def task_report(module_file, runs, out_dir, sections, hand) -> str:
 def main(write_report, *extra) -> None:
   """A task report's command: ``write_report(runs, out_dir, discussion,
   *extra)`` from the flags; notes failed cells and prints the path."""
-  flags_ = flags.FLAGS
-  runs = common.load_results(flags_.results)
-  path = write_report(runs, flags_.out_dir, flags_.discussion, *extra)
-  common.note_failures(flags_.results, path)
+  runs = common.load_results(FLAGS.results)
+  path = write_report(runs, FLAGS.out_dir, FLAGS.discussion, *extra)
+  common.note_failures(FLAGS.results, path)
   print(path)
 
 

@@ -8,7 +8,6 @@ sections: budgets, time-gap bins, convergence, predictions.
 
 import os
 
-from absl import flags
 import numpy as np
 
 from configs import clock_time
@@ -26,7 +25,6 @@ from train import plots
 from train.tasks import clock_time as task
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-FLAGS = flags.FLAGS
 Metric = stats_lib.Metric
 
 
@@ -389,8 +387,11 @@ def stream_section(fixed, streamed, out_dir) -> list[str]:
 
 def write_report(runs, out_dir, discussion=None):
   """Writes results.md and the plots; the path of results.md."""
+
+  def sections(runs, streamed):  # all in the Markdown's report section
+    return report_fields(runs, streamed, out_dir), []
+
   hand = [(report_engine.DISCUSSION, discussion)]
-  sections = lambda runs, streamed: (report_fields(runs, streamed, out_dir), [])
   return report_engine.task_report(__file__, runs, out_dir, sections, hand)
 
 
