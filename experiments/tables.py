@@ -90,22 +90,24 @@ def reading(grouped, metrics, methods, labels):
   return lines
 
 
-def verdict(d, higher=True, style="") -> str:
-  """A paired difference (`stats.paired`) in words: `tables.md`'s section
-  ``verdict{style}_{kind}``, the kind ``untestable`` (one seed),
-  ``unanimous`` (p < 0.05 and every seed on the mean's side),
-  ``significant`` (p < 0.05) or ``noise``; ``direction`` is better, worse
-  or level."""
-  direction = "better" if (d["mean"] > 0) == higher else "worse"
+def kind(d) -> str:
+  """How a paired difference (`stats.paired`) stands: ``untestable`` (one
+  seed), ``unanimous`` (p < 0.05 and every seed on the mean's side),
+  ``significant`` (p < 0.05) or ``noise``."""
   if d["n"] < 2:
-    kind = "untestable"
-  elif d["p"] < 0.05:
-    kind = "unanimous" if d["better"] in (0, d["n"]) else "significant"
-  else:
-    kind = "noise"
+    return "untestable"
+  if d["p"] < 0.05:
+    return "unanimous" if d["better"] in (0, d["n"]) else "significant"
+  return "noise"
+
+
+def verdict(d, higher=True, style="") -> str:
+  """A paired difference in words: `tables.md`'s section
+  ``verdict{style}_{kind}``, ``direction`` better, worse or level."""
+  direction = "better" if (d["mean"] > 0) == higher else "worse"
   return prose.text(
       __file__,
-      f"verdict{style}_{kind}",
+      f"verdict{style}_{kind(d)}",
       direction="level" if d["mean"] == 0 else direction,
       p=d["p"],
       p_text="-" if np.isnan(d["p"]) else f"{d['p']:.3f}",

@@ -195,9 +195,7 @@ def paired_cells(runs, reference, metric):
 
 def beyond_noise(d) -> bool:
   """p < 0.05 and every paired seed (at least 2) on the mean's side."""
-  if d is None or d["n"] < 2 or np.isnan(d["p"]) or d["p"] >= 0.05:
-    return False
-  return d["better"] in (0, d["n"])
+  return d is not None and tables.kind(d) == "unanimous"
 
 
 def is_better(d, higher_better=True) -> bool:
