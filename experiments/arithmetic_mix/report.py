@@ -254,40 +254,29 @@ def write_report(runs, out_dir):
 
 def main(argv):
   del argv
+  # The llm and digits grids compare their cells with the same ones run on
+  # the CPU (results_cpu.json), where some were first run.
   if FLAGS.profile == "llm":
     results = FLAGS.results or os.path.join(
         llm_report.HERE, FLAGS.snapshot, "results.json"
     )
-    path = llm_report.main(
-        results,
-        FLAGS.out_dir,
-        FLAGS.data_dir,
-        # The same cells on the CPU, where some were first run.
-        [os.path.join(os.path.dirname(results), "results_cpu.json")],
-    )
-    common.note_failures(results, path)
-    print(f"wrote {path} and plots/")
-    return
-  if FLAGS.profile in digits_report.PROFILES:
+    cpu = os.path.join(os.path.dirname(results), "results_cpu.json")
+    path = llm_report.main(results, FLAGS.out_dir, FLAGS.data_dir, [cpu])
+  elif FLAGS.profile in digits_report.PROFILES:
     name, folder = digits_report.PROFILES[FLAGS.profile]
     results = FLAGS.results or os.path.join(digits_report.HERE, name)
+    out_dir = FLAGS.out_dir or os.path.join(digits_report.HERE, folder)
+    cpu = os.path.join(digits_report.HERE, "results_cpu.json")
     path = digits_report.main(
-        results,
-        FLAGS.out_dir or os.path.join(digits_report.HERE, folder),
-        FLAGS.data_dir,
-        FLAGS.profile,
-        # The same cells on the CPU, where some were first run.
-        [os.path.join(digits_report.HERE, "results_cpu.json")],
+        results, out_dir, FLAGS.data_dir, FLAGS.profile, [cpu]
     )
-    common.note_failures(results, path)
-    print(f"wrote {path} and plots/")
-    return
-  results = FLAGS.results or os.path.join(HERE, "results.json")
-  out_dir = FLAGS.out_dir or HERE
-  runs = report_engine.load(results)
-  write_report(runs, out_dir)
-  common.note_failures(results, os.path.join(out_dir, "results.md"))
-  print(f"wrote {os.path.join(out_dir, 'results.md')} and plots/")
+  else:
+    results = FLAGS.results or os.path.join(HERE, "results.json")
+    out_dir = FLAGS.out_dir or HERE
+    write_report(report_engine.load(results), out_dir)
+    path = os.path.join(out_dir, "results.md")
+  common.note_failures(results, path)
+  print(f"wrote {path} and plots/")
 
 
 if __name__ == "__main__":
