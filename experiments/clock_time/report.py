@@ -277,15 +277,10 @@ def convergence_lines(converged):
     return ["No converged runs recorded yet."]
   gains = []
   for seed in sorted(ce):
-    steps, values = (
-        ce[seed]["curves"][k] for k in ("eval_steps", "exact_match")
-    )
-    quarter = min(
-        range(len(steps)), key=lambda i: abs(steps[i] - 0.75 * steps[-1])
-    )
-    gains.append(
-        (seed, steps[quarter], 100 * values[quarter], 100 * values[-1])
-    )
+    curves = ce[seed]["curves"]
+    steps, values = curves["eval_steps"], curves["exact_match"]
+    i = int(np.argmin(np.abs(np.array(steps) - 0.75 * steps[-1])))
+    gains.append((seed, steps[i], 100 * values[i], 100 * values[-1]))
   lines = prose.section(
       __file__,
       "convergence_ce",
