@@ -70,14 +70,14 @@ def stream_section(intro, fixed, streamed, methods, always, budgets, out_dir):
   if not streamed:
     return intro + ["", "No streamed run recorded yet.", ""]
   recorded = recorded_methods(methods, fixed + streamed, always)
-  rows_ = rows(labels.LABELS, labels.VARIANT_LABELS, recorded)
+  table_rows = rows(labels.LABELS, labels.VARIANT_LABELS, recorded)
 
   def section(title, groupings, metric, plot, plot_title):
     return budget_section(
-        title, groupings, rows_, metric, out_dir, plot, plot_title
+        title, groupings, table_rows, metric, out_dir, plot, plot_title
     )
 
-  return intro + [""] + budgets(rows_, section)
+  return intro + [""] + budgets(table_rows, section)
 
 
 def by_regime(fixed, streamed, group):
@@ -103,7 +103,7 @@ def value_and_delta(runs, reference, metric):
   if not values:
     return "–", None
   d = reference and stats.paired(runs, reference, read, scale, higher)
-  if not d:
+  if not d:  # no reference (CE's own row), or no seed in common
     return stats.fmt(values, digits), None
   p = "" if np.isnan(d["p"]) else f", p = {d['p']:.3f}"
   counts = f"{d['better']}/{d['n']}{p}"
