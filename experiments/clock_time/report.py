@@ -357,8 +357,7 @@ def stream_section(fixed, streamed, out_dir) -> list[str]:
           }
       )
       if not steps:
-        lines += [f"### {budget}", "", "No streamed run at this budget yet."]
-        lines.append("")
+        lines += prose.section(__file__, "no_stream", budget=budget) + [""]
         continue
       title = f"{', '.join(f'{n:,}' for n in steps)} steps"
       lines += section(
