@@ -19,21 +19,16 @@ def table(head, rows):
   ]
 
 
-def paired_cells(runs, reference, metric, scale, higher_better, digits):
-  """Three table cells: ``Δ ± sd``, ``better/n`` and ``t (p = ...)``."""
-  d = stats.paired(runs, reference, metric, scale, higher_better)
+def paired_cells(runs, reference, metric):
+  """Three table cells of a `stats.Metric`: ``Δ ± sd``, ``better/n`` and
+  ``t (p = ...)``."""
+  field, _, scale, digits, higher = metric
+  d = stats.paired(runs, reference, field, scale, higher)
   if d is None:
     return ["–"] * 3
   std = "" if np.isnan(d["std"]) else f" ± {d['std']:.{digits}f}"
   test = "–" if np.isnan(d["t"]) else f"{d['t']:+.2f} (p = {d['p']:.3f})"
   return [f"{d['mean']:+.{digits}f}{std}", f"{d['better']}/{d['n']}", test]
-
-
-def metric_cells(runs, reference, metric):
-  """`paired_cells` of a `stats.Metric`."""
-  return paired_cells(
-      runs, reference, metric.field, metric.scale, metric.higher, metric.digits
-  )
 
 
 def versus_table(grouped, rows, metrics, first, seeds=False, vs="Δ to CE"):
@@ -54,7 +49,7 @@ def versus_table(grouped, rows, metrics, first, seeds=False, vs="Δ to CE"):
       if key == "ce":
         cells += [""] * 3
       else:
-        cells += metric_cells(runs, grouped["ce"], metric)
+        cells += paired_cells(runs, grouped["ce"], metric)
     body.append(cells)
   return table(head, body)
 
@@ -150,6 +145,6 @@ def paired_table(grouped, rows, reference_key, metrics):
     runs = grouped[key]
     cells = [label, str(len(set(runs) & set(reference)))]
     for metric in metrics:
-      cells += metric_cells(runs, reference, metric)
+      cells += paired_cells(runs, reference, metric)
     body.append(cells)
   return table(head, body)
