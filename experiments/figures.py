@@ -56,11 +56,8 @@ def seed_bars(grouped, keys, panels, path, title, key_label, rotation=15):
 def mean_curves(
     grouped, keys, panels, path, key_label, mark_step=None, log_scale=()
 ):
-  """One panel a metric: each key's learning curve, the mean over its seeds.
-
-  ``mark_step`` draws a dotted line at that step; metrics in ``log_scale``
-  get a logarithmic axis.
-  """
+  """One panel a metric: each key's learning curve, the mean over its
+  seeds; a dotted line at ``mark_step``, a log axis for ``log_scale``."""
   fig, axes = plt.subplots(
       1, len(panels), figsize=(4.4 * len(panels), 3.7), squeeze=False
   )
@@ -92,13 +89,9 @@ def mean_curves(
 def paired_dots(
     grouped, keys, panels, path, title, key_label, methods, reference="ce"
 ):
-  """Paired differences to ``reference`` on the same seeds, one row a key.
-
-  Each dot is the mean of (run - reference) over the seeds both have, its
-  bar their sd; keys in ``methods`` are blue, variants orange. Rows are the
-  keys with a paired difference on the first panel's metric; nothing is
-  drawn without one. Returns whether the figure was written.
-  """
+  """Paired differences to ``reference``, a row a key with one on the first
+  panel: a dot at the mean over common seeds, its bar their sd; methods
+  blue, variants orange. Whether the figure was written."""
   base = grouped.get(reference, {})
   rows = []
   for key in keys:

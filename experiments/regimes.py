@@ -61,6 +61,30 @@ def recorded_methods(methods, runs, always):
   return [m for m in methods if m in always or m in seen]
 
 
+def stream_section(intro, fixed, streamed, methods, always, budgets, out_dir):
+  """A report's "Fixed set vs stream" section: ``intro``, then the lines
+  ``budgets(rows, section)`` gives, ``rows`` those recorded
+  (`recorded_methods`) and ``section(title, groupings, metric, plot,
+  plot_title)`` their `budget_section`; a line saying so without a streamed
+  run."""
+  if not streamed:
+    return intro + ["", "No streamed run recorded yet.", ""]
+  recorded = recorded_methods(methods, fixed + streamed, always)
+  table_rows = rows(labels.LABELS, labels.VARIANT_LABELS, recorded)
+
+  def section(title, groupings, metric, plot, plot_title):
+    return budget_section(
+        title, groupings, table_rows, metric, out_dir, plot, plot_title
+    )
+
+  return intro + [""] + budgets(table_rows, section)
+
+
+def by_regime(fixed, streamed, group):
+  """``{regime: group(its runs)}``: a budget's groupings."""
+  return dict(zip(REGIMES, (group(fixed), group(streamed))))
+
+
 def rows(labels, variant_labels, methods, controls=("ce_digit_weighted",)):
   """``(key, label)`` table rows: each loss method, then the controls."""
   return [(m, labels[m]) for m in methods] + [
@@ -68,37 +92,29 @@ def rows(labels, variant_labels, methods, controls=("ce_digit_weighted",)):
   ]
 
 
-def _cell(runs, reference, read, scale, digits, higher) -> str:
-  values = [scale * read(r) for r in runs.values()]
+def value_and_delta(runs, reference, metric):
+  """A "value plus difference to CE" cell's parts: ``mean ± sd`` of a
+  `stats.Metric` over ``runs`` (``–`` without a finite value), and ``(Δ,
+  'better/n, p = …')`` to ``reference`` on the same seeds (None without a
+  reference or a seed)."""
+  read, _, scale, digits, higher = metric
+  values = [scale * stats.value(r, read) for r in runs.values()]
   values = [v for v in values if np.isfinite(v)]
   if not values:
-    return "–"
-  text = stats.fmt(values, digits)
-  if reference is runs:
-    return text
-  d = stats.paired(runs, reference, read, scale, higher)
-  if d is None:
-    return text
+    return "–", None
+  d = reference and stats.paired(runs, reference, read, scale, higher)
+  if not d:  # no reference (CE's own row), or no seed in common
+    return stats.fmt(values, digits), None
   p = "" if np.isnan(d["p"]) else f", p = {d['p']:.3f}"
-  return f"{text} ({d['mean']:+.{digits}f}: {d['better']}/{d['n']}{p})"
+  counts = f"{d['better']}/{d['n']}{p}"
+  return stats.fmt(values, digits), (f"{d['mean']:+.{digits}f}", counts)
 
 
 def side_by_side(groupings, rows, metric, *, scale=100, digits=1, higher=True):
-  """A markdown table: rows are losses, columns regime x (mid-curve, end).
-
-  Args:
-    groupings: ``{regime: {key: {seed: run}}}``.
-    rows: ``(key, label)`` pairs, in order; CE (``"ce"``) is the reference.
-    metric: the curve and record field (e.g. ``"exact_match"``).
-    scale: multiplies values (100 for percentages).
-    digits: decimals shown.
-    higher: whether higher is better (for the seeds-better count).
-
-  Returns:
-    The table's lines, or one line saying what is missing. Each cell is
-    ``mean ± sd`` over seeds and, except for CE, ``(Δ vs CE of the same
-    regime and seed: seeds better/paired, paired t-test p)``.
-  """
+  """A markdown table: rows ``(key, label)`` are losses, columns regime x
+  (mid-curve, end); each cell ``mean ± sd`` over seeds and, but for CE
+  (``"ce"``), the paired Δ to CE of the same regime (`value_and_delta`).
+  Without a run, one line saying so."""
   present = [r for r in REGIMES if any(groupings.get(r, {}).values())]
   if not present:
     return ["No runs recorded yet."]
@@ -110,10 +126,13 @@ def side_by_side(groupings, rows, metric, *, scale=100, digits=1, higher=True):
         f"{REGIME_LABELS[regime]}, end",
     ]
   body = []
-  readers = (
-      lambda run: stats.at_step(run, metric, mid),
-      lambda run: float(run["curves"][metric][-1]),
-  )
+  readers = [
+      stats.Metric(read, "", scale, digits, higher)
+      for read in (
+          lambda run: stats.at_step(run, metric, mid),
+          lambda run: float(run["curves"][metric][-1]),
+      )
+  ]
   for key, label in rows:
     if not any(key in groupings.get(r, {}) for r in present):
       continue
@@ -121,9 +140,10 @@ def side_by_side(groupings, rows, metric, *, scale=100, digits=1, higher=True):
     for regime in present:
       grouped = groupings[regime]
       runs = grouped.get(key, {})
-      reference = runs if key == "ce" else grouped.get("ce", {})
+      reference = None if key == "ce" else grouped.get("ce", {})
       for read in readers:
-        cells.append(_cell(runs, reference, read, scale, digits, higher))
+        text, delta = value_and_delta(runs, reference, read)
+        cells.append(f"{text} ({delta[0]}: {delta[1]})" if delta else text)
     body.append(cells)
   return tables.table(head, body)
 
@@ -141,12 +161,8 @@ def seed_counts(groupings, rows) -> str:
 
 
 def plot_paired_by_regime(groupings, rows, metric, path, title, scale=100):
-  """Mean paired Δ vs CE over the learning curve, one panel per regime.
-
-  Returns:
-    Whether a plot was written (False without a regime holding CE and
-    another loss).
-  """
+  """Mean paired Δ vs CE over the learning curve, one panel per regime;
+  whether it was drawn (it needs CE and another loss in a regime)."""
   present = [
       r
       for r in REGIMES
@@ -220,20 +236,8 @@ def ce_last_gain(ce_runs, metric, scale=100) -> list[str]:
 
 
 def budget_section(title, groupings, rows, metric, out_dir, plot, plot_title):
-  """One budget's report section: table, seed counts, CE's gain, plot.
-
-  Args:
-    title: the section's heading.
-    groupings: ``{regime: {key: {seed: run}}}``.
-    rows: ``(key, label)`` pairs, in order.
-    metric: the curve and record field compared.
-    out_dir: the report's folder.
-    plot: the paired-Δ plot's file name in ``out_dir/plots``.
-    plot_title: the plot's title.
-
-  Returns:
-    The section's markdown lines.
-  """
+  """One budget's report section (``### title``): table, seed counts, CE's
+  last gain, and the paired-Δ plot ``plot`` in ``out_dir/plots``."""
   lines = [
       f"### {title}",
       "",

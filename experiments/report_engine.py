@@ -2,35 +2,34 @@
 
 A `Spec` says what a task's report compares: its methods (the rows of the
 main table), the columns of that table and the metrics it pairs with a
-reference (`stats.Metric`s), and how variants are named. Its methods make
-the tables and figures every task report shows, from runs grouped by seed
-(``{key: {seed: run}}``, a key being a method or a variant); the task's
-report adds its own sections and the prose around them (`prose`).
+reference (`stats.Metric`s), and how variants are named; `Spec.section`
+draws and tabulates one section from runs grouped by seed (``{key: {seed:
+run}}``). `task_report` is the flow of a task's report: its Markdown's
+``report`` section, the task's own sections (a hook), the hand-written
+parts; `main` its command.
 """
 
 import dataclasses
 import os
 from typing import Mapping
 
+from absl import flags
+
 from experiments import common
 from experiments import figures
 from experiments import labels
+from experiments import prose
 from experiments import stats
 from experiments import tables
+
+FLAGS = flags.FLAGS
 
 
 @dataclasses.dataclass(frozen=True)
 class Spec:
-  """What a task's report compares.
-
-  Attributes:
-    methods: the losses, in table order (CE, the reference, first).
-    columns: the main table's metrics.
-    paired: the metrics paired with the reference, seed by seed (the paired
-      tables, the reading, the seed bars and paired-difference plots).
-    variant_labels: {variant: its name}; methods are named by
-      `labels.LABELS`.
-  """
+  """What a task's report compares: its ``methods`` (CE, the reference,
+  first), the main table's ``columns``, the metrics ``paired`` with CE seed
+  by seed, and the names of its variants (methods': `labels.LABELS`)."""
 
   methods: tuple[str, ...]
   columns: tuple[stats.Metric, ...]
@@ -47,10 +46,6 @@ class Spec:
     """``(key, label)`` table rows of ``keys`` (those in ``grouped``)."""
     return [(k, self.label(k)) for k in keys if grouped is None or k in grouped]
 
-  def main_table(self, grouped) -> list[str]:
-    """Mean ± sd over seeds of every method in every column."""
-    return tables.values_table(grouped, self.rows(self.methods), self.columns)
-
   def paired_table(self, grouped, keys, reference="ce") -> list[str]:
     """Each of ``keys`` against ``reference``, seed by seed."""
     rows = self.rows(keys, grouped)
@@ -61,34 +56,43 @@ class Spec:
     rows = self.rows(keys, grouped)
     return tables.values_table(grouped, rows, metrics, first="run")
 
-  def reading(self, grouped) -> list[str]:
-    """`tables.reading` of the paired metrics."""
-    return tables.reading(grouped, self.paired, self.methods, labels.LABELS)
-
-  def blocks(self, grouped, controls=labels.CONTROLS) -> dict[str, list]:
-    """The tables of every task section, named as the Markdown's blocks:
-    ``main_table``, ``paired`` (the methods against CE), ``reading``, and
-    the controls against CE (beside NTIL), ``against_ce``, and against
-    NTIL, ``against_ntil``."""
+  def section(
+      self, grouped, plot, title, keys, bars=None, panels=None, rotation=15
+  ):
+    """Draws a section's seed bars of the methods (``plot("main")``, titled
+    ``bars`` or ``title``) and paired dots of ``keys`` against CE (on
+    ``panels``, default the paired metrics; ``plot("paired")``); returns
+    its tables, named as the Markdown's blocks: ``main_table``, ``paired``
+    (the methods against CE), ``reading``, and the controls against CE
+    (beside NTIL), ``against_ce``, and against NTIL, ``against_ntil``."""
+    methods, paired = self.methods, self.paired
+    figures.seed_bars(
+        grouped,
+        methods,
+        paired,
+        plot("main"),
+        bars or title,
+        self.label,
+        rotation,
+    )
+    figures.paired_dots(
+        grouped,
+        keys,
+        panels or paired,
+        plot("paired"),
+        title,
+        self.label,
+        methods,
+    )
+    controls = labels.CONTROLS
     return dict(
-        main_table=self.main_table(grouped),
-        paired=self.paired_table(grouped, self.methods),
-        reading=self.reading(grouped),
+        main_table=tables.values_table(
+            grouped, self.rows(methods), self.columns
+        ),
+        paired=self.paired_table(grouped, methods),
+        reading=tables.reading(grouped, paired, methods, labels.LABELS),
         against_ce=self.paired_table(grouped, [*controls, "ntil"]),
         against_ntil=self.paired_table(grouped, controls, "ntil"),
-    )
-
-  def seed_bars(self, grouped, path, title, rotation=15) -> None:
-    """`figures.seed_bars` of the methods in the paired metrics."""
-    figures.seed_bars(
-        grouped, self.methods, self.paired, path, title, self.label, rotation
-    )
-
-  def paired_dots(self, grouped, keys, path, title, panels=None) -> bool:
-    """`figures.paired_dots` of ``keys`` against CE."""
-    panels = panels or self.paired
-    return figures.paired_dots(
-        grouped, keys, panels, path, title, self.label, self.methods
     )
 
 
@@ -107,22 +111,21 @@ def seed_values(runs, metric) -> str:
   )
 
 
-def split_regimes(runs):
-  """(fixed-set runs, streamed runs): the main report and its stream part."""
-  streamed = [r for r in runs if common.regime(r) == common.STREAM]
-  return [r for r in runs if common.regime(r) == common.FIXED], streamed
-
-
-def differ_first(ce, ntil, count, same=4):
-  """Which test examples a predictions figure shows, and how many differ.
-
-  The examples where CE's and NTIL's predictions differ first, then
-  ``same`` where they agree, ``count`` in all, in test order.
-  """
+def predictions(grouped, count, draw, same=4):
+  """CE's and NTIL's seed-0 predictions, drawn by ``draw(ce, ntil, chosen)``
+  on ``count`` test examples in test order, first those where they differ,
+  then ``same`` where they agree; how many differ (None without both)."""
+  ce, ntil = (grouped.get(k, {}).get(0) for k in ("ce", "ntil"))
+  if not ce or not ntil:
+    return None
   pairs = list(zip(ce["predictions"], ntil["predictions"]))
   differ = [i for i, (a, b) in enumerate(pairs) if a != b]
   agree = [i for i, (a, b) in enumerate(pairs) if a == b]
-  return (differ[: count - same] + agree[:same])[:count], len(differ)
+  draw(ce, ntil, (differ[: count - same] + agree[:same])[:count])
+  return len(differ)
+
+
+DISCUSSION = "Discussion (written by hand from the numbers above)"
 
 
 def hand_written(sources) -> list[str]:
@@ -133,6 +136,37 @@ def hand_written(sources) -> list[str]:
       with open(path) as f:
         lines += [f"## {title}", "", f.read()]
   return lines
+
+
+def task_report(module_file, runs, out_dir, sections, hand) -> str:
+  """Writes a task's results.md (and makes its plots folder): its
+  Markdown's ``report`` section with the fixed-set runs' count, device and
+  model and the fields of ``sections(fixed, streamed)`` (``(fields, lines
+  after it)``; streamed runs, regime "stream", go to the task's own
+  section), then the `hand_written` sections ``hand``; its path."""
+  fixed = [r for r in runs if common.regime(r) == common.FIXED]
+  streamed = [r for r in runs if common.regime(r) == common.STREAM]
+  os.makedirs(os.path.join(out_dir, "plots"), exist_ok=True)
+  fields, lines = sections(fixed, streamed)
+  first = fixed[0]
+  head = prose.section(
+      module_file,
+      "report",
+      runs=len(fixed),
+      device=first["device"],
+      model=first["model"],
+      **fields,
+  )
+  return write(out_dir, head + [""] + lines + hand_written(hand))
+
+
+def main(write_report, *extra) -> None:
+  """A task report's command: ``write_report(runs, out_dir, discussion,
+  *extra)`` from the flags; notes failed cells and prints the path."""
+  runs = common.load_results(FLAGS.results)
+  path = write_report(runs, FLAGS.out_dir, FLAGS.discussion, *extra)
+  common.note_failures(FLAGS.results, path)
+  print(path)
 
 
 def write(out_dir, lines, end="") -> str:

@@ -12,16 +12,10 @@ from scipy import stats
 
 
 class Metric(NamedTuple):
-  """One compared quantity of a run, as tables and figures show it.
-
-  Attributes:
-    field: a key of the run's record (and of its ``curves``), or a function
-      of the run (`value`).
-    name: how tables and figures name it.
-    scale: multiplies the values (100 for a share in points).
-    digits: decimals shown.
-    higher: whether higher is better.
-  """
+  """One compared quantity of a run: ``field``, a key of its record (and
+  curves) or a function of it (`value`); its ``name`` in tables and
+  figures, the ``scale`` of its values (100: a share in points), the
+  ``digits`` shown, and whether ``higher`` is better."""
 
   field: Any
   name: str
@@ -47,14 +41,9 @@ def fmt(values, digits):
 
 
 def group_runs(runs, key=None, view=None):
-  """{key: {seed: run}}; a later run of a seed replaces one before it.
-
-  Args:
-    runs: run records.
-    key: a run's row (None: the run is left out); default: its method for
-      the main grid's runs, else its variant.
-    view: what is kept of a run (default: the record).
-  """
+  """{key(run): {seed: view(run)}}, a later run of a seed replacing one
+  before it; ``key`` None leaves a run out (default: `main_key`), ``view``
+  defaults to the record."""
   grouped = collections.defaultdict(dict)
   for run in runs:
     k = key(run) if key else main_key(run)
@@ -98,21 +87,11 @@ def curve_area(run, metric="exact_match"):
 
 
 def paired(runs, reference, metric, scale, higher_better):
-  """Paired difference to ``reference`` on the seeds both have, or None.
-
-  Args:
-    runs: {seed: run record} of the runs compared.
-    reference: {seed: run record} they are compared with.
-    metric: the record field, or a function of the record.
-    scale: multiplies the values (100 for percentages).
-    higher_better: which sign of the difference counts as better.
-
-  Returns:
-    dict(n, mean, std, better, t, p): the number of common seeds where both
-    values are finite, mean and sd of the differences, the seeds where
-    ``runs`` is better, and a two-sided paired t-test (nan with one seed or
-    identical differences). None without such seeds.
-  """
+  """Paired difference of ``runs`` to ``reference`` ({seed: run}) in
+  ``metric`` (`value`) times ``scale``, or None without a seed where both
+  are finite: dict(n, mean, std, better, t, p), the seeds, mean and sd of
+  the differences, the seeds where ``runs`` is better, and a two-sided
+  paired t-test (nan with one seed or identical differences)."""
   seeds = [
       s
       for s in sorted(set(runs) & set(reference))

@@ -5,24 +5,21 @@ r"""What holds where: every task and training regime in one table.
                                            # README.md and docs/experiments.md
                                            # and the figure summary.png
 
-Reads the recorded grids (each task's ``results.json``) and writes one row
-per task, training regime and budget: CE's score at the end of the budget,
-each numeric loss's and the digit-weighted control's paired difference to CE
-there (seeds better of those paired, paired t-test p), and NTIL's paired
-difference over the whole learning curve (the mean score over training,
-the area under the curve over the steps: a faster learner leads there even
-where the end is level). The copies in the README and in
-docs/experiments.md sit between two markers and a test checks they are the
-table these records give, so no figure in them is typed by hand. ``--readme`` also
-draws the differences mid-way through each budget and at its end, with
-their 95% confidence intervals (`figure`: ``experiments/summary.png``,
-shown in the README and docs/experiments.md).
+One row per task, training regime and budget of the recorded grids: CE's
+score at the end of the budget, each numeric loss's and the digit-weighted
+control's paired difference to CE there (seeds better, paired t-test p), and
+NTIL's over the whole learning curve (its mean over training: a faster
+learner leads there even where the end is level). The copies in the README
+and docs/experiments.md sit between two markers, checked by a test, so no
+figure in them is typed by hand; ``--readme`` also draws the differences
+mid-way and at the end with 95% intervals (`figure`).
 
 Pure functions of the records, no flags (importable from tests).
 """
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import textwrap
@@ -57,58 +54,20 @@ CONTROL = "ce_digit_weighted"
 
 @dataclasses.dataclass(frozen=True)
 class Cell:
-  """One row: the runs of one task, regime and budget in a results file.
-
-  Attributes:
-    task: the row's task label.
-    path: the results file, relative to the repository root.
-    groups: the grid groups whose runs the row holds (losses and control).
-    metric: the record and curve field compared (higher is better).
-    metric_name: how the table names it.
-    train_size: the fixed training set's size (None: each example seen
-      once, a stream or data generated as read).
-    task_field: where a results file holds several tasks, the row's.
-    dataset: where a results file holds several datasets (the LLM grid's),
-      the row's.
-  """
+  """One row: the runs of a task, regime and budget in a results file (its
+  path from the repository root), of the grid ``groups`` (space-separated),
+  compared on a record and curve ``metric`` (higher is better);
+  ``train_size`` None where each example is seen once; ``task_field`` and
+  ``dataset``, the row's where a file holds several."""
 
   task: str
   path: str
-  groups: tuple[str, ...]
-  metric: str
-  metric_name: str
-  train_size: int | None
+  groups: str
+  metric: str = "exact_match"
+  metric_name: str = "exact match"
+  train_size: int | None = None
   task_field: str | None = None
   dataset: str | None = None
-
-
-def _clock(groups, stream):
-  return Cell(
-      "clocks",
-      "experiments/clock_time/results.json",
-      tuple(groups.split()),
-      "exact_match",
-      "exact match",
-      None if stream else 20000,
-  )
-
-
-def _boxes(task, groups, train_size, metric=None):
-  if metric == "exact_match":
-    name = "exact box"
-  elif task == "grounding_multi":
-    metric, name = ("f1_at_50", "F1@0.5")
-  else:
-    metric, name = ("acc_at_50", "Acc@0.5")
-  return Cell(
-      BOX_TASKS[task],
-      "experiments/grounding/results.json",
-      tuple(groups.split()),
-      metric,
-      name,
-      train_size,
-      task_field=task,
-  )
 
 
 BOX_TASKS = dict(
@@ -118,79 +77,67 @@ BOX_TASKS = dict(
 )
 
 
-def _digits(path):
-  return Cell(
-      "multi-digit sums (add_or_sub)",
-      f"experiments/arithmetic_mix/digits/{path}",
-      ("main", "control", "peers"),
-      "exact_match",
-      "exact match",
-      None,
-  )
+def _boxes(task, groups, train_size=None, exact=False):
+  metric = ("acc_at_50", "Acc@0.5")
+  if exact:
+    metric = ("exact_match", "exact box")
+  elif task == "grounding_multi":
+    metric = ("f1_at_50", "F1@0.5")
+  path = "experiments/grounding/results.json"
+  return Cell(BOX_TASKS[task], path, groups, *metric, train_size, task)
 
 
-def _llm(dataset, label):
-  return Cell(
-      f"SmolLM2-135M fine-tuned: {label}",
-      "experiments/arithmetic_mix/llm/SmolLM2-135M-Instruct/results.json",
-      ("main",),
-      "exact_match",
-      "exact match",
-      None,
-      dataset=dataset,
-  )
-
-
+CLOCKS = "experiments/clock_time/results.json"
+DIGITS = "experiments/arithmetic_mix/digits/"
+LLM = "experiments/arithmetic_mix/llm/SmolLM2-135M-Instruct/results.json"
+SUMS = "multi-digit sums (add_or_sub)"
 # Row order: task by task, fixed set before stream, shorter budget first.
 CELLS = (
-    _digits("results.json"),
-    _digits("results_long.json"),
+    Cell(SUMS, DIGITS + "results.json", "main control peers"),
+    Cell(SUMS, DIGITS + "results_long.json", "main control peers"),
     Cell(
         "arithmetic_mix (ported grid)",
         "experiments/arithmetic_mix/results.json",
-        ("main",),
-        "exact_match",
-        "exact match",
-        20000,
+        "main",
+        train_size=20000,
     ),
-    _clock("main control peers", False),
-    _clock("converged converged_control", False),
-    _clock("stream stream_control", True),
-    _clock(
+    Cell("clocks", CLOCKS, "main control peers", train_size=20000),
+    Cell("clocks", CLOCKS, "converged converged_control", train_size=20000),
+    Cell("clocks", CLOCKS, "stream stream_control"),
+    Cell(
+        "clocks",
+        CLOCKS,
         "stream_converged stream_converged_control stream_converged_peers",
-        True,
     ),
     _boxes("grounding", "main control", 5000),
-    _boxes("grounding", "stream stream_control", None),
-    _boxes("grounding", "stream_long stream_long_control", None),
+    _boxes("grounding", "stream stream_control"),
+    _boxes("grounding", "stream_long stream_long_control"),
     _boxes("grounding_single", "single single_peers", 1000),
     # Streamed, one object is found about 99% of the time (Acc@0.5) by
     # every loss: the exact box, still in the middle, tells them apart.
     _boxes(
-        "grounding_single",
-        "stream_single stream_single_control",
-        None,
-        metric="exact_match",
+        "grounding_single", "stream_single stream_single_control", exact=True
     ),
     _boxes(
         "grounding_single",
         "stream_single_long stream_single_long_control",
-        None,
-        metric="exact_match",
+        exact=True,
     ),
     _boxes("grounding_multi", "multi", 5000),
     # A pretrained model, the paper's setting (each problem read once).
-    _llm("add_or_sub", "multi-digit sums (add_or_sub)"),
-    _llm("arithmetic_mix", "arithmetic_mix"),
+    Cell(f"SmolLM2-135M fine-tuned: {SUMS}", LLM, "main", dataset="add_or_sub"),
+    Cell(
+        "SmolLM2-135M fine-tuned: arithmetic_mix",
+        LLM,
+        "main",
+        dataset="arithmetic_mix",
+    ),
 )
 
 
 def key(run) -> str | None:
-  """The run's row key: its loss method, or the digit-weighted control.
-
-  Other variants (ablations, the authors' scaling, sweeps) are not in the
-  table: None.
-  """
+  """The run's row: its loss method, the digit-weighted control, or None
+  (ablations, the authors' scaling, sweeps)."""
   if "variant" not in run:  # arithmetic: the control is CE, group "control"
     if run.get("group") == "control":
       return CONTROL if run["overrides"].get("digit_ce_weight") else None
@@ -207,7 +154,7 @@ def select(runs, cell) -> dict:
   """``{key: {seed: run}}`` of the cell's runs."""
 
   def row(run):
-    if run.get("group") not in cell.groups:
+    if run.get("group") not in cell.groups.split():
       return None
     if cell.task_field and run.get("task") != cell.task_field:
       return None
@@ -250,27 +197,28 @@ def regime(cell, grouped) -> str:
 def row(cell, grouped) -> list[str]:
   """The table row of one cell (``grouped`` holds CE)."""
   ce = grouped["ce"]
-  steps = next(iter(ce.values()))["steps"]
-
-  def end(run):
-    return float(run["curves"][cell.metric][-1])
-
-  cells = [
+  end = functools.partial(value_at, metric=cell.metric)
+  area = functools.partial(stats.curve_area, metric=cell.metric)
+  return [
       cell.task,
       regime(cell, grouped),
-      f"{steps:,}",
+      f"{next(iter(ce.values()))['steps']:,}",
       f"{cell.metric_name} {stats.fmt([100 * end(r) for r in ce.values()], 1)}"
       f" ({len(ce)} seed{'s' if len(ce) > 1 else ''})",
+      *(
+          _delta(grouped[k], ce, end) if k in grouped else "–"
+          for k, _ in LOSSES
+      ),
+      _delta(grouped["ntil"], ce, area) if "ntil" in grouped else "–",
   ]
-  for k, _ in LOSSES:
-    cells.append(_delta(grouped[k], ce, end) if k in grouped else "–")
-  if "ntil" in grouped:
-    cells.append(
-        _delta(grouped["ntil"], ce, lambda r: stats.curve_area(r, cell.metric))
-    )
-  else:
-    cells.append("–")
-  return cells
+
+
+def value_at(run, metric, step=None) -> float:
+  """``metric`` on ``run``'s learning curve at eval ``step`` (None: the
+  last)."""
+  if step is None:
+    return float(run["curves"][metric][-1])
+  return stats.at_step(run, metric, step)
 
 
 def table(root=ROOT) -> list[str]:
@@ -312,15 +260,9 @@ def interval(d, level=0.95) -> float:
 
 
 def figure(out_path, root=ROOT) -> str:
-  """Draws each row's differences to CE mid-way and at the end, with 95%
-  intervals.
-
-  One line per task, regime and budget (the table's rows, top to bottom);
-  on it a marker per loss at its mean paired difference in points, its bar
-  the paired t interval over the seeds. The left panel reads the learning
-  curves at the eval nearest half the budget (a lead there and not at the
-  end is faster learning), the right one at the end. Returns ``out_path``.
-  """
+  """Draws each row's paired differences to CE, a marker per loss with its
+  95% paired t interval, mid-way (the eval nearest half the budget: a lead
+  there and not at the end is faster learning) and at the end."""
   from train import plots  # pylint: disable=g-import-not-at-top
 
   plt = plots.pyplot()
@@ -334,20 +276,15 @@ def figure(out_path, root=ROOT) -> str:
     for index, (k, label) in enumerate(LOSSES):
       ys, means, bars = [], [], []
       for position, (cell, grouped) in enumerate(cells):
-        if k not in grouped:
-          continue
-
-        def read(run, metric=cell.metric, step=mids[position]):
-          if at_end:
-            return float(run["curves"][metric][-1])
-          return stats.at_step(run, metric, step)
-
-        d = stats.paired(grouped[k], grouped["ce"], read, 100, True)
-        if d is None:
-          continue
-        ys.append(position + offsets[index])
-        means.append(d["mean"])
-        bars.append(interval(d))
+        step = None if at_end else mids[position]
+        read = functools.partial(value_at, metric=cell.metric, step=step)
+        d = k in grouped and stats.paired(
+            grouped[k], grouped["ce"], read, 100, True
+        )
+        if d:
+          ys.append(position + offsets[index])
+          means.append(d["mean"])
+          bars.append(interval(d))
       ax.errorbar(
           means,
           ys,

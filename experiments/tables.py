@@ -6,6 +6,7 @@ columns are `stats.Metric`s, rows ``(key, label)`` pairs.
 
 import numpy as np
 
+from experiments import prose
 from experiments import stats
 
 
@@ -18,9 +19,11 @@ def table(head, rows):
   ]
 
 
-def paired_cells(runs, reference, metric, scale, higher_better, digits):
-  """Three table cells: ``Δ ± sd``, ``better/n`` and ``t (p = ...)``."""
-  d = stats.paired(runs, reference, metric, scale, higher_better)
+def paired_cells(runs, reference, metric):
+  """Three table cells of a `stats.Metric`: ``Δ ± sd``, ``better/n`` and
+  ``t (p = ...)``."""
+  field, _, scale, digits, higher = metric
+  d = stats.paired(runs, reference, field, scale, higher)
   if d is None:
     return ["–"] * 3
   std = "" if np.isnan(d["std"]) else f" ± {d['std']:.{digits}f}"
@@ -28,28 +31,10 @@ def paired_cells(runs, reference, metric, scale, higher_better, digits):
   return [f"{d['mean']:+.{digits}f}{std}", f"{d['better']}/{d['n']}", test]
 
 
-def metric_cells(runs, reference, metric):
-  """`paired_cells` of a `stats.Metric`."""
-  return paired_cells(
-      runs, reference, metric.field, metric.scale, metric.higher, metric.digits
-  )
-
-
 def versus_table(grouped, rows, metrics, first, seeds=False, vs="Δ to CE"):
-  """Per row and metric: mean ± sd and `paired_cells` to CE (blank on CE's
-  own row).
-
-  Args:
-    grouped: {key: {seed: run}}.
-    rows: (key, label) pairs; keys without runs are left out.
-    metrics: the `stats.Metric` columns.
-    first: the header of the label column.
-    seeds: whether a column counts each row's seeds.
-    vs: the header of the difference's column.
-
-  Returns:
-    Markdown table lines.
-  """
+  """Per row with runs and metric: mean ± sd and `paired_cells` to CE
+  (blank on CE's own row); ``first`` heads the labels, ``vs`` the
+  differences, and ``seeds`` adds a column of each row's seeds."""
   head = [first] + ["seeds"] * seeds
   for metric in metrics:
     head += [metric.name, vs, "seeds better", "paired t"]
@@ -64,24 +49,15 @@ def versus_table(grouped, rows, metrics, first, seeds=False, vs="Δ to CE"):
       if key == "ce":
         cells += [""] * 3
       else:
-        cells += metric_cells(runs, grouped["ce"], metric)
+        cells += paired_cells(runs, grouped["ce"], metric)
     body.append(cells)
   return table(head, body)
 
 
 def reading(grouped, metrics, methods, labels):
-  """Plain statements computed from the numbers (no adjectives chosen).
-
-  Args:
-    grouped: {method: {seed: run}}; ``'ce'`` is the reference.
-    metrics: the `stats.Metric`s read.
-    methods: the methods in table order.
-    labels: {method: its name in the text}.
-
-  Returns:
-    Markdown list lines: per metric, the ranking by mean over seeds, then
-    each method's paired difference to CE with its verdict.
-  """
+  """Markdown list lines computed from the numbers: per metric, the
+  ranking of ``methods`` by mean over seeds, then each one's paired
+  difference to CE and its `verdict` (``labels``: their names)."""
   lines = []
   reference = grouped.get("ce", {})
   present = [m for m in methods if m in grouped]
@@ -102,31 +78,40 @@ def reading(grouped, metrics, methods, labels):
       d = stats.paired(grouped[method], reference, metric, scale, higher)
       if d is None or np.isnan(d["p"]):
         continue
-      direction = "better" if (d["mean"] > 0) == higher else "worse"
-      verdict = (
-          f"{direction} than CE at p = {d['p']:.3f}"
-          if d["p"] < 0.05
-          else f"not distinguishable from CE (p = {d['p']:.2f})"
-      )
       lines.append(
           f"  - {labels[method]}: {d['mean']:+.2f} on {name}, better on "
-          f"{d['better']}/{d['n']} seeds: {verdict}."
+          f"{d['better']}/{d['n']} seeds: {verdict(d, higher, '_vs_ce')}."
       )
   return lines
 
 
+def kind(d) -> str:
+  """How a paired difference (`stats.paired`) stands: ``untestable`` (one
+  seed), ``unanimous`` (p < 0.05 and every seed on the mean's side),
+  ``significant`` (p < 0.05) or ``noise``."""
+  if d["n"] < 2:
+    return "untestable"
+  if d["p"] < 0.05:
+    return "unanimous" if d["better"] in (0, d["n"]) else "significant"
+  return "noise"
+
+
+def verdict(d, higher=True, style="") -> str:
+  """A paired difference in words: `tables.md`'s section
+  ``verdict{style}_{kind}``, ``direction`` better, worse or level."""
+  direction = "better" if (d["mean"] > 0) == higher else "worse"
+  return prose.text(
+      __file__,
+      f"verdict{style}_{kind(d)}",
+      direction="level" if d["mean"] == 0 else direction,
+      p=d["p"],
+      p_text="-" if np.isnan(d["p"]) else f"{d['p']:.3f}",
+  )
+
+
 def values_table(grouped, rows, columns, first="method"):
-  """Mean ± sd over seeds of each row's runs in each column.
-
-  Args:
-    grouped: {key: {seed: run}}.
-    rows: (key, label) pairs; keys not in ``grouped`` are left out.
-    columns: the `stats.Metric` columns.
-    first: the header of the label column.
-
-  Returns:
-    Markdown table lines: label, number of seeds, then ``mean ± sd``.
-  """
+  """Mean ± sd over seeds of each row's runs (those in ``grouped``) in
+  each column, after the label (``first`` heads it) and the seeds."""
   body = []
   for key, label in rows:
     if key not in grouped:
@@ -147,19 +132,8 @@ def fmt_metric(runs, metric):
 
 
 def paired_table(grouped, rows, reference_key, metrics):
-  """Each row's runs against ``grouped[reference_key]``, seed by seed.
-
-  Args:
-    grouped: {key: {seed: run}}.
-    rows: (key, label) pairs; keys not in ``grouped``, and the reference,
-      are left out.
-    reference_key: the runs compared with.
-    metrics: the `stats.Metric`s compared.
-
-  Returns:
-    Markdown table lines: per metric ``Δ ± sd``, seeds better and the
-    paired t-test (:func:`paired_cells`).
-  """
+  """Each row's runs (but the reference's) against
+  ``grouped[reference_key]``, seed by seed: `paired_cells` per metric."""
   head = ["", "seeds"]
   for metric in metrics:
     head += [f"Δ {metric.name}", "seeds better", "paired t"]
@@ -171,6 +145,6 @@ def paired_table(grouped, rows, reference_key, metrics):
     runs = grouped[key]
     cells = [label, str(len(set(runs) & set(reference)))]
     for metric in metrics:
-      cells += metric_cells(runs, reference, metric)
+      cells += paired_cells(runs, reference, metric)
     body.append(cells)
   return table(head, body)

@@ -14,6 +14,7 @@ import ml_collections
 import pytest
 from scipy import stats
 
+from experiments import tables
 from experiments.arithmetic_mix import answers
 from experiments.arithmetic_mix import digits_report as dr
 from train.tasks import arithmetic_mix as task
@@ -454,12 +455,12 @@ def test_command_line_without_the_data(tmp_path):
 
 def test_verdict_significant_on_average_but_not_every_seed():
   d = dict(mean=-13.28, n=5, better=1, p=0.024)
-  assert dr._verdict(d) == (
+  assert tables.verdict(d) == (
       "worse on average (p = 0.024), but not on every seed"
   )
   assert not dr.beats(d) and not dr.beyond_noise(d)
   unanimous = dict(mean=-7.75, n=5, better=0, p=0.0004)
-  assert dr._verdict(unanimous) == (
+  assert tables.verdict(unanimous) == (
       "worse, beyond seed noise (p = 0.000, every seed)"
   )
 

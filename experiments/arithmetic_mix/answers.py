@@ -35,6 +35,12 @@ def answer_digits(answer: str) -> int:
   return sum(c.isdigit() for c in answer.strip())
 
 
+def digit_range(problems) -> dict:
+  """The answers' digits: dict(median, low, high)."""
+  digits = [answer_digits(a) for _, a in problems]
+  return dict(median=np.median(digits), low=min(digits), high=max(digits))
+
+
 def digits_bucket(answer: str) -> str:
   """The answer-length column of an answer: ``'<=3'``, ``'4'``..``'8'``,
   ``'>=9'``."""
@@ -110,30 +116,16 @@ def is_exact(prediction: str, answer: str) -> bool:
 
 
 def score(predictions, problems) -> dict:
-  """Exact match, within 1%, mean log10 error and unparsed count.
-
-  Args:
-    predictions: predicted answer strings, in test order.
-    problems: (question, answer) pairs, in the same order.
-
-  Returns:
-    dict(exact_match, within_1_percent, log_error, unparsed): rates over all
-    problems (an unparseable prediction is wrong and not within 1%); the
-    log error is the mean over the predictions that parse (nan if none),
-    ``unparsed`` counts the others.
-  """
-  errors = [log10_error(p, a) for p, (_, a) in zip(predictions, problems)]
-  parsed = [e for e in errors if e is not None]
+  """dict(exact_match, within_1_percent, log_error, unparsed) of
+  ``predictions`` against (question, answer) ``problems`` in the same order:
+  rates over all problems (an unparseable prediction is wrong), the mean
+  log10 error of those that parse (nan if none), and how many do not."""
+  pairs = [(p, a) for p, (_, a) in zip(predictions, problems)]
+  parsed = [e for e in (log10_error(*pair) for pair in pairs) if e is not None]
   n = len(problems)
   return dict(
-      exact_match=sum(
-          is_exact(p, a) for p, (_, a) in zip(predictions, problems)
-      )
-      / n,
-      within_1_percent=sum(
-          within_1_percent(p, a) for p, (_, a) in zip(predictions, problems)
-      )
-      / n,
+      exact_match=sum(is_exact(*pair) for pair in pairs) / n,
+      within_1_percent=sum(within_1_percent(*pair) for pair in pairs) / n,
       log_error=float(np.mean(parsed)) if parsed else float("nan"),
       unparsed=n - len(parsed),
   )
@@ -248,26 +240,11 @@ def prepared_configs(pattern, seen) -> list[str]:
 
 
 def read_test_problems(data_dir, pattern, seen, kept):
-  """(problems, source) of a prepared test split, or of the report's copy.
-
-  Reading prepared data writes or refreshes its copy under ``kept``, so that
-  a report regenerated where the data is not prepared (a fresh clone,
-  another machine) renders the same breakdowns from the same problems
-  instead of leaving them out. The runs' own dataset comes first, prepared
-  or kept, then any prepared one, then any copy. A copy is checked like the
-  data: the breakdowns need every run's stored predictions to reproduce its
-  recorded exact match against it.
-
-  Args:
-    data_dir: the prepared data.
-    pattern: the dataset folders under ``data_dir`` that would do (a glob).
-    seen: the problems each run read (its dataset's training size).
-    kept: the folder of the copies (`kept_problems_dir`), one a dataset.
-
-  Returns:
-    The (question, answer) pairs in the order the runs were scored and the
-    dataset's path under ``data_dir``; (None, None) where none is there.
-  """
+  """(problems, source) of a prepared test split (a ``pattern`` glob under
+  ``data_dir``), or of the report's copy under ``kept``; (None, None) where
+  none is there. Reading prepared data refreshes its copy, so a fresh clone
+  renders the same breakdowns. The runs' own dataset (``seen`` problems)
+  comes first, prepared or kept, then any prepared one, then any copy."""
   copies = sorted(
       os.path.basename(path)[: -len(".json")]
       for path in glob.glob(

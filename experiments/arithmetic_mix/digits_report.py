@@ -2,28 +2,15 @@ r"""The digits grid's report: digits/results.json -> digits/results.md, plots.
 
   python -m experiments.arithmetic_mix.report --profile=digits
 
-The grid (``run.py --profile=digits``): ``arithmetic__add_or_sub`` at its
-easy difficulty, the ``small`` model trained from scratch, each generated
-training problem read once, 5 seeds of every method, of the digit-weighted
-CE control, of each NTIL ablation and of NTIL's peers DEL and SMMD: 55
-cells (the 3,200-step grid: the first 45), and CE, EMD and NTIL on numbers
-in tokens of 1-3 digits (15 more). Any subset of them renders; the report
-says which are there.
-
-Every figure comes from the records: the final metrics and learning curves
-they hold, and their stored predictions (the test split's order). The
-breakdowns by answer digits, operation and decimals also need the test
-problems themselves (questions and answers are not in the records), read
-from the prepared data (``--data_dir``). The report keeps a copy of them
-beside results.json (``test_problems/``, `answers.read_test_problems`), so
-that it renders whole again where the data is not prepared; without either,
-or if a run's stored predictions do not reproduce its recorded exact match
-against them, those breakdowns are left out and the report says so.
-
-Paired comparisons use `experiments.stats.paired`: the same seed means the
-same initialisation and data order, so run - reference on each seed, the
-seeds where the run is better, and a two-sided paired t-test
-(``scipy.stats.ttest_rel``), shown only with at least 2 paired seeds.
+The grid (``run.py --profile=digits``): ``arithmetic__add_or_sub`` (easy),
+the ``small`` model from scratch, each training problem read once, 5 seeds
+of every method, the digit-weighted CE control, each NTIL ablation, NTIL's
+peers and CE, EMD and NTIL on numbers in tokens of 1-3 digits; any subset
+renders. Figures come from the records; the breakdowns by answer digits,
+operation and decimals also need the test problems (`answers.load`: the
+prepared data, or the copy kept beside results.json), and are left out,
+saying so, without them or where a run's stored predictions do not
+reproduce its recorded exact match. Paired comparisons: `stats.paired`.
 """
 
 import collections
@@ -130,14 +117,10 @@ def label(key) -> str:
 
 
 def run_view(run, problems, early=EARLY_STEP, breakdowns=None) -> dict:
-  """The run's figures for the tables, ``dict(run, ...)`` with:
-
-  em_end, em_early (step ``early``), within_1_percent, log_error,
-  unparsed, from_predictions (whether the figures and breakdowns were
-  computed from the stored predictions against ``problems``), and
-  ``breakdowns``: {name: {bucket: rate}} (empty without problems), over
-  ``breakdowns`` (`answers.BREAKDOWNS` if None).
-  """
+  """``dict(run, ...)`` with the tables' fields (`VALUES`, ``unparsed``),
+  recomputed from the stored predictions against ``problems`` where they
+  reproduce the recorded exact match (``from_predictions``), and
+  ``breakdowns``: {name: {bucket: rate}} (`answers.BREAKDOWNS` if None)."""
   view = dict(
       run,
       em_end=run["exact_match"],
@@ -198,24 +181,21 @@ def control_keys(grouped):
   return [CONTROL] if CONTROL in grouped else []
 
 
-def paired_cells(runs, reference, key, scale, digits, higher):
-  """``Δ ± sd``, ``better/n``, ``p``; three '-' below 2 paired seeds."""
+def paired_cells(runs, reference, metric):
+  """``Δ ± sd``, ``better/n``, ``p`` of a `stats.Metric`; three '-' below 2
+  paired seeds."""
+  key, _, scale, digits, higher = metric
   d = stats.paired(runs or {}, reference or {}, key, scale, higher)
   if d is None or d["n"] < 2:
     return ["-"] * 3
   p = "-" if np.isnan(d["p"]) else f"{d['p']:.3f}"
-  return [
-      f"{d['mean']:+.{digits}f} ± {d['std']:.{digits}f}",
-      f"{d['better']}/{d['n']}",
-      p,
-  ]
+  mean_sd = f"{d['mean']:+.{digits}f} ± {d['std']:.{digits}f}"
+  return [mean_sd, f"{d['better']}/{d['n']}", p]
 
 
 def beyond_noise(d) -> bool:
   """p < 0.05 and every paired seed (at least 2) on the mean's side."""
-  if d is None or d["n"] < 2 or np.isnan(d["p"]) or d["p"] >= 0.05:
-    return False
-  return d["better"] in (0, d["n"])
+  return d is not None and tables.kind(d) == "unanimous"
 
 
 def is_better(d, higher_better=True) -> bool:
@@ -261,13 +241,7 @@ def paired_table(comparisons, early) -> list[str]:
   """
   rows = [
       [row_label]
-      + [
-          cell
-          for m in PAIRED
-          for cell in paired_cells(
-              runs, reference, m.field, m.scale, m.digits, m.higher
-          )
-      ]
+      + [cell for m in PAIRED for cell in paired_cells(runs, reference, m)]
       for row_label, runs, reference in comparisons
       if runs and reference and set(runs) & set(reference)
   ]
@@ -291,19 +265,10 @@ def paired_vs_ce(grouped, keys, early) -> list[str]:
   )
 
 
-def breakdown_counts(problems, key) -> dict:
-  counts = collections.Counter()
-  for question, answer in problems:
-    bucket = key(question, answer)
-    if bucket is not None:
-      counts[bucket] += 1
-  return counts
-
-
 def breakdown_table(grouped, keys, problems, name, key, order) -> list[str]:
   """Exact match (%) per bucket, mean over seeds; then each run - CE,
   paired by seed."""
-  counts = breakdown_counts(problems, key)
+  counts = collections.Counter(key(q, a) for q, a in problems)
   buckets = [b for b in order if counts[b]]
   head = ["run", "seeds"] + [f"{b} (n={counts[b]})" for b in buckets]
   rows = []
@@ -488,13 +453,10 @@ def regime(grouped, early, problems=None, source="") -> list[str]:
   seen = first.get("problems_seen", first["steps"] * first["batch_size"])
   test_answers = ""
   if problems:
-    digits = [answers.answer_digits(a) for _, a in problems]
     test_answers = prose.text(
         __file__,
         "answers",
-        median=np.median(digits),
-        low=min(digits),
-        high=max(digits),
+        **answers.digit_range(problems),
         decimals=100 * np.mean([answers.has_decimals(a) for _, a in problems]),
     )
   # The test split is the same for every training size: only the runs' own
@@ -550,20 +512,6 @@ def _seeds(n) -> str:
   return f"{n} seed" if n == 1 else f"{n} seeds"
 
 
-def _verdict(d, higher_better=True) -> str:
-  direction = "better" if is_better(d, higher_better) else "worse"
-  if d["mean"] == 0:
-    direction = "level"
-  if d["n"] < 2:
-    return f"{direction} on the one paired seed, untestable"
-  if beyond_noise(d):
-    return f"{direction}, beyond seed noise (p = {d['p']:.3f}, every seed)"
-  if d["p"] < 0.05:  # significant on average, but a seed goes the other way
-    return f"{direction} on average (p = {d['p']:.3f}), but not on every seed"
-  p = "-" if np.isnan(d["p"]) else f"{d['p']:.3f}"
-  return f"{direction} on average but within seed noise (p = {p})"
-
-
 def reading(grouped, early, seeds=len(SEEDS), breakdowns=None) -> list[str]:
   """Statements computed from the numbers: rankings, paired verdicts,
   where NTIL does not beat CE, the control and the ablations.
@@ -596,7 +544,7 @@ def reading(grouped, early, seeds=len(SEEDS), breakdowns=None) -> list[str]:
     if d is not None:
       lines.append(
           f"- {text}, exact match at the end: {d['mean']:+.2f} points, "
-          f"better on {d['better']}/{d['n']} seeds: {_verdict(d)}."
+          f"better on {d['better']}/{d['n']} seeds: {tables.verdict(d)}."
       )
     return d
 
@@ -708,17 +656,9 @@ def device_check(runs, other) -> list[str]:
 def write_report(
     runs, problems, out_dir, problems_source="", profile="digits", other=()
 ):
-  """Writes results.md and plots/ under ``out_dir``.
-
-  Args:
-    runs: the digits grid's records (any subset of the grid's cells).
-    problems: the test split's (question, answer) pairs in order, or None.
-    out_dir: where results.md and plots/ go.
-    problems_source: where the problems came from, for the text.
-    profile: the grid's profile (``PROFILES``), for the text.
-    other: records of other runs of the same cells (another device), for
-      the reproducibility check.
-  """
+  """Writes results.md and plots/ under ``out_dir`` from the grid's
+  ``runs``, the test ``problems`` ((question, answer) pairs, or None) and
+  ``other`` runs of the same cells (another device)."""
   early = early_step(runs)
   grouped = group_runs(runs, problems, early)
   plot_dir = os.path.join(out_dir, "plots")
@@ -821,14 +761,9 @@ def compared(name, grouped, keys, comparisons, early, **values) -> list[str]:
 
 
 def chunk_section(grouped, early, elsewhere=None) -> list[str]:
-  """The same problems with numbers in tokens of 1-3 digits (Llama 3's
-  split, ``--config.digit_chunks``): each method against itself on single
-  digits, and NTIL and EMD against CE within chunks, paired by seed.
-
-  ``elsewhere``: the grouped runs of the report's other results (another
-  device); their chunk cells are shown apart, beside that device's
-  single-digit cells.
-  """
+  """Numbers in tokens of 1-3 digits (``--config.digit_chunks``): each
+  method against itself on single digits, NTIL and EMD against CE in
+  chunks; ``elsewhere``'s (another device's) chunk cells apart."""
   keys = [m + CHUNKS for m in CHUNK_METHODS if m + CHUNKS in grouped]
   apart = _chunks_elsewhere(elsewhere or {}, early)
   heading = "Numbers in tokens of 1-3 digits"
@@ -890,19 +825,9 @@ def prepare_command(runs, data_dir="data") -> str:
 
 
 def main(results, out_dir, data_dir, profile="digits", other_results=()):
-  """Reads ``results``, finds the test problems, writes the report.
-
-  Args:
-    results: the grid's results file.
-    out_dir: where results.md and plots/ go.
-    data_dir: the prepared data (for the test problems).
-    profile: the grid's profile, for the text.
-    other_results: results files of the same cells run elsewhere (another
-      device), compared where a config hash matches; missing files skipped.
-
-  Returns:
-    The path of the written results.md.
-  """
+  """Writes the report of ``results`` (test problems from ``data_dir``,
+  the same cells run elsewhere from ``other_results`` where they exist);
+  the path of results.md."""
   runs = report_engine.load(results)
   other = []
   for path in other_results:

@@ -3,17 +3,11 @@ r"""The pretrained-LLM grid's report: llm/<snapshot>/results.json -> results.md.
   python -m experiments.arithmetic_mix.report --profile=llm \
       [--snapshot=SmolLM2-135M-Instruct] [--data_dir=data]
 
-The grid (``run.py --profile=llm --pretrained=SNAPSHOT``, once per
-``--dataset``): the snapshot's zero-shot score, then CE, EMD, NTL-MSE, soft
-labels and NTIL fine-tuned per seed, every training problem read once. One
-results.json holds both datasets (``add_or_sub``: multi-digit answers;
-``arithmetic_mix``: the paper's Table 3 data); the report gives each its
-section: the zero-shot row, the fine-tuned table, paired differences vs CE
-(same seed: same data order), breakdowns of exact match and a reading
-computed from the numbers. Any subset of the cells renders.
-
-The tables and the reading are `digits_report`'s (the from-scratch grid's
-report), so both grids are read by the same definitions.
+The grid (``run.py --profile=llm --pretrained=SNAPSHOT``, per
+``--dataset``): the snapshot's zero-shot score, then each loss fine-tuned
+per seed, every training problem read once. Each dataset of results.json
+gets its section, from `digits_report`'s tables and reading, so both grids
+are read by the same definitions; any subset of the cells renders.
 """
 
 import math
@@ -115,29 +109,14 @@ def setup_lines(tuned, grouped, problems, source) -> list[str]:
       eval_steps=", ".join(str(s) for s in dr.eval_steps(grouped)),
   )
   if problems:
-    digits = [answers.answer_digits(a) for _, a in problems]
-    lines += prose.section(
-        __file__,
-        "answers",
-        median=np.median(digits),
-        low=min(digits),
-        high=max(digits),
-        source=source,
-    )
+    ranged = answers.digit_range(problems)
+    lines += prose.section(__file__, "answers", **ranged, source=source)
   return lines + hardware_lines(tuned)
 
 
-def _duration(seconds) -> str:
-  return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} minutes"
-
-
 def hardware_lines(tuned) -> list[str]:
-  """Each device's cells and speed; the paired seeds run on two devices.
-
-  A grid may be finished on other hardware than it began on (a GPU lent to
-  one session): a pair across devices differs in the arithmetic as well as
-  in the loss, so the report names such pairs.
-  """
+  """Each device's cells and speed; the pairs whose seeds ran on two
+  devices (they differ in the arithmetic as well as in the loss)."""
   devices = {}
   for r in tuned:
     devices.setdefault((r.get("device", "?"), r.get("host", "?")), []).append(r)
@@ -147,6 +126,7 @@ def hardware_lines(tuned) -> list[str]:
     walls = [r["wall_seconds"] for r in runs if r.get("wall_seconds")]
     if not speeds:
       continue
+    wall = np.median(walls)
     lines += prose.section(
         __file__,
         "hardware",
@@ -155,7 +135,7 @@ def hardware_lines(tuned) -> list[str]:
         host=host,
         speed=np.median(speeds),
         step=1 / np.median(speeds),
-        wall=_duration(np.median(walls)),
+        wall=f"{wall:.0f} s" if wall < 120 else f"{wall / 60:.0f} minutes",
     )
   ce = {r["seed"]: r.get("device") for r in tuned if r["method"] == "ce"}
   mixed = sorted(
@@ -255,17 +235,9 @@ def write_report(
 ) -> str:
   """Writes results.md and plots/ under ``out_dir``; returns results.md.
 
-  Args:
-    runs: the grid's records (any datasets, any subset of cells).
-    problems: {dataset: the test split's (question, answer) pairs in the
-      order the runs were scored, or None}.
-    out_dir: where results.md and plots/ go.
-    sources: {dataset: where the problems came from}, for the text.
-    other: records of the same cells run elsewhere (another device), for
-      the section that compares the two runs of each.
-    hints: {dataset: the command that prepares its test problems}, for the
-      text where they are missing.
-  """
+  ``problems``, ``sources`` and ``hints`` are per dataset: its test split
+  ((question, answer) pairs, or None), where it came from, and the command
+  that prepares it; ``other``, the same cells run on another device."""
   sources, hints = sources or {}, hints or {}
   plot_dir = os.path.join(out_dir, "plots")
   os.makedirs(plot_dir, exist_ok=True)
@@ -292,12 +264,8 @@ def write_report(
 
 
 def main(results, out_dir, data_dir, other_results=()) -> str:
-  """Reads ``results``, finds each dataset's test problems, writes the
-  report; returns the path of results.md.
-
-  ``other_results``: results files of the same cells run elsewhere (another
-  device); those that exist are compared cell by cell.
-  """
+  """Writes the report of ``results`` (and of ``other_results``, the same
+  cells on another device, where they exist); the path of results.md."""
   runs = report_engine.load(results)
   problems, sources, hints = {}, {}, {}
   for dataset, (zero, tuned) in split_runs(runs).items():

@@ -149,19 +149,16 @@ def reading(main):
     stderr = np.sqrt(
         sum(means[m][1] ** 2 / len(main[m]) for m in ("ntil", "ce"))
     )
-    if np.isnan(stderr):
-      verdict = "too few seeds to judge."
-    elif abs(gap) <= 2 * stderr:
-      verdict = (
-          f"within two standard errors ({2 * stderr:.2f}): this grid "
-          "cannot tell them apart."
-      )
-    else:
-      verdict = (
-          f"beyond two standard errors ({2 * stderr:.2f}): NTIL does "
-          f"{'better' if gap > 0 else 'worse'} here."
-      )
-    versus.append(f"- NTIL minus CE: {gap:+.2f} points, {verdict}")
+    kind = "untestable" if np.isnan(stderr) else "noise"
+    if abs(gap) > 2 * stderr:
+      kind = "beyond"
+    versus += prose.section(
+        __file__,
+        f"gap_{kind}",
+        gap=gap,
+        twice=2 * stderr,
+        direction="better" if gap > 0 else "worse",
+    )
   if "ntil" in means:
     better = [LABELS[m] for m in means if means[m][0] > means["ntil"][0]]
     if better:
@@ -192,23 +189,11 @@ def reading(main):
 
 def ablation_rows(runs, main):
   """(label, runs) of NTIL on seed 0 and of each recorded variant."""
-  rows = [
-      (
-          "NTIL (all on, seed 0)",
-          [r for r in main.get("ntil", []) if r["seed"] == 0],
-      )
-  ]
+  ntil = [r for r in main.get("ntil", []) if r["seed"] == 0]
+  rows = [("NTIL (all on, seed 0)", ntil)]
   for group, prefix, label in VARIANTS:
-    rows.append(
-        (
-            label,
-            [
-                r
-                for r in runs
-                if r["group"] == group and r["name"].startswith(prefix + "-")
-            ],
-        )
-    )
+    named = [r for r in runs if r["name"].startswith(prefix + "-")]
+    rows.append((label, [r for r in named if r["group"] == group]))
   return [(label, cells) for label, cells in rows if cells]
 
 
@@ -269,40 +254,29 @@ def write_report(runs, out_dir):
 
 def main(argv):
   del argv
+  # The llm and digits grids compare their cells with the same ones run on
+  # the CPU (results_cpu.json), where some were first run.
   if FLAGS.profile == "llm":
     results = FLAGS.results or os.path.join(
         llm_report.HERE, FLAGS.snapshot, "results.json"
     )
-    path = llm_report.main(
-        results,
-        FLAGS.out_dir,
-        FLAGS.data_dir,
-        # The same cells on the CPU, where some were first run.
-        [os.path.join(os.path.dirname(results), "results_cpu.json")],
-    )
-    common.note_failures(results, path)
-    print(f"wrote {path} and plots/")
-    return
-  if FLAGS.profile in digits_report.PROFILES:
+    cpu = os.path.join(os.path.dirname(results), "results_cpu.json")
+    path = llm_report.main(results, FLAGS.out_dir, FLAGS.data_dir, [cpu])
+  elif FLAGS.profile in digits_report.PROFILES:
     name, folder = digits_report.PROFILES[FLAGS.profile]
     results = FLAGS.results or os.path.join(digits_report.HERE, name)
+    out_dir = FLAGS.out_dir or os.path.join(digits_report.HERE, folder)
+    cpu = os.path.join(digits_report.HERE, "results_cpu.json")
     path = digits_report.main(
-        results,
-        FLAGS.out_dir or os.path.join(digits_report.HERE, folder),
-        FLAGS.data_dir,
-        FLAGS.profile,
-        # The same cells on the CPU, where some were first run.
-        [os.path.join(digits_report.HERE, "results_cpu.json")],
+        results, out_dir, FLAGS.data_dir, FLAGS.profile, [cpu]
     )
-    common.note_failures(results, path)
-    print(f"wrote {path} and plots/")
-    return
-  results = FLAGS.results or os.path.join(HERE, "results.json")
-  out_dir = FLAGS.out_dir or HERE
-  runs = report_engine.load(results)
-  write_report(runs, out_dir)
-  common.note_failures(results, os.path.join(out_dir, "results.md"))
-  print(f"wrote {os.path.join(out_dir, 'results.md')} and plots/")
+  else:
+    results = FLAGS.results or os.path.join(HERE, "results.json")
+    out_dir = FLAGS.out_dir or HERE
+    write_report(report_engine.load(results), out_dir)
+    path = os.path.join(out_dir, "results.md")
+  common.note_failures(results, path)
+  print(f"wrote {path} and plots/")
 
 
 if __name__ == "__main__":

@@ -2,15 +2,12 @@ r"""results.json -> results.md and plots. Every number comes from results.json.
 
   python -m experiments.clock_time.report
 
-Per method: mean ± sd over seeds; per method and variant: the paired
-difference to its reference (CE for the main grid and the controls, the main
-NTIL runs for the ablations and sweeps) on the seeds both have, with how
-many seeds it is better on and a paired t-test.
+A `report_engine.Spec` (its metrics, variants) and the clock task's own
+sections: budgets, time-gap bins, convergence, predictions.
 """
 
 import os
 
-from absl import flags
 import numpy as np
 
 from configs import clock_time
@@ -28,7 +25,6 @@ from train import plots
 from train.tasks import clock_time as task
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-FLAGS = flags.FLAGS
 Metric = stats_lib.Metric
 
 
@@ -93,10 +89,6 @@ def regime_of(run) -> str:
   return EARLY
 
 
-def recorded_methods(runs):
-  return regimes.recorded_methods(METHODS, runs, clock_time.METHODS)
-
-
 def group_runs(runs, regime=EARLY):
   """{variant or method: {seed: run}} of one regime.
 
@@ -141,13 +133,6 @@ GAP_BINS = (
     (51, 70, "51-70 min (an hour)"),
     (71, 360, "71+ min or unreadable"),
 )
-
-
-def test_labels(grouped):
-  """The test split's labels, rendered again (deterministic for seed 0)."""
-  run = next(iter(next(iter(grouped.values())).values()))
-  size = run["num_test_examples"]
-  return [label for _, label in task.generate_clocks("test", size, 0)]
 
 
 def gaps(run, labels):
@@ -214,28 +199,25 @@ def hour_slips(grouped, labels):
 
 
 def plot_predictions(grouped, path, title, count=18):
-  """Test clocks with CE's and NTIL's seed-0 predictions side by side.
+  """Test clocks with CE's and NTIL's seed-0 predictions side by side
+  (`report_engine.predictions`)."""
 
-  Shows first the clocks where the two disagree, then others, in test order.
-  """
-  ce, ntil = grouped.get("ce", {}).get(0), grouped.get("ntil", {}).get(0)
-  if not ce or not ntil:
-    return None
-  settings = grid.PROFILES[ce["profile"]]
-  clocks = list(task.generate_clocks("test", settings["test_size"], 0))
-  chosen, differ = report_engine.differ_first(ce, ntil, count)
-  plots.plot_clock_predictions(
-      [clocks[i][0] for i in chosen],
-      [clocks[i][1] for i in chosen],
-      {
-          "CE": [ce["predictions"][i] for i in chosen],
-          "NTIL": [ntil["predictions"][i] for i in chosen],
-      },
-      path,
-      title=f"{title}: test clocks, seed 0 (x: wrong); the first ones are "
-      "those where CE and NTIL disagree",
-  )
-  return differ
+  def draw(ce, ntil, chosen):
+    size = grid.PROFILES[ce["profile"]]["test_size"]
+    clocks = list(task.generate_clocks("test", size, 0))
+    plots.plot_clock_predictions(
+        [clocks[i][0] for i in chosen],
+        [clocks[i][1] for i in chosen],
+        {
+            "CE": [ce["predictions"][i] for i in chosen],
+            "NTIL": [ntil["predictions"][i] for i in chosen],
+        },
+        path,
+        title=f"{title}: test clocks, seed 0 (x: wrong); the first ones are "
+        "those where CE and NTIL disagree",
+    )
+
+  return report_engine.predictions(grouped, count, draw)
 
 
 def ce_budget_sentence(grouped):
@@ -269,37 +251,21 @@ CONVERGED_COLUMNS = (
 
 
 def regime_table(groupings, columns, rows):
-  """Per row and column: mean ± sd, and Δ to CE on the same seeds.
-
-  Args:
-    groupings: {regime: grouped runs}.
-    columns: `EARLY_COLUMNS` or `CONVERGED_COLUMNS`.
-    rows: (key, label) pairs.
-  """
+  """Per row and column (`EARLY_COLUMNS`, `CONVERGED_COLUMNS`): mean ± sd,
+  and Δ to CE on the same seeds (`regimes.value_and_delta`)."""
   head = [""]
   for column, _ in columns:
     head += [column.name, "Δ vs CE (seeds better, p)"]
   body = []
   for key, row_label in rows:
     cells = [row_label]
-    for (metric, _, scale, digits, higher), regime in columns:
+    for metric, regime in columns:
       grouped = groupings[regime]
-      runs = grouped.get(key, {})
-      values = [scale * stats_lib.value(r, metric) for r in runs.values()]
-      values = [v for v in values if np.isfinite(v)]
-      cells.append(stats_lib.fmt(values, digits) if values else "–")
-      d = (
-          stats_lib.paired(runs, grouped.get("ce", {}), metric, scale, higher)
-          if key != "ce"
-          else None
+      reference = None if key == "ce" else grouped.get("ce", {})
+      text, delta = regimes.value_and_delta(
+          grouped.get(key, {}), reference, metric
       )
-      if d is None:
-        cells.append("")
-      else:
-        p_value = "" if np.isnan(d["p"]) else f", p = {d['p']:.3f}"
-        cells.append(
-            f"{d['mean']:+.{digits}f} ({d['better']}/{d['n']}{p_value})"
-        )
+      cells += [text, f"{delta[0]} ({delta[1]})" if delta else ""]
     body.append(cells)
   return tables.table(head, body)
 
@@ -311,15 +277,10 @@ def convergence_lines(converged):
     return ["No converged runs recorded yet."]
   gains = []
   for seed in sorted(ce):
-    steps, values = (
-        ce[seed]["curves"][k] for k in ("eval_steps", "exact_match")
-    )
-    quarter = min(
-        range(len(steps)), key=lambda i: abs(steps[i] - 0.75 * steps[-1])
-    )
-    gains.append(
-        (seed, steps[quarter], 100 * values[quarter], 100 * values[-1])
-    )
+    curves = ce[seed]["curves"]
+    steps, values = curves["eval_steps"], curves["exact_match"]
+    i = int(np.argmin(np.abs(np.array(steps) - 0.75 * steps[-1])))
+    gains.append((seed, steps[i], 100 * values[i], 100 * values[-1]))
   lines = prose.section(
       __file__,
       "convergence_ce",
@@ -370,82 +331,79 @@ def regime_sections(grouped, title, out_dir, suffix, labels):
   """Main table, paired differences, error anatomy and controls of one
   regime; writes its plots. Returns the markdown lines."""
   plot = os.path.join(out_dir, "plots", "{}" + suffix + ".png").format
-  SPEC.seed_bars(grouped, plot("main"), f"clock_time, {title}")
-  SPEC.paired_dots(
-      grouped,
-      [*METHODS] + [k for k in VARIANT_LABELS if k not in (*LONG, *CHECKS)],
-      plot("paired"),
-      title,
-  )
+  keys = [*METHODS] + [k for k in VARIANT_LABELS if k not in (*LONG, *CHECKS)]
+  blocks = SPEC.section(grouped, plot, title, keys, f"clock_time, {title}")
   return prose.section(
       __file__,
       "regime",
       title=title,
       suffix=suffix,
       gaps=gap_table(grouped, labels),
-      **SPEC.blocks(grouped),
+      **blocks,
   ) + [""]
 
 
 def stream_section(fixed, streamed, out_dir) -> list[str]:
   """Fixed set vs stream at both budgets: tables, plots, seed counts."""
-  lines = prose.section(
+
+  def budgets(_, section):
+    lines = []
+    for budget, suffix in ((EARLY, "_600"), (CONVERGED, "")):
+      steps = sorted(
+          {
+              r["steps"]
+              for r in streamed
+              if regime_of(r) == budget and r["variant"] not in CHECKS
+          }
+      )
+      if not steps:
+        lines += prose.section(__file__, "no_stream", budget=budget) + [""]
+        continue
+      title = f"{', '.join(f'{n:,}' for n in steps)} steps"
+      lines += section(
+          title,
+          regimes.by_regime(
+              fixed, streamed, lambda runs, b=budget: group_runs(runs, b)
+          ),
+          "exact_match",
+          f"regimes_paired{suffix}.png",
+          f"clocks, {title}: paired Δ exact match vs CE",
+      )
+    return lines
+
+  intro = prose.section(
       __file__, "stream", train_size=grid.PROFILES["cpu"]["train_size"]
-  ) + [""]
-  if not streamed:
-    return lines + ["No streamed run recorded yet.", ""]
-  rows = regimes.rows(
-      LABELS, VARIANT_LABELS, recorded_methods(fixed + streamed)
   )
-  for budget, suffix in ((EARLY, "_600"), (CONVERGED, "")):
-    groupings = {
-        common.FIXED: group_runs(fixed, budget),
-        common.STREAM: group_runs(streamed, budget),
-    }
-    steps = sorted(
-        {
-            r["steps"]
-            for r in streamed
-            if regime_of(r) == budget and r["variant"] not in CHECKS
-        }
-    )
-    if not steps:
-      lines += [f"### {budget}", "", "No streamed run at this budget yet.", ""]
-      continue
-    title = f"{', '.join(f'{n:,}' for n in steps)} steps"
-    lines += regimes.budget_section(
-        title,
-        groupings,
-        rows,
-        "exact_match",
-        out_dir,
-        f"regimes_paired{suffix}.png",
-        f"clocks, {title}: paired Δ exact match vs CE",
-    )
-  return lines
+  return regimes.stream_section(
+      intro, fixed, streamed, METHODS, clock_time.METHODS, budgets, out_dir
+  )
 
 
 def write_report(runs, out_dir, discussion=None):
-  # The prepared-train-split runs make the main report; streamed ones
-  # (regime "stream") are set beside them in their own section.
-  runs, streamed = report_engine.split_regimes(runs)
+  """Writes results.md and the plots; the path of results.md."""
+
+  def sections(runs, streamed):  # all in the Markdown's report section
+    return report_fields(runs, streamed, out_dir), []
+
+  hand = [(report_engine.DISCUSSION, discussion)]
+  return report_engine.task_report(__file__, runs, out_dir, sections, hand)
+
+
+def report_fields(runs, streamed, out_dir):
+  """The fields of the Markdown's ``report`` section; draws its plots."""
   early = group_runs(runs, EARLY)
   converged = group_runs(runs, CONVERGED)
   groupings = {EARLY: early, CONVERGED: converged}
-  os.makedirs(os.path.join(out_dir, "plots"), exist_ok=True)
   # The curves and predictions of the longest regime recorded.
   latest = converged if converged.get("ce") else early
+  mark = min((r["steps"] for r in runs if regime_of(r) == EARLY), default=0)
   figures.mean_curves(
       {m: latest[m] for m in METHODS if m in latest},
       METHODS,
       PAIRED,
       os.path.join(out_dir, "plots", "curves.png"),
       label,
-      mark_step=min(
-          (r["steps"] for r in runs if regime_of(r) == EARLY), default=None
-      )
-      if latest is converged
-      else None,
+      mark_step=mark if latest is converged else None,
       log_scale=("mean_time_gap_minutes",),
   )
   disagreements = plot_predictions(
@@ -454,29 +412,21 @@ def write_report(runs, out_dir, discussion=None):
       "converged" if latest is converged else "600 steps",
   )
   any_run = runs[0]
-  labels = test_labels(early or converged)
+  # The test split's labels, rendered again (deterministic for seed 0).
+  clocks = task.generate_clocks("test", runs[0]["num_test_examples"], 0)
+  labels = [label for _, label in clocks]
   steps, seconds = {}, {}
   for regime in (EARLY, CONVERGED):
     of_regime = [r for r in runs if regime_of(r) == regime]
-    steps[regime] = ", ".join(
-        str(n)
-        for n in sorted(
-            {
-                r["steps"]
-                for r in of_regime
-                if r["variant"] in ("main", CONVERGED)
-            }
-        )
-    )
+    main = {
+        r["steps"] for r in of_regime if r["variant"] in ("main", CONVERGED)
+    }
+    steps[regime] = ", ".join(map(str, sorted(main)))
     seconds[regime] = np.median([r["wall_seconds"] for r in of_regime] or [0])
-  rows = SPEC.rows([*recorded_methods(runs), *CONTROLS])
+  recorded = regimes.recorded_methods(METHODS, runs, clock_time.METHODS)
+  rows = SPEC.rows([*recorded, *CONTROLS])
   tuned = ("exp_off", "rel_off", "mag_off", *VARIANT_LABELS_SWEEP)
-  lines = prose.section(
-      __file__,
-      "report",
-      runs=len(runs),
-      device=any_run["device"],
-      model=any_run["model"],
+  return dict(
       train_size=grid.PROFILES[any_run["profile"]]["train_size"],
       batch_size=any_run["batch_size"],
       test_size=any_run["num_test_examples"],
@@ -505,19 +455,12 @@ def write_report(runs, out_dir, discussion=None):
       ),
       long_paired=SPEC.paired_table(early, ["ntil_2x_steps"], "ce_2x_steps"),
       stream=stream_section(runs, streamed, out_dir),
-  ) + [""]
-  lines += report_engine.hand_written(
-      [("Discussion (written by hand from the numbers above)", discussion)]
   )
-  return report_engine.write(out_dir, lines)
 
 
 def main(argv):
   del argv
-  runs = common.load_results(FLAGS.results)
-  path = write_report(runs, FLAGS.out_dir, FLAGS.discussion)
-  common.note_failures(FLAGS.results, path)
-  print(path)
+  report_engine.main(write_report)
 
 
 if __name__ == "__main__":

@@ -2,12 +2,9 @@ r"""results.json -> results.md and plots. Every number comes from results.json.
 
   python -m experiments.grounding.report
 
-One section per task in the results (``grounding``, ``grounding_single``,
-``grounding_multi``). Per method: mean ± sd over seeds; per method and
-variant: the paired difference to its reference (CE for the main grid and
-the controls, the main NTIL runs for the ablations) on the seeds both have,
-with how many seeds it is better on and a paired t-test. The test scenes are
-rendered again (deterministic for seed 0) to say where each miss went.
+A section per task in the results, from its `report_engine.Spec`, with the
+task's own: early training, where the misses went (the test scenes rendered
+again), predictions and the stream.
 """
 
 import os
@@ -114,6 +111,12 @@ def variant_table(task, grouped, keys):
   return spec(task).variant_table(grouped, keys, metrics)
 
 
+# How close the streamed boxes are at the end of the budget, where Acc@0.5
+# is at its ceiling.
+CLOSENESS = (
+    ERROR._replace(digits=3),
+    Metric("coordinate_accuracy", "coordinates exact %"),
+)
 # A streamed headline this high leaves no room to lead: the report adds the
 # exact-box comparison (grounding_single reads about 99% Acc@0.5 streamed).
 CEILING = 0.9
@@ -190,13 +193,6 @@ OUTCOMES = (
 )
 
 
-def test_scenes(task, run):
-  variant = scenes.VARIANTS[task]
-  return list(
-      scenes.generate_scenes(variant, "test", run["num_test_examples"], 0)
-  )
-
-
 def outcome(prediction, scene):
   """Which of `OUTCOMES` a predicted box is, for a single-box scene."""
   box = boxes.parse_box(prediction, scenes.IMAGE_SIZE)
@@ -216,7 +212,7 @@ def outcome(prediction, scene):
   return "near" if overlap > 0 else "elsewhere"
 
 
-def outcome_table(task, grouped, test):
+def outcome_table(grouped, test):
   rows = []
   for method in METHODS:
     if method not in grouped:
@@ -227,55 +223,39 @@ def outcome_table(task, grouped, test):
       shares.append([np.mean([k == key for k in kinds]) for key, _ in OUTCOMES])
     shares = np.mean(shares, axis=0)
     rows.append([LABELS[method]] + [f"{100 * x:.1f}" for x in shares])
-  del task
   return tables.table(["method"] + [name for _, name in OUTCOMES], rows)
 
 
-def readable_measures(test):
-  """Derived metrics on the readable boxes alone (single-box tasks).
-
-  The recorded ``mean_coordinate_error`` counts an unreadable answer as 48 px,
-  so a loss with a few more of them can look worse at locating boxes than it
-  is; these separate the two.
-  """
+def readable_table(grouped, test):
+  """Coordinate error and coordinates within 1 px of the readable boxes
+  alone, against CE: the recorded ``mean_coordinate_error`` counts an
+  unreadable answer as 48 px, so a loss with a few more of them can look
+  worse at locating boxes than it is."""
   targets = [np.array(s.objects[s.targets[0]].box) for s in test]
   cache = {}
 
   def deviations(run):
     key = run["config_hash"]
     if key not in cache:
-      found = []
-      for prediction, target in zip(run["predictions"], targets):
-        box = boxes.parse_box(prediction, scenes.IMAGE_SIZE)
-        if box is not None:
-          found.append(np.abs(np.array(box) - target))
+      found = [
+          boxes.parse_box(p, scenes.IMAGE_SIZE) for p in run["predictions"]
+      ]
+      found = [
+          np.abs(np.array(b) - t)
+          for b, t in zip(found, targets)
+          if b is not None
+      ]
       cache[key] = np.array(found, float).reshape(-1, 4)
     return cache[key]
 
-  return (
-      Metric(
-          lambda run: float(np.mean(deviations(run))),
-          "coordinate error, readable boxes (px)",
-          1,
-          2,
-          False,
-      ),
-      Metric(
-          lambda run: float(np.mean(deviations(run) <= 1)),
-          "coordinates within 1 px %",
-      ),
+  error = lambda run: float(np.mean(deviations(run)))
+  within = lambda run: float(np.mean(deviations(run) <= 1))
+  measures = (
+      Metric(error, "coordinate error, readable boxes (px)", 1, 2, False),
+      Metric(within, "coordinates within 1 px %"),
   )
-
-
-def readable_table(grouped, test):
-  """Absolute values and paired differences to CE of `readable_measures`."""
-  return tables.versus_table(
-      grouped,
-      SINGLE.rows(METHODS),
-      readable_measures(test),
-      "method",
-      seeds=True,
-  )
+  rows = SINGLE.rows(METHODS)
+  return tables.versus_table(grouped, rows, measures, "method", seeds=True)
 
 
 # ----------------------------------------------------------------------------
@@ -284,21 +264,19 @@ def readable_table(grouped, test):
 
 def plot_predictions(task, grouped, test, path, count=16):
   """Test scenes with CE's and NTIL's seed-0 boxes; disagreements first."""
-  ce, ntil = grouped.get("ce", {}).get(0), grouped.get("ntil", {}).get(0)
-  if not ce or not ntil:
-    return None
-  chosen, differ = report_engine.differ_first(ce, ntil, count)
 
   def parse(text):
     return boxes.parse_boxes(text, scenes.IMAGE_SIZE)
 
-  def note(i):
+  def note(i, ce, ntil):
     truth = parse(test[i].answer)
+    found = [
+        (n, parse(r["predictions"][i])) for n, r in (("CE", ce), ("NTIL", ntil))
+    ]
     if is_multi(task):
       return " / ".join(
-          f"{name} {boxes.count_matches(parse(run['predictions'][i]), truth)}"
-          f"/{len(truth)}"
-          for name, run in (("CE", ce), ("NTIL", ntil))
+          f"{name} {boxes.count_matches(box, truth)}/{len(truth)}"
+          for name, box in found
       )
     return " / ".join(
         f"{name} IoU "
@@ -307,25 +285,24 @@ def plot_predictions(task, grouped, test, path, count=16):
             if len(box) == 1 and box[0] is not None
             else "-"
         )
-        for name, box in (
-            ("CE", parse(ce["predictions"][i])),
-            ("NTIL", parse(ntil["predictions"][i])),
-        )
+        for name, box in found
     )
 
-  plots.plot_scene_grid(
-      [test[i].image for i in chosen],
-      [test[i].question for i in chosen],
-      {
-          "truth": [parse(test[i].answer) for i in chosen],
-          "CE": [parse(ce["predictions"][i]) for i in chosen],
-          "NTIL": [parse(ntil["predictions"][i]) for i in chosen],
-      },
-      path,
-      notes=[note(i) for i in chosen],
-      title=f"{task}, seed 0, scenes where CE and NTIL differ first",
-  )
-  return differ
+  def draw(ce, ntil, chosen):
+    plots.plot_scene_grid(
+        [test[i].image for i in chosen],
+        [test[i].question for i in chosen],
+        {
+            "truth": [parse(test[i].answer) for i in chosen],
+            "CE": [parse(ce["predictions"][i]) for i in chosen],
+            "NTIL": [parse(ntil["predictions"][i]) for i in chosen],
+        },
+        path,
+        notes=[note(i, ce, ntil) for i in chosen],
+        title=f"{task}, seed 0, scenes where CE and NTIL differ first",
+    )
+
+  return report_engine.predictions(grouped, count, draw)
 
 
 # ----------------------------------------------------------------------------
@@ -334,19 +311,16 @@ def plot_predictions(task, grouped, test, path, count=16):
 
 def task_section(task, runs, out_dir):
   grouped = stats.group_runs(runs)
-  test = test_scenes(task, runs[0])
+  size = runs[0]["num_test_examples"]  # the test scenes, rendered again
+  test = list(scenes.generate_scenes(scenes.VARIANTS[task], "test", size, 0))
   task_spec = spec(task)
   path = os.path.join(out_dir, "plots", f"{task}_{{}}.png").format
-  task_spec.seed_bars(grouped, path("main"), task, 25)
+  keys, first = [*METHODS, *VARIANT_LABELS], task_spec.paired[:1]
+  blocks = task_spec.section(grouped, path, task, keys, None, first, 25)
   curves = [m for m in task_spec.paired if m.field in grid.CURVE_METRICS[task]]
   figures.mean_curves(grouped, METHODS, curves, path("curves"), label)
-  keys = [*METHODS, *VARIANT_LABELS]
-  task_spec.paired_dots(
-      grouped, keys, path("paired"), task, task_spec.paired[:1]
-  )
   disagreements = plot_predictions(task, grouped, test, path("predictions"))
   any_run = runs[0]
-  blocks = task_spec.blocks(grouped)
   lines = prose.section(
       __file__,
       "task",
@@ -365,7 +339,7 @@ def task_section(task, runs, out_dir):
     lines += prose.section(
         __file__,
         "where",
-        outcomes=outcome_table(task, grouped, test),
+        outcomes=outcome_table(grouped, test),
         readable=readable_table(grouped, test),
     ) + [""]
   if disagreements is not None:
@@ -392,120 +366,79 @@ def task_section(task, runs, out_dir):
 
 def stream_section(fixed, streamed, out_dir) -> list[str]:
   """Fixed set vs stream for each task with streamed runs."""
-  lines = prose.section(__file__, "stream") + [""]
-  if not streamed:
-    return lines + ["No streamed run recorded yet.", ""]
-  rows = regimes.rows(
-      LABELS,
-      VARIANT_LABELS,
-      regimes.recorded_methods(METHODS, fixed + streamed, grounding.METHODS),
-  )
-  for task in grid.METRICS:
-    metric, name = headline(task)
-    train_size = grid.PROFILES["cpu"]["train_size"][task]
-    budgets = sorted({r["steps"] for r in streamed if r["task"] == task})
-    for index, steps in enumerate(budgets):
-      at_budget = [
-          r for r in fixed if r["task"] == task and r["steps"] == steps
-      ]
-      groupings = {
-          common.FIXED: stats.group_runs(at_budget),
-          common.STREAM: stats.group_runs(
-              [r for r in streamed if r["task"] == task and r["steps"] == steps]
-          ),
-      }
-      title = (
-          f"{task}, {steps:,} steps ({name}; fixed set: {train_size:,} scenes)"
-      )
-      plot = f"regimes_paired_{task}.png"
-      if index:  # the longer budgets, streamed only
-        title = f"{task}, {steps:,} steps ({name}; streamed only)"
-        plot = f"regimes_paired_{task}_{steps}.png"
-      lines += regimes.budget_section(
-          title,
-          groupings,
-          rows,
-          metric,
-          out_dir,
-          plot,
-          f"{task}, {steps:,} steps: paired Δ {name} vs CE",
-      )
-      ce = groupings[common.STREAM].get("ce", {})
-      ends = [r["curves"][metric][-1] for r in ce.values()]
-      if ends and np.mean(ends) >= CEILING:
-        # Every loss is at the ceiling: compare where they can differ.
-        lines += [
-            *prose.section(__file__, "ceiling", name=name, ceiling=CEILING),
-            "",
-            *regimes.budget_section(
-                f"{task}, {steps:,} steps (exact box)",
-                groupings,
-                rows,
-                "exact_match",
-                out_dir,
-                plot.replace(".png", "_exact.png"),
-                f"{task}, {steps:,} steps: paired Δ exact box vs CE",
+
+  def budgets(rows, section):
+    lines = []
+    for task in grid.METRICS:
+      metric, name = headline(task)
+      train_size = grid.PROFILES["cpu"]["train_size"][task]
+      budgets = sorted({r["steps"] for r in streamed if r["task"] == task})
+      for index, steps in enumerate(budgets):
+        groupings = regimes.by_regime(
+            fixed,
+            streamed,
+            lambda runs, at=(task, steps): stats.group_runs(
+                [r for r in runs if (r["task"], r["steps"]) == at]
             ),
-            *stream_closeness(groupings[common.STREAM], rows),
-        ]
-  return lines
+        )
+        heading = f"{task}, {steps:,} steps"
+        title = f"{heading} ({name}; fixed set: {train_size:,} scenes)"
+        plot = f"regimes_paired_{task}.png"
+        if index:  # the longer budgets, streamed only
+          title = f"{heading} ({name}; streamed only)"
+          plot = f"regimes_paired_{task}_{steps}.png"
+        lines += section(
+            title, groupings, metric, plot, f"{heading}: paired Δ {name} vs CE"
+        )
+        ce = groupings[common.STREAM].get("ce", {})
+        ends = [r["curves"][metric][-1] for r in ce.values()]
+        if ends and np.mean(ends) >= CEILING:
+          # Every loss is at the ceiling: compare where they can differ.
+          lines += prose.section(
+              __file__, "ceiling", name=name, ceiling=CEILING
+          )
+          lines += [""] + section(
+              f"{heading} (exact box)",
+              groupings,
+              "exact_match",
+              plot.replace(".png", "_exact.png"),
+              f"{heading}: paired Δ exact box vs CE",
+          )
+          # How close the streamed boxes are (an unreadable box: 48 px).
+          close = tables.versus_table(
+              groupings[common.STREAM], rows, CLOSENESS, "loss", vs="Δ vs CE"
+          )
+          lines += [*prose.section(__file__, "closeness"), "", *close, ""]
+    return lines
 
-
-# How close the streamed boxes are at the end of the budget, where Acc@0.5
-# is at its ceiling.
-CLOSENESS = (
-    ERROR._replace(digits=3),
-    Metric("coordinate_accuracy", "coordinates exact %"),
-)
-
-
-def stream_closeness(grouped, rows) -> list[str]:
-  """End-of-budget table: how close each loss's streamed boxes are, paired
-  with CE's of the same seed (an unreadable box counts 48 px)."""
-  if "ce" not in grouped:
-    return []
-  return [
-      *prose.section(__file__, "closeness"),
-      "",
-      *tables.versus_table(grouped, rows, CLOSENESS, "loss", vs="Δ vs CE"),
-      "",
-  ]
+  intro = prose.section(__file__, "stream")
+  return regimes.stream_section(
+      intro, fixed, streamed, METHODS, grounding.METHODS, budgets, out_dir
+  )
 
 
 def write_report(runs, out_dir, discussion=None, budget=None):
-  # The prepared-train-split runs make the main report; streamed ones
-  # (regime "stream") are set beside them in their own section.
-  runs, streamed = report_engine.split_regimes(runs)
-  os.makedirs(os.path.join(out_dir, "plots"), exist_ok=True)
-  any_run = runs[0]
-  lines = prose.section(
-      __file__,
-      "report",
-      runs=len(runs),
-      device=any_run["device"],
-      model=any_run["model"],
-  ) + [""]
-  for task in grid.METRICS:
-    task_runs = [r for r in runs if r["task"] == task]
-    if task_runs:
-      lines += task_section(task, task_runs, out_dir)
-  lines += stream_section(runs, streamed, out_dir)
-  lines += prose.section(__file__, "paper") + [""]
-  lines += report_engine.hand_written(
-      [
-          ("Discussion (written by hand from the numbers above)", discussion),
-          ("Budget (pilots, written by hand)", budget),
-      ]
-  )
-  return report_engine.write(out_dir, lines)
+  """Writes results.md and the plots; the path of results.md."""
+
+  def sections(runs, streamed):
+    lines = []
+    for task in grid.METRICS:
+      task_runs = [r for r in runs if r["task"] == task]
+      if task_runs:
+        lines += task_section(task, task_runs, out_dir)
+    lines += stream_section(runs, streamed, out_dir)
+    return {}, lines + prose.section(__file__, "paper") + [""]
+
+  hand = [
+      (report_engine.DISCUSSION, discussion),
+      ("Budget (pilots, written by hand)", budget),
+  ]
+  return report_engine.task_report(__file__, runs, out_dir, sections, hand)
 
 
 def main(argv):
   del argv
-  runs = common.load_results(FLAGS.results)
-  path = write_report(runs, FLAGS.out_dir, FLAGS.discussion, FLAGS.budget)
-  common.note_failures(FLAGS.results, path)
-  print(path)
+  report_engine.main(write_report, FLAGS.budget)
 
 
 if __name__ == "__main__":
