@@ -441,8 +441,8 @@ def scaled_number_sums(terms, factors, layout: NumberLayout) -> tuple:
   """Sums of ``terms * factors`` over each number, one pass for them all.
 
   ``terms``: ``[F, ..., T]`` digit terms; ``factors``: their powers of ten
-  ``10**(place - s)`` (:func:`pow10`). Each sum is valid at its number's last digit
-  (``layout.is_last``), where it is ``sum_i terms_i * 10**(place_i - s)``.
+  ``10**(place - s)`` (:func:`pow10`). Each sum is valid at its number's
+  last digit (``layout.is_last``): ``sum_i terms_i * 10**(place_i - s)``.
   """
   scaled = jnp.where(layout.is_digit, terms * factors, 0.0)
   return segments.segmented_sums(tuple(scaled), layout.first)
