@@ -48,14 +48,19 @@ def _straight_through_digits(digit_logits_, *, tau, key, noise_scale):
 
   The straight-through digit is ``hard + soft - sg(soft)``: the argmax in
   the forward pass (``soft - sg(soft)`` is exactly 0), the gradient of
-  ``soft`` backward. ``hard`` is int32.
+  ``soft`` backward. ``hard`` is int32 (9 where the logits hold a NaN).
   """
   if key is not None:
     gumbel = jax.random.gumbel(key, digit_logits_.shape, jnp.float32)
     digit_logits_ = digit_logits_ + noise_scale * gumbel
-  hard = jnp.argmax(digit_logits_, axis=-1).astype(jnp.int32)
+  # The first maximum (argmax's variadic reduction is a larger program).
+  top = jnp.max(digit_logits_, axis=-1, keepdims=True)
+  hard = jnp.min(jnp.where(digit_logits_ == top, _DIGIT_IDS, 9), axis=-1)
   soft = jax.nn.softmax(digit_logits_ / tau, axis=-1) @ base.DIGITS
   return hard, soft
+
+
+_DIGIT_IDS = np.arange(numbers.NUM_DIGITS, dtype=np.int32)
 
 
 @jax.custom_vjp
@@ -96,8 +101,9 @@ def _deviations_forward(soft_digits, x_digits, layout, comparison):
   x_larger = sign > 0
   big_place = jnp.where(x_larger, x_place, y_place)  # the larger leading one
   small_place = jnp.where(x_larger, y_place, x_place)
-  # X / 10**x_place and Y / 10**y_place: in [1, 10), or below 1 when the
-  # number is (leading places are clamped at 0); |X - Y| / 10**big_place
+  # The larger number at its leading place, B = big / 10**big_place, and the
+  # smaller, S = small / 10**small_place: in [1, 10), or below 1 when the
+  # number is (leading places are clamped at 0); D = |X - Y| / 10**big_place
   # from the digits of |X - Y| (exact integers 0..9), zero when X = Y. With
   # their digits' powers of ten: the "+1" at the larger number's scale and
   # at the smaller one's, and the smaller number at the larger one's scale.
@@ -106,9 +112,8 @@ def _deviations_forward(soft_digits, x_digits, layout, comparison):
       numbers.pow10(
           jnp.stack(
               [
-                  places - x_place,
-                  places - y_place,
                   places - big_place,
+                  places - small_place,
                   -big_place,
                   -small_place,
                   small_place - big_place,
@@ -116,24 +121,27 @@ def _deviations_forward(soft_digits, x_digits, layout, comparison):
           )
       )
   )
-  factors, (offset, small_offset, small_scale) = powers[:3], powers[3:]
-  difference_digits = sign * (x_digits - layout.digit_values) + correction
-  x_own, y_own, difference = numbers.scaled_number_sums(
-      jnp.stack([x_digits, layout.digit_values, difference_digits]).astype(
-          jnp.float32
+  factors, (offset, small_offset, small_scale) = powers[:2], powers[2:]
+  y_digits = layout.digit_values
+  difference_digits = sign * (x_digits - y_digits) + correction
+  big_scale, small_own_scale = factors
+  # Each number's sums, at its last digit (every term is 0 outside numbers).
+  big, small, difference = segments.segmented_sums(
+      (
+          jnp.where(x_larger, x_digits, y_digits) * big_scale,
+          jnp.where(x_larger, y_digits, x_digits) * small_own_scale,
+          difference_digits * big_scale,
       ),
-      factors,
-      layout,
+      layout.first,
   )
-  big = jnp.where(x_larger, x_own, y_own)
-  small = jnp.where(x_larger, y_own, x_own)
   # Unguarded: values away from last digits are masked out, coefficients are
   # only read at them, and a branch's value is only read where it is taken.
   big_plus_one = big + offset
-  relative = difference / big_plus_one
+  by_big = 1.0 / big_plus_one
+  relative = difference * by_big
   small_plus_one = small * small_scale + offset
   close = difference <= small_plus_one
-  ratio = difference / small_plus_one
+  ratio = difference * (1.0 / small_plus_one)
   own_plus_one = small + small_offset
   log_ratio = (
       (big_place - small_place).astype(jnp.float32) * _LN10
@@ -141,9 +149,7 @@ def _deviations_forward(soft_digits, x_digits, layout, comparison):
       - jnp.log(own_plus_one)
   )
   magnitude = jnp.where(close, jnp.log1p(ratio), log_ratio)
-  # Derivatives with respect to |X - Y| / 10**L and to X at its own scale,
-  # the larger number's or the smaller's.
-  by_big = 1.0 / big_plus_one
+  # Derivatives with respect to D and to X at its own scale, B or S.
   by_close_difference = jnp.where(
       close, 1.0 / (small_plus_one + difference), 0.0
   )
@@ -157,8 +163,11 @@ def _deviations_forward(soft_digits, x_digits, layout, comparison):
           jnp.where(x_larger, by_big, -1.0 / own_plus_one),
       ),
   )
-  # d(X / 10**x_place) and d(|X - Y| / 10**L) by each digit of X.
-  slopes = (factors[0], sign.astype(jnp.float32) * factors[2])
+  # d(X / 10**x_place) and d(D) by each digit of X.
+  slopes = (
+      jnp.where(x_larger, factors[0], factors[1]),
+      sign.astype(jnp.float32) * factors[0],
+  )
   last = layout.is_last
   deviations = (base.masked(relative, last), base.masked(magnitude, last))
   # With the deviations, in one kernel (the backward would recompute them).
@@ -208,7 +217,6 @@ def ntil_parts_from_layout(
       digit_logits_, tau=tau, key=key, noise_scale=noise_scale
   )
   hard = jnp.where(layout.is_digit, hard, 0)
-  soft = base.masked(soft, layout.is_digit)
   # The layout's places from the comparison's pass (one pass, not two).
   layout, comparison = numbers.compare_numbers(hard, layout)
   relative, magnitude = _number_deviations(soft, hard, layout, comparison)

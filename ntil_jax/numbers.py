@@ -344,7 +344,7 @@ def _located(layout: NumberLayout, backward=()):
     starts, ends = _runs(is_digit)
     first, last, _, _, extra = _nearest(starts, ends, None, backward)
     point = last + 1
-    digits_right = last - index
+    digits_right = last - index  # also the place: point - index - 1
   else:
     run_first, run_last, before, after, extra = _nearest(
         *_runs(is_digit | candidates), candidates, backward
@@ -382,7 +382,11 @@ def _located(layout: NumberLayout, backward=()):
       starts=starts,
       ends=ends,
       digits_right=jnp.where(is_digit, digits_right, 0),
-      places=jnp.where(is_digit, place_of(index, point), 0),
+      places=jnp.where(
+          is_digit,
+          digits_right if candidates is None else place_of(index, point),
+          0,
+      ),
       first=first,
       last=last,
       point=point,
@@ -435,17 +439,6 @@ def pow10(exponent):
       exponent, -2 * MAX_DECIMAL_EXPONENT, MAX_DECIMAL_EXPONENT
   ).astype(jnp.float32)
   return jnp.exp(capped * _LN10_HIGH) * jnp.exp(capped * _LN10_LOW)
-
-
-def scaled_number_sums(terms, factors, layout: NumberLayout) -> tuple:
-  """Sums of ``terms * factors`` over each number, one pass for them all.
-
-  ``terms``: ``[F, ..., T]`` digit terms; ``factors``: their powers of ten
-  ``10**(place - s)`` (:func:`pow10`). Each sum is valid at its number's
-  last digit (``layout.is_last``): ``sum_i terms_i * 10**(place_i - s)``.
-  """
-  scaled = jnp.where(layout.is_digit, terms * factors, 0.0)
-  return segments.segmented_sums(tuple(scaled), layout.first)
 
 
 class NumberComparison(NamedTuple):
@@ -509,7 +502,10 @@ def compare_numbers(x_digits, layout: NumberLayout):
   x_lead, y_lead, first_difference = (-at_first[..., f] for f in range(3))
 
   def leading_place(lead):
-    place = jnp.maximum(place_of(lead, layout.point), 0)
+    if layout.point_candidates is None:  # no fractional digits
+      place = layout.last - lead
+    else:
+      place = jnp.maximum(place_of(lead, layout.point), 0)
     return jnp.where(lead <= layout.last, place, 0)
 
   def direction(key):

@@ -15,9 +15,10 @@ Everything :mod:`ntil_jax.numbers` computes about the numbers of a row of
   cancellation against them).
 
 The row is cut into blocks of ``b`` positions (about ``sqrt(T)``, at most
-:data:`BLOCK`; :func:`block_size`). A running maximum is one variadic
+:data:`BLOCK`; :func:`block_size`). A running maximum is one masked
 reduction over a constant ``[b, b]`` triangle within each block (every field
-at once) and one over a constant ``[T/b, T/b]`` triangle across blocks. A
+at once, those maximized from the right reversed) and one over a constant
+``[T/b, T/b]`` triangle across blocks. A
 segmented sum is one batched matmul with a ``[b, b]`` mask within each block
 (same segment, at or before the position) and one with a ``[T/b, T/b]`` mask
 carrying each segment's sum over the blocks it crossed. So a scan is the same
@@ -95,26 +96,24 @@ def _unblocked(x: chex.Array, length: int) -> chex.Array:
   return x.reshape(x.shape[:-3] + (num_blocks * block, fields))[..., :length, :]
 
 
-def _masked_max(masks: Sequence[np.ndarray], values: chex.Array) -> chex.Array:
-  """``out[..., i, f] = max_j values[..., j, f]`` over ``masks[f][i, j]``.
+def _running_max(values: chex.Array) -> chex.Array:
+  """Inclusive running maxima from the left of ``values [..., T/b, b, F]``.
 
-  One variadic reduction over the fields (one operand each). XLA:CPU splits
-  a single-operand reduction over more than 32 elements in two (a
-  reduce-window, then a reduce: its TreeReductionRewriter, for the
-  precision of float sums) but not a variadic one, so the maxima stay one
-  op at every block size; XLA:GPU does not split maxima at all.
+  One masked reduction over a constant ``[b, b]`` triangle within the
+  blocks and one over a ``[T/b, T/b]`` triangle across them, every field at
+  once (a trailing axis of each reduction).
   """
-  chosen = tuple(
-      jnp.where(mask, values[..., None, :, f], NO_MAXIMUM)
-      for f, mask in enumerate(masks)
+
+  def masked_max(x, triangle):
+    chosen = jnp.where(triangle[:, :, None], x[..., None, :, :], NO_MAXIMUM)
+    return jnp.max(chosen, axis=-2)
+
+  within = masked_max(values, _triangle(values.shape[-2], False))
+  # Each block's maximum (at its last position), carried to the blocks after.
+  across = masked_max(
+      within[..., -1, :], _triangle(values.shape[-3], False, strict=True)
   )
-  maxes = jax.lax.reduce(
-      chosen,
-      tuple(np.int32(NO_MAXIMUM) for _ in chosen),
-      lambda a, b: tuple(jnp.maximum(x, y) for x, y in zip(a, b)),
-      (chosen[0].ndim - 1,),
-  )
-  return jnp.stack(maxes, -1)
+  return jnp.maximum(within, across[..., None, :])
 
 
 def running_maxes(
@@ -130,34 +129,29 @@ def running_maxes(
   Returns:
     ``(forward maxima, backward maxima)``, tuples of int32 arrays shaped like
     the fields, exact. :data:`NO_MAXIMUM` is the maximum of nothing (fields
-    should hold values above it). All the fields share one reduction within
-    the blocks and one across them, and are computed once (an optimization
-    barrier: XLA would otherwise recompute their last steps inside every op
-    that reads them).
+    should hold values above it). The backward fields run reversed, so that
+    every field shares one reduction within the blocks and one across them;
+    the maxima are computed once (an optimization barrier: XLA would
+    otherwise recompute their last steps inside every op that reads them).
   """
   fields = tuple(forward) + tuple(backward)
-  reverse = (False,) * len(forward) + (True,) * len(backward)
   if not fields:
     return (), ()
   length = fields[0].shape[-1]
   if length == 0:
     zeros = tuple(jnp.zeros(f.shape, jnp.int32) for f in fields)
     return zeros[: len(forward)], zeros[len(forward) :]
-  block = block_size(length)
   values = jnp.stack([jnp.asarray(f).astype(jnp.int32) for f in fields], -1)
-  values = _blocked(values, block, NO_MAXIMUM)
-  within = _masked_max([_triangle(block, r) for r in reverse], values)
-  # Each block's maximum (at its last position in scan order), carried to
-  # the blocks after it in scan order.
-  totals = jnp.stack(
-      [within[..., 0 if r else -1, f] for f, r in enumerate(reverse)], -1
-  )
-  num_blocks = values.shape[-3]
-  across = _masked_max(
-      [_triangle(num_blocks, r, strict=True) for r in reverse], totals
-  )
-  maxes = jnp.maximum(within, across[..., None, :])
-  maxes = jax.lax.optimization_barrier(_unblocked(maxes, length))
+
+  def reverse_backward(x):
+    if not backward:
+      return x
+    split = len(forward)
+    return jnp.concatenate([x[..., :split], x[..., ::-1, split:]], -1)
+
+  values = _blocked(reverse_backward(values), block_size(length), NO_MAXIMUM)
+  maxes = reverse_backward(_unblocked(_running_max(values), length))
+  maxes = jax.lax.optimization_barrier(maxes)
   out = tuple(maxes[..., f] for f in range(len(fields)))
   return out[: len(forward)], out[len(forward) :]
 
