@@ -356,12 +356,12 @@ def _located(layout: NumberLayout, backward=()):
     alone = candidates & (previous < run_first) & (following > run_last)
     has_after, has_before = after <= run_last, before >= run_first
     nearest = jnp.where(has_after, after, jnp.where(has_before, before, index))
-    one = has_after | has_before
-    one &= (
+    some = has_after | has_before
+    one = some & (
         segments.read_at(alone[..., None].astype(jnp.int32), nearest)[..., 0]
         > 0
     )
-    several = (has_after | has_before) & ~one
+    several = some & ~one
     # A candidate that is not a point stands alone, outside numbers.
     rejected = candidates & ~alone
     first = jnp.where(
