@@ -90,7 +90,7 @@ def zero_shot_lines(records, problems) -> list[str]:
   return prose.section(__file__, "zero_shot", rows=rows)
 
 
-def setup_lines(tuned, grouped, problems, source) -> list[str]:
+def setup_lines(tuned, grid, source) -> list[str]:
   """What the fine-tuned cells share: schedule, data, hardware, speed."""
   first = tuned[0]
   seen = first.get("problems_seen", first["steps"] * first["batch_size"])
@@ -106,10 +106,10 @@ def setup_lines(tuned, grouped, problems, source) -> list[str]:
       seen=seen,
       rate=first.get("learning_rate", float("nan")),
       test_size=first["num_test_examples"],
-      eval_steps=", ".join(str(s) for s in dr.eval_steps(grouped)),
+      eval_steps=", ".join(str(s) for s in dr.eval_steps(grid.grouped)),
   )
-  if problems:
-    ranged = answers.digit_range(problems)
+  if grid.problems:
+    ranged = answers.digit_range(grid.problems)
     lines += prose.section(__file__, "answers", **ranged, source=source)
   return lines + hardware_lines(tuned)
 
@@ -152,14 +152,14 @@ def hardware_lines(tuned) -> list[str]:
   return lines
 
 
-def plot_dataset_curves(grouped, zero, path, title):
+def plot_dataset_curves(grid, zero, path, title):
   """Exact match vs step, mean over seeds per method, from the zero-shot
   score at step 0."""
   fig, ax = plt.subplots(figsize=(5.5, 3.4))
   dr.curve_lines(
       ax,
-      grouped,
-      dr.main_keys(grouped),
+      grid.grouped,
+      grid.keys,
       "fine-tuning step (0: zero-shot)",
       [r["exact_match"] for r in zero],
   )
@@ -171,54 +171,45 @@ def plot_dataset_curves(grouped, zero, path, title):
 def dataset_section(dataset, zero, tuned, problems, source, plot_dir, hint=""):
   """The lines of one dataset's section (and its plots, if fine-tuned)."""
   seeds, title = DATASETS.get(dataset, (5, dataset))
-  breakdowns = BREAKDOWNS.get(dataset, answers.BREAKDOWNS[:1])
   lines = [f"## {title}", "", *zero_shot_lines(zero, problems), ""]
   if not tuned:
     return lines + ["Fine-tuned cells: none recorded yet.", ""]
-  early = dr.early_step(tuned)
-  grouped = dr.group_runs(tuned, problems, early, breakdowns)
-  keys = dr.main_keys(grouped)
+  breakdowns = BREAKDOWNS.get(dataset, answers.BREAKDOWNS[:1])
+  grid = dr.Grid(tuned, problems, breakdowns)
   curve = f"{dataset}_exact_match_curve.png"
   paired = f"{dataset}_paired_delta_curve.png"
-  plot_dataset_curves(grouped, zero, os.path.join(plot_dir, curve), title)
-  dr.plot_paired_curves(grouped, os.path.join(plot_dir, paired))
+  plot_dataset_curves(grid, zero, os.path.join(plot_dir, curve), title)
+  dr.plot_paired_curves(grid, os.path.join(plot_dir, paired))
   lines += [
-      *setup_lines(tuned, grouped, problems, source),
+      *setup_lines(tuned, grid, source),
       "",
       *prose.section(
           __file__,
           "tuned",
-          recorded=sum(len(grouped[k]) for k in keys),
+          recorded=sum(len(grid.grouped[k]) for k in grid.keys),
           cells=len(dr.METHODS) * seeds,
           losses=len(dr.METHODS),
           seeds=seeds,
           counts=", ".join(
-              f"{dr.label(m)} {len(grouped.get(m, {}))}" for m in dr.METHODS
+              f"{dr.label(m)} {len(grid.grouped.get(m, {}))}"
+              for m in dr.METHODS
           ),
-          values=dr.values_table(grouped, keys, early),
-          paired=dr.paired_vs_ce(grouped, keys, early),
+          values=grid.values(grid.keys),
+          paired=grid.versus_ce(),
           curve=curve,
           paired_plot=paired,
       ),
       "",
   ]
-  if problems is not None and any(
-      r["from_predictions"] for runs in grouped.values() for r in runs.values()
-  ):
-    lines += dr.breakdown_sections(grouped, keys, problems, breakdowns)
+  if grid.computed:
+    lines += grid.breakdown_sections()
   else:
     if hint:
       hint = f"; prepare them with `{hint}` and run the report again"
     lines += prose.section(
         __file__, "no_breakdowns", source=source, hint=hint
     ) + [""]
-  lines += [
-      "### What it shows",
-      "",
-      *dr.reading(grouped, early, seeds, breakdowns),
-      "",
-  ]
-  return lines
+  return lines + ["### What it shows", "", *grid.reading(seeds), ""]
 
 
 def dataset_dir(dataset, tuned, zero, data_dir):
