@@ -152,22 +152,6 @@ def hardware_lines(tuned) -> list[str]:
   return lines
 
 
-def plot_dataset_curves(grid, zero, path, title):
-  """Exact match vs step, mean over seeds per method, from the zero-shot
-  score at step 0."""
-  fig, ax = plt.subplots(figsize=(5.5, 3.4))
-  dr.curve_lines(
-      ax,
-      grid.grouped,
-      grid.keys,
-      "fine-tuning step (0: zero-shot)",
-      [r["exact_match"] for r in zero],
-  )
-  ax.set_ylabel("test exact match (%, mean over seeds)")
-  ax.set_title("\n".join(textwrap.wrap(title, 70)), fontsize=9)
-  figures.save(fig, path, dpi=90)
-
-
 def dataset_section(dataset, zero, tuned, problems, source, plot_dir, hint=""):
   """The lines of one dataset's section (and its plots, if fine-tuned)."""
   seeds, title = DATASETS.get(dataset, (5, dataset))
@@ -178,7 +162,14 @@ def dataset_section(dataset, zero, tuned, problems, source, plot_dir, hint=""):
   grid = dr.Grid(tuned, problems, breakdowns)
   curve = f"{dataset}_exact_match_curve.png"
   paired = f"{dataset}_paired_delta_curve.png"
-  plot_dataset_curves(grid, zero, os.path.join(plot_dir, curve), title)
+  # Exact match vs step, mean over seeds, from the zero-shot score at step 0.
+  fig, ax = plt.subplots(figsize=(5.5, 3.4))
+  start = [r["exact_match"] for r in zero]
+  step = "fine-tuning step (0: zero-shot)"
+  dr.curve_lines(ax, grid.grouped, grid.keys, step, start)
+  ax.set_ylabel("test exact match (%, mean over seeds)")
+  ax.set_title("\n".join(textwrap.wrap(title, 70)), fontsize=9)
+  figures.save(fig, os.path.join(plot_dir, curve), dpi=90)
   dr.plot_paired_curves(grid, os.path.join(plot_dir, paired))
   lines += [
       *setup_lines(tuned, grid, source),
@@ -212,15 +203,6 @@ def dataset_section(dataset, zero, tuned, problems, source, plot_dir, hint=""):
   return lines + ["### What it shows", "", *grid.reading(seeds), ""]
 
 
-def dataset_dir(dataset, tuned, zero, data_dir):
-  """The prepared data of the dataset's test split (any training size)."""
-  del dataset  # the records name it
-  runs = tuned or zero
-  pattern = answers.dataset_pattern(runs, data_dir)
-  configs = answers.prepared_configs(pattern, runs[0].get("problems_seen"))
-  return (configs[0] if configs else None), pattern
-
-
 def write_report(
     runs, problems, out_dir, sources=None, other=(), hints=None
 ) -> str:
@@ -248,10 +230,7 @@ def write_report(
   check = dr.device_check([r for r in runs if r.get("method")], other)
   if check:
     lines += ["## The same cells on another device", "", *check, ""]
-  path = os.path.join(out_dir, "results.md")
-  with open(path, "w") as f:
-    f.write("\n".join(lines).rstrip("\n") + "\n")
-  return path
+  return report_engine.write(out_dir, ["\n".join(lines).rstrip("\n")], "\n")
 
 
 def main(results, out_dir, data_dir, other_results=()) -> str:
