@@ -85,6 +85,21 @@ def reading(grouped, metrics, methods, labels):
   return lines
 
 
+def shares_table(grouped, rows, head, shares, percent_last=False):
+  """A row per ``(key, label)`` recorded: ``shares(run)``, fractions of a
+  run's test examples, in % and mean over seeds (the last as ``NN%`` with
+  ``percent_last``)."""
+  body = []
+  for key, label in rows:
+    if key in grouped:
+      means = np.mean([shares(r) for r in grouped[key].values()], axis=0)
+      cells = [f"{100 * x:.1f}" for x in means]
+      if percent_last:
+        cells[-1] = f"{100 * means[-1]:.0f}%"
+      body.append([label] + cells)
+  return table(head, body)
+
+
 def kind(d) -> str:
   """How a paired difference (`stats.paired`) stands: ``untestable`` (one
   seed), ``unanimous`` (p < 0.05 and every seed on the mean's side),

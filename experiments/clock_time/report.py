@@ -149,28 +149,18 @@ def gaps(run, labels):
 
 
 def gap_table(grouped, labels):
-  """Where the errors are: % of test clocks per time-gap bin, mean over seeds.
+  """Where the errors are: % of test clocks per time-gap bin, mean over
+  seeds, and the share of the mean gap from clocks 51+ minutes off."""
 
-  Also the share of the mean gap that clocks 51+ minutes off contribute.
-  """
-  head = ["method"] + [name for *_, name in GAP_BINS]
-  rows = []
-  for method in METHODS:
-    if method not in grouped:
-      continue
-    shares, large = [], []
-    for run in grouped[method].values():
-      run_gaps = gaps(run, labels)
-      shares.append(
-          [np.mean((run_gaps >= a) & (run_gaps <= b)) for a, b, _ in GAP_BINS]
-      )
-      large.append(run_gaps[run_gaps >= 51].sum() / max(run_gaps.sum(), 1))
-    rows.append(
-        [LABELS[method]]
-        + [f"{100 * x:.1f}" for x in np.mean(shares, axis=0)]
-        + [f"{100 * np.mean(large):.0f}%"]
-    )
-  lines = tables.table(head + ["share of mean gap from 51+ min"], rows)
+  def shares(run):
+    run_gaps = gaps(run, labels)
+    large = run_gaps[run_gaps >= 51].sum() / max(run_gaps.sum(), 1)
+    bins = [(run_gaps >= a) & (run_gaps <= b) for a, b, _ in GAP_BINS]
+    return [*map(np.mean, bins), large]
+
+  head = ["method", *(name for *_, name in GAP_BINS)]
+  head.append("share of mean gap from 51+ min")
+  lines = tables.shares_table(grouped, SPEC.rows(METHODS), head, shares, True)
   slips = hour_slips(grouped, labels)
   if slips:
     lines += ["", *prose.section(__file__, "slips", **slips)]

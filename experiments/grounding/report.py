@@ -213,17 +213,12 @@ def outcome(prediction, scene):
 
 
 def outcome_table(grouped, test):
-  rows = []
-  for method in METHODS:
-    if method not in grouped:
-      continue
-    shares = []
-    for run in grouped[method].values():
-      kinds = [outcome(p, s) for p, s in zip(run["predictions"], test)]
-      shares.append([np.mean([k == key for k in kinds]) for key, _ in OUTCOMES])
-    shares = np.mean(shares, axis=0)
-    rows.append([LABELS[method]] + [f"{100 * x:.1f}" for x in shares])
-  return tables.table(["method"] + [name for _, name in OUTCOMES], rows)
+  def shares(run):
+    kinds = [outcome(p, s) for p, s in zip(run["predictions"], test)]
+    return [np.mean([k == key for k in kinds]) for key, _ in OUTCOMES]
+
+  head = ["method"] + [name for _, name in OUTCOMES]
+  return tables.shares_table(grouped, SINGLE.rows(METHODS), head, shares)
 
 
 def readable_table(grouped, test):
