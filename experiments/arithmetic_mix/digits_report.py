@@ -181,18 +181,19 @@ def beats(d, higher_better=True) -> bool:
   return beyond_noise(d) and is_better(d, higher_better)
 
 
-def fmt(values, scale, digits) -> str:
-  values = [scale * v for v in values if np.isfinite(v)]
-  return stats.fmt(values, digits) if values else "-"
+def means(runs, metrics) -> list[str]:
+  """Each metric's ``mean ± sd`` over ``runs``' finite values ('-': none)."""
+  cells = []
+  for m in metrics:
+    values = [stats.value(r, m.field) for r in runs]
+    values = [m.scale * v for v in values if np.isfinite(v)]
+    cells.append(stats.fmt(values, m.digits) if values else "-")
+  return cells
 
 
 def bucket_metric(name, bucket):
   """A run's exact match in one bucket of a breakdown (nan if absent)."""
   return lambda run: run["breakdowns"].get(name, {}).get(bucket, np.nan)
-
-
-def with_breakdowns(runs):
-  return {s: r for s, r in runs.items() if r["breakdowns"]}
 
 
 class Grid:
@@ -225,14 +226,9 @@ class Grid:
     for key in self.present(keys):
       runs = self.grouped[key]
       seeds = ",".join(str(s) for s in sorted(runs))
-      rows.append(
-          [label(key), f"{len(runs)} ({seeds})"]
-          + [
-              fmt([r[m.field] for r in runs.values()], m.scale, m.digits)
-              for m in VALUES
-          ]
-          + [str(sum(r["unparsed"] for r in runs.values()))]
-      )
+      unparsed = sum(r["unparsed"] for r in runs.values())
+      cells = means(runs.values(), VALUES)
+      rows.append([label(key), f"{len(runs)} ({seeds})", *cells, str(unparsed)])
     names = [self.named(m).name for m in VALUES]
     return tables.table(["run", "seeds", *names, "unparsed (all seeds)"], rows)
 
@@ -271,41 +267,30 @@ class Grid:
   def breakdown_sections(self) -> list[str]:
     """A ``###`` section a breakdown: exact match (%) per bucket, mean over
     seeds; then each run - CE, paired by seed."""
-    lines = []
-    reference = with_breakdowns(self.grouped.get("ce", {}))
+    lines, ce = [], self.grouped.get("ce", {})
     for name, title, key, order in self.breakdowns:
       counts = collections.Counter(key(q, a) for q, a in self.problems)
-      buckets = [b for b in order if counts[b]]
-      head = ["run", "seeds"] + [f"{b} (n={counts[b]})" for b in buckets]
+      metrics = [
+          Metric(bucket_metric(name, b), f"{b} (n={counts[b]})", 100, 2)
+          for b in order
+          if counts[b]
+      ]
       rows = []
       for k in self.keys:
-        runs = list(with_breakdowns(self.grouped[k]).values())
+        runs = [r for r in self.grouped[k].values() if r["breakdowns"]]
         if runs:
-          rows.append(
-              [label(k), str(len(runs))]
-              + [
-                  fmt(
-                      [r["breakdowns"][name].get(b, np.nan) for r in runs],
-                      100,
-                      2,
-                  )
-                  for b in buckets
-              ]
-          )
-      for k in self.keys:
-        if k == "ce":
-          continue
-        runs = with_breakdowns(self.grouped[k])
+          rows.append([label(k), str(len(runs)), *means(runs, metrics)])
+      for k in (k for k in self.keys if k != "ce"):
         cells = []
-        for b in buckets:
-          d = stats.paired(runs, reference, bucket_metric(name, b), 100.0, True)
+        for m in metrics:
+          d = stats.paired(self.grouped[k], ce, m.field, 100, True)
+          few = d is None or d["n"] < 2
           cells.append(
-              "-"
-              if d is None or d["n"] < 2
-              else f"{d['mean']:+.2f} ({d['better']}/{d['n']})"
+              "-" if few else f"{d['mean']:+.2f} ({d['better']}/{d['n']})"
           )
         if any(c != "-" for c in cells):
-          rows.append([f"{label(k)} − CE, paired Δ (seeds better)", ""] + cells)
+          rows.append([f"{label(k)} − CE, paired Δ (seeds better)", "", *cells])
+      head = ["run", "seeds", *(m.name for m in metrics)]
       lines += [f"### {title}", "", *tables.table(head, rows), ""]
     return lines
 
@@ -381,28 +366,21 @@ class Grid:
       return ["- NTIL vs CE: no seed has both yet."]
     ntil, ce = self.grouped["ntil"], self.grouped["ce"]
     behind, within, ahead = [], [], []
-
-    def sort(d, text, higher):
-      if beats(d, higher):
-        ahead.append(text)
-      elif is_better(d, higher):
-        within.append(text)
-      else:
-        behind.append(text)
-
-    for key, name, scale, digits, higher in map(self.named, PAIRED):
+    buckets = [
+        Metric(bucket_metric(n, b), f"{answers.BREAKDOWN_NAMES[n]} {b}", 100, 2)
+        for n, _, _, order in self.breakdowns
+        for b in order
+    ]
+    metrics = [*map(self.named, PAIRED), *buckets]
+    for key, name, scale, digits, higher in metrics:
       d = stats.paired(ntil, ce, key, scale, higher)
       if d is not None:
         unit = " pts" if scale == 100 else ""
-        name = name.replace(" (pts)", "")
-        sort(d, f"{name} ({d['mean']:+.{digits}f}{unit})", higher)
-    ntil_b, ce_b = with_breakdowns(ntil), with_breakdowns(ce)
-    for name, _, _, order in self.breakdowns:
-      for b in order:
-        d = stats.paired(ntil_b, ce_b, bucket_metric(name, b), 100, True)
-        if d is not None:
-          text = f"{answers.BREAKDOWN_NAMES[name]} {b} ({d['mean']:+.2f} pts)"
-          sort(d, text, True)
+        text = f"{name.replace(' (pts)', '')} ({d['mean']:+.{digits}f}{unit})"
+        if beats(d, higher):
+          ahead.append(text)
+        else:
+          (within if is_better(d, higher) else behind).append(text)
     tested = len(behind) + len(within) + len(ahead)
     return prose.section(
         __file__,
