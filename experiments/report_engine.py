@@ -169,6 +169,16 @@ def main(write_report, *extra) -> None:
   print(path)
 
 
+def run(here, write_report, **more) -> None:
+  """Runs a task report as a command: its flags (`common.define_report_flags`
+  and ``more``, name: (default, help), `main`'s ``extra``), then `main`."""
+  common.define_report_flags(here)
+  for name, (default, text) in more.items():
+    flags.DEFINE_string(name, default, text)
+  values = lambda: [FLAGS[name].value for name in more]
+  common.run_main(lambda argv: main(write_report, *values()))
+
+
 def write(out_dir, lines, end="") -> str:
   """Writes ``lines`` (and ``end``) to ``out_dir/results.md``; its path."""
   path = os.path.join(out_dir, "results.md")

@@ -12,7 +12,6 @@ import numpy as np
 
 from configs import clock_time
 from configs import common as config_common
-from experiments import common
 from experiments import figures
 from experiments import labels
 from experiments import prose
@@ -26,11 +25,6 @@ from train.tasks import clock_time as task
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 Metric = stats_lib.Metric
-
-
-def define_flags():
-  """The command's flags (`common.define_report_flags`)."""
-  common.define_report_flags(HERE)
 
 
 # The five losses of every grid, then NTIL's peers (their own groups, run by
@@ -448,11 +442,5 @@ def report_fields(runs, streamed, out_dir):
   )
 
 
-def main(argv):
-  del argv
-  report_engine.main(write_report)
-
-
 if __name__ == "__main__":
-  define_flags()
-  common.run_main(main)
+  report_engine.run(HERE, write_report)

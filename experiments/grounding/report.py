@@ -9,7 +9,6 @@ again), predictions and the stream.
 
 import os
 
-from absl import flags
 import numpy as np
 
 from configs import common as config_common
@@ -28,19 +27,7 @@ from train.tasks import boxes
 from train.tasks import grounding_scenes as scenes
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-FLAGS = flags.FLAGS
 Metric = stats.Metric
-
-
-def define_flags():
-  """The command's flags (`common.define_report_flags` and the budget)."""
-  common.define_report_flags(HERE)
-  flags.DEFINE_string(
-      "budget",
-      os.path.join(HERE, "budget.md"),
-      "Hand-written record of the pilots that chose the budget, appended if "
-      "it exists.",
-  )
 
 
 # The five losses of every grid, then NTIL's peers (their own groups, run by
@@ -431,11 +418,7 @@ def write_report(runs, out_dir, discussion=None, budget=None):
   return report_engine.task_report(__file__, runs, out_dir, sections, hand)
 
 
-def main(argv):
-  del argv
-  report_engine.main(write_report, FLAGS.budget)
-
-
 if __name__ == "__main__":
-  define_flags()
-  common.run_main(main)
+  budget = "Hand-written record of the pilots that chose the budget, appended"
+  budget = (os.path.join(HERE, "budget.md"), budget + " if it exists.")
+  report_engine.run(HERE, write_report, budget=budget)
