@@ -244,11 +244,7 @@ def regime_table(groupings, columns, rows):
   for key, row_label in rows:
     cells = [row_label]
     for metric, regime in columns:
-      grouped = groupings[regime]
-      reference = None if key == "ce" else grouped.get("ce", {})
-      text, delta = regimes.value_and_delta(
-          grouped.get(key, {}), reference, metric
-      )
+      text, delta = regimes.value_and_delta(groupings[regime], key, metric)
       cells += [text, f"{delta[0]} ({delta[1]})" if delta else ""]
     body.append(cells)
   return tables.table(head, body)
