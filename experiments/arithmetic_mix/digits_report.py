@@ -147,14 +147,6 @@ def run_view(run, problems, early, breakdowns) -> dict:
   return view
 
 
-def early_step(runs) -> int:
-  """`EARLY_STEP`, or the first eval step of runs that lack it (smoke)."""
-  steps = sorted({s for r in runs for s in r["curves"]["eval_steps"]})
-  if EARLY_STEP in steps or not steps:
-    return EARLY_STEP
-  return steps[0]
-
-
 def paired_cells(runs, reference, metric):
   """``Δ ± sd``, ``better/n``, ``p`` of a `stats.Metric`; three '-' below 2
   paired seeds."""
@@ -204,7 +196,10 @@ class Grid:
   stored predictions."""
 
   def __init__(self, runs, problems, breakdowns=answers.BREAKDOWNS, early=None):
-    self.early = early or early_step(runs)
+    # `EARLY_STEP`, or the first eval step of runs that lack it (smoke).
+    steps = sorted({s for r in runs for s in r["curves"]["eval_steps"]})
+    first = EARLY_STEP if EARLY_STEP in steps or not steps else steps[0]
+    self.early = early or first
     self.problems, self.breakdowns = problems, breakdowns
     view = lambda run: run_view(run, problems, self.early, breakdowns)
     self.grouped = dict(stats.group_runs(runs, cell_key, view))
@@ -611,7 +606,7 @@ def write_report(
 ):
   """Writes results.md and plots/ under ``out_dir`` from the grid's
   ``runs``, the test ``problems`` ((question, answer) pairs, or None) and
-  ``other`` runs of the same cells (another device)."""
+  ``other`` runs of the same cells (another device); its path."""
   grid = Grid(runs, problems)
   grouped = grid.grouped
   plot_dir = os.path.join(out_dir, "plots")
@@ -670,7 +665,7 @@ def write_report(
   check = device_check(runs, other)
   if check:
     lines += ["", "## The same cells on another device", "", *check]
-  report_engine.write(out_dir, lines, end="\n")
+  return report_engine.write(out_dir, lines, end="\n")
 
 
 def part(heading, lines, missing="Not run yet.") -> list[str]:
@@ -730,9 +725,7 @@ def main(results, out_dir, data_dir, profile="digits", other_results=()):
   the path of results.md."""
   runs = report_engine.load(results)
   other = [r for path in other_results for r in common.load_results(path)]
-  problems, source = answers.load(runs, data_dir, results, DATA)
-  if problems is None:
-    answers.warn_missing(source, prepare_command(runs, data_dir))
+  seen = runs[0]["steps"] * runs[0]["batch_size"]
+  problems, source, _ = answers.load(runs, data_dir, results, DATA, seen)
   os.makedirs(out_dir, exist_ok=True)
-  write_report(runs, problems, out_dir, source, profile, other)
-  return os.path.join(out_dir, "results.md")
+  return write_report(runs, problems, out_dir, source, profile, other)

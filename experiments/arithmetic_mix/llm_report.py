@@ -239,12 +239,8 @@ def main(results, out_dir, data_dir, other_results=()) -> str:
   runs = report_engine.load(results)
   problems, sources, hints = {}, {}, {}
   for dataset, (zero, tuned) in split_runs(runs).items():
-    problems[dataset], sources[dataset] = answers.load(
-        tuned or zero, data_dir, results
-    )
-    if problems[dataset] is None:
-      hints[dataset] = answers.prepare_command(tuned or zero, data_dir)
-      answers.warn_missing(sources[dataset], hints[dataset], dataset)
+    loaded = answers.load(tuned or zero, data_dir, results, dataset=dataset)
+    problems[dataset], sources[dataset], hints[dataset] = loaded
   other = [r for path in other_results for r in common.load_results(path)]
   return write_report(
       runs,
