@@ -100,16 +100,12 @@ def value_and_delta(grouped, key, metric):
   runs = grouped.get(key, {})
   reference = None if key == "ce" else grouped.get("ce", {})
   read, _, scale, digits, higher = metric
-  values = [scale * stats.value(r, read) for r in runs.values()]
-  values = [v for v in values if np.isfinite(v)]
-  if not values:
-    return "–", None
+  text = tables.fmt_metric(runs.values(), metric)
   d = reference and stats.paired(runs, reference, read, scale, higher)
-  if not d:  # no reference (CE's own row), or no seed in common
-    return stats.fmt(values, digits), None
+  if text == "–" or not d:  # no value, reference (CE's row) or common seed
+    return text, None
   p = "" if np.isnan(d["p"]) else f", p = {d['p']:.3f}"
-  counts = f"{d['better']}/{d['n']}{p}"
-  return stats.fmt(values, digits), (f"{d['mean']:+.{digits}f}", counts)
+  return text, (f"{d['mean']:+.{digits}f}", f"{d['better']}/{d['n']}{p}")
 
 
 def side_by_side(groupings, rows, metric, *, scale=100, digits=1, higher=True):

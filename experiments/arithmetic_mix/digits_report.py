@@ -147,18 +147,6 @@ def run_view(run, problems, early, breakdowns) -> dict:
   return view
 
 
-def paired_cells(runs, reference, metric):
-  """``Δ ± sd``, ``better/n``, ``p`` of a `stats.Metric`; three '-' below 2
-  paired seeds."""
-  key, _, scale, digits, higher = metric
-  d = stats.paired(runs, reference, key, scale, higher)
-  if d is None or d["n"] < 2:
-    return ["-"] * 3
-  p = "-" if np.isnan(d["p"]) else f"{d['p']:.3f}"
-  mean_sd = f"{d['mean']:+.{digits}f} ± {d['std']:.{digits}f}"
-  return [mean_sd, f"{d['better']}/{d['n']}", p]
-
-
 def beyond_noise(d) -> bool:
   """p < 0.05 and every paired seed (at least 2) on the mean's side."""
   return d is not None and tables.kind(d) == "unanimous"
@@ -174,13 +162,7 @@ def beats(d, higher_better=True) -> bool:
 
 
 def means(runs, metrics) -> list[str]:
-  """Each metric's ``mean ± sd`` over ``runs``' finite values ('-': none)."""
-  cells = []
-  for m in metrics:
-    values = [stats.value(r, m.field) for r in runs]
-    values = [m.scale * v for v in values if np.isfinite(v)]
-    cells.append(stats.fmt(values, m.digits) if values else "-")
-  return cells
+  return [tables.fmt_metric(runs, m, "-") for m in metrics]
 
 
 def bucket_metric(name, bucket):
@@ -229,14 +211,18 @@ class Grid:
 
   def paired(self, pairs) -> list[str]:
     """Per ``(key, reference[, the reference's name])`` with a paired seed:
-    `paired_cells` of each `PAIRED` metric."""
+    `tables.paired_cells` (short) of each `PAIRED` metric."""
     rows = []
     for key, ref, *name in pairs:
       runs, reference = self.grouped.get(key), self.grouped.get(ref)
       if runs and reference and set(runs) & set(reference):
         rows.append(
             [f"{label(key)} − {name[0] if name else label(ref)}"]
-            + [c for m in PAIRED for c in paired_cells(runs, reference, m)]
+            + [
+                c
+                for m in PAIRED
+                for c in tables.paired_cells(runs, reference, m, True)
+            ]
         )
     if not rows:
       return ["No seed paired yet."]
