@@ -513,24 +513,18 @@ def regime(grid, source="") -> list[str]:
   # dataset (as many problems as they read) names how many it held.
   once = "once_counted" if answers.train_size(source) == seen else "once"
   steps = eval_steps(grouped)
-  return prose.section(
-      __file__,
-      "regime",
+  fields = dict(
+      first,  # its model, steps, batch_size, num_test_examples, device, host
       module=data.get("module", "?"),
       difficulty=data.get("difficulty", "?"),
       answers=test_answers,
-      model=first["model"],
-      steps=first["steps"],
-      batch_size=first["batch_size"],
       seen=seen,
       once=prose.text(__file__, once, seen=seen),
       eval_steps=", ".join(str(s) for s in steps),
       ce_rise=ce_rise(grouped.get("ce", {}), steps),
-      test_size=first["num_test_examples"],
-      device=first["device"],
-      host=first["host"],
       early=grid.early,
   )
+  return prose.section(__file__, "regime", **fields)
 
 
 def ce_rise(ce, steps) -> list[str]:

@@ -97,17 +97,14 @@ def setup_lines(tuned, grid, source) -> list[str]:
   # The llm grid generates as many training problems as a run reads (each
   # seen once); the test split's dataset may be another size's (the split
   # does not depend on it), which says nothing of the runs' own.
-  lines = prose.section(
-      __file__,
-      "setup",
+  fields = dict(
+      first,  # its steps, batch_size and num_test_examples
       snapshot=first.get("snapshot", "?"),
-      steps=first["steps"],
-      batch_size=first["batch_size"],
       seen=seen,
       rate=first.get("learning_rate", float("nan")),
-      test_size=first["num_test_examples"],
       eval_steps=", ".join(str(s) for s in dr.eval_steps(grid.grouped)),
   )
+  lines = prose.section(__file__, "setup", **fields)
   if grid.problems:
     ranged = answers.digit_range(grid.problems)
     lines += prose.section(__file__, "answers", **ranged, source=source)

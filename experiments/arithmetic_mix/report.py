@@ -211,7 +211,6 @@ def write_report(runs, out_dir):
   )
   plot_curves(main, os.path.join(plot_dir, "curves.png"))
   plot_by_length(main, os.path.join(plot_dir, "by_answer_length.png"))
-  first = runs[0]
   # Minutes include the three evaluations; runs that shared the machine with
   # other jobs took longer.
   main_rows = [
@@ -222,19 +221,10 @@ def write_report(runs, out_dir):
       f"{np.mean([r['wall_seconds'] for r in method_runs]) / 60:.1f} |"
       for method, method_runs in main.items()
   ]
-  lines = prose.section(
-      __file__,
-      "report",
-      profile=first["profile"],
-      model=first["model"],
-      steps=first["steps"],
-      batch_size=first["batch_size"],
-      test_size=first["num_test_examples"],
-      device=first["device"],
-      host=first["host"],
-      main_rows=main_rows,
-      reading=reading(main),
-  ) + [""]
+  # The set-up from the first record: profile, model, steps, batch_size,
+  # num_test_examples, device and host.
+  fields = dict(runs[0], main_rows=main_rows, reading=reading(main))
+  lines = prose.section(__file__, "report", **fields) + [""]
   rows = ablation_rows(runs, main)
   if rows:
     lines += prose.section(

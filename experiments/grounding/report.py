@@ -303,20 +303,18 @@ def task_section(task, runs, out_dir):
   figures.mean_curves(grouped, METHODS, curves, path("curves"), label)
   disagreements = plot_predictions(task, grouped, test, path("predictions"))
   any_run = runs[0]
-  lines = prose.section(
-      __file__,
-      "task",
+  fields = dict(
+      any_run,  # its steps, batch_size and num_test_examples
       title=TASK_TITLES[task],
       task=task,
       runs=len(runs),
-      steps=any_run["steps"],
-      batch_size=any_run["batch_size"],
       train_size=grid.PROFILES[any_run["profile"]]["train_size"][task],
-      test_size=any_run["num_test_examples"],
       seconds=np.median([r["wall_seconds"] for r in runs]),
       ce_budget=ce_budget_sentence(task, grouped),
       **blocks,
-  ) + ["", *early_table(task, grouped)]
+  )
+  lines = prose.section(__file__, "task", **fields)
+  lines += ["", *early_table(task, grouped)]
   if not is_multi(task):
     lines += prose.section(
         __file__,
