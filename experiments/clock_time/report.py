@@ -11,7 +11,6 @@ import os
 import numpy as np
 
 from configs import clock_time
-from configs import common as config_common
 from experiments import figures
 from experiments import labels
 from experiments import prose
@@ -27,9 +26,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 Metric = stats_lib.Metric
 
 
-# The five losses of every grid, then NTIL's peers (their own groups, run by
-# name): a peer's rows appear once it has a record.
-METHODS = clock_time.METHODS + config_common.PEER_METHODS
+METHODS = report_engine.METHODS
 LABELS = labels.LABELS
 VARIANT_LABELS = {
     **labels.VARIANT_LABELS,
@@ -48,7 +45,6 @@ CONTROLS = labels.CONTROLS
 EXACT = Metric("exact_match", "exact match %")
 GAP = Metric("mean_time_gap_minutes", "mean gap (min)", 1, 2, False)
 SPEC = report_engine.Spec(
-    methods=METHODS,
     columns=(
         EXACT,
         GAP,

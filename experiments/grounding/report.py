@@ -11,7 +11,6 @@ import os
 
 import numpy as np
 
-from configs import common as config_common
 from configs import grounding
 from experiments import common
 from experiments import figures
@@ -30,9 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 Metric = stats.Metric
 
 
-# The five losses of every grid, then NTIL's peers (their own groups, run by
-# name): a peer's rows appear once it has a record.
-METHODS = grounding.METHODS + config_common.PEER_METHODS
+METHODS = report_engine.METHODS
 LABELS = labels.LABELS
 VARIANT_LABELS = labels.VARIANT_LABELS
 TASK_TITLES = {
@@ -48,7 +45,6 @@ EXACT = Metric("exact_match", "exact %")
 ERROR = Metric("mean_coordinate_error", "coordinate error (px)", 1, 2, False)
 # The metrics of each kind of task: its main table's, and those it pairs.
 SINGLE = report_engine.Spec(
-    methods=METHODS,
     columns=(
         Metric("acc_at_50", "Acc@0.5 %"),
         Metric("acc_at_75", "Acc@0.75 %"),
@@ -66,7 +62,6 @@ SINGLE = report_engine.Spec(
     ),
 )
 MULTI = report_engine.Spec(
-    methods=METHODS,
     columns=(
         Metric("f1_at_50", "F1@0.5 %"),
         Metric("precision_at_50", "precision %"),
