@@ -27,7 +27,6 @@ Metric = stats_lib.Metric
 
 
 METHODS = report_engine.METHODS
-LABELS = labels.LABELS
 VARIANT_LABELS = {
     **labels.VARIANT_LABELS,
     "sigma=0.1": "NTIL, sigma = 0.1",
@@ -279,7 +278,7 @@ def convergence_lines(converged):
           __file__,
           "convergence_check",
           steps=check[pairs[0]]["steps"],
-          label=LABELS[method],
+          label=label(method),
           pairs="; ".join(
               f"seed {s}: {100 * base[s]['exact_match']:.1f}% -> "
               f"{100 * check[s]['exact_match']:.1f}% "

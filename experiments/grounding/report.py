@@ -30,8 +30,6 @@ Metric = stats.Metric
 
 
 METHODS = report_engine.METHODS
-LABELS = labels.LABELS
-VARIANT_LABELS = labels.VARIANT_LABELS
 TASK_TITLES = {
     "grounding": "grounding: the box of the object a query names (2-4 "
     "objects; the paper's Table 1)",
@@ -292,7 +290,7 @@ def task_section(task, runs, out_dir):
   test = list(scenes.generate_scenes(scenes.VARIANTS[task], "test", size, 0))
   task_spec = spec(task)
   path = os.path.join(out_dir, "plots", f"{task}_{{}}.png").format
-  keys, first = [*METHODS, *VARIANT_LABELS], task_spec.paired[:1]
+  keys, first = [*METHODS, *labels.VARIANT_LABELS], task_spec.paired[:1]
   blocks = task_spec.section(grouped, path, task, keys, None, first, 25)
   curves = [m for m in task_spec.paired if m.field in grid.CURVE_METRICS[task]]
   figures.mean_curves(grouped, METHODS, curves, path("curves"), label)
