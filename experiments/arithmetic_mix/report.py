@@ -10,7 +10,6 @@ pretrained-LLM grid's (``llm/<snapshot>/results.json``) is
 `experiments.arithmetic_mix.llm_report`.
 """
 
-import collections
 import os
 
 from absl import flags
@@ -83,15 +82,12 @@ def fmt(values, scale=100.0, digits=2):
   return f"{mean:.{digits}f} ± {std:.{digits}f}"
 
 
-def by_method(runs, group="main"):
-  grouped = collections.defaultdict(list)
-  for run in runs:
-    if run["group"] == group:
-      grouped[run["method"]].append(run)
+def by_method(runs):
+  """{method: its main-grid runs, by seed}, in `METHODS` order."""
+  key = lambda r: r["method"] if r["group"] == "main" else None
+  main = stats.group_runs(runs, key)
   return {
-      m: sorted(grouped[m], key=lambda r: r["seed"])
-      for m in METHODS
-      if grouped[m]
+      m: [main[m][s] for s in sorted(main[m])] for m in METHODS if m in main
   }
 
 
