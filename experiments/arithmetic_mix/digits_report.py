@@ -174,8 +174,8 @@ class Grid:
   """A grid's cells as its tables read them: ``grouped``, {cell kind: {seed:
   `run_view`}} (a later record of a cell replacing one before it), the
   ``early`` eval step, the ``breakdowns`` of exact match, the ``keys`` of
-  the main table's rows and how many runs were ``computed`` from their
-  stored predictions."""
+  the main table's rows, and of its ``views`` runs how many were
+  ``computed`` from their stored predictions against ``problems``."""
 
   def __init__(self, runs, problems, breakdowns=answers.BREAKDOWNS, early=None):
     # `EARLY_STEP`, or the first eval step of runs that lack it (smoke).
