@@ -128,7 +128,7 @@ def side_by_side(groupings, rows, metric, *, scale=100, digits=1, higher=True):
       stats.Metric(read, "", scale, digits, higher)
       for read in (
           lambda run: stats.at_step(run, metric, mid),
-          lambda run: float(run["curves"][metric][-1]),
+          lambda run: stats.at_step(run, metric),
       )
   ]
   for key, label in rows:
