@@ -85,12 +85,6 @@ def spec(task) -> report_engine.Spec:
   return MULTI if is_multi(task) else SINGLE
 
 
-def variant_table(task, grouped, keys):
-  """Absolute mean ± sd of the paired metrics for some run types."""
-  metrics = [m._replace(name=m.name.split(" (")[0]) for m in spec(task).paired]
-  return spec(task).variant_table(grouped, keys, metrics)
-
-
 # How close the streamed boxes are at the end of the budget, where Acc@0.5
 # is at its ceiling.
 CLOSENESS = (
@@ -326,11 +320,12 @@ def task_section(task, runs, out_dir):
   if any(k in grouped for k in labels.CONTROLS):
     lines += prose.section(__file__, "controls", **blocks) + [""]
   ablations = [k for k in ("exp_off", "rel_off", "mag_off") if k in grouped]
-  if ablations:
+  if ablations:  # beside NTIL's: absolute values of the paired metrics
+    plain = [m._replace(name=m.name.split(" (")[0]) for m in task_spec.paired]
     lines += prose.section(
         __file__,
         "ablations",
-        values=variant_table(task, grouped, ["ntil", *ablations]),
+        values=task_spec.variant_table(grouped, ["ntil", *ablations], plain),
         against_ntil=task_spec.paired_table(grouped, ablations, "ntil"),
         against_ce=task_spec.paired_table(grouped, ablations),
     ) + [""]
