@@ -92,22 +92,20 @@ def rows(labels, variant_labels, methods, controls=("ce_digit_weighted",)):
   ]
 
 
-def value_and_delta(runs, reference, metric):
+def value_and_delta(grouped, key, metric):
   """A "value plus difference to CE" cell's parts: ``mean ± sd`` of a
-  `stats.Metric` over ``runs`` (``–`` without a finite value), and ``(Δ,
-  'better/n, p = …')`` to ``reference`` on the same seeds (None without a
-  reference or a seed)."""
+  `stats.Metric` over ``grouped[key]`` (``–`` without a finite value), and
+  ``(Δ, 'better/n, p = …')`` to ``grouped["ce"]`` on the same seeds (None
+  on CE's own row or without a seed in common)."""
+  runs = grouped.get(key, {})
+  reference = None if key == "ce" else grouped.get("ce", {})
   read, _, scale, digits, higher = metric
-  values = [scale * stats.value(r, read) for r in runs.values()]
-  values = [v for v in values if np.isfinite(v)]
-  if not values:
-    return "–", None
+  text = tables.fmt_metric(runs.values(), metric)
   d = reference and stats.paired(runs, reference, read, scale, higher)
-  if not d:  # no reference (CE's own row), or no seed in common
-    return stats.fmt(values, digits), None
+  if text == "–" or not d:  # no value, reference (CE's row) or common seed
+    return text, None
   p = "" if np.isnan(d["p"]) else f", p = {d['p']:.3f}"
-  counts = f"{d['better']}/{d['n']}{p}"
-  return stats.fmt(values, digits), (f"{d['mean']:+.{digits}f}", counts)
+  return text, (f"{d['mean']:+.{digits}f}", f"{d['better']}/{d['n']}{p}")
 
 
 def side_by_side(groupings, rows, metric, *, scale=100, digits=1, higher=True):
@@ -130,7 +128,7 @@ def side_by_side(groupings, rows, metric, *, scale=100, digits=1, higher=True):
       stats.Metric(read, "", scale, digits, higher)
       for read in (
           lambda run: stats.at_step(run, metric, mid),
-          lambda run: float(run["curves"][metric][-1]),
+          lambda run: stats.at_step(run, metric),
       )
   ]
   for key, label in rows:
@@ -138,11 +136,8 @@ def side_by_side(groupings, rows, metric, *, scale=100, digits=1, higher=True):
       continue
     cells = [label]
     for regime in present:
-      grouped = groupings[regime]
-      runs = grouped.get(key, {})
-      reference = None if key == "ce" else grouped.get("ce", {})
       for read in readers:
-        text, delta = value_and_delta(runs, reference, read)
+        text, delta = value_and_delta(groupings[regime], key, read)
         cells.append(f"{text} ({delta[0]}: {delta[1]})" if delta else text)
     body.append(cells)
   return tables.table(head, body)

@@ -15,6 +15,7 @@ from typing import Mapping
 
 from absl import flags
 
+from configs import common as config_common
 from experiments import common
 from experiments import figures
 from experiments import labels
@@ -23,15 +24,18 @@ from experiments import stats
 from experiments import tables
 
 FLAGS = flags.FLAGS
+# The rows of a task's tables: the five losses of every grid, CE (the
+# reference) first, then NTIL's peers (their own groups, run by name): a
+# peer's rows appear once it has a record.
+METHODS = config_common.METHODS + config_common.PEER_METHODS
 
 
 @dataclasses.dataclass(frozen=True)
 class Spec:
-  """What a task's report compares: its ``methods`` (CE, the reference,
-  first), the main table's ``columns``, the metrics ``paired`` with CE seed
-  by seed, and the names of its variants (methods': `labels.LABELS`)."""
+  """What a task's report compares: the main table's ``columns`` (a row a
+  method of `METHODS`), the metrics ``paired`` with CE seed by seed, and the
+  names of its variants (methods': `labels.LABELS`)."""
 
-  methods: tuple[str, ...]
   columns: tuple[stats.Metric, ...]
   paired: tuple[stats.Metric, ...]
   variant_labels: Mapping[str, str] = dataclasses.field(
@@ -65,7 +69,7 @@ class Spec:
     its tables, named as the Markdown's blocks: ``main_table``, ``paired``
     (the methods against CE), ``reading``, and the controls against CE
     (beside NTIL), ``against_ce``, and against NTIL, ``against_ntil``."""
-    methods, paired = self.methods, self.paired
+    methods, paired = METHODS, self.paired
     figures.seed_bars(
         grouped,
         methods,
@@ -167,6 +171,16 @@ def main(write_report, *extra) -> None:
   path = write_report(runs, FLAGS.out_dir, FLAGS.discussion, *extra)
   common.note_failures(FLAGS.results, path)
   print(path)
+
+
+def run(here, write_report, **more) -> None:
+  """Runs a task report as a command: its flags (`common.define_report_flags`
+  and ``more``, name: (default, help), `main`'s ``extra``), then `main`."""
+  common.define_report_flags(here)
+  for name, (default, text) in more.items():
+    flags.DEFINE_string(name, default, text)
+  values = lambda: [FLAGS[name].value for name in more]
+  common.run_main(lambda argv: main(write_report, *values()))
 
 
 def write(out_dir, lines, end="") -> str:

@@ -62,9 +62,12 @@ def value(run, metric):
   return metric(run) if callable(metric) else run[metric]
 
 
-def at_step(run, metric, step) -> float:
-  """``metric`` of ``run``'s learning curve at eval ``step`` (NaN if none)."""
+def at_step(run, metric, step=None) -> float:
+  """``metric`` of ``run``'s learning curve at eval ``step`` (NaN if none;
+  None: its last)."""
   curves = run["curves"]
+  if step is None:
+    return float(curves[metric][-1])
   if step in curves["eval_steps"]:
     return float(curves[metric][curves["eval_steps"].index(step)])
   return float("nan")

@@ -197,7 +197,7 @@ def regime(cell, grouped) -> str:
 def row(cell, grouped) -> list[str]:
   """The table row of one cell (``grouped`` holds CE)."""
   ce = grouped["ce"]
-  end = functools.partial(value_at, metric=cell.metric)
+  end = functools.partial(stats.at_step, metric=cell.metric)
   area = functools.partial(stats.curve_area, metric=cell.metric)
   return [
       cell.task,
@@ -211,14 +211,6 @@ def row(cell, grouped) -> list[str]:
       ),
       _delta(grouped["ntil"], ce, area) if "ntil" in grouped else "–",
   ]
-
-
-def value_at(run, metric, step=None) -> float:
-  """``metric`` on ``run``'s learning curve at eval ``step`` (None: the
-  last)."""
-  if step is None:
-    return float(run["curves"][metric][-1])
-  return stats.at_step(run, metric, step)
 
 
 def table(root=ROOT) -> list[str]:
@@ -277,7 +269,7 @@ def figure(out_path, root=ROOT) -> str:
       ys, means, bars = [], [], []
       for position, (cell, grouped) in enumerate(cells):
         step = None if at_end else mids[position]
-        read = functools.partial(value_at, metric=cell.metric, step=step)
+        read = functools.partial(stats.at_step, metric=cell.metric, step=step)
         d = k in grouped and stats.paired(
             grouped[k], grouped["ce"], read, 100, True
         )

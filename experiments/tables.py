@@ -19,15 +19,17 @@ def table(head, rows):
   ]
 
 
-def paired_cells(runs, reference, metric):
+def paired_cells(runs, reference, metric, short=False):
   """Three table cells of a `stats.Metric`: ``Δ ± sd``, ``better/n`` and
-  ``t (p = ...)``."""
+  ``t (p = ...)`` (``short``: ``p``, and '-' below two paired seeds)."""
   field, _, scale, digits, higher = metric
   d = stats.paired(runs, reference, field, scale, higher)
-  if d is None:
-    return ["–"] * 3
+  none = "-" if short else "–"
+  if d is None or (short and d["n"] < 2):
+    return [none] * 3
   std = "" if np.isnan(d["std"]) else f" ± {d['std']:.{digits}f}"
-  test = "–" if np.isnan(d["t"]) else f"{d['t']:+.2f} (p = {d['p']:.3f})"
+  test = f"{d['t']:+.2f} (p = {d['p']:.3f})"
+  test = none if np.isnan(d["p"]) else f"{d['p']:.3f}" if short else test
   return [f"{d['mean']:+.{digits}f}{std}", f"{d['better']}/{d['n']}", test]
 
 
@@ -85,6 +87,21 @@ def reading(grouped, metrics, methods, labels):
   return lines
 
 
+def shares_table(grouped, rows, head, shares, percent_last=False):
+  """A row per ``(key, label)`` recorded: ``shares(run)``, fractions of a
+  run's test examples, in % and mean over seeds (the last as ``NN%`` with
+  ``percent_last``)."""
+  body = []
+  for key, label in rows:
+    if key in grouped:
+      means = np.mean([shares(r) for r in grouped[key].values()], axis=0)
+      cells = [f"{100 * x:.1f}" for x in means]
+      if percent_last:
+        cells[-1] = f"{100 * means[-1]:.0f}%"
+      body.append([label] + cells)
+  return table(head, body)
+
+
 def kind(d) -> str:
   """How a paired difference (`stats.paired`) stands: ``untestable`` (one
   seed), ``unanimous`` (p < 0.05 and every seed on the mean's side),
@@ -124,11 +141,12 @@ def values_table(grouped, rows, columns, first="method"):
   return table([first, "seeds"] + [c.name for c in columns], body)
 
 
-def fmt_metric(runs, metric):
-  """``mean ± sd`` of a `stats.Metric` over ``runs`` (a list)."""
-  return stats.fmt(
-      [metric.scale * stats.value(r, metric.field) for r in runs], metric.digits
-  )
+def fmt_metric(runs, metric, missing="–"):
+  """``mean ± sd`` of a `stats.Metric` over the finite values of ``runs`` (a
+  list), ``missing`` without one."""
+  values = [metric.scale * stats.value(r, metric.field) for r in runs]
+  values = [v for v in values if np.isfinite(v)]
+  return stats.fmt(values, metric.digits) if values else missing
 
 
 def paired_table(grouped, rows, reference_key, metrics):

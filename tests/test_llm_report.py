@@ -172,14 +172,15 @@ def test_report_reads_the_test_split_the_cells_trained_beside(
     tmp_path, data, prefix
 ):
   """Of several prepared sizes, the one whose training size the cells read."""
-  from experiments.arithmetic_mix import llm_report
+  from experiments.arithmetic_mix import answers  # pylint: disable=g-import-not-at-top
 
   for size in (96000, 9600, 960):
     info = tmp_path / "arithmetic_mix" / f"{prefix}train{size}_test2000_seed0"
     (info / "1.0.0").mkdir(parents=True)
     (info / "1.0.0" / "dataset_info.json").write_text("{}")
   tuned = [dict(data=data, num_test_examples=2000, problems_seen=9600)]
-  config, _ = llm_report.dataset_dir("any", tuned, [], str(tmp_path))
+  pattern = answers.dataset_pattern(tuned, str(tmp_path))
+  config = answers.prepared_configs(pattern, 9600)[0]
   assert config == f"{prefix}train9600_test2000_seed0"
 
 

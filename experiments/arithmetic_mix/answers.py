@@ -224,11 +224,6 @@ def dataset_pattern(runs, data_dir, data=None) -> str:
   return os.path.join(data_dir, task.NAME, f"{prefix}train*_test{size}_seed0")
 
 
-def kept_problems_dir(results) -> str:
-  """Where the report of ``results`` keeps its copies of test splits."""
-  return os.path.join(os.path.dirname(results) or ".", "test_problems")
-
-
 def prepared_configs(pattern, seen) -> list[str]:
   """The dataset folders that ``pattern`` matches (any training size: it does
   not change the test split), the runs' own (``seen`` problems) first."""
@@ -291,27 +286,24 @@ def train_size(source) -> int | None:
   return int(match.group(1)) if match else None
 
 
-def load(runs, data_dir, results, data=None):
-  """(problems, source): the test split's (question, answer) pairs in the
-  order the runs were scored, and its path; problems None if not found
-  (in the prepared data or the copies kept beside ``results``)."""
+def load(runs, data_dir, results, data=None, seen=None, dataset=""):
+  """(problems, source, command): the test split's (question, answer) pairs
+  in the order the runs were scored and its path, from the prepared data or
+  the copies kept beside ``results``; where it is not found, problems None,
+  a warning on stderr and the command that prepares it (`prepare_command`'s
+  ``data`` and ``seen``; ``dataset`` names it)."""
   pattern = dataset_pattern(runs, data_dir, data)
-  problems, source = read_test_problems(
-      data_dir,
-      pattern,
-      runs[0].get("problems_seen"),
-      kept_problems_dir(results),
-  )
-  return problems, source or pattern
-
-
-def warn_missing(source, command, dataset="") -> None:
-  """Says on stderr that the breakdowns are left out for want of the test
-  problems (looked for at ``source``), and the ``command`` that writes them."""
+  kept = os.path.join(os.path.dirname(results) or ".", "test_problems")
+  own = runs[0].get("problems_seen")
+  problems, source = read_test_problems(data_dir, pattern, own, kept)
+  if problems is not None:
+    return problems, source, ""
+  command = prepare_command(runs, data_dir, data, seen)
   print(
       f"warning: {dataset}{': ' if dataset else ''}no test problems under "
-      f"{source}, so the breakdowns by answer length, operation and decimals "
+      f"{pattern}, so the breakdowns by answer length, operation and decimals "
       f"are left out of the report; prepare them with `{command}` (the "
       "arithmetic-data extra) and run the report again.",
       file=sys.stderr,
   )
+  return None, pattern, command

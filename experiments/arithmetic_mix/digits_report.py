@@ -1,4 +1,5 @@
-r"""The digits grid's report: digits/results.json -> digits/results.md, plots.
+r"""The digits grid's report (digits/results.json -> digits/results.md,
+plots) and the tables, figures and reading it shares with `llm_report`.
 
   python -m experiments.arithmetic_mix.report --profile=digits
 
@@ -6,11 +7,9 @@ The grid (``run.py --profile=digits``): ``arithmetic__add_or_sub`` (easy),
 the ``small`` model from scratch, each training problem read once, 5 seeds
 of every method, the digit-weighted CE control, each NTIL ablation, NTIL's
 peers and CE, EMD and NTIL on numbers in tokens of 1-3 digits; any subset
-renders. Figures come from the records; the breakdowns by answer digits,
-operation and decimals also need the test problems (`answers.load`: the
-prepared data, or the copy kept beside results.json), and are left out,
-saying so, without them or where a run's stored predictions do not
-reproduce its recorded exact match. Paired comparisons: `stats.paired`.
+renders. The breakdowns by answer digits, operation and decimals need the
+test problems (`answers.load`) and are left out, saying so, without them or
+where a run's stored predictions do not reproduce its recorded exact match.
 """
 
 import collections
@@ -39,7 +38,6 @@ METHODS = arithmetic_mix.METHODS
 # NTIL's peers (DEL, SMMD), run.py's group "peers": rows of the main table.
 PEERS = arithmetic_mix.PEER_METHODS
 SEEDS = (0, 1, 2, 3, 4)
-LABELS = labels.LABELS
 CONTROL = "ce-digit-weight"
 CONTROL_LABEL = "CE, digit tokens weighted 1.3"
 # (cell name prefix, label): run.py's digits_grid ablations.
@@ -48,12 +46,14 @@ ABLATIONS = (
     ("ntil-no-rel", "NTIL, relative deviation off (alpha=0)"),
     ("ntil-no-mag", "NTIL, magnitude deviation off (beta=0)"),
 )
-GROUP_SIZES = dict(
-    main=len(METHODS) * len(SEEDS),
-    control=len(SEEDS),
-    ablation=len(ABLATIONS) * len(SEEDS),
-    peers=len(PEERS) * len(SEEDS),
+# run.py's groups: their cell kinds.
+GROUPS = dict(
+    main=METHODS,
+    control=(CONTROL,),
+    ablation=tuple(k for k, _ in ABLATIONS),
+    peers=PEERS,
 )
+GROUP_SIZES = {g: len(keys) * len(SEEDS) for g, keys in GROUPS.items()}
 # The 3,200-step grid runs the first three groups (45 cells).
 LONG_GROUP_SIZES = {g: GROUP_SIZES[g] for g in ("main", "control", "ablation")}
 # run.py's chunk group: these methods with numbers in tokens of 1-3 digits,
@@ -90,12 +90,7 @@ PAIRED = (
 
 
 def curve_value(run, step) -> float:
-  """The run's test exact match at eval ``step``; nan if not evaluated."""
   return stats.at_step(run, "exact_match", step)
-
-
-# ---------------------------------------------------------------------------
-# Records -> what the tables need.
 
 
 def cell_key(run) -> str:
@@ -107,20 +102,18 @@ def cell_key(run) -> str:
 
 
 def label(key) -> str:
-  if key in LABELS:
-    return LABELS[key]
+  if key in labels.LABELS:
+    return labels.LABELS[key]
   if key.endswith(CHUNKS):
-    return f"{LABELS[key[: -len(CHUNKS)]]}, 1-3 digit tokens"
-  if key == CONTROL:
-    return CONTROL_LABEL
-  return dict(ABLATIONS).get(key, key)
+    return f"{labels.LABELS[key.removesuffix(CHUNKS)]}, 1-3 digit tokens"
+  return CONTROL_LABEL if key == CONTROL else dict(ABLATIONS).get(key, key)
 
 
-def run_view(run, problems, early=EARLY_STEP, breakdowns=None) -> dict:
+def run_view(run, problems, early, breakdowns) -> dict:
   """``dict(run, ...)`` with the tables' fields (`VALUES`, ``unparsed``),
   recomputed from the stored predictions against ``problems`` where they
   reproduce the recorded exact match (``from_predictions``), and
-  ``breakdowns``: {name: {bucket: rate}} (`answers.BREAKDOWNS` if None)."""
+  ``breakdowns``: {name: {bucket: rate}}."""
   view = dict(
       run,
       em_end=run["exact_match"],
@@ -146,51 +139,12 @@ def run_view(run, problems, early=EARLY_STEP, breakdowns=None) -> dict:
       unparsed=scores["unparsed"],
       from_predictions=True,
   )
-  for name, _, key, _ in breakdowns or answers.BREAKDOWNS:
+  for name, _, key, _ in breakdowns:
     view["breakdowns"][name] = {
         b: c / t
         for b, (c, t) in answers.breakdown(predictions, problems, key).items()
     }
   return view
-
-
-def early_step(runs) -> int:
-  """`EARLY_STEP`, or the first eval step of runs that lack it (smoke)."""
-  steps = sorted({s for r in runs for s in r["curves"]["eval_steps"]})
-  if EARLY_STEP in steps or not steps:
-    return EARLY_STEP
-  return steps[0]
-
-
-def group_runs(runs, problems=None, early=EARLY_STEP, breakdowns=None) -> dict:
-  """{cell kind: {seed: run_view}}; a later record of a cell replaces one
-  before it."""
-  view = lambda run: run_view(run, problems, early, breakdowns)
-  return dict(stats.group_runs(runs, cell_key, view))
-
-
-def main_keys(grouped):
-  return [m for m in METHODS + PEERS if m in grouped]
-
-
-def ablation_keys(grouped):
-  return [k for k, _ in ABLATIONS if k in grouped]
-
-
-def control_keys(grouped):
-  return [CONTROL] if CONTROL in grouped else []
-
-
-def paired_cells(runs, reference, metric):
-  """``Δ ± sd``, ``better/n``, ``p`` of a `stats.Metric`; three '-' below 2
-  paired seeds."""
-  key, _, scale, digits, higher = metric
-  d = stats.paired(runs or {}, reference or {}, key, scale, higher)
-  if d is None or d["n"] < 2:
-    return ["-"] * 3
-  p = "-" if np.isnan(d["p"]) else f"{d['p']:.3f}"
-  mean_sd = f"{d['mean']:+.{digits}f} ± {d['std']:.{digits}f}"
-  return [mean_sd, f"{d['better']}/{d['n']}", p]
 
 
 def beyond_noise(d) -> bool:
@@ -199,7 +153,6 @@ def beyond_noise(d) -> bool:
 
 
 def is_better(d, higher_better=True) -> bool:
-  """The paired mean is in the run's favour."""
   return d["mean"] != 0 and (d["mean"] > 0) == higher_better
 
 
@@ -208,111 +161,8 @@ def beats(d, higher_better=True) -> bool:
   return beyond_noise(d) and is_better(d, higher_better)
 
 
-# ---------------------------------------------------------------------------
-# Tables.
-
-
-def fmt(values, scale, digits) -> str:
-  values = [scale * v for v in values if np.isfinite(v)]
-  if not values:
-    return "-"
-  return stats.fmt(values, digits)
-
-
-def values_table(grouped, keys, early) -> list[str]:
-  """`VALUES`, mean ± sd over seeds, and the unparsed answers of each key."""
-  rows = []
-  for key in keys:
-    runs = list(grouped[key].values())
-    seeds = ",".join(str(s) for s in sorted(grouped[key]))
-    rows.append(
-        [label(key), f"{len(runs)} ({seeds})"]
-        + [fmt([r[m.field] for r in runs], m.scale, m.digits) for m in VALUES]
-        + [str(sum(r["unparsed"] for r in runs))]
-    )
-  names = [m.name.format(early=early) for m in VALUES]
-  return tables.table(["run", "seeds", *names, "unparsed (all seeds)"], rows)
-
-
-def paired_table(comparisons, early) -> list[str]:
-  """comparisons: (row label, runs, reference) -> Δ, better, p per metric.
-
-  Rows without a paired seed are left out.
-  """
-  rows = [
-      [row_label]
-      + [cell for m in PAIRED for cell in paired_cells(runs, reference, m)]
-      for row_label, runs, reference in comparisons
-      if runs and reference and set(runs) & set(reference)
-  ]
-  if not rows:
-    return ["No seed paired yet."]
-  head = ["comparison"]
-  for m in PAIRED:
-    head += [f"Δ {m.name.format(early=early)}", "better", "p"]
-  return tables.table(head, rows)
-
-
-def paired_vs_ce(grouped, keys, early) -> list[str]:
-  """`paired_table` of each of ``keys`` but CE against CE."""
-  return paired_table(
-      [
-          (f"{label(k)} − CE", grouped[k], grouped.get("ce"))
-          for k in keys
-          if k != "ce"
-      ],
-      early,
-  )
-
-
-def breakdown_table(grouped, keys, problems, name, key, order) -> list[str]:
-  """Exact match (%) per bucket, mean over seeds; then each run - CE,
-  paired by seed."""
-  counts = collections.Counter(key(q, a) for q, a in problems)
-  buckets = [b for b in order if counts[b]]
-  head = ["run", "seeds"] + [f"{b} (n={counts[b]})" for b in buckets]
-  rows = []
-  for k in keys:
-    runs = [r for r in grouped[k].values() if r["breakdowns"]]
-    if not runs:
-      continue
-    rows.append(
-        [label(k), str(len(runs))]
-        + [
-            fmt([r["breakdowns"][name].get(b, np.nan) for r in runs], 100, 2)
-            for b in buckets
-        ]
-    )
-  for k in keys:
-    if k == "ce":
-      continue
-    reference = {
-        s: r for s, r in grouped.get("ce", {}).items() if r["breakdowns"]
-    }
-    runs = {s: r for s, r in grouped[k].items() if r["breakdowns"]}
-    cells = []
-    for b in buckets:
-      d = stats.paired(
-          runs, reference, bucket_metric(name, b), 100.0, higher_better=True
-      )
-      cells.append(
-          "-"
-          if d is None or d["n"] < 2
-          else f"{d['mean']:+.2f} ({d['better']}/{d['n']})"
-      )
-    if any(c != "-" for c in cells):
-      rows.append([f"{label(k)} − CE, paired Δ (seeds better)", ""] + cells)
-  return tables.table(head, rows)
-
-
-def breakdown_sections(grouped, keys, problems, breakdowns=None):
-  """A ``###`` section a breakdown (`answers.BREAKDOWNS` if None): its
-  `breakdown_table`."""
-  lines = []
-  for name, title, key, order in breakdowns or answers.BREAKDOWNS:
-    table = breakdown_table(grouped, keys, problems, name, key, order)
-    lines += [f"### {title}", "", *table, ""]
-  return lines
+def means(runs, metrics) -> list[str]:
+  return [tables.fmt_metric(runs, m, "-") for m in metrics]
 
 
 def bucket_metric(name, bucket):
@@ -320,22 +170,228 @@ def bucket_metric(name, bucket):
   return lambda run: run["breakdowns"].get(name, {}).get(bucket, np.nan)
 
 
+class Grid:
+  """A grid's cells as its tables read them: ``grouped``, {cell kind: {seed:
+  `run_view`}} (a later record of a cell replacing one before it), the
+  ``early`` eval step, the ``breakdowns`` of exact match, the ``keys`` of
+  the main table's rows, and of its ``views`` runs how many were
+  ``computed`` from their stored predictions against ``problems``."""
+
+  def __init__(self, runs, problems, breakdowns=answers.BREAKDOWNS, early=None):
+    # `EARLY_STEP`, or the first eval step of runs that lack it (smoke).
+    steps = sorted({s for r in runs for s in r["curves"]["eval_steps"]})
+    first = EARLY_STEP if EARLY_STEP in steps or not steps else steps[0]
+    self.early = early or first
+    self.problems, self.breakdowns = problems, breakdowns
+    view = lambda run: run_view(run, problems, self.early, breakdowns)
+    self.grouped = dict(stats.group_runs(runs, cell_key, view))
+    self.keys = self.present(METHODS + PEERS)
+    views = [r for runs in self.grouped.values() for r in runs.values()]
+    self.views = len(views)
+    self.computed = sum(r["from_predictions"] for r in views)
+
+  def present(self, keys) -> list[str]:
+    return [k for k in keys if k in self.grouped]
+
+  def named(self, metric) -> Metric:
+    return metric._replace(name=metric.name.format(early=self.early))
+
+  def values(self, keys) -> list[str]:
+    """`VALUES`, mean ± sd over seeds, and the unparsed answers of each of
+    ``keys`` recorded."""
+    rows = []
+    for key in self.present(keys):
+      runs = self.grouped[key]
+      seeds = ",".join(str(s) for s in sorted(runs))
+      unparsed = sum(r["unparsed"] for r in runs.values())
+      cells = means(runs.values(), VALUES)
+      rows.append([label(key), f"{len(runs)} ({seeds})", *cells, str(unparsed)])
+    names = [self.named(m).name for m in VALUES]
+    return tables.table(["run", "seeds", *names, "unparsed (all seeds)"], rows)
+
+  def paired(self, pairs) -> list[str]:
+    """Per ``(key, reference[, the reference's name])`` with a paired seed:
+    `tables.paired_cells` (short) of each `PAIRED` metric."""
+    rows = []
+    for key, ref, *name in pairs:
+      runs, reference = self.grouped.get(key), self.grouped.get(ref)
+      if runs and reference and set(runs) & set(reference):
+        rows.append(
+            [f"{label(key)} − {name[0] if name else label(ref)}"]
+            + [
+                c
+                for m in PAIRED
+                for c in tables.paired_cells(runs, reference, m, True)
+            ]
+        )
+    if not rows:
+      return ["No seed paired yet."]
+    head = ["comparison"]
+    for m in PAIRED:
+      head += [f"Δ {self.named(m).name}", "better", "p"]
+    return tables.table(head, rows)
+
+  def versus_ce(self) -> list[str]:
+    return self.paired([(k, "ce") for k in self.keys if k != "ce"])
+
+  def compared(self, name, keys, pairs, **values) -> list[str]:
+    """Section ``name`` of digits_report.md with its blocks ``values`` (of
+    ``keys``) and ``paired`` (of ``pairs``)."""
+    return prose.section(
+        __file__,
+        name,
+        values=self.values(keys),
+        paired=self.paired(pairs),
+        **values,
+    )
+
+  def breakdown_sections(self) -> list[str]:
+    """A ``###`` section a breakdown: exact match (%) per bucket, mean over
+    seeds; then each run - CE, paired by seed."""
+    lines, ce = [], self.grouped.get("ce", {})
+    for name, title, key, order in self.breakdowns:
+      counts = collections.Counter(key(q, a) for q, a in self.problems)
+      metrics = [
+          Metric(bucket_metric(name, b), f"{b} (n={counts[b]})", 100, 2)
+          for b in order
+          if counts[b]
+      ]
+      rows = []
+      for k in self.keys:
+        runs = [r for r in self.grouped[k].values() if r["breakdowns"]]
+        if runs:
+          rows.append([label(k), str(len(runs)), *means(runs, metrics)])
+      for k in (k for k in self.keys if k != "ce"):
+        cells = []
+        for m in metrics:
+          d = stats.paired(self.grouped[k], ce, m.field, 100, True)
+          few = d is None or d["n"] < 2
+          cells.append(
+              "-" if few else f"{d['mean']:+.2f} ({d['better']}/{d['n']})"
+          )
+        if any(c != "-" for c in cells):
+          rows.append([f"{label(k)} − CE, paired Δ (seeds better)", "", *cells])
+      head = ["run", "seeds", *(m.name for m in metrics)]
+      lines += [f"### {title}", "", *tables.table(head, rows), ""]
+    return lines
+
+  def reading(self, seeds=len(SEEDS)) -> list[str]:
+    """Statements computed from the numbers: rankings, paired verdicts,
+    where NTIL does not beat CE, the control and the ablations; ``seeds``,
+    the grid's seeds per cell."""
+    grouped, keys = self.grouped, self.keys
+    if not keys:
+      return ["- No main-grid cell recorded yet."]
+    lines = []
+    for field, when in (
+        ("em_end", "at the end"),
+        ("em_early", f"at step {self.early}"),
+    ):
+      means = {
+          k: 100 * np.nanmean([r[field] for r in grouped[k].values()])
+          for k in keys
+      }
+      order = sorted(keys, key=lambda k: -means[k])
+      lines.append(
+          f"- Best mean exact match {when}: **{label(order[0])}** "
+          f"({means[order[0]]:.2f}%); ranking "
+          + ", ".join(f"{label(k)} {means[k]:.2f}" for k in order)
+          + "."
+      )
+
+    def versus(text, key, ref):
+      """Appends ``text``'s paired difference at the end and its verdict."""
+      d = stats.paired(
+          grouped[key], grouped.get(ref) or {}, "em_end", 100, True
+      )
+      if d is not None:
+        lines.append(
+            f"- {text}, exact match at the end: {d['mean']:+.2f} points, "
+            f"better on {d['better']}/{d['n']} seeds: {tables.verdict(d)}."
+        )
+      return d
+
+    beaten = [
+        label(k)
+        for k in [k for k in keys if k != "ce"] + self.present([CONTROL])
+        if beats(versus(f"{label(k)} − CE", k, "ce"))
+    ]
+    if "ce" in grouped and len(keys) > 1:
+      lines.append(
+          "- Differences from CE beyond seed noise (p < 0.05 and better on "
+          "every seed) at the end: "
+          + (", ".join(beaten) if beaten else "none")
+          + "."
+      )
+    lines += self.ntil_vs_ce()
+    if CONTROL in grouped and "ntil" in grouped:
+      text = (
+          "NTIL − digit-weighted CE (the control for 'more weight on digits')"
+      )
+      versus(text, "ntil", CONTROL)
+    for k in self.present(GROUPS["ablation"]):
+      versus(f"{label(k)} − full NTIL", k, "ntil")
+    few = [k for k in keys if len(grouped[k]) < seeds]
+    if few:
+      lines.append(
+          f"- Partial grid: {', '.join(label(k) for k in few)} "
+          f"{'has' if len(few) == 1 else 'have'} fewer than {seeds} "
+          "seeds; every statement above can change as cells come in."
+      )
+    return lines
+
+  def ntil_vs_ce(self) -> list[str]:
+    """Where NTIL does not beat CE: metrics and breakdown buckets whose
+    paired mean is not in NTIL's favour, and whether the rest beat noise."""
+    if "ntil" not in self.grouped or "ce" not in self.grouped:
+      return ["- NTIL vs CE: no seed has both yet."]
+    ntil, ce = self.grouped["ntil"], self.grouped["ce"]
+    behind, within, ahead = [], [], []
+    buckets = [
+        Metric(bucket_metric(n, b), f"{answers.BREAKDOWN_NAMES[n]} {b}", 100, 2)
+        for n, _, _, order in self.breakdowns
+        for b in order
+    ]
+    metrics = [*map(self.named, PAIRED), *buckets]
+    for key, name, scale, digits, higher in metrics:
+      d = stats.paired(ntil, ce, key, scale, higher)
+      if d is not None:
+        unit = " pts" if scale == 100 else ""
+        text = f"{name.replace(' (pts)', '')} ({d['mean']:+.{digits}f}{unit})"
+        if beats(d, higher):
+          ahead.append(text)
+        else:
+          (within if is_better(d, higher) else behind).append(text)
+    tested = len(behind) + len(within) + len(ahead)
+    return prose.section(
+        __file__,
+        "ntil_vs_ce",
+        seeds=_seeds(len(set(ntil) & set(ce))),
+        behind="; ".join(behind) if behind else "none",
+        within="; ".join(within) if within else "none",
+        ahead="; ".join(ahead) if ahead else "nothing",
+        tested=tested,
+        chance=tested / 20,
+    )
+
+
+def _seeds(n) -> str:
+  return f"{n} seed" if n == 1 else f"{n} seeds"
+
+
 # ---------------------------------------------------------------------------
 # Plots.
 
 
 def eval_steps(grouped) -> list[int]:
-  steps = set()
-  for runs in grouped.values():
-    for run in runs.values():
-      steps.update(run["curves"]["eval_steps"])
-  return sorted(steps)
+  runs = [r for runs in grouped.values() for r in runs.values()]
+  return sorted({s for r in runs for s in r["curves"]["eval_steps"]})
 
 
 def color(key) -> str:
   """One colour per cell kind, the same in every plot."""
   key = {CONTROL: "ce_digit_weighted"}.get(key, key)
-  return labels.color(key, [k for k, _ in ABLATIONS])
+  return labels.color(key, GROUPS["ablation"])
 
 
 def curve_lines(ax, grouped, keys, xlabel="step", start=()) -> None:
@@ -360,28 +416,26 @@ def curve_lines(ax, grouped, keys, xlabel="step", start=()) -> None:
   figures.finish(ax, xlabel)
 
 
-def plot_curves(grouped, path):
+def plot_curves(grid, path):
   """Exact match vs step, mean over seeds: main and control; NTIL and its
   ablations."""
   fig, axes = plt.subplots(1, 2, figsize=(9, 3.4), sharex=True, sharey=True)
   panels = (
-      ("methods and control", main_keys(grouped) + control_keys(grouped)),
-      (
-          "NTIL and its ablations",
-          ["ntil"] * ("ntil" in grouped) + ablation_keys(grouped),
-      ),
+      ("methods and control", grid.keys + grid.present([CONTROL])),
+      ("NTIL and its ablations", grid.present(["ntil", *GROUPS["ablation"]])),
   )
   for ax, (title, keys) in zip(axes, panels):
-    curve_lines(ax, grouped, keys)
+    curve_lines(ax, grid.grouped, keys)
     ax.set_title(f"{title} (seeds)", fontsize=9)
   axes[0].set_ylabel("test exact match (%, mean over seeds)")
   figures.save(fig, path, dpi=90)
 
 
-def plot_paired_curves(grouped, path):
+def plot_paired_curves(grid, path):
   """Paired Δ exact match vs CE at every eval step: mean ± sd over seeds."""
+  grouped = grid.grouped
   reference = grouped.get("ce", {})
-  keys = [k for k in main_keys(grouped) if k != "ce"] + control_keys(grouped)
+  keys = [k for k in grid.keys if k != "ce"] + grid.present([CONTROL])
   fig, ax = plt.subplots(figsize=(6.5, 3.4))
   for i, k in enumerate(keys):
     points = []
@@ -417,16 +471,13 @@ def plot_paired_curves(grouped, path):
 # The text.
 
 
-def coverage(grouped, sizes=None) -> list[str]:
-  """How many of the grid's cells (``sizes``: cells per group, default
-  `GROUP_SIZES`) are there, and the seeds of each kind."""
-  sizes = sizes or GROUP_SIZES
-  counts = dict(
-      main=sum(len(grouped.get(m, {})) for m in METHODS),
-      control=len(grouped.get(CONTROL, {})),
-      ablation=sum(len(grouped.get(k, {})) for k, _ in ABLATIONS),
-      peers=sum(len(grouped.get(m, {})) for m in PEERS),
-  )
+def coverage(grouped, sizes) -> list[str]:
+  """How many of the grid's cells (``sizes``: cells per group) are there,
+  and the seeds of each kind."""
+  counts = {
+      g: sum(len(grouped.get(k, {})) for k in keys)
+      for g, keys in GROUPS.items()
+  }
   total, cells = sum(counts[g] for g in sizes), sum(sizes.values())
   lines = [
       f"**{total} of the {cells} cells recorded** ("
@@ -435,9 +486,7 @@ def coverage(grouped, sizes=None) -> list[str]:
       + ("" if total == cells else " Cells not run yet are left out."),
       "",
   ]
-  kinds = [*METHODS, CONTROL, *(k for k, _ in ABLATIONS)]
-  kinds += [*PEERS] if "peers" in sizes else []
-  for k in kinds:
+  for k in (k for g in sizes for k in GROUPS[g]):
     seeds = sorted(grouped.get(k, {}))
     lines.append(
         f"- {label(k)}: {len(seeds)} of {len(SEEDS)} seeds"
@@ -446,8 +495,9 @@ def coverage(grouped, sizes=None) -> list[str]:
   return lines
 
 
-def regime(grouped, early, problems=None, source="") -> list[str]:
+def regime(grid, source="") -> list[str]:
   """The set-up, from the records (and the test problems if known)."""
+  grouped, problems = grid.grouped, grid.problems
   first = next(r for runs in grouped.values() for r in runs.values())
   data = first.get("data", {})
   seen = first.get("problems_seen", first["steps"] * first["batch_size"])
@@ -462,24 +512,19 @@ def regime(grouped, early, problems=None, source="") -> list[str]:
   # The test split is the same for every training size: only the runs' own
   # dataset (as many problems as they read) names how many it held.
   once = "once_counted" if answers.train_size(source) == seen else "once"
-  return prose.section(
-      __file__,
-      "regime",
+  steps = eval_steps(grouped)
+  fields = dict(
+      first,  # its model, steps, batch_size, num_test_examples, device, host
       module=data.get("module", "?"),
       difficulty=data.get("difficulty", "?"),
       answers=test_answers,
-      model=first["model"],
-      steps=first["steps"],
-      batch_size=first["batch_size"],
       seen=seen,
       once=prose.text(__file__, once, seen=seen),
-      eval_steps=", ".join(str(s) for s in eval_steps(grouped)),
-      ce_rise=ce_rise(grouped.get("ce", {}), eval_steps(grouped)),
-      test_size=first["num_test_examples"],
-      device=first["device"],
-      host=first["host"],
-      early=early,
+      eval_steps=", ".join(str(s) for s in steps),
+      ce_rise=ce_rise(grouped.get("ce", {}), steps),
+      early=grid.early,
   )
+  return prose.section(__file__, "regime", **fields)
 
 
 def ce_rise(ce, steps) -> list[str]:
@@ -505,123 +550,6 @@ def ce_rise(ce, steps) -> list[str]:
       verdict=prose.text(
           __file__, f"rise_{kind}", rise=rise, interval=end - late
       ),
-  )
-
-
-def _seeds(n) -> str:
-  return f"{n} seed" if n == 1 else f"{n} seeds"
-
-
-def reading(grouped, early, seeds=len(SEEDS), breakdowns=None) -> list[str]:
-  """Statements computed from the numbers: rankings, paired verdicts,
-  where NTIL does not beat CE, the control and the ablations.
-
-  ``seeds``: the grid's seeds per cell; ``breakdowns``: as `run_view`'s.
-  """
-  lines = []
-  keys = main_keys(grouped)
-  if not keys:
-    return ["- No main-grid cell recorded yet."]
-  for field, when in (
-      ("em_end", "at the end"),
-      ("em_early", f"at step {early}"),
-  ):
-    means = {
-        k: 100 * np.nanmean([r[field] for r in grouped[k].values()])
-        for k in keys
-    }
-    order = sorted(keys, key=lambda k: -means[k])
-    lines.append(
-        f"- Best mean exact match {when}: **{label(order[0])}** "
-        f"({means[order[0]]:.2f}%); ranking "
-        + ", ".join(f"{label(k)} {means[k]:.2f}" for k in order)
-        + "."
-    )
-
-  def versus(text, runs, reference):
-    """Appends ``text``'s paired difference at the end and its verdict."""
-    d = stats.paired(runs, reference or {}, "em_end", 100.0, True)
-    if d is not None:
-      lines.append(
-          f"- {text}, exact match at the end: {d['mean']:+.2f} points, "
-          f"better on {d['better']}/{d['n']} seeds: {tables.verdict(d)}."
-      )
-    return d
-
-  reference = grouped.get("ce", {})
-  beaten = []
-  for k in [k for k in keys if k != "ce"] + control_keys(grouped):
-    if beats(versus(f"{label(k)} − CE", grouped[k], reference)):
-      beaten.append(label(k))
-  if reference and len(keys) > 1:
-    lines.append(
-        "- Differences from CE beyond seed noise (p < 0.05 and better on "
-        "every seed) at the end: "
-        + (", ".join(beaten) if beaten else "none")
-        + "."
-    )
-  lines += _ntil_vs_ce(grouped, early, breakdowns)
-  if CONTROL in grouped and "ntil" in grouped:
-    versus(
-        "NTIL − digit-weighted CE (the control for 'more weight on digits')",
-        grouped["ntil"],
-        grouped[CONTROL],
-    )
-  for k in ablation_keys(grouped):
-    versus(f"{label(k)} − full NTIL", grouped[k], grouped.get("ntil"))
-  few = [k for k in keys if len(grouped[k]) < seeds]
-  if few:
-    lines.append(
-        f"- Partial grid: {', '.join(label(k) for k in few)} "
-        f"{'has' if len(few) == 1 else 'have'} fewer than {seeds} "
-        "seeds; every statement above can change as cells come in."
-    )
-  return lines
-
-
-def _ntil_vs_ce(grouped, early, breakdowns=None) -> list[str]:
-  """Where NTIL does not beat CE: metrics and breakdown buckets whose
-  paired mean is not in NTIL's favour, and whether the rest beat noise."""
-  if "ntil" not in grouped or "ce" not in grouped:
-    return ["- NTIL vs CE: no seed has both yet."]
-  ntil, ce = grouped["ntil"], grouped["ce"]
-  behind, within, ahead = [], [], []
-
-  def sort(d, text, higher):
-    if beats(d, higher):
-      ahead.append(text)
-    elif is_better(d, higher):
-      within.append(text)
-    else:
-      behind.append(text)
-
-  for key, name, scale, digits, higher in PAIRED:
-    d = stats.paired(ntil, ce, key, scale, higher)
-    if d is not None:
-      name = name.format(early=early).replace(" (pts)", "")
-      unit = " pts" if scale == 100 else ""
-      sort(d, f"{name} ({d['mean']:+.{digits}f}{unit})", higher)
-  ntil_b = {s: r for s, r in ntil.items() if r["breakdowns"]}
-  ce_b = {s: r for s, r in ce.items() if r["breakdowns"]}
-  for name, _, _, order in breakdowns or answers.BREAKDOWNS:
-    for b in order:
-      d = stats.paired(ntil_b, ce_b, bucket_metric(name, b), 100, True)
-      if d is not None:
-        sort(
-            d,
-            f"{answers.BREAKDOWN_NAMES[name]} {b} ({d['mean']:+.2f} pts)",
-            True,
-        )
-  tested = len(behind) + len(within) + len(ahead)
-  return prose.section(
-      __file__,
-      "ntil_vs_ce",
-      seeds=_seeds(len(set(ntil) & set(ce))),
-      behind="; ".join(behind) if behind else "none",
-      within="; ".join(within) if within else "none",
-      ahead="; ".join(ahead) if ahead else "nothing",
-      tested=tested,
-      chance=tested / 20,
   )
 
 
@@ -658,40 +586,33 @@ def write_report(
 ):
   """Writes results.md and plots/ under ``out_dir`` from the grid's
   ``runs``, the test ``problems`` ((question, answer) pairs, or None) and
-  ``other`` runs of the same cells (another device)."""
-  early = early_step(runs)
-  grouped = group_runs(runs, problems, early)
+  ``other`` runs of the same cells (another device); its path."""
+  grid = Grid(runs, problems)
+  grouped = grid.grouped
   plot_dir = os.path.join(out_dir, "plots")
   os.makedirs(plot_dir, exist_ok=True)
-  plot_curves(grouped, os.path.join(plot_dir, "exact_match_curve.png"))
-  plot_paired_curves(grouped, os.path.join(plot_dir, "paired_delta_curve.png"))
-  views = [r for k in grouped.values() for r in k.values()]
-  computed = sum(r["from_predictions"] for r in views)
-  keys = main_keys(grouped)
+  plot_curves(grid, os.path.join(plot_dir, "exact_match_curve.png"))
+  plot_paired_curves(grid, os.path.join(plot_dir, "paired_delta_curve.png"))
+  sizes = LONG_GROUP_SIZES if profile == "digits_long" else GROUP_SIZES
+  figures_text = prose.section(
+      __file__,
+      "recorded" if problems is None else "recomputed",
+      computed=grid.computed,
+      views=grid.views,
+  )
   lines = prose.section(
       __file__,
       "report",
       profile=profile,
-      groups=",".join(
-          LONG_GROUP_SIZES if profile == "digits_long" else GROUP_SIZES
-      ),
+      groups=",".join(sizes),
       results=PROFILES[profile][0],
-      regime=regime(grouped, early, problems, problems_source),
-      coverage=coverage(
-          grouped, LONG_GROUP_SIZES if profile == "digits_long" else None
-      ),
-      main_table=values_table(grouped, keys, early),
-      figures=" ".join(
-          prose.section(
-              __file__,
-              "recorded" if problems is None else "recomputed",
-              computed=computed,
-              views=len(views),
-          )
-      ),
-      paired=paired_vs_ce(grouped, keys, early),
+      regime=regime(grid, problems_source),
+      coverage=coverage(grouped, sizes),
+      main_table=grid.values(grid.keys),
+      figures=" ".join(figures_text),
+      paired=grid.versus_ce(),
   ) + [""]
-  if problems is None or not computed:
+  if not grid.computed:
     why = (
         f"(not found: {problems_source})"
         if problems is None
@@ -703,43 +624,28 @@ def write_report(
     ) + [""]
   else:
     lines += prose.section(__file__, "breakdowns", source=problems_source)
-    lines.append("")
-    lines += breakdown_sections(grouped, keys, problems)
-  control = [(f"{CONTROL_LABEL} − CE", grouped.get(CONTROL), grouped.get("ce"))]
-  control += [
-      (
-          f"CE + NTIL − {CONTROL_LABEL}",
-          grouped.get("ntil"),
-          grouped.get(CONTROL),
-      )
-  ]
-  lines += part(
-      "Control: digit-weighted CE",
-      CONTROL in grouped
-      and compared("control", grouped, ["ce", CONTROL, "ntil"], control, early),
+    lines += ["", *grid.breakdown_sections()]
+  control = CONTROL in grouped and grid.compared(
+      "control", ["ce", CONTROL, "ntil"], [(CONTROL, "ce"), ("ntil", CONTROL)]
   )
-  ablations = ablation_keys(grouped)
+  lines += part("Control: digit-weighted CE", control)
+  ablations = grid.present(GROUPS["ablation"])
   lines += part(
       "Ablations of NTIL (paired against full NTIL)",
       ablations
-      and compared(
+      and grid.compared(
           "ablations",
-          grouped,
           ["ntil", *ablations],
-          [
-              (f"{label(k)} − full NTIL", grouped[k], grouped.get("ntil"))
-              for k in ablations
-          ],
-          early,
+          [(k, "ntil", "full NTIL") for k in ablations],
       ),
   )
   if profile == "digits":
-    lines += chunk_section(grouped, early, group_runs(other, None, early))
-  lines += ["## What it shows", "", *reading(grouped, early)]
+    lines += chunk_section(grid, Grid(other, None, early=grid.early))
+  lines += ["## What it shows", "", *grid.reading()]
   check = device_check(runs, other)
   if check:
     lines += ["", "## The same cells on another device", "", *check]
-  report_engine.write(out_dir, lines, end="\n")
+  return report_engine.write(out_dir, lines, end="\n")
 
 
 def part(heading, lines, missing="Not run yet.") -> list[str]:
@@ -747,52 +653,33 @@ def part(heading, lines, missing="Not run yet.") -> list[str]:
   return [f"## {heading}", "", *(lines or [missing]), ""]
 
 
-def compared(name, grouped, keys, comparisons, early, **values) -> list[str]:
-  """Section ``name`` of the Markdown, its blocks ``values`` (`values_table`
-  of those of ``keys`` recorded) and ``paired`` (`paired_table` of
-  ``comparisons``)."""
-  return prose.section(
-      __file__,
-      name,
-      values=values_table(grouped, [k for k in keys if k in grouped], early),
-      paired=paired_table(comparisons, early),
-      **values,
-  )
-
-
-def chunk_section(grouped, early, elsewhere=None) -> list[str]:
+def chunk_section(grid, elsewhere) -> list[str]:
   """Numbers in tokens of 1-3 digits (``--config.digit_chunks``): each
   method against itself on single digits, NTIL and EMD against CE in
   chunks; ``elsewhere``'s (another device's) chunk cells apart."""
-  keys = [m + CHUNKS for m in CHUNK_METHODS if m + CHUNKS in grouped]
-  apart = _chunks_elsewhere(elsewhere or {}, early)
+  grouped = grid.grouped
+  keys = grid.present(m + CHUNKS for m in CHUNK_METHODS)
+  methods = [m for m in CHUNK_METHODS if m + CHUNKS in elsewhere.grouped]
+  apart = methods and elsewhere.compared(
+      "chunks_elsewhere",
+      [k for m in methods for k in (m, m + CHUNKS)],
+      [(m + CHUNKS, m) for m in methods],
+      device=devices(
+          elsewhere.grouped, methods + [m + CHUNKS for m in methods]
+      ),
+  ) + [""]
   heading = "Numbers in tokens of 1-3 digits"
   if not keys:
-    return part(heading, [], "Not run yet (group `chunks`, 15 cells).") + apart
-  single = lambda key: key.removesuffix(CHUNKS)
-  devices = lambda ks: ", ".join(
-      sorted({r["device"] for k in ks for r in grouped.get(k, {}).values()})
-  )
-  mine, theirs = devices(keys), devices(map(single, keys))
+    missing = "Not run yet (group `chunks`, 15 cells)."
+    return part(heading, [], missing) + apart
+  single = [k.removesuffix(CHUNKS) for k in keys]
+  mine, theirs = devices(grouped, keys), devices(grouped, single)
   across = prose.text(__file__, "across", mine=mine, theirs=theirs)
-  comparisons = [
-      (f"{label(k)} − {label(single(k))}", grouped[k], grouped.get(single(k)))
-      for k in keys
-  ]
-  comparisons += [
-      (
-          f"{label(k)} − CE, both in chunks",
-          grouped[k],
-          grouped.get("ce" + CHUNKS),
-      )
-      for k in keys[1:]
-  ]
-  lines = compared(
+  lines = grid.compared(
       "chunks",
-      grouped,
       keys,
-      comparisons,
-      early,
+      [*zip(keys, single)]
+      + [(k, "ce" + CHUNKS, "CE, both in chunks") for k in keys[1:]],
       count=sum(len(grouped[k]) for k in keys),
       cells=len(CHUNK_METHODS) * len(SEEDS),
       across=" " + across if mine != theirs else "",
@@ -800,22 +687,10 @@ def chunk_section(grouped, early, elsewhere=None) -> list[str]:
   return part(heading, lines) + apart
 
 
-def _chunks_elsewhere(grouped, early) -> list[str]:
-  """Chunk cells of the other results, with that device's single-digit
-  cells of the same methods: a table, no test below two paired seeds."""
-  methods = [m for m in CHUNK_METHODS if m + CHUNKS in grouped]
-  if not methods:
-    return []
-  keys = [k for m in methods for k in (m, m + CHUNKS)]
-  devices = {r["device"] for k in keys for r in grouped.get(k, {}).values()}
-  comparisons = [
-      (f"{label(m + CHUNKS)} − {label(m)}", grouped[m + CHUNKS], grouped.get(m))
-      for m in methods
-  ]
-  device = ", ".join(sorted(devices))
-  return compared(
-      "chunks_elsewhere", grouped, keys, comparisons, early, device=device
-  ) + [""]
+def devices(grouped, keys) -> str:
+  """The devices of the cells of ``keys``, in order."""
+  found = {r["device"] for k in keys for r in grouped.get(k, {}).values()}
+  return ", ".join(sorted(found))
 
 
 def prepare_command(runs, data_dir="data") -> str:
@@ -829,12 +704,8 @@ def main(results, out_dir, data_dir, profile="digits", other_results=()):
   the same cells run elsewhere from ``other_results`` where they exist);
   the path of results.md."""
   runs = report_engine.load(results)
-  other = []
-  for path in other_results:
-    other += common.load_results(path)  # [] where it is missing
-  problems, source = answers.load(runs, data_dir, results, DATA)
-  if problems is None:
-    answers.warn_missing(source, prepare_command(runs, data_dir))
+  other = [r for path in other_results for r in common.load_results(path)]
+  seen = runs[0]["steps"] * runs[0]["batch_size"]
+  problems, source, _ = answers.load(runs, data_dir, results, DATA, seen)
   os.makedirs(out_dir, exist_ok=True)
-  write_report(runs, problems, out_dir, source, profile, other)
-  return os.path.join(out_dir, "results.md")
+  return write_report(runs, problems, out_dir, source, profile, other)

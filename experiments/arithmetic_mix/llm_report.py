@@ -90,26 +90,23 @@ def zero_shot_lines(records, problems) -> list[str]:
   return prose.section(__file__, "zero_shot", rows=rows)
 
 
-def setup_lines(tuned, grouped, problems, source) -> list[str]:
+def setup_lines(tuned, grid, source) -> list[str]:
   """What the fine-tuned cells share: schedule, data, hardware, speed."""
   first = tuned[0]
   seen = first.get("problems_seen", first["steps"] * first["batch_size"])
   # The llm grid generates as many training problems as a run reads (each
   # seen once); the test split's dataset may be another size's (the split
   # does not depend on it), which says nothing of the runs' own.
-  lines = prose.section(
-      __file__,
-      "setup",
+  fields = dict(
+      first,  # its steps, batch_size and num_test_examples
       snapshot=first.get("snapshot", "?"),
-      steps=first["steps"],
-      batch_size=first["batch_size"],
       seen=seen,
       rate=first.get("learning_rate", float("nan")),
-      test_size=first["num_test_examples"],
-      eval_steps=", ".join(str(s) for s in dr.eval_steps(grouped)),
+      eval_steps=", ".join(str(s) for s in dr.eval_steps(grid.grouped)),
   )
-  if problems:
-    ranged = answers.digit_range(problems)
+  lines = prose.section(__file__, "setup", **fields)
+  if grid.problems:
+    ranged = answers.digit_range(grid.problems)
     lines += prose.section(__file__, "answers", **ranged, source=source)
   return lines + hardware_lines(tuned)
 
@@ -152,82 +149,55 @@ def hardware_lines(tuned) -> list[str]:
   return lines
 
 
-def plot_dataset_curves(grouped, zero, path, title):
-  """Exact match vs step, mean over seeds per method, from the zero-shot
-  score at step 0."""
-  fig, ax = plt.subplots(figsize=(5.5, 3.4))
-  dr.curve_lines(
-      ax,
-      grouped,
-      dr.main_keys(grouped),
-      "fine-tuning step (0: zero-shot)",
-      [r["exact_match"] for r in zero],
-  )
-  ax.set_ylabel("test exact match (%, mean over seeds)")
-  ax.set_title("\n".join(textwrap.wrap(title, 70)), fontsize=9)
-  figures.save(fig, path, dpi=90)
-
-
 def dataset_section(dataset, zero, tuned, problems, source, plot_dir, hint=""):
   """The lines of one dataset's section (and its plots, if fine-tuned)."""
   seeds, title = DATASETS.get(dataset, (5, dataset))
-  breakdowns = BREAKDOWNS.get(dataset, answers.BREAKDOWNS[:1])
   lines = [f"## {title}", "", *zero_shot_lines(zero, problems), ""]
   if not tuned:
     return lines + ["Fine-tuned cells: none recorded yet.", ""]
-  early = dr.early_step(tuned)
-  grouped = dr.group_runs(tuned, problems, early, breakdowns)
-  keys = dr.main_keys(grouped)
+  breakdowns = BREAKDOWNS.get(dataset, answers.BREAKDOWNS[:1])
+  grid = dr.Grid(tuned, problems, breakdowns)
   curve = f"{dataset}_exact_match_curve.png"
   paired = f"{dataset}_paired_delta_curve.png"
-  plot_dataset_curves(grouped, zero, os.path.join(plot_dir, curve), title)
-  dr.plot_paired_curves(grouped, os.path.join(plot_dir, paired))
+  # Exact match vs step, mean over seeds, from the zero-shot score at step 0.
+  fig, ax = plt.subplots(figsize=(5.5, 3.4))
+  start = [r["exact_match"] for r in zero]
+  step = "fine-tuning step (0: zero-shot)"
+  dr.curve_lines(ax, grid.grouped, grid.keys, step, start)
+  ax.set_ylabel("test exact match (%, mean over seeds)")
+  ax.set_title("\n".join(textwrap.wrap(title, 70)), fontsize=9)
+  figures.save(fig, os.path.join(plot_dir, curve), dpi=90)
+  dr.plot_paired_curves(grid, os.path.join(plot_dir, paired))
   lines += [
-      *setup_lines(tuned, grouped, problems, source),
+      *setup_lines(tuned, grid, source),
       "",
       *prose.section(
           __file__,
           "tuned",
-          recorded=sum(len(grouped[k]) for k in keys),
+          recorded=sum(len(grid.grouped[k]) for k in grid.keys),
           cells=len(dr.METHODS) * seeds,
           losses=len(dr.METHODS),
           seeds=seeds,
           counts=", ".join(
-              f"{dr.label(m)} {len(grouped.get(m, {}))}" for m in dr.METHODS
+              f"{dr.label(m)} {len(grid.grouped.get(m, {}))}"
+              for m in dr.METHODS
           ),
-          values=dr.values_table(grouped, keys, early),
-          paired=dr.paired_vs_ce(grouped, keys, early),
+          values=grid.values(grid.keys),
+          paired=grid.versus_ce(),
           curve=curve,
           paired_plot=paired,
       ),
       "",
   ]
-  if problems is not None and any(
-      r["from_predictions"] for runs in grouped.values() for r in runs.values()
-  ):
-    lines += dr.breakdown_sections(grouped, keys, problems, breakdowns)
+  if grid.computed:
+    lines += grid.breakdown_sections()
   else:
     if hint:
       hint = f"; prepare them with `{hint}` and run the report again"
     lines += prose.section(
         __file__, "no_breakdowns", source=source, hint=hint
     ) + [""]
-  lines += [
-      "### What it shows",
-      "",
-      *dr.reading(grouped, early, seeds, breakdowns),
-      "",
-  ]
-  return lines
-
-
-def dataset_dir(dataset, tuned, zero, data_dir):
-  """The prepared data of the dataset's test split (any training size)."""
-  del dataset  # the records name it
-  runs = tuned or zero
-  pattern = answers.dataset_pattern(runs, data_dir)
-  configs = answers.prepared_configs(pattern, runs[0].get("problems_seen"))
-  return (configs[0] if configs else None), pattern
+  return lines + ["### What it shows", "", *grid.reading(seeds), ""]
 
 
 def write_report(
@@ -257,10 +227,7 @@ def write_report(
   check = dr.device_check([r for r in runs if r.get("method")], other)
   if check:
     lines += ["## The same cells on another device", "", *check, ""]
-  path = os.path.join(out_dir, "results.md")
-  with open(path, "w") as f:
-    f.write("\n".join(lines).rstrip("\n") + "\n")
-  return path
+  return report_engine.write(out_dir, ["\n".join(lines).rstrip("\n")], "\n")
 
 
 def main(results, out_dir, data_dir, other_results=()) -> str:
@@ -269,12 +236,8 @@ def main(results, out_dir, data_dir, other_results=()) -> str:
   runs = report_engine.load(results)
   problems, sources, hints = {}, {}, {}
   for dataset, (zero, tuned) in split_runs(runs).items():
-    problems[dataset], sources[dataset] = answers.load(
-        tuned or zero, data_dir, results
-    )
-    if problems[dataset] is None:
-      hints[dataset] = answers.prepare_command(tuned or zero, data_dir)
-      answers.warn_missing(sources[dataset], hints[dataset], dataset)
+    loaded = answers.load(tuned or zero, data_dir, results, dataset=dataset)
+    problems[dataset], sources[dataset], hints[dataset] = loaded
   other = [r for path in other_results for r in common.load_results(path)]
   return write_report(
       runs,

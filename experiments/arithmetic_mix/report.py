@@ -10,7 +10,6 @@ pretrained-LLM grid's (``llm/<snapshot>/results.json``) is
 `experiments.arithmetic_mix.llm_report`.
 """
 
-import collections
 import os
 
 from absl import flags
@@ -83,15 +82,12 @@ def fmt(values, scale=100.0, digits=2):
   return f"{mean:.{digits}f} ± {std:.{digits}f}"
 
 
-def by_method(runs, group="main"):
-  grouped = collections.defaultdict(list)
-  for run in runs:
-    if run["group"] == group:
-      grouped[run["method"]].append(run)
+def by_method(runs):
+  """{method: its main-grid runs, by seed}, in `METHODS` order."""
+  key = lambda r: r["method"] if r["group"] == "main" else None
+  main = stats.group_runs(runs, key)
   return {
-      m: sorted(grouped[m], key=lambda r: r["seed"])
-      for m in METHODS
-      if grouped[m]
+      m: [main[m][s] for s in sorted(main[m])] for m in METHODS if m in main
   }
 
 
@@ -211,7 +207,6 @@ def write_report(runs, out_dir):
   )
   plot_curves(main, os.path.join(plot_dir, "curves.png"))
   plot_by_length(main, os.path.join(plot_dir, "by_answer_length.png"))
-  first = runs[0]
   # Minutes include the three evaluations; runs that shared the machine with
   # other jobs took longer.
   main_rows = [
@@ -222,19 +217,10 @@ def write_report(runs, out_dir):
       f"{np.mean([r['wall_seconds'] for r in method_runs]) / 60:.1f} |"
       for method, method_runs in main.items()
   ]
-  lines = prose.section(
-      __file__,
-      "report",
-      profile=first["profile"],
-      model=first["model"],
-      steps=first["steps"],
-      batch_size=first["batch_size"],
-      test_size=first["num_test_examples"],
-      device=first["device"],
-      host=first["host"],
-      main_rows=main_rows,
-      reading=reading(main),
-  ) + [""]
+  # The set-up from the first record: profile, model, steps, batch_size,
+  # num_test_examples, device and host.
+  fields = dict(runs[0], main_rows=main_rows, reading=reading(main))
+  lines = prose.section(__file__, "report", **fields) + [""]
   rows = ablation_rows(runs, main)
   if rows:
     lines += prose.section(

@@ -11,8 +11,6 @@ import os
 import numpy as np
 
 from configs import clock_time
-from configs import common as config_common
-from experiments import common
 from experiments import figures
 from experiments import labels
 from experiments import prose
@@ -28,15 +26,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 Metric = stats_lib.Metric
 
 
-def define_flags():
-  """The command's flags (`common.define_report_flags`)."""
-  common.define_report_flags(HERE)
-
-
-# The five losses of every grid, then NTIL's peers (their own groups, run by
-# name): a peer's rows appear once it has a record.
-METHODS = clock_time.METHODS + config_common.PEER_METHODS
-LABELS = labels.LABELS
+METHODS = report_engine.METHODS
 VARIANT_LABELS = {
     **labels.VARIANT_LABELS,
     "sigma=0.1": "NTIL, sigma = 0.1",
@@ -54,7 +44,6 @@ CONTROLS = labels.CONTROLS
 EXACT = Metric("exact_match", "exact match %")
 GAP = Metric("mean_time_gap_minutes", "mean gap (min)", 1, 2, False)
 SPEC = report_engine.Spec(
-    methods=METHODS,
     columns=(
         EXACT,
         GAP,
@@ -149,28 +138,18 @@ def gaps(run, labels):
 
 
 def gap_table(grouped, labels):
-  """Where the errors are: % of test clocks per time-gap bin, mean over seeds.
+  """Where the errors are: % of test clocks per time-gap bin, mean over
+  seeds, and the share of the mean gap from clocks 51+ minutes off."""
 
-  Also the share of the mean gap that clocks 51+ minutes off contribute.
-  """
-  head = ["method"] + [name for *_, name in GAP_BINS]
-  rows = []
-  for method in METHODS:
-    if method not in grouped:
-      continue
-    shares, large = [], []
-    for run in grouped[method].values():
-      run_gaps = gaps(run, labels)
-      shares.append(
-          [np.mean((run_gaps >= a) & (run_gaps <= b)) for a, b, _ in GAP_BINS]
-      )
-      large.append(run_gaps[run_gaps >= 51].sum() / max(run_gaps.sum(), 1))
-    rows.append(
-        [LABELS[method]]
-        + [f"{100 * x:.1f}" for x in np.mean(shares, axis=0)]
-        + [f"{100 * np.mean(large):.0f}%"]
-    )
-  lines = tables.table(head + ["share of mean gap from 51+ min"], rows)
+  def shares(run):
+    run_gaps = gaps(run, labels)
+    large = run_gaps[run_gaps >= 51].sum() / max(run_gaps.sum(), 1)
+    bins = [(run_gaps >= a) & (run_gaps <= b) for a, b, _ in GAP_BINS]
+    return [*map(np.mean, bins), large]
+
+  head = ["method", *(name for *_, name in GAP_BINS)]
+  head.append("share of mean gap from 51+ min")
+  lines = tables.shares_table(grouped, SPEC.rows(METHODS), head, shares, True)
   slips = hour_slips(grouped, labels)
   if slips:
     lines += ["", *prose.section(__file__, "slips", **slips)]
@@ -260,11 +239,7 @@ def regime_table(groupings, columns, rows):
   for key, row_label in rows:
     cells = [row_label]
     for metric, regime in columns:
-      grouped = groupings[regime]
-      reference = None if key == "ce" else grouped.get("ce", {})
-      text, delta = regimes.value_and_delta(
-          grouped.get(key, {}), reference, metric
-      )
+      text, delta = regimes.value_and_delta(groupings[regime], key, metric)
       cells += [text, f"{delta[0]} ({delta[1]})" if delta else ""]
     body.append(cells)
   return tables.table(head, body)
@@ -303,7 +278,7 @@ def convergence_lines(converged):
           __file__,
           "convergence_check",
           steps=check[pairs[0]]["steps"],
-          label=LABELS[method],
+          label=label(method),
           pairs="; ".join(
               f"seed {s}: {100 * base[s]['exact_match']:.1f}% -> "
               f"{100 * check[s]['exact_match']:.1f}% "
@@ -458,11 +433,5 @@ def report_fields(runs, streamed, out_dir):
   )
 
 
-def main(argv):
-  del argv
-  report_engine.main(write_report)
-
-
 if __name__ == "__main__":
-  define_flags()
-  common.run_main(main)
+  report_engine.run(HERE, write_report)

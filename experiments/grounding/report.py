@@ -9,10 +9,8 @@ again), predictions and the stream.
 
 import os
 
-from absl import flags
 import numpy as np
 
-from configs import common as config_common
 from configs import grounding
 from experiments import common
 from experiments import figures
@@ -28,26 +26,10 @@ from train.tasks import boxes
 from train.tasks import grounding_scenes as scenes
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-FLAGS = flags.FLAGS
 Metric = stats.Metric
 
 
-def define_flags():
-  """The command's flags (`common.define_report_flags` and the budget)."""
-  common.define_report_flags(HERE)
-  flags.DEFINE_string(
-      "budget",
-      os.path.join(HERE, "budget.md"),
-      "Hand-written record of the pilots that chose the budget, appended if "
-      "it exists.",
-  )
-
-
-# The five losses of every grid, then NTIL's peers (their own groups, run by
-# name): a peer's rows appear once it has a record.
-METHODS = grounding.METHODS + config_common.PEER_METHODS
-LABELS = labels.LABELS
-VARIANT_LABELS = labels.VARIANT_LABELS
+METHODS = report_engine.METHODS
 TASK_TITLES = {
     "grounding": "grounding: the box of the object a query names (2-4 "
     "objects; the paper's Table 1)",
@@ -61,7 +43,6 @@ EXACT = Metric("exact_match", "exact %")
 ERROR = Metric("mean_coordinate_error", "coordinate error (px)", 1, 2, False)
 # The metrics of each kind of task: its main table's, and those it pairs.
 SINGLE = report_engine.Spec(
-    methods=METHODS,
     columns=(
         Metric("acc_at_50", "Acc@0.5 %"),
         Metric("acc_at_75", "Acc@0.75 %"),
@@ -79,7 +60,6 @@ SINGLE = report_engine.Spec(
     ),
 )
 MULTI = report_engine.Spec(
-    methods=METHODS,
     columns=(
         Metric("f1_at_50", "F1@0.5 %"),
         Metric("precision_at_50", "precision %"),
@@ -103,12 +83,6 @@ def is_multi(task):
 def spec(task) -> report_engine.Spec:
   """The task's report specification."""
   return MULTI if is_multi(task) else SINGLE
-
-
-def variant_table(task, grouped, keys):
-  """Absolute mean ± sd of the paired metrics for some run types."""
-  metrics = [m._replace(name=m.name.split(" (")[0]) for m in spec(task).paired]
-  return spec(task).variant_table(grouped, keys, metrics)
 
 
 # How close the streamed boxes are at the end of the budget, where Acc@0.5
@@ -213,17 +187,12 @@ def outcome(prediction, scene):
 
 
 def outcome_table(grouped, test):
-  rows = []
-  for method in METHODS:
-    if method not in grouped:
-      continue
-    shares = []
-    for run in grouped[method].values():
-      kinds = [outcome(p, s) for p, s in zip(run["predictions"], test)]
-      shares.append([np.mean([k == key for k in kinds]) for key, _ in OUTCOMES])
-    shares = np.mean(shares, axis=0)
-    rows.append([LABELS[method]] + [f"{100 * x:.1f}" for x in shares])
-  return tables.table(["method"] + [name for _, name in OUTCOMES], rows)
+  def shares(run):
+    kinds = [outcome(p, s) for p, s in zip(run["predictions"], test)]
+    return [np.mean([k == key for k in kinds]) for key, _ in OUTCOMES]
+
+  head = ["method"] + [name for _, name in OUTCOMES]
+  return tables.shares_table(grouped, SINGLE.rows(METHODS), head, shares)
 
 
 def readable_table(grouped, test):
@@ -315,26 +284,24 @@ def task_section(task, runs, out_dir):
   test = list(scenes.generate_scenes(scenes.VARIANTS[task], "test", size, 0))
   task_spec = spec(task)
   path = os.path.join(out_dir, "plots", f"{task}_{{}}.png").format
-  keys, first = [*METHODS, *VARIANT_LABELS], task_spec.paired[:1]
+  keys, first = [*METHODS, *labels.VARIANT_LABELS], task_spec.paired[:1]
   blocks = task_spec.section(grouped, path, task, keys, None, first, 25)
   curves = [m for m in task_spec.paired if m.field in grid.CURVE_METRICS[task]]
   figures.mean_curves(grouped, METHODS, curves, path("curves"), label)
   disagreements = plot_predictions(task, grouped, test, path("predictions"))
   any_run = runs[0]
-  lines = prose.section(
-      __file__,
-      "task",
+  fields = dict(
+      any_run,  # its steps, batch_size and num_test_examples
       title=TASK_TITLES[task],
       task=task,
       runs=len(runs),
-      steps=any_run["steps"],
-      batch_size=any_run["batch_size"],
       train_size=grid.PROFILES[any_run["profile"]]["train_size"][task],
-      test_size=any_run["num_test_examples"],
       seconds=np.median([r["wall_seconds"] for r in runs]),
       ce_budget=ce_budget_sentence(task, grouped),
       **blocks,
-  ) + ["", *early_table(task, grouped)]
+  )
+  lines = prose.section(__file__, "task", **fields)
+  lines += ["", *early_table(task, grouped)]
   if not is_multi(task):
     lines += prose.section(
         __file__,
@@ -353,11 +320,12 @@ def task_section(task, runs, out_dir):
   if any(k in grouped for k in labels.CONTROLS):
     lines += prose.section(__file__, "controls", **blocks) + [""]
   ablations = [k for k in ("exp_off", "rel_off", "mag_off") if k in grouped]
-  if ablations:
+  if ablations:  # beside NTIL's: absolute values of the paired metrics
+    plain = [m._replace(name=m.name.split(" (")[0]) for m in task_spec.paired]
     lines += prose.section(
         __file__,
         "ablations",
-        values=variant_table(task, grouped, ["ntil", *ablations]),
+        values=task_spec.variant_table(grouped, ["ntil", *ablations], plain),
         against_ntil=task_spec.paired_table(grouped, ablations, "ntil"),
         against_ce=task_spec.paired_table(grouped, ablations),
     ) + [""]
@@ -436,11 +404,7 @@ def write_report(runs, out_dir, discussion=None, budget=None):
   return report_engine.task_report(__file__, runs, out_dir, sections, hand)
 
 
-def main(argv):
-  del argv
-  report_engine.main(write_report, FLAGS.budget)
-
-
 if __name__ == "__main__":
-  define_flags()
-  common.run_main(main)
+  budget = "Hand-written record of the pilots that chose the budget, appended"
+  budget = (os.path.join(HERE, "budget.md"), budget + " if it exists.")
+  report_engine.run(HERE, write_report, budget=budget)
