@@ -144,22 +144,17 @@ def hand_written(sources) -> list[str]:
 
 def task_report(module_file, runs, out_dir, sections, hand) -> str:
   """Writes a task's results.md (and makes its plots folder): its
-  Markdown's ``report`` section with the fixed-set runs' count, device and
-  model and the fields of ``sections(fixed, streamed)`` (``(fields, lines
-  after it)``; streamed runs, regime "stream", go to the task's own
-  section), then the `hand_written` sections ``hand``; its path."""
+  Markdown's ``report`` section with the first fixed-set run's fields (its
+  device, model, ...), their count ``runs`` and the fields of
+  ``sections(fixed, streamed)`` (``(fields, lines after it)``; streamed
+  runs, regime "stream", go to the task's own section), then the
+  `hand_written` sections ``hand``; its path."""
   fixed = [r for r in runs if common.regime(r) == common.FIXED]
   streamed = [r for r in runs if common.regime(r) == common.STREAM]
   os.makedirs(os.path.join(out_dir, "plots"), exist_ok=True)
   fields, lines = sections(fixed, streamed)
-  first = fixed[0]
   head = prose.section(
-      module_file,
-      "report",
-      runs=len(fixed),
-      device=first["device"],
-      model=first["model"],
-      **fields,
+      module_file, "report", **dict(fixed[0], runs=len(fixed), **fields)
   )
   return write(out_dir, head + [""] + lines + hand_written(hand))
 
