@@ -108,13 +108,6 @@ def load(results):
   return runs
 
 
-def seed_values(runs, metric) -> str:
-  """``'61.2% (seed 0), ...'``: a share of each run ({seed: run})."""
-  return ", ".join(
-      f"{100 * runs[s][metric]:.1f}% (seed {s})" for s in sorted(runs)
-  )
-
-
 def predictions(grouped, count, draw, same=4):
   """CE's and NTIL's seed-0 predictions, drawn by ``draw(ce, ntil, chosen)``
   on ``count`` test examples in test order, first those where they differ,
