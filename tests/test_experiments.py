@@ -367,8 +367,7 @@ def test_grounding_stream_section_keeps_budgets_apart(tmp_path):
   assert "+20.0 to +30.0 points (mean +25.0, 2 seeds)" in text[short:long]
   assert (
       "+10.0 to +20.0 points (mean +15.0, 2 seeds) over its last 1,200 "
-      "steps (1,200 -> 2,400)"
-      in text[long:]
+      "steps (1,200 -> 2,400)" in text[long:]
   )
   # No fixed-set run has 2,400 steps: the long table is streamed only, and
   # its CE row holds the 2,400-step runs alone.
