@@ -61,28 +61,27 @@ def recorded_methods(methods, runs, always):
   return [m for m in methods if m in always or m in seen]
 
 
-def stream_section(intro, fixed, streamed, methods, always, budgets, out_dir):
-  """A report's "Fixed set vs stream" section: ``intro``, then the lines
-  ``budgets(rows, section)`` gives, ``rows`` those recorded
-  (`recorded_methods`) and ``section(title, groupings, metric, plot,
-  plot_title)`` their `budget_section`; a line saying so without a streamed
-  run."""
+def stream_section(intro, fixed, streamed, methods, always, out_dir, parts):
+  """A report's "Fixed set vs stream" section: ``intro``, then each of
+  ``parts(rows)``, ``rows`` the table rows of those recorded
+  (`recorded_methods`): a budget ``(title, group, metric, plot,
+  plot_title)``, the `budget_section` of ``{regime: group(its runs)}``, or
+  lines as they are; a line saying so without a streamed run."""
   if not streamed:
     return intro + ["", "No streamed run recorded yet.", ""]
   recorded = recorded_methods(methods, fixed + streamed, always)
   table_rows = rows(labels.LABELS, labels.VARIANT_LABELS, recorded)
-
-  def section(title, groupings, metric, plot, plot_title):
-    return budget_section(
+  lines = intro + [""]
+  for part in parts(table_rows):
+    if isinstance(part, list):
+      lines += part
+      continue
+    title, group, metric, plot, plot_title = part
+    groupings = dict(zip(REGIMES, (group(fixed), group(streamed))))
+    lines += budget_section(
         title, groupings, table_rows, metric, out_dir, plot, plot_title
     )
-
-  return intro + [""] + budgets(table_rows, section)
-
-
-def by_regime(fixed, streamed, group):
-  """``{regime: group(its runs)}``: a budget's groupings."""
-  return dict(zip(REGIMES, (group(fixed), group(streamed))))
+  return lines
 
 
 def rows(labels, variant_labels, methods, controls=("ce_digit_weighted",)):
@@ -211,25 +210,6 @@ def plot_paired_by_regime(groupings, rows, metric, path, title, scale=100):
   return True
 
 
-def ce_last_gain(ce_runs, metric, scale=100) -> list[str]:
-  """How much streamed CE gained over its last eval interval, per seed.
-
-  Says whether CE's curve has flattened at the budget (a lead at a budget
-  where CE still rises is a faster learner, not a better trained model).
-  """
-  gains = stats.last_gains(ce_runs, metric, scale)
-  if not gains:
-    return []
-  steps = next(iter(ce_runs.values()))["curves"]["eval_steps"]
-  return [
-      f"Streamed CE over its last {steps[-1] - steps[-2]:,} steps "
-      f"(step {steps[-2]:,} -> {steps[-1]:,}): {min(gains):+.1f} to "
-      f"{max(gains):+.1f} points (mean {np.mean(gains):+.1f}, "
-      f"{len(gains)} seed{'s' if len(gains) != 1 else ''}).",
-      "",
-  ]
-
-
 def budget_section(title, groupings, rows, metric, out_dir, plot, plot_title):
   """One budget's report section (``### title``): table, seed counts, CE's
   last gain, and the paired-Δ plot ``plot`` in ``out_dir/plots``."""
@@ -240,8 +220,12 @@ def budget_section(title, groupings, rows, metric, out_dir, plot, plot_title):
       "",
       f"Runs per regime: {seed_counts(groupings, rows)}.",
       "",
-      *ce_last_gain(groupings.get("stream", {}).get("ce", {}), metric),
   ]
+  # Whether CE's curve has flattened at the budget (a lead where CE still
+  # rises is a faster learner, not a better trained model).
+  ce = groupings.get("stream", {}).get("ce", {})
+  gain = tables.last_gain(ce, metric, "Streamed CE")
+  lines += [gain, ""] if gain else []
   if plot_paired_by_regime(
       groupings, rows, metric, os.path.join(out_dir, "plots", plot), plot_title
   ):

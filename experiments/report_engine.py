@@ -108,13 +108,6 @@ def load(results):
   return runs
 
 
-def seed_values(runs, metric) -> str:
-  """``'61.2% (seed 0), ...'``: a share of each run ({seed: run})."""
-  return ", ".join(
-      f"{100 * runs[s][metric]:.1f}% (seed {s})" for s in sorted(runs)
-  )
-
-
 def predictions(grouped, count, draw, same=4):
   """CE's and NTIL's seed-0 predictions, drawn by ``draw(ce, ntil, chosen)``
   on ``count`` test examples in test order, first those where they differ,
@@ -144,22 +137,17 @@ def hand_written(sources) -> list[str]:
 
 def task_report(module_file, runs, out_dir, sections, hand) -> str:
   """Writes a task's results.md (and makes its plots folder): its
-  Markdown's ``report`` section with the fixed-set runs' count, device and
-  model and the fields of ``sections(fixed, streamed)`` (``(fields, lines
-  after it)``; streamed runs, regime "stream", go to the task's own
-  section), then the `hand_written` sections ``hand``; its path."""
+  Markdown's ``report`` section with the first fixed-set run's fields (its
+  device, model, ...), their count ``runs`` and the fields of
+  ``sections(fixed, streamed)`` (``(fields, lines after it)``; streamed
+  runs, regime "stream", go to the task's own section), then the
+  `hand_written` sections ``hand``; its path."""
   fixed = [r for r in runs if common.regime(r) == common.FIXED]
   streamed = [r for r in runs if common.regime(r) == common.STREAM]
   os.makedirs(os.path.join(out_dir, "plots"), exist_ok=True)
   fields, lines = sections(fixed, streamed)
-  first = fixed[0]
   head = prose.section(
-      module_file,
-      "report",
-      runs=len(fixed),
-      device=first["device"],
-      model=first["model"],
-      **fields,
+      module_file, "report", **dict(fixed[0], runs=len(fixed), **fields)
   )
   return write(out_dir, head + [""] + lines + hand_written(hand))
 

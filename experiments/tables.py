@@ -87,6 +87,34 @@ def reading(grouped, metrics, methods, labels):
   return lines
 
 
+def last_gain(runs, metric, who) -> str:
+  """``who`` changed by how much over its last eval interval, the range
+  over ``runs`` ({seed: run}, a share in ``metric``); "" with one eval."""
+  gains = stats.last_gains(runs, metric)
+  if not gains:
+    return ""
+  steps = next(iter(runs.values()))["curves"]["eval_steps"]
+  return (
+      f"{who} changed by {min(gains):+.1f} to {max(gains):+.1f} points (mean "
+      f"{np.mean(gains):+.1f}, {len(gains)} seed{'s' * (len(gains) != 1)}) "
+      f"over its last {steps[-1] - steps[-2]:,} steps "
+      f"({steps[-2]:,} -> {steps[-1]:,})."
+  )
+
+
+def ce_budget(runs, metric, name) -> str:
+  """Where CE's ``runs`` ({seed: run}) ended in ``metric`` (a share, called
+  ``name``): seed by seed, the mean, and its `last_gain`."""
+  if not runs:
+    return "CE has no runs yet."
+  values = ", ".join(
+      f"{100 * runs[s][metric]:.1f}% (seed {s})" for s in sorted(runs)
+  )
+  mean = 100 * np.mean([r[metric] for r in runs.values()])
+  gain = last_gain(runs, metric, "It")
+  return f"CE's test {name}: {values}; mean {mean:.1f}%. {gain}".strip()
+
+
 def shares_table(grouped, rows, head, shares, percent_last=False):
   """A row per ``(key, label)`` recorded: ``shares(run)``, fractions of a
   run's test examples, in % and mean over seeds (the last as ``NN%`` with

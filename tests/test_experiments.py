@@ -365,7 +365,10 @@ def test_grounding_stream_section_keeps_budgets_apart(tmp_path):
   assert "| 40.0 ± 7.1 (+5.0: 2/2) |" in text[short:long]
   # CE's last interval: +20 and +30 points at 1,200; +20 and +10 at 2,400.
   assert "+20.0 to +30.0 points (mean +25.0, 2 seeds)" in text[short:long]
-  assert "(step 1,200 -> 2,400): +10.0 to +20.0 points" in text[long:]
+  assert (
+      "+10.0 to +20.0 points (mean +15.0, 2 seeds) over its last 1,200 "
+      "steps (1,200 -> 2,400)" in text[long:]
+  )
   # No fixed-set run has 2,400 steps: the long table is streamed only, and
   # its CE row holds the 2,400-step runs alone.
   table = text[long:].split("\n\n")[1]

@@ -619,8 +619,10 @@ def write_report(
         else f"({problems_source}), which did not reproduce the recorded "
         "exact match of any run"
     )
+    seen = runs[0]["steps"] * runs[0]["batch_size"]
+    command = answers.prepare_command(runs, "data", DATA, seen)
     lines += prose.section(
-        __file__, "no_breakdowns", why=why, command=prepare_command(runs)
+        __file__, "no_breakdowns", why=why, command=command
     ) + [""]
   else:
     lines += prose.section(__file__, "breakdowns", source=problems_source)
@@ -691,12 +693,6 @@ def devices(grouped, keys) -> str:
   """The devices of the cells of ``keys``, in order."""
   found = {r["device"] for k in keys for r in grouped.get(k, {}).values()}
   return ", ".join(sorted(found))
-
-
-def prepare_command(runs, data_dir="data") -> str:
-  """The command that generates the runs' data (`answers.prepare_command`)."""
-  seen = runs[0]["steps"] * runs[0]["batch_size"]
-  return answers.prepare_command(runs, data_dir, DATA, seen)
 
 
 def main(results, out_dir, data_dir, profile="digits", other_results=()):

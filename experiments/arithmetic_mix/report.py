@@ -26,6 +26,7 @@ from experiments import labels
 from experiments import prose
 from experiments import report_engine
 from experiments import stats
+from experiments import tables
 from experiments.arithmetic_mix import digits_report
 from experiments.arithmetic_mix import llm_report
 from train import plots
@@ -64,38 +65,56 @@ flags.DEFINE_string(
 )
 
 METHODS = arithmetic_mix.METHODS
-LABELS = labels.LABELS
-# (group, cell name prefix, label): the NTIL variants run on seed 0.
-VARIANTS = (
-    ("ablation", "ntil-no-exp", "Exp off (sigma=0)"),
-    ("ablation", "ntil-no-rel", "Rel off (alpha=0)"),
-    ("ablation", "ntil-no-mag", "Mag off (beta=0)"),
-    ("sweep", "ntil-sigma0.1", "sigma=0.1"),
-    ("sweep", "ntil-sigma0.5", "sigma=0.5"),
-    ("sweep", "ntil-lam0.1", "lambda=0.1"),
-    ("sweep", "ntil-lam1.0", "lambda=1.0"),
+EXACT = stats.Metric("exact_match", "exact match (%)", 100, 2)
+SPEC = report_engine.Spec(
+    columns=(
+        EXACT,
+        stats.Metric("parsed_rate", "parsed (%)"),
+        stats.Metric(
+            "mean_log10_abs_error", "mean log10(1+abs err)", 1, 3, False
+        ),
+        # Minutes include the three evaluations; runs that shared the machine
+        # with other jobs took longer.
+        stats.Metric("wall_seconds", "minutes / run", 1 / 60, 1, False),
+    ),
+    paired=(EXACT,),
+    # The NTIL variants run on seed 0, by their cells' name prefix.
+    variant_labels={
+        "ntil-seed0": "NTIL (all on, seed 0)",
+        "ntil-no-exp": "Exp off (sigma=0)",
+        "ntil-no-rel": "Rel off (alpha=0)",
+        "ntil-no-mag": "Mag off (beta=0)",
+        "ntil-sigma0.1": "sigma=0.1",
+        "ntil-sigma0.5": "sigma=0.5",
+        "ntil-lam0.1": "lambda=0.1",
+        "ntil-lam1.0": "lambda=1.0",
+    },
 )
+label = SPEC.label
 
 
-def fmt(values, scale=100.0, digits=2):
-  mean, std = stats.mean_std(np.asarray(values) * scale)
-  return f"{mean:.{digits}f} ± {std:.{digits}f}"
+def group_runs(runs):
+  """{method or variant: {seed: run}}: main-grid runs by method, the
+  ablations' and sweeps' by their name prefix, and NTIL's seed 0 apart."""
+  key = (
+      lambda r: r["method"]
+      if r["group"] == "main"
+      else r["name"].rsplit("-s", 1)[0]
+  )
+  grouped = stats.group_runs(runs, key)
+  if 0 in grouped.get("ntil", {}):
+    grouped["ntil-seed0"] = {0: grouped["ntil"][0]}
+  return grouped
 
 
-def by_method(runs):
-  """{method: its main-grid runs, by seed}, in `METHODS` order."""
-  key = lambda r: r["method"] if r["group"] == "main" else None
-  main = stats.group_runs(runs, key)
-  return {
-      m: [main[m][s] for s in sorted(main[m])] for m in METHODS if m in main
-  }
-
-
-def plot_curves(main, path):
+def plot_curves(grouped, path):
   """Train CE (smoothed) and test exact match vs step, mean over seeds."""
   fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
-  for method, runs in main.items():
-    style = dict(label=LABELS[method], color=labels.color(method))
+  for method in METHODS:
+    runs = list(grouped.get(method, {}).values())
+    if not runs:
+      continue
+    style = dict(label=label(method), color=labels.color(method))
     ce = np.mean([r["curves"]["ce"] for r in runs], axis=0)
     left.plot(runs[0]["curves"]["steps"], plots.smooth(ce, 8), **style)
     em = np.mean([r["curves"]["exact_match"] for r in runs], axis=0)
@@ -107,22 +126,19 @@ def plot_curves(main, path):
   figures.save(fig, path, dpi=110)
 
 
-def plot_by_length(main, path):
+def plot_by_length(grouped, path):
   """Exact match by the answer's length in characters, mean over seeds."""
   fig, ax = plt.subplots(figsize=(7, 3.6))
-  for method, runs in main.items():
-    by_length = [r["exact_match_by_answer_length"] for r in runs]
+  for method in (m for m in METHODS if m in grouped):
+    by_length = [
+        r["exact_match_by_answer_length"] for r in grouped[method].values()
+    ]
     lengths = sorted({int(k) for lengths in by_length for k in lengths})
     values = [
         100 * np.mean([b.get(str(k), 0.0) for b in by_length]) for k in lengths
     ]
-    ax.plot(
-        lengths,
-        values,
-        marker="o",
-        label=LABELS[method],
-        color=labels.color(method),
-    )
+    style = dict(label=label(method), color=labels.color(method))
+    ax.plot(lengths, values, marker="o", **style)
   figures.finish(
       ax,
       "answer length (characters, e.g. '-8/3' is 4)",
@@ -132,110 +148,84 @@ def plot_by_length(main, path):
   figures.save(fig, path, dpi=110)
 
 
-def reading(main):
+def reading(grouped):
   """A plain reading of the main table, computed from the numbers."""
-  means = {
-      m: stats.mean_std([100 * r["exact_match"] for r in runs])
-      for m, runs in main.items()
+  main = [m for m in METHODS if m in grouped]
+  values = lambda m, field, scale: [
+      scale * r[field] for r in grouped[m].values()
+  ]
+  means = {m: stats.mean_std(values(m, "exact_match", 100)) for m in main}
+  errors = {
+      m: stats.mean_std(values(m, "mean_log10_abs_error", 1)) for m in main
   }
   versus = []
   if "ntil" in means and "ce" in means:
     gap = means["ntil"][0] - means["ce"][0]
     # Standard error of the difference of two means over seeds.
     stderr = np.sqrt(
-        sum(means[m][1] ** 2 / len(main[m]) for m in ("ntil", "ce"))
+        sum(means[m][1] ** 2 / len(grouped[m]) for m in ("ntil", "ce"))
     )
     kind = "untestable" if np.isnan(stderr) else "noise"
-    if abs(gap) > 2 * stderr:
-      kind = "beyond"
+    kind = "beyond" if abs(gap) > 2 * stderr else kind
+    direction = "better" if gap > 0 else "worse"
     versus += prose.section(
-        __file__,
-        f"gap_{kind}",
-        gap=gap,
-        twice=2 * stderr,
-        direction="better" if gap > 0 else "worse",
+        __file__, f"gap_{kind}", gap=gap, twice=2 * stderr, direction=direction
     )
   if "ntil" in means:
-    better = [LABELS[m] for m in means if means[m][0] > means["ntil"][0]]
+    better = [label(m) for m in means if means[m][0] > means["ntil"][0]]
     if better:
       versus.append(
           f"- Methods with a higher mean than NTIL: {', '.join(better)}."
       )
-  errors = {
-      m: stats.mean_std([r["mean_log10_abs_error"] for r in runs])
-      for m, runs in main.items()
-  }
   best = max(mean for mean, _ in means.values())
   return prose.section(
       __file__,
       "reading",
       ranking=", ".join(
-          f"{LABELS[m]} {means[m][0]:.2f}%"
+          f"{label(m)} {means[m][0]:.2f}%"
           for m in sorted(means, key=lambda m: -means[m][0])
       ),
       spread=np.nanmean([s for _, s in means.values()]),
       versus=versus,
       errors=", ".join(
-          f"{LABELS[m]} {errors[m][0]:.3f} ± {errors[m][1]:.3f}"
+          f"{label(m)} {errors[m][0]:.3f} ± {errors[m][1]:.3f}"
           for m in sorted(errors, key=lambda m: errors[m][0])
       ),
       caveat=prose.section(__file__, "caveat", best=best) if best < 5 else [],
   )
 
 
-def ablation_rows(runs, main):
-  """(label, runs) of NTIL on seed 0 and of each recorded variant."""
-  ntil = [r for r in main.get("ntil", []) if r["seed"] == 0]
-  rows = [("NTIL (all on, seed 0)", ntil)]
-  for group, prefix, label in VARIANTS:
-    named = [r for r in runs if r["name"].startswith(prefix + "-")]
-    rows.append((label, [r for r in named if r["group"] == group]))
-  return [(label, cells) for label, cells in rows if cells]
-
-
 def write_report(runs, out_dir):
-  plot_dir = os.path.join(out_dir, "plots")
-  os.makedirs(plot_dir, exist_ok=True)
-  main = by_method(runs)
-  figures.seed_bars(
-      {m: {r["seed"]: r for r in runs} for m, runs in main.items()},
-      list(main),
-      (stats.Metric("exact_match", "exact match (%)"),),
-      os.path.join(plot_dir, "exact_match.png"),
-      "arithmetic_mix test",
-      LABELS.get,
-  )
-  plot_curves(main, os.path.join(plot_dir, "curves.png"))
-  plot_by_length(main, os.path.join(plot_dir, "by_answer_length.png"))
-  # Minutes include the three evaluations; runs that shared the machine with
-  # other jobs took longer.
-  main_rows = [
-      f"| {LABELS[method]} | {len(method_runs)} | "
-      f"{fmt([r['exact_match'] for r in method_runs])} | "
-      f"{fmt([r['parsed_rate'] for r in method_runs], digits=1)} | "
-      f"{fmt([r['mean_log10_abs_error'] for r in method_runs], 1, 3)} | "
-      f"{np.mean([r['wall_seconds'] for r in method_runs]) / 60:.1f} |"
-      for method, method_runs in main.items()
-  ]
-  # The set-up from the first record: profile, model, steps, batch_size,
-  # num_test_examples, device and host.
-  fields = dict(runs[0], main_rows=main_rows, reading=reading(main))
-  lines = prose.section(__file__, "report", **fields) + [""]
-  rows = ablation_rows(runs, main)
-  if rows:
-    lines += prose.section(
-        __file__,
-        "ablations",
-        rows=[
-            f"| {label} | {len(cells)} | "
-            f"{fmt([r['exact_match'] for r in cells])} |"
-            for label, cells in rows
-        ],
+  """Writes results.md and the plots; the path of results.md."""
+
+  def sections(runs, _):
+    grouped = group_runs(runs)
+    path = os.path.join(out_dir, "plots", "{}.png").format
+    figures.seed_bars(
+        grouped,
+        METHODS,
+        (EXACT,),
+        path("exact_match"),
+        "arithmetic_mix test",
+        label,
     )
-  else:
-    lines.append("Not run yet.")
-  lines += [""] + prose.section(__file__, "paper")
-  report_engine.write(out_dir, lines, end="\n")
+    plot_curves(grouped, path("curves"))
+    plot_by_length(grouped, path("by_answer_length"))
+    variants = [k for k in SPEC.variant_labels if k in grouped]
+    ablations = ["Not run yet."]
+    if variants:
+      ablations = SPEC.variant_table(grouped, variants, (EXACT,))
+      ablations += [""] + prose.section(__file__, "ablations")
+    fields = dict(
+        main_table=tables.values_table(
+            grouped, SPEC.rows(METHODS), SPEC.columns
+        ),
+        reading=reading(grouped),
+        ablations=ablations,
+    )
+    return fields, prose.section(__file__, "paper") + [""]
+
+  return report_engine.task_report(__file__, runs, out_dir, sections, ())
 
 
 def main(argv):
@@ -259,8 +249,7 @@ def main(argv):
   else:
     results = FLAGS.results or os.path.join(HERE, "results.json")
     out_dir = FLAGS.out_dir or HERE
-    write_report(report_engine.load(results), out_dir)
-    path = os.path.join(out_dir, "results.md")
+    path = write_report(report_engine.load(results), out_dir)
   common.note_failures(results, path)
   print(f"wrote {path} and plots/")
 

@@ -199,22 +199,6 @@ def plot_predictions(grouped, path, title, count=18):
   return report_engine.predictions(grouped, count, draw)
 
 
-def ce_budget_sentence(grouped):
-  """Where CE landed, seed by seed (the budget's check)."""
-  runs = grouped.get("ce", {})
-  if not runs:
-    return "has no runs yet."
-  values = report_engine.seed_values(runs, "exact_match")
-  return prose.section(
-      __file__,
-      "ce_budget",
-      values=values,
-      mean=100 * np.mean([r["exact_match"] for r in runs.values()]),
-      inside=sum(40 <= 100 * r["exact_match"] <= 80 for r in runs.values()),
-      seeds=len(runs),
-  )[0]
-
-
 # (column, the regime it is read from); a column's name is its header.
 EARLY_COLUMNS = (
     (EXACT._replace(name="exact match % at 600 steps"), EARLY),
@@ -321,36 +305,27 @@ def regime_sections(grouped, title, out_dir, suffix, labels):
 def stream_section(fixed, streamed, out_dir) -> list[str]:
   """Fixed set vs stream at both budgets: tables, plots, seed counts."""
 
-  def budgets(_, section):
-    lines = []
+  def parts(_):
     for budget, suffix in ((EARLY, "_600"), (CONVERGED, "")):
-      steps = sorted(
-          {
-              r["steps"]
-              for r in streamed
-              if regime_of(r) == budget and r["variant"] not in CHECKS
-          }
-      )
+      steps = {
+          r["steps"]
+          for r in streamed
+          if regime_of(r) == budget and r["variant"] not in CHECKS
+      }
       if not steps:
-        lines += prose.section(__file__, "no_stream", budget=budget) + [""]
+        yield prose.section(__file__, "no_stream", budget=budget) + [""]
         continue
-      title = f"{', '.join(f'{n:,}' for n in steps)} steps"
-      lines += section(
-          title,
-          regimes.by_regime(
-              fixed, streamed, lambda runs, b=budget: group_runs(runs, b)
-          ),
-          "exact_match",
-          f"regimes_paired{suffix}.png",
-          f"clocks, {title}: paired Δ exact match vs CE",
-      )
-    return lines
+      title = f"{', '.join(f'{n:,}' for n in sorted(steps))} steps"
+      group = lambda runs, b=budget: group_runs(runs, b)
+      plot = f"regimes_paired{suffix}.png"
+      plot_title = f"clocks, {title}: paired Δ exact match vs CE"
+      yield title, group, "exact_match", plot, plot_title
 
   intro = prose.section(
       __file__, "stream", train_size=grid.PROFILES["cpu"]["train_size"]
   )
   return regimes.stream_section(
-      intro, fixed, streamed, METHODS, clock_time.METHODS, budgets, out_dir
+      intro, fixed, streamed, METHODS, clock_time.METHODS, out_dir, parts
   )
 
 
@@ -399,6 +374,7 @@ def report_fields(runs, streamed, out_dir):
     steps[regime] = ", ".join(map(str, sorted(main)))
     seconds[regime] = np.median([r["wall_seconds"] for r in of_regime] or [0])
   recorded = regimes.recorded_methods(METHODS, runs, clock_time.METHODS)
+  ce = early.get("ce", {})
   rows = SPEC.rows([*recorded, *CONTROLS])
   tuned = ("exp_off", "rel_off", "mag_off", *VARIANT_LABELS_SWEEP)
   return dict(
@@ -419,7 +395,9 @@ def report_fields(runs, streamed, out_dir):
           if disagreements is not None
           else ""
       ),
-      ce_budget=ce_budget_sentence(early),
+      ce_budget=tables.ce_budget(ce, "exact_match", "exact match"),
+      inside=sum(40 <= 100 * r["exact_match"] <= 80 for r in ce.values()),
+      seeds=len(ce),
       early=regime_sections(early, "600 steps", out_dir, "_600", labels),
       ablation_values=SPEC.variant_table(
           early, ["ntil", *tuned], SPEC.columns[:2]

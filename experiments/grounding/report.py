@@ -12,7 +12,6 @@ import os
 import numpy as np
 
 from configs import grounding
-from experiments import common
 from experiments import figures
 from experiments import labels
 from experiments import prose
@@ -135,24 +134,6 @@ def early_table(task, grouped):
       [m._replace(name=f"{m.name} (points)") for m in measures],
   )
   return prose.section(__file__, "early", absolute=absolute, table=table) + [""]
-
-
-def ce_budget_sentence(task, grouped):
-  """Where CE landed, seed by seed, and whether its curve had flattened."""
-  runs = grouped.get("ce", {})
-  if not runs:
-    return "CE has no runs yet."
-  metric, name = headline(task)
-  values = report_engine.seed_values(runs, metric)
-  late = stats.last_gains(runs, metric)
-  change = (
-      f"; over its last eval interval CE's {name} changed by "
-      f"{np.mean(late):+.1f} points on average (seeds "
-      f"{min(late):+.1f} to {max(late):+.1f})"
-      if late
-      else ""
-  )
-  return f"CE's test {name}: {values}{change}."
 
 
 # ----------------------------------------------------------------------------
@@ -297,7 +278,7 @@ def task_section(task, runs, out_dir):
       runs=len(runs),
       train_size=grid.PROFILES[any_run["profile"]]["train_size"][task],
       seconds=np.median([r["wall_seconds"] for r in runs]),
-      ce_budget=ce_budget_sentence(task, grouped),
+      ce_budget=tables.ce_budget(grouped.get("ce", {}), *headline(task)),
       **blocks,
   )
   lines = prose.section(__file__, "task", **fields)
@@ -335,19 +316,14 @@ def task_section(task, runs, out_dir):
 def stream_section(fixed, streamed, out_dir) -> list[str]:
   """Fixed set vs stream for each task with streamed runs."""
 
-  def budgets(rows, section):
-    lines = []
+  def parts(rows):
     for task in grid.METRICS:
       metric, name = headline(task)
       train_size = grid.PROFILES["cpu"]["train_size"][task]
       budgets = sorted({r["steps"] for r in streamed if r["task"] == task})
       for index, steps in enumerate(budgets):
-        groupings = regimes.by_regime(
-            fixed,
-            streamed,
-            lambda runs, at=(task, steps): stats.group_runs(
-                [r for r in runs if (r["task"], r["steps"]) == at]
-            ),
+        group = lambda runs, at=(task, steps): stats.group_runs(
+            [r for r in runs if (r["task"], r["steps"]) == at]
         )
         heading = f"{task}, {steps:,} steps"
         title = f"{heading} ({name}; fixed set: {train_size:,} scenes)"
@@ -355,33 +331,26 @@ def stream_section(fixed, streamed, out_dir) -> list[str]:
         if index:  # the longer budgets, streamed only
           title = f"{heading} ({name}; streamed only)"
           plot = f"regimes_paired_{task}_{steps}.png"
-        lines += section(
-            title, groupings, metric, plot, f"{heading}: paired Δ {name} vs CE"
-        )
-        ce = groupings[common.STREAM].get("ce", {})
+        yield title, group, metric, plot, f"{heading}: paired Δ {name} vs CE"
+        ce = group(streamed).get("ce", {})
         ends = [r["curves"][metric][-1] for r in ce.values()]
         if ends and np.mean(ends) >= CEILING:
           # Every loss is at the ceiling: compare where they can differ.
-          lines += prose.section(
+          yield prose.section(
               __file__, "ceiling", name=name, ceiling=CEILING
-          )
-          lines += [""] + section(
-              f"{heading} (exact box)",
-              groupings,
-              "exact_match",
-              plot.replace(".png", "_exact.png"),
-              f"{heading}: paired Δ exact box vs CE",
-          )
+          ) + [""]
+          exact = plot.replace(".png", "_exact.png")
+          plot_title = f"{heading}: paired Δ exact box vs CE"
+          yield f"{heading} (exact box)", group, "exact_match", exact, plot_title
           # How close the streamed boxes are (an unreadable box: 48 px).
           close = tables.versus_table(
-              groupings[common.STREAM], rows, CLOSENESS, "loss", vs="Δ vs CE"
+              group(streamed), rows, CLOSENESS, "loss", vs="Δ vs CE"
           )
-          lines += [*prose.section(__file__, "closeness"), "", *close, ""]
-    return lines
+          yield [*prose.section(__file__, "closeness"), "", *close, ""]
 
   intro = prose.section(__file__, "stream")
   return regimes.stream_section(
-      intro, fixed, streamed, METHODS, grounding.METHODS, budgets, out_dir
+      intro, fixed, streamed, METHODS, grounding.METHODS, out_dir, parts
   )
 
 
