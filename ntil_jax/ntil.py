@@ -121,10 +121,9 @@ def _deviations_forward(soft_digits, x_digits, layout, comparison):
           )
       )
   )
-  factors, (offset, small_offset, small_scale) = powers[:2], powers[2:]
+  big_scale, small_own_scale, offset, small_offset, small_scale = powers
   y_digits = layout.digit_values
   difference_digits = sign * (x_digits - y_digits) + correction
-  big_scale, small_own_scale = factors
   # Each number's sums, at its last digit (every term is 0 outside numbers).
   big, small, difference = segments.segmented_sums(
       (
@@ -165,8 +164,8 @@ def _deviations_forward(soft_digits, x_digits, layout, comparison):
   )
   # d(X / 10**x_place) and d(D) by each digit of X.
   slopes = (
-      jnp.where(x_larger, factors[0], factors[1]),
-      sign.astype(jnp.float32) * factors[0],
+      jnp.where(x_larger, big_scale, small_own_scale),
+      sign.astype(jnp.float32) * big_scale,
   )
   last = layout.is_last
   deviations = (base.masked(relative, last), base.masked(magnitude, last))
