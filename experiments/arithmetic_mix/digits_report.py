@@ -665,7 +665,12 @@ def chunk_section(grid, elsewhere) -> list[str]:
   apart = methods and elsewhere.compared(
       "chunks_elsewhere",
       [k for m in methods for k in (m, m + CHUNKS)],
-      [(m + CHUNKS, m) for m in methods],
+      [(m + CHUNKS, m) for m in methods]
+      + [
+          (m + CHUNKS, "ce" + CHUNKS, "CE, both in chunks")
+          for m in methods
+          if m != "ce"
+      ],
       device=devices(
           elsewhere.grouped, methods + [m + CHUNKS for m in methods]
       ),
