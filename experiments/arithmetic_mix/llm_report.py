@@ -102,7 +102,7 @@ def setup_lines(tuned, grid, source) -> list[str]:
       snapshot=first.get("snapshot", "?"),
       seen=seen,
       rate=first.get("learning_rate", float("nan")),
-      eval_steps=", ".join(str(s) for s in dr.eval_steps(grid.grouped)),
+      eval_steps=", ".join(str(s) for s in grid.steps),
   )
   lines = prose.section(__file__, "setup", **fields)
   if grid.problems:
@@ -163,7 +163,7 @@ def dataset_section(dataset, zero, tuned, problems, source, plot_dir, hint=""):
   fig, ax = plt.subplots(figsize=(5.5, 3.4))
   start = [r["exact_match"] for r in zero]
   step = "fine-tuning step (0: zero-shot)"
-  dr.curve_lines(ax, grid.grouped, grid.keys, step, start)
+  dr.curve_lines(ax, grid, grid.keys, step, start)
   ax.set_ylabel("test exact match (%, mean over seeds)")
   ax.set_title("\n".join(textwrap.wrap(title, 70)), fontsize=9)
   figures.save(fig, os.path.join(plot_dir, curve), dpi=90)
@@ -187,17 +187,17 @@ def dataset_section(dataset, zero, tuned, problems, source, plot_dir, hint=""):
           curve=curve,
           paired_plot=paired,
       ),
-      "",
   ]
   if grid.computed:
     lines += grid.breakdown_sections()
   else:
     if hint:
       hint = f"; prepare them with `{hint}` and run the report again"
-    lines += prose.section(
-        __file__, "no_breakdowns", source=source, hint=hint
-    ) + [""]
-  return lines + ["### What it shows", "", *grid.reading(seeds), ""]
+    lines += [
+        "",
+        *prose.section(__file__, "no_breakdowns", source=source, hint=hint),
+    ]
+  return lines + ["", "### What it shows", "", *grid.reading(seeds), ""]
 
 
 def write_report(
@@ -226,7 +226,7 @@ def write_report(
     )
   check = dr.device_check([r for r in runs if r.get("method")], other)
   if check:
-    lines += ["## The same cells on another device", "", *check, ""]
+    lines += [*check, ""]
   return report_engine.write(out_dir, ["\n".join(lines).rstrip("\n")], "\n")
 
 
