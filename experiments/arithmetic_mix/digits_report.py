@@ -227,13 +227,8 @@ class Grid:
   def compared(self, name, keys, pairs, **values) -> list[str]:
     """Section ``name`` of digits_report.md with its blocks ``values`` (of
     ``keys``) and ``paired`` (of ``pairs``)."""
-    return prose.section(
-        __file__,
-        name,
-        values=self.values(keys),
-        paired=self.paired(pairs),
-        **values,
-    )
+    blocks = dict(values=self.values(keys), paired=self.paired(pairs))
+    return prose.section(__file__, name, **blocks, **values)
 
   def breakdown_sections(self) -> list[str]:
     """A ``###`` section a breakdown: exact match (%) per bucket, mean over
@@ -273,10 +268,8 @@ class Grid:
     if not keys:
       return ["- No main-grid cell recorded yet."]
     lines = []
-    for field, when in (
-        ("end", "at the end"),
-        ("early", f"at step {self.early}"),
-    ):
+    for field in ("end", "early"):
+      when = prose.text(__file__, f"when_{field}", early=self.early)
       means = {
           k: 100 * np.nanmean([r[f"em_{field}"] for r in grouped[k].values()])
           for k in keys
@@ -546,7 +539,6 @@ def write_report(
   ``runs``, the test ``problems`` ((question, answer) pairs, or None) and
   ``other`` runs of the same cells (another device); its path."""
   grid = Grid(runs, problems)
-  grouped = grid.grouped
   plot_dir = os.path.join(out_dir, "plots")
   os.makedirs(plot_dir, exist_ok=True)
   plot_curves(grid, os.path.join(plot_dir, "exact_match_curve.png"))
@@ -563,7 +555,7 @@ def write_report(
     breakdowns = prose.section(
         __file__, "no_breakdowns", why=why, command=command
     )
-  control = CONTROL in grouped and grid.compared(
+  control = CONTROL in grid.grouped and grid.compared(
       "control", ["ce", CONTROL, "ntil"], [(CONTROL, "ce"), ("ntil", CONTROL)]
   )
   ablations = grid.present(GROUPS["ablation"])
@@ -583,7 +575,7 @@ def write_report(
       groups=",".join(sizes),
       results=PROFILES[profile][0],
       regime=regime(grid, problems_source),
-      coverage=coverage(grouped, sizes),
+      coverage=coverage(grid.grouped, sizes),
       main_table=grid.values(grid.keys),
       figures=prose.text(
           __file__,
