@@ -129,10 +129,9 @@ def breakdown(predictions, problems, key) -> dict:
   counts = collections.defaultdict(lambda: [0, 0])
   for prediction, (question, answer) in zip(predictions, problems):
     bucket = key(question, answer)
-    if bucket is None:
-      continue
-    counts[bucket][0] += is_exact(prediction, answer)
-    counts[bucket][1] += 1
+    if bucket is not None:
+      counts[bucket][0] += is_exact(prediction, answer)
+      counts[bucket][1] += 1
   return {b: tuple(c) for b, c in counts.items()}
 
 
@@ -168,9 +167,7 @@ BREAKDOWNS = (
 def answer_form(answer: str) -> str:
   """``'fraction'``, ``'decimal'`` or ``'integer'``: how the answer is
   written (arithmetic_mix's answers are integers or fractions)."""
-  if "/" in answer:
-    return "fraction"
-  return "decimal" if "." in answer else "integer"
+  return "fraction" if "/" in answer else decimals_bucket(answer)
 
 
 FORMS = ("integer", "decimal", "fraction")

@@ -80,14 +80,13 @@ def zero_shot_lines(records, problems) -> list[str]:
 def setup_lines(tuned, grid, source) -> list[str]:
   """What the fine-tuned cells share: schedule, data, hardware, speed."""
   first = tuned[0]
-  seen = first.get("problems_seen", first["steps"] * first["batch_size"])
   # The llm grid generates as many training problems as a run reads (each
   # seen once); the test split's dataset may be another size's (the split
   # does not depend on it), which says nothing of the runs' own.
   fields = dict(
       first,  # its steps, batch_size and num_test_examples
       snapshot=first.get("snapshot", "?"),
-      seen=seen,
+      seen=first.get("problems_seen", first["steps"] * first["batch_size"]),
       rate=first.get("learning_rate", float("nan")),
       eval_steps=", ".join(str(s) for s in grid.steps),
   )

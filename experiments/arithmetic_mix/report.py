@@ -150,14 +150,11 @@ def plot_by_length(grouped, path):
 
 def reading(grouped):
   """A plain reading of the main table, computed from the numbers."""
-  main = [m for m in METHODS if m in grouped]
-  values = lambda m, field, scale: [
-      scale * r[field] for r in grouped[m].values()
-  ]
-  means = {m: stats.mean_std(values(m, "exact_match", 100)) for m in main}
-  errors = {
-      m: stats.mean_std(values(m, "mean_log10_abs_error", 1)) for m in main
-  }
+  runs = {m: grouped[m].values() for m in METHODS if m in grouped}
+  means, errors = (
+      {m: stats.mean_std([scale * r[f] for r in rs]) for m, rs in runs.items()}
+      for f, scale in (("exact_match", 100), ("mean_log10_abs_error", 1))
+  )
   versus = []
   if "ntil" in means and "ce" in means:
     gap = means["ntil"][0] - means["ce"][0]
@@ -171,12 +168,10 @@ def reading(grouped):
     versus += prose.section(
         __file__, f"gap_{kind}", gap=gap, twice=2 * stderr, direction=direction
     )
-  if "ntil" in means:
-    better = [label(m) for m in means if means[m][0] > means["ntil"][0]]
-    if better:
-      versus.append(
-          f"- Methods with a higher mean than NTIL: {', '.join(better)}."
-      )
+  ntil = means.get("ntil", (np.inf,))[0]  # none is higher without NTIL
+  better = ", ".join(label(m) for m in means if means[m][0] > ntil)
+  if better:
+    versus += prose.section(__file__, "higher_than_ntil", better=better)
   best = max(mean for mean, _ in means.values())
   return prose.section(
       __file__,
