@@ -46,11 +46,12 @@ ABLATIONS = (
     ("ntil-no-rel", "NTIL, relative deviation off (alpha=0)"),
     ("ntil-no-mag", "NTIL, magnitude deviation off (beta=0)"),
 )
+ABLATED = tuple(k for k, _ in ABLATIONS)
 # run.py's groups: their cell kinds.
 GROUPS = dict(
     main=METHODS,
     control=(CONTROL,),
-    ablation=tuple(k for k, _ in ABLATIONS),
+    ablation=ABLATED,
     peers=PEERS,
 )
 GROUP_SIZES = {g: len(keys) * len(SEEDS) for g, keys in GROUPS.items()}
@@ -300,7 +301,7 @@ class Grid:
     lines += self.ntil_vs_ce()
     if CONTROL in grouped and "ntil" in grouped:
       versus("ntil", CONTROL, prose.text(__file__, "versus_control"))
-    for k in self.present(GROUPS["ablation"]):
+    for k in self.present(ABLATED):
       versus(k, "ntil")
     few = [k for k in keys if len(grouped[k]) < seeds]
     if few:
@@ -357,36 +358,32 @@ def eval_steps(runs) -> list[int]:
 
 def style(key) -> dict:
   """One colour and line per cell kind, the same in every plot."""
-  color = {CONTROL: "ce_digit_weighted"}.get(key, key)
-  color = labels.color(color, GROUPS["ablation"])
+  color = labels.color({CONTROL: "ce_digit_weighted"}.get(key, key), ABLATED)
   return dict(marker="o", ms=3, ls="--" if key == CONTROL else "-", color=color)
 
 
-def curve_lines(ax, grid, keys, xlabel="step", start=()) -> None:
-  """A line a key: exact match vs step, mean over seeds (from the mean of
-  ``start``, zero-shot scores, at step 0)."""
+def plot_curves(grid, path, panels=(), size=(9, 3.4), xlabel="step", start=()):
+  """Exact match vs step, mean over seeds: a panel a ``(title, keys)``
+  (default: main and control; NTIL and its ablations), a line a key (from
+  the mean of ``start``, zero-shot scores, at step 0)."""
+  panels = panels or (
+      ("methods and control (seeds)", grid.keys + grid.present([CONTROL])),
+      ("NTIL and its ablations (seeds)", grid.present(["ntil", *ABLATED])),
+  )
+  fig, axes = plt.subplots(
+      1, len(panels), figsize=size, sharex=True, sharey=True, squeeze=False
+  )
   steps = grid.steps
   first = [100 * float(np.mean(start))] if start else []
   xs = [0] * len(first) + steps
-  for k in keys:
-    runs = list(grid.grouped[k].values())
-    ys = [100 * np.nanmean([curve_value(r, s) for r in runs]) for s in steps]
-    ax.plot(xs, first + ys, label=f"{label(k)} ({len(runs)})", **style(k))
-  figures.finish(ax, xlabel)
-
-
-def plot_curves(grid, path):
-  """Exact match vs step, mean over seeds: main and control; NTIL and its
-  ablations."""
-  fig, axes = plt.subplots(1, 2, figsize=(9, 3.4), sharex=True, sharey=True)
-  panels = (
-      ("methods and control", grid.keys + grid.present([CONTROL])),
-      ("NTIL and its ablations", grid.present(["ntil", *GROUPS["ablation"]])),
-  )
-  for ax, (title, keys) in zip(axes, panels):
-    curve_lines(ax, grid, keys)
-    ax.set_title(f"{title} (seeds)", fontsize=9)
-  axes[0].set_ylabel("test exact match (%, mean over seeds)")
+  for ax, (title, keys) in zip(axes[0], panels):
+    for k in keys:
+      rs = list(grid.grouped[k].values())
+      ys = [100 * np.nanmean([curve_value(r, s) for r in rs]) for s in steps]
+      ax.plot(xs, first + ys, label=f"{label(k)} ({len(rs)})", **style(k))
+    figures.finish(ax, xlabel)
+    ax.set_title(title, fontsize=9)
+  axes[0][0].set_ylabel("test exact match (%, mean over seeds)")
   figures.save(fig, path, dpi=90)
 
 
@@ -558,7 +555,7 @@ def write_report(
   control = CONTROL in grid.grouped and grid.compared(
       "control", ["ce", CONTROL, "ntil"], [(CONTROL, "ce"), ("ntil", CONTROL)]
   )
-  ablations = grid.present(GROUPS["ablation"])
+  ablations = grid.present(ABLATED)
   ablations = ablations and grid.compared(
       "ablations",
       ["ntil", *ablations],

@@ -14,14 +14,9 @@ import math
 import os
 import textwrap
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 import numpy as np
 
 from experiments import common
-from experiments import figures
 from experiments import prose
 from experiments import report_engine
 from experiments.arithmetic_mix import answers
@@ -147,13 +142,12 @@ def dataset_section(dataset, zero, tuned, plot_dir, problems, source, hint):
   grid = dr.Grid(tuned, problems, breakdowns)
   plot = os.path.join(plot_dir, f"{dataset}_{{}}.png").format
   # Exact match vs step, mean over seeds, from the zero-shot score at step 0.
-  fig, ax = plt.subplots(figsize=(5.5, 3.4))
+  panels = [("\n".join(textwrap.wrap(title, 70)), grid.keys)]
   start = [r["exact_match"] for r in zero]
   step = "fine-tuning step (0: zero-shot)"
-  dr.curve_lines(ax, grid, grid.keys, step, start)
-  ax.set_ylabel("test exact match (%, mean over seeds)")
-  ax.set_title("\n".join(textwrap.wrap(title, 70)), fontsize=9)
-  figures.save(fig, plot("exact_match_curve"), dpi=90)
+  dr.plot_curves(
+      grid, plot("exact_match_curve"), panels, (5.5, 3.4), step, start
+  )
   dr.plot_paired_curves(grid, plot("paired_delta_curve"))
   if grid.computed:
     breakdowns = grid.breakdown_sections()
