@@ -422,14 +422,11 @@ def plot_paired_curves(grid, path):
 def coverage(grouped, sizes) -> list[str]:
   """How many of the grid's cells (``sizes``: cells per group) are there,
   and the seeds of each kind."""
-  counts = {
-      g: sum(len(grouped.get(k, {})) for k in keys)
-      for g, keys in GROUPS.items()
-  }
-  total, cells = sum(counts[g] for g in sizes), sum(sizes.values())
+  count = lambda g: sum(len(grouped.get(k, {})) for k in GROUPS[g])
+  total, cells = sum(map(count, sizes)), sum(sizes.values())
   lines = [
       f"**{total} of the {cells} cells recorded** ("
-      + ", ".join(f"{g} {counts[g]}/{sizes[g]}" for g in sizes)
+      + ", ".join(f"{g} {count(g)}/{sizes[g]}" for g in sizes)
       + ")."
       + ("" if total == cells else " Cells not run yet are left out."),
       "",
@@ -510,21 +507,20 @@ def device_check(runs, other) -> list[str]:
   ]
   if not pairs:
     return []
-  rows, deltas = [], []
-  for run, twin in pairs:
-    delta = 100 * (run["exact_match"] - twin["exact_match"])
-    deltas.append(abs(delta))
-    rows.append(
-        f"| {run['name']} | {100 * run['exact_match']:.2f} | "
-        f"{100 * twin['exact_match']:.2f} ({twin['device']}) | "
-        f"{delta:+.2f} |"
-    )
+  deltas = [
+      100 * (run["exact_match"] - twin["exact_match"]) for run, twin in pairs
+  ]
+  rows = [
+      f"| {run['name']} | {100 * run['exact_match']:.2f} | "
+      f"{100 * twin['exact_match']:.2f} ({twin['device']}) | {delta:+.2f} |"
+      for (run, twin), delta in zip(pairs, deltas)
+  ]
   return prose.section(
       __file__,
       "device_check",
       device=pairs[0][0]["device"],
       rows=rows,
-      mean=np.mean(deltas),
+      mean=np.mean(np.abs(deltas)),
       count=len(pairs),
   )
 
