@@ -131,13 +131,8 @@ def run_view(run, problems, early, breakdowns) -> dict:
   scores = answers.score(predictions, problems)
   if abs(scores["exact_match"] - run["exact_match"]) > 1e-9:
     return view  # not the test split the run was scored on
-  view.update(
-      em_end=scores["exact_match"],
-      within_1_percent=scores["within_1_percent"],
-      log_error=scores["log_error"],
-      unparsed=scores["unparsed"],
-      from_predictions=True,
-  )
+  em_end = scores.pop("exact_match")  # the rest are `VALUES`' names
+  view.update(scores, em_end=em_end, from_predictions=True)
   for name, _, key, _ in breakdowns:
     view["breakdowns"][name] = {
         b: c / t
@@ -303,13 +298,11 @@ class Grid:
       versus("ntil", CONTROL, prose.text(__file__, "versus_control"))
     for k in self.present(ABLATED):
       versus(k, "ntil")
-    few = [k for k in keys if len(grouped[k]) < seeds]
+    few = [label(k) for k in keys if len(grouped[k]) < seeds]
     if few:
       have = "has" if len(few) == 1 else "have"
-      few = ", ".join(label(k) for k in few)
-      lines += prose.section(
-          __file__, "partial", few=few, have=have, seeds=seeds
-      )
+      few = dict(few=", ".join(few), have=have, seeds=seeds)
+      lines += prose.section(__file__, "partial", **few)
     return lines
 
   def ntil_vs_ce(self) -> list[str]:
