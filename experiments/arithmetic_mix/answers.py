@@ -135,32 +135,12 @@ def breakdown(predictions, problems, key) -> dict:
   return {b: tuple(c) for b, c in counts.items()}
 
 
-BREAKDOWN_NAMES = dict(
-    digits="answer digits",
-    operation="operation",
-    decimals="answer",
-    form="answer",
-)
-# (name, title, bucket of (question, answer), bucket order)
+# (name, bucket of (question, answer), bucket order); digits_report.md
+# titles each (``breakdown_<name>``) and names its buckets (``bucket_<name>``).
 BREAKDOWNS = (
-    (
-        "digits",
-        "By answer length in digits (sign and decimal point not counted)",
-        lambda q, a: digits_bucket(a),
-        DIGIT_BUCKETS,
-    ),
-    (
-        "operation",
-        "By operation, as the question writes it",
-        lambda q, a: operation(q),
-        OPERATIONS,
-    ),
-    (
-        "decimals",
-        "By whether the answer has decimals",
-        lambda q, a: decimals_bucket(a),
-        DECIMAL_BUCKETS,
-    ),
+    ("digits", lambda q, a: digits_bucket(a), DIGIT_BUCKETS),
+    ("operation", lambda q, a: operation(q), OPERATIONS),
+    ("decimals", lambda q, a: decimals_bucket(a), DECIMAL_BUCKETS),
 )
 
 
@@ -171,12 +151,7 @@ def answer_form(answer: str) -> str:
 
 
 FORMS = ("integer", "decimal", "fraction")
-FORM = (
-    "form",
-    "By how the answer is written",
-    lambda q, a: answer_form(a),
-    FORMS,
-)
+FORM = ("form", lambda q, a: answer_form(a), FORMS)
 
 
 def prepare_command(runs, data_dir, data=None, seen=None) -> str:

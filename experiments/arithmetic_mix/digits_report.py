@@ -133,7 +133,7 @@ def run_view(run, problems, early, breakdowns) -> dict:
     return view  # not the test split the run was scored on
   em_end = scores.pop("exact_match")  # the rest are `VALUES`' names
   view.update(scores, em_end=em_end, from_predictions=True)
-  for name, _, key, _ in breakdowns:
+  for name, key, _ in breakdowns:
     view["breakdowns"][name] = {
         b: c / t
         for b, (c, t) in answers.breakdown(predictions, problems, key).items()
@@ -230,7 +230,7 @@ class Grid:
     """A ``###`` section a breakdown: exact match (%) per bucket, mean over
     seeds; then each run - CE, paired by seed."""
     lines, ce = [], self.grouped.get("ce", {})
-    for name, title, key, order in self.breakdowns:
+    for name, key, order in self.breakdowns:
       counts = collections.Counter(key(q, a) for q, a in self.problems)
       metrics = [
           Metric(bucket_metric(name, b), f"{b} (n={counts[b]})", 100, 2)
@@ -253,7 +253,8 @@ class Grid:
         if any(c != "-" for c in cells):
           rows.append([f"{label(k)} − CE, paired Δ (seeds better)", "", *cells])
       head = ["run", "seeds", *(m.name for m in metrics)]
-      lines += ["", f"### {title}", "", *tables.table(head, rows)]
+      title = prose.section(__file__, f"breakdown_{name}")
+      lines += ["", *title, "", *tables.table(head, rows)]
     return lines
 
   def reading(self, seeds=len(SEEDS)) -> list[str]:
@@ -311,10 +312,11 @@ class Grid:
     if "ntil" not in self.grouped or "ce" not in self.grouped:
       return ["- NTIL vs CE: no seed has both yet."]
     ntil, ce = self.grouped["ntil"], self.grouped["ce"]
+    bucket = lambda name: prose.text(__file__, f"bucket_{name}")
     behind, within, ahead = found = [], [], []
     buckets = [
-        Metric(bucket_metric(n, b), f"{answers.BREAKDOWN_NAMES[n]} {b}", 100, 2)
-        for n, _, _, order in self.breakdowns
+        Metric(bucket_metric(n, b), f"{bucket(n)} {b}", 100, 2)
+        for n, _, order in self.breakdowns
         for b in order
     ]
     metrics = [*map(self.named, PAIRED), *buckets]
