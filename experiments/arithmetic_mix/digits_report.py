@@ -636,5 +636,4 @@ def main(results, out_dir, data_dir, profile="digits", other_results=()):
   other = [r for path in other_results for r in common.load_results(path)]
   seen = runs[0]["steps"] * runs[0]["batch_size"]
   problems, source, _ = answers.load(runs, data_dir, results, DATA, seen)
-  os.makedirs(out_dir, exist_ok=True)
   return write_report(runs, problems, out_dir, source, profile, other)

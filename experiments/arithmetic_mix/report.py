@@ -196,13 +196,9 @@ def write_report(runs, out_dir):
   def sections(runs, _):
     grouped = group_runs(runs)
     path = os.path.join(out_dir, "plots", "{}.png").format
+    title = "arithmetic_mix test"
     figures.seed_bars(
-        grouped,
-        METHODS,
-        (EXACT,),
-        path("exact_match"),
-        "arithmetic_mix test",
-        label,
+        grouped, METHODS, (EXACT,), path("exact_match"), title, label
     )
     plot_curves(grouped, path("curves"))
     plot_by_length(grouped, path("by_answer_length"))
@@ -211,12 +207,9 @@ def write_report(runs, out_dir):
     if variants:
       ablations = SPEC.variant_table(grouped, variants, (EXACT,))
       ablations += [""] + prose.section(__file__, "ablations")
+    main = tables.values_table(grouped, SPEC.rows(METHODS), SPEC.columns)
     fields = dict(
-        main_table=tables.values_table(
-            grouped, SPEC.rows(METHODS), SPEC.columns
-        ),
-        reading=reading(grouped),
-        ablations=ablations,
+        main_table=main, reading=reading(grouped), ablations=ablations
     )
     return fields, prose.section(__file__, "paper") + [""]
 
