@@ -163,11 +163,8 @@ def prepare_command(runs, data_dir, data=None, seen=None) -> str:
   do not name the problems read (default: the test size).
   """
   data = {**(data or {}), **(runs[0].get("data") or {})}
-  options = "".join(
-      f" --{name}={data[name]}"
-      for name in ("module", "difficulty")
-      if data.get(name)
-  )
+  names = ("module", "difficulty")
+  options = "".join(f" --{k}={data[k]}" for k in names if data.get(k))
   size = runs[0]["num_test_examples"]
   seen = runs[0].get("problems_seen") or seen or size
   return (

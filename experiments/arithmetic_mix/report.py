@@ -96,11 +96,8 @@ label = SPEC.label
 def group_runs(runs):
   """{method or variant: {seed: run}}: main-grid runs by method, the
   ablations' and sweeps' by their name prefix, and NTIL's seed 0 apart."""
-  key = (
-      lambda r: r["method"]
-      if r["group"] == "main"
-      else r["name"].rsplit("-s", 1)[0]
-  )
+  prefix = lambda r: r["name"].rsplit("-s", 1)[0]
+  key = lambda r: r["method"] if r["group"] == "main" else prefix(r)
   grouped = stats.group_runs(runs, key)
   if 0 in grouped.get("ntil", {}):
     grouped["ntil-seed0"] = {0: grouped["ntil"][0]}
@@ -110,10 +107,8 @@ def group_runs(runs):
 def plot_curves(grouped, path):
   """Train CE (smoothed) and test exact match vs step, mean over seeds."""
   fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
-  for method in METHODS:
-    runs = list(grouped.get(method, {}).values())
-    if not runs:
-      continue
+  for method in (m for m in METHODS if m in grouped):
+    runs = list(grouped[method].values())
     style = dict(label=label(method), color=labels.color(method))
     ce = np.mean([r["curves"]["ce"] for r in runs], axis=0)
     left.plot(runs[0]["curves"]["steps"], plots.smooth(ce, 8), **style)
@@ -130,12 +125,11 @@ def plot_by_length(grouped, path):
   """Exact match by the answer's length in characters, mean over seeds."""
   fig, ax = plt.subplots(figsize=(7, 3.6))
   for method in (m for m in METHODS if m in grouped):
-    by_length = [
-        r["exact_match_by_answer_length"] for r in grouped[method].values()
-    ]
-    lengths = sorted({int(k) for lengths in by_length for k in lengths})
+    runs = grouped[method].values()
+    rates = [r["exact_match_by_answer_length"] for r in runs]
+    lengths = sorted({int(k) for lengths in rates for k in lengths})
     values = [
-        100 * np.mean([b.get(str(k), 0.0) for b in by_length]) for k in lengths
+        100 * np.mean([b.get(str(k), 0.0) for b in rates]) for k in lengths
     ]
     style = dict(label=label(method), color=labels.color(method))
     ax.plot(lengths, values, marker="o", **style)
