@@ -384,8 +384,7 @@ def plot_curves(grid, path, panels=(), size=(9, 3.4), xlabel="step", start=()):
 
 def plot_paired_curves(grid, path):
   """Paired Δ exact match vs CE at every eval step: mean ± sd over seeds."""
-  grouped = grid.grouped
-  reference = grouped.get("ce", {})
+  grouped, reference = grid.grouped, grid.grouped.get("ce", {})
   keys = [k for k in grid.keys if k != "ce"] + grid.present([CONTROL])
   fig, ax = plt.subplots(figsize=(6.5, 3.4))
   for i, k in enumerate(keys):
@@ -443,16 +442,12 @@ def regime(grid, source="") -> list[str]:
   seen = first.get("problems_seen", first["steps"] * first["batch_size"])
   test_answers = ""
   if problems:
-    test_answers = prose.text(
-        __file__,
-        "answers",
-        **answers.digit_range(problems),
-        decimals=100 * np.mean([answers.has_decimals(a) for _, a in problems]),
-    )
+    decimals = 100 * np.mean([answers.has_decimals(a) for _, a in problems])
+    ranged = answers.digit_range(problems)
+    test_answers = prose.text(__file__, "answers", **ranged, decimals=decimals)
   # The test split is the same for every training size: only the runs' own
   # dataset (as many problems as they read) names how many it held.
   once = "once_counted" if answers.train_size(source) == seen else "once"
-  steps = grid.steps
   fields = dict(
       first,  # its model, steps, batch_size, num_test_examples, device, host
       module=data.get("module", "?"),
@@ -460,8 +455,8 @@ def regime(grid, source="") -> list[str]:
       answers=test_answers,
       seen=seen,
       once=prose.text(__file__, once, seen=seen),
-      eval_steps=", ".join(str(s) for s in steps),
-      ce_rise=ce_rise(grouped.get("ce", {}), steps),
+      eval_steps=", ".join(str(s) for s in grid.steps),
+      ce_rise=ce_rise(grouped.get("ce", {}), grid.steps),
       early=grid.early,
   )
   return prose.section(__file__, "regime", **fields)
@@ -477,6 +472,7 @@ def ce_rise(ce, steps) -> list[str]:
   after = [curve_value(r, end) for r in ce.values()]
   rise = 100 * (np.nanmean(after) - np.nanmean(before))
   kind = "steep" if rise >= STEEP_RISE else "slow" if rise > 0 else "flat"
+  verdict = prose.text(__file__, f"rise_{kind}", rise=rise, interval=end - late)
   return prose.section(
       __file__,
       "ce_rise",
@@ -487,9 +483,7 @@ def ce_rise(ce, steps) -> list[str]:
       seeds=_seeds(len(ce)),
       rising=sum(a > b for a, b in zip(after, before)),
       n=len(ce),
-      verdict=prose.text(
-          __file__, f"rise_{kind}", rise=rise, interval=end - late
-      ),
+      verdict=verdict,
   )
 
 
