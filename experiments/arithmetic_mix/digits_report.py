@@ -540,16 +540,15 @@ def write_report(
   control = CONTROL in grid.grouped and grid.compared(
       "control", ["ce", CONTROL, "ntil"], [(CONTROL, "ce"), ("ntil", CONTROL)]
   )
-  ablations = grid.present(ABLATED)
-  ablations = ablations and grid.compared(
-      "ablations",
-      ["ntil", *ablations],
-      [(k, "ntil", "full NTIL") for k in ablations],
-  )
+  ablated = grid.present(ABLATED)
+  pairs = [(k, "ntil", "full NTIL") for k in ablated]
+  ablations = ablated and grid.compared("ablations", ["ntil", *ablated], pairs)
   chunks = []
   if profile == "digits":
     chunks = chunk_section(grid, Grid(other, None, early=grid.early))
   check = device_check(runs, other)
+  how = "recorded" if problems is None else "recomputed"
+  counts = dict(computed=grid.computed, views=grid.views)
   lines = prose.section(
       __file__,
       "report",
@@ -559,12 +558,7 @@ def write_report(
       regime=regime(grid, problems_source),
       coverage=coverage(grid.grouped, sizes),
       main_table=grid.values(grid.keys),
-      figures=prose.text(
-          __file__,
-          "recorded" if problems is None else "recomputed",
-          computed=grid.computed,
-          views=grid.views,
-      ),
+      figures=prose.text(__file__, how, **counts),
       paired=grid.versus_ce(),
       breakdowns=breakdowns,
       control=control or ["Not run yet."],
@@ -594,24 +588,20 @@ def chunk_section(grid, elsewhere) -> list[str]:
   if keys:
     mine, theirs = devices(grouped, keys), devices(grouped, single)
     across = prose.text(__file__, "across", mine=mine, theirs=theirs)
+    across = " " + across if mine != theirs else ""
+    count = sum(len(grouped[k]) for k in keys)
+    cells = len(CHUNK_METHODS) * len(SEEDS)
     lines += grid.compared(
-        "chunks",
-        keys,
-        pairs(single),
-        count=sum(len(grouped[k]) for k in keys),
-        cells=len(CHUNK_METHODS) * len(SEEDS),
-        across=" " + across if mine != theirs else "",
+        "chunks", keys, pairs(single), count=count, cells=cells, across=across
     )
   else:
     lines.append("Not run yet (group `chunks`, 15 cells).")
   methods = [m for m in CHUNK_METHODS if m + CHUNKS in elsewhere.grouped]
   if methods:
     keys = [k for m in methods for k in (m, m + CHUNKS)]
+    device = devices(elsewhere.grouped, keys)
     lines += [""] + elsewhere.compared(
-        "chunks_elsewhere",
-        keys,
-        pairs(methods),
-        device=devices(elsewhere.grouped, keys),
+        "chunks_elsewhere", keys, pairs(methods), device=device
     )
   return lines
 
