@@ -104,17 +104,11 @@ def hardware_lines(tuned) -> list[str]:
     walls = [r["wall_seconds"] for r in runs if r.get("wall_seconds")]
     if not speeds:
       continue
-    wall = np.median(walls)
-    lines += prose.section(
-        __file__,
-        "hardware",
-        cells=f"{len(runs)} cells on " if len(devices) > 1 else "",
-        device=device,
-        host=host,
-        speed=np.median(speeds),
-        step=1 / np.median(speeds),
-        wall=f"{wall:.0f} s" if wall < 120 else f"{wall / 60:.0f} minutes",
-    )
+    speed, wall = np.median(speeds), np.median(walls)
+    wall = f"{wall:.0f} s" if wall < 120 else f"{wall / 60:.0f} minutes"
+    cells = f"{len(runs)} cells on " if len(devices) > 1 else ""
+    fields = dict(cells=cells, device=device, host=host, speed=speed, wall=wall)
+    lines += prose.section(__file__, "hardware", step=1 / speed, **fields)
   ce = {r["seed"]: r.get("device") for r in tuned if r["method"] == "ce"}
   mixed = sorted(
       f"{dr.label(r['method'])} s{r['seed']}"
