@@ -282,18 +282,15 @@ class Grid:
       d = stats.paired(grouped[key], grouped.get(ref, {}), "em_end", 100, True)
       if d is not None:
         text = text or f"{label(key)} − {'CE' if ref == 'ce' else 'full NTIL'}"
-        verdict = tables.verdict(d)
-        lines.extend(
-            prose.section(__file__, "versus", text=text, verdict=verdict, **d)
-        )
+        fields = dict(d, text=text, verdict=tables.verdict(d))
+        lines.extend(prose.section(__file__, "versus", **fields))
       return d
 
     others = [k for k in keys if k != "ce"] + self.present([CONTROL])
     beaten = [label(k) for k in others if beats(versus(k, "ce"))]
     if "ce" in grouped and len(keys) > 1:
-      lines += prose.section(
-          __file__, "beaten", beaten=", ".join(beaten) or "none"
-      )
+      beaten = ", ".join(beaten) or "none"
+      lines += prose.section(__file__, "beaten", beaten=beaten)
     lines += self.ntil_vs_ce()
     if CONTROL in grouped and "ntil" in grouped:
       versus("ntil", CONTROL, prose.text(__file__, "versus_control"))
