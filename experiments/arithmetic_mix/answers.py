@@ -201,17 +201,14 @@ def read_test_problems(data_dir, pattern, seen, kept):
   comes first, prepared or kept, then any prepared one, then any copy."""
   copies = glob.glob(os.path.join(kept, os.path.basename(pattern) + ".json"))
   copies = sorted(pathlib.Path(path).stem for path in copies)
-  candidates = sorted(
-      [(name, True) for name in prepared_configs(pattern, seen)]
-      + [(name, False) for name in copies],
-      key=lambda c: (train_size(c[0]) != seen, not c[1]),
-  )
-  if not candidates:
+  prepared = prepared_configs(pattern, seen)
+  rank = lambda name: (train_size(name) != seen, name not in prepared)
+  config = min([*prepared, *copies], key=rank, default=None)
+  if config is None:
     return None, None
-  config, is_prepared = candidates[0]
   source = os.path.join(data_dir, task.NAME, config)
   copy = os.path.join(kept, f"{config}.json")
-  if not is_prepared:
+  if config not in prepared:
     print(
         f"the test problems of {config} are not prepared under {data_dir}; "
         f"reading the report's copy of them ({copy})",
