@@ -207,11 +207,11 @@ class Grid:
     """Per ``(key, reference[, the reference's name])`` with a paired seed:
     `tables.paired_cells` (short) of each `PAIRED` metric."""
     rows = []
-    for key, ref, *name in pairs:
+    for key, ref, *named in pairs:
       runs, reference = self.grouped.get(key), self.grouped.get(ref)
       if runs and reference and set(runs) & set(reference):
         cells = (tables.paired_cells(runs, reference, m, True) for m in PAIRED)
-        name = name[0] if name else label(ref)
+        name = named[0] if named else label(ref)
         rows.append([f"{label(key)} − {name}", *sum(cells, [])])
     head = [[f"Δ {self.named(m).name}", "better", "p"] for m in PAIRED]
     head = ["comparison", *sum(head, [])]
@@ -322,6 +322,7 @@ class Grid:
       if d is not None:
         unit = " pts" if scale == 100 else ""
         text = f"{name.replace(' (pts)', '')} ({d['mean']:+.{digits}f}{unit})"
+        # behind (0), ahead within seed noise (1) or beyond it (2)
         found[2 if beats(d, higher) else int(is_better(d, higher))].append(text)
     tested = sum(map(len, found))
     return prose.section(
