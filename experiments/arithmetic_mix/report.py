@@ -167,13 +167,11 @@ def reading(grouped):
   if better:
     versus += prose.section(__file__, "higher_than_ntil", better=better)
   best = max(mean for mean, _ in means.values())
+  ranked = sorted(means, key=lambda m: -means[m][0])
   return prose.section(
       __file__,
       "reading",
-      ranking=", ".join(
-          f"{label(m)} {means[m][0]:.2f}%"
-          for m in sorted(means, key=lambda m: -means[m][0])
-      ),
+      ranking=", ".join(f"{label(m)} {means[m][0]:.2f}%" for m in ranked),
       spread=np.nanmean([s for _, s in means.values()]),
       versus=versus,
       errors=", ".join(
@@ -215,9 +213,8 @@ def main(argv):
   # The llm and digits grids compare their cells with the same ones run on
   # the CPU (results_cpu.json), where some were first run.
   if FLAGS.profile == "llm":
-    results = FLAGS.results or os.path.join(
-        llm_report.HERE, FLAGS.snapshot, "results.json"
-    )
+    snapshot = os.path.join(llm_report.HERE, FLAGS.snapshot, "results.json")
+    results = FLAGS.results or snapshot
     cpu = os.path.join(os.path.dirname(results), "results_cpu.json")
     path = llm_report.main(results, FLAGS.out_dir, FLAGS.data_dir, [cpu])
   elif FLAGS.profile in digits_report.PROFILES:
