@@ -11,6 +11,7 @@ import glob
 import json
 import math
 import os
+import pathlib
 import re
 import sys
 
@@ -41,18 +42,13 @@ def digit_range(problems) -> dict:
   return dict(median=np.median(digits), low=min(digits), high=max(digits))
 
 
+DIGIT_BUCKETS = ("<=3", "4", "5", "6", "7", "8", ">=9")
+
+
 def digits_bucket(answer: str) -> str:
   """The answer-length column of an answer: ``'<=3'``, ``'4'``..``'8'``,
   ``'>=9'``."""
-  n = answer_digits(answer)
-  if n <= 3:
-    return "<=3"
-  if n >= 9:
-    return ">=9"
-  return str(n)
-
-
-DIGIT_BUCKETS = ("<=3", "4", "5", "6", "7", "8", ">=9")
+  return DIGIT_BUCKETS[min(max(answer_digits(answer), 3), 9) - 3]
 
 
 def operation(question: str) -> str | None:
@@ -67,14 +63,10 @@ def operation(question: str) -> str | None:
   text = question.lower()
   add = bool(_ADD_WORDS.search(text))
   subtract = bool(_SUBTRACT_WORDS.search(text))
-  if add != subtract:
-    return "add" if add else "subtract"
-  if add:  # both kinds of word: ambiguous
-    return None
+  if add or subtract:  # both kinds of word: ambiguous
+    return None if add and subtract else "add" if add else "subtract"
   match = _EXPRESSION.search(question)
-  if match is None:
-    return None
-  return "add" if match.group(2) == "+" else "subtract"
+  return match and ("add" if match.group(2) == "+" else "subtract")
 
 
 OPERATIONS = ("add", "subtract")
@@ -137,57 +129,29 @@ def breakdown(predictions, problems, key) -> dict:
   counts = collections.defaultdict(lambda: [0, 0])
   for prediction, (question, answer) in zip(predictions, problems):
     bucket = key(question, answer)
-    if bucket is None:
-      continue
-    counts[bucket][0] += is_exact(prediction, answer)
-    counts[bucket][1] += 1
+    if bucket is not None:
+      counts[bucket][0] += is_exact(prediction, answer)
+      counts[bucket][1] += 1
   return {b: tuple(c) for b, c in counts.items()}
 
 
-BREAKDOWN_NAMES = dict(
-    digits="answer digits",
-    operation="operation",
-    decimals="answer",
-    form="answer",
-)
-# (name, title, bucket of (question, answer), bucket order)
+# (name, bucket of (question, answer), bucket order); digits_report.md
+# titles each (``breakdown_<name>``) and names its buckets (``bucket_<name>``).
 BREAKDOWNS = (
-    (
-        "digits",
-        "By answer length in digits (sign and decimal point not counted)",
-        lambda q, a: digits_bucket(a),
-        DIGIT_BUCKETS,
-    ),
-    (
-        "operation",
-        "By operation, as the question writes it",
-        lambda q, a: operation(q),
-        OPERATIONS,
-    ),
-    (
-        "decimals",
-        "By whether the answer has decimals",
-        lambda q, a: decimals_bucket(a),
-        DECIMAL_BUCKETS,
-    ),
+    ("digits", lambda q, a: digits_bucket(a), DIGIT_BUCKETS),
+    ("operation", lambda q, a: operation(q), OPERATIONS),
+    ("decimals", lambda q, a: decimals_bucket(a), DECIMAL_BUCKETS),
 )
 
 
 def answer_form(answer: str) -> str:
   """``'fraction'``, ``'decimal'`` or ``'integer'``: how the answer is
   written (arithmetic_mix's answers are integers or fractions)."""
-  if "/" in answer:
-    return "fraction"
-  return "decimal" if "." in answer else "integer"
+  return "fraction" if "/" in answer else decimals_bucket(answer)
 
 
 FORMS = ("integer", "decimal", "fraction")
-FORM = (
-    "form",
-    "By how the answer is written",
-    lambda q, a: answer_form(a),
-    FORMS,
-)
+FORM = ("form", lambda q, a: answer_form(a), FORMS)
 
 
 def prepare_command(runs, data_dir, data=None, seen=None) -> str:
@@ -199,11 +163,8 @@ def prepare_command(runs, data_dir, data=None, seen=None) -> str:
   do not name the problems read (default: the test size).
   """
   data = {**(data or {}), **(runs[0].get("data") or {})}
-  options = "".join(
-      f" --{name}={data[name]}"
-      for name in ("module", "difficulty")
-      if data.get(name)
-  )
+  names = ("module", "difficulty")
+  options = "".join(f" --{k}={data[k]}" for k in names if data.get(k))
   size = runs[0]["num_test_examples"]
   seen = runs[0].get("problems_seen") or seen or size
   return (
@@ -228,9 +189,7 @@ def prepared_configs(pattern, seen) -> list[str]:
   """The dataset folders that ``pattern`` matches (any training size: it does
   not change the test split), the runs' own (``seen`` problems) first."""
   found = glob.glob(os.path.join(pattern, "*", "dataset_info.json"))
-  names = sorted(
-      os.path.basename(os.path.dirname(os.path.dirname(path))) for path in found
-  )
+  names = sorted(pathlib.Path(path).parents[1].name for path in found)
   return sorted(names, key=lambda name: train_size(name) != seen)
 
 
@@ -240,41 +199,29 @@ def read_test_problems(data_dir, pattern, seen, kept):
   none is there. Reading prepared data refreshes its copy, so a fresh clone
   renders the same breakdowns. The runs' own dataset (``seen`` problems)
   comes first, prepared or kept, then any prepared one, then any copy."""
-  copies = sorted(
-      os.path.basename(path)[: -len(".json")]
-      for path in glob.glob(
-          os.path.join(kept, os.path.basename(pattern) + ".json")
-      )
-  )
-  candidates = sorted(
-      [(name, True) for name in prepared_configs(pattern, seen)]
-      + [(name, False) for name in copies],
-      key=lambda c: (train_size(c[0]) != seen, not c[1]),
-  )
-  if not candidates:
+  copies = glob.glob(os.path.join(kept, os.path.basename(pattern) + ".json"))
+  copies = sorted(pathlib.Path(path).stem for path in copies)
+  prepared = prepared_configs(pattern, seen)
+  rank = lambda name: (train_size(name) != seen, name not in prepared)
+  config = min([*prepared, *copies], key=rank, default=None)
+  if config is None:
     return None, None
-  config, is_prepared = candidates[0]
   source = os.path.join(data_dir, task.NAME, config)
   copy = os.path.join(kept, f"{config}.json")
-  if not is_prepared:
+  if config not in prepared:
     print(
         f"the test problems of {config} are not prepared under {data_dir}; "
         f"reading the report's copy of them ({copy})",
         file=sys.stderr,
     )
-    with open(copy) as f:
-      return [tuple(p) for p in json.load(f)], source
+    return [tuple(p) for p in common.read_json(copy)], source
   from train import input_pipeline  # pylint: disable=g-import-not-at-top
 
   split = input_pipeline.load_split(data_dir, "test", config_name=config)
   records = split.__getitems__(list(range(len(split))))
   problems = [input_pipeline.decode_record(r) for r in records]
   text = "[\n" + ",\n".join(json.dumps(list(p)) for p in problems) + "\n]\n"
-  old = None
-  if os.path.exists(copy):
-    with open(copy) as f:
-      old = f.read()
-  if text != old:
+  if not os.path.exists(copy) or pathlib.Path(copy).read_text() != text:
     os.makedirs(kept, exist_ok=True)
     common.write_text(copy, text)
   return problems, source

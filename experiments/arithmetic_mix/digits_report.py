@@ -46,11 +46,12 @@ ABLATIONS = (
     ("ntil-no-rel", "NTIL, relative deviation off (alpha=0)"),
     ("ntil-no-mag", "NTIL, magnitude deviation off (beta=0)"),
 )
+ABLATED = tuple(k for k, _ in ABLATIONS)
 # run.py's groups: their cell kinds.
 GROUPS = dict(
     main=METHODS,
     control=(CONTROL,),
-    ablation=tuple(k for k, _ in ABLATIONS),
+    ablation=ABLATED,
     peers=PEERS,
 )
 GROUP_SIZES = {g: len(keys) * len(SEEDS) for g, keys in GROUPS.items()}
@@ -125,21 +126,14 @@ def run_view(run, problems, early, breakdowns) -> dict:
       breakdowns={},
   )
   predictions = run.get("predictions")
-  if problems is None or predictions is None:
-    return view
-  if len(predictions) != len(problems):
+  if not problems or len(predictions or ()) != len(problems):
     return view
   scores = answers.score(predictions, problems)
   if abs(scores["exact_match"] - run["exact_match"]) > 1e-9:
     return view  # not the test split the run was scored on
-  view.update(
-      em_end=scores["exact_match"],
-      within_1_percent=scores["within_1_percent"],
-      log_error=scores["log_error"],
-      unparsed=scores["unparsed"],
-      from_predictions=True,
-  )
-  for name, _, key, _ in breakdowns:
+  em_end = scores.pop("exact_match")  # the rest are `VALUES`' names
+  view.update(scores, em_end=em_end, from_predictions=True)
+  for name, key, _ in breakdowns:
     view["breakdowns"][name] = {
         b: c / t
         for b, (c, t) in answers.breakdown(predictions, problems, key).items()
@@ -179,7 +173,7 @@ class Grid:
 
   def __init__(self, runs, problems, breakdowns=answers.BREAKDOWNS, early=None):
     # `EARLY_STEP`, or the first eval step of runs that lack it (smoke).
-    steps = sorted({s for r in runs for s in r["curves"]["eval_steps"]})
+    steps = eval_steps(runs)
     first = EARLY_STEP if EARLY_STEP in steps or not steps else steps[0]
     self.early = early or first
     self.problems, self.breakdowns = problems, breakdowns
@@ -187,7 +181,7 @@ class Grid:
     self.grouped = dict(stats.group_runs(runs, cell_key, view))
     self.keys = self.present(METHODS + PEERS)
     views = [r for runs in self.grouped.values() for r in runs.values()]
-    self.views = len(views)
+    self.steps, self.views = eval_steps(views), len(views)
     self.computed = sum(r["from_predictions"] for r in views)
 
   def present(self, keys) -> list[str]:
@@ -213,23 +207,15 @@ class Grid:
     """Per ``(key, reference[, the reference's name])`` with a paired seed:
     `tables.paired_cells` (short) of each `PAIRED` metric."""
     rows = []
-    for key, ref, *name in pairs:
+    for key, ref, *named in pairs:
       runs, reference = self.grouped.get(key), self.grouped.get(ref)
       if runs and reference and set(runs) & set(reference):
-        rows.append(
-            [f"{label(key)} − {name[0] if name else label(ref)}"]
-            + [
-                c
-                for m in PAIRED
-                for c in tables.paired_cells(runs, reference, m, True)
-            ]
-        )
-    if not rows:
-      return ["No seed paired yet."]
-    head = ["comparison"]
-    for m in PAIRED:
-      head += [f"Δ {self.named(m).name}", "better", "p"]
-    return tables.table(head, rows)
+        cells = (tables.paired_cells(runs, reference, m, True) for m in PAIRED)
+        name = named[0] if named else label(ref)
+        rows.append([f"{label(key)} − {name}", *sum(cells, [])])
+    head = [[f"Δ {self.named(m).name}", "better", "p"] for m in PAIRED]
+    head = ["comparison", *sum(head, [])]
+    return tables.table(head, rows) if rows else ["No seed paired yet."]
 
   def versus_ce(self) -> list[str]:
     return self.paired([(k, "ce") for k in self.keys if k != "ce"])
@@ -237,19 +223,14 @@ class Grid:
   def compared(self, name, keys, pairs, **values) -> list[str]:
     """Section ``name`` of digits_report.md with its blocks ``values`` (of
     ``keys``) and ``paired`` (of ``pairs``)."""
-    return prose.section(
-        __file__,
-        name,
-        values=self.values(keys),
-        paired=self.paired(pairs),
-        **values,
-    )
+    blocks = dict(values=self.values(keys), paired=self.paired(pairs))
+    return prose.section(__file__, name, **blocks, **values)
 
   def breakdown_sections(self) -> list[str]:
     """A ``###`` section a breakdown: exact match (%) per bucket, mean over
     seeds; then each run - CE, paired by seed."""
     lines, ce = [], self.grouped.get("ce", {})
-    for name, title, key, order in self.breakdowns:
+    for name, key, order in self.breakdowns:
       counts = collections.Counter(key(q, a) for q, a in self.problems)
       metrics = [
           Metric(bucket_metric(name, b), f"{b} (n={counts[b]})", 100, 2)
@@ -272,7 +253,8 @@ class Grid:
         if any(c != "-" for c in cells):
           rows.append([f"{label(k)} − CE, paired Δ (seeds better)", "", *cells])
       head = ["run", "seeds", *(m.name for m in metrics)]
-      lines += [f"### {title}", "", *tables.table(head, rows), ""]
+      title = prose.section(__file__, f"breakdown_{name}")
+      lines += ["", *title, "", *tables.table(head, rows)]
     return lines
 
   def reading(self, seeds=len(SEEDS)) -> list[str]:
@@ -283,61 +265,42 @@ class Grid:
     if not keys:
       return ["- No main-grid cell recorded yet."]
     lines = []
-    for field, when in (
-        ("em_end", "at the end"),
-        ("em_early", f"at step {self.early}"),
-    ):
+    for field in ("end", "early"):
+      when = prose.text(__file__, f"when_{field}", early=self.early)
       means = {
-          k: 100 * np.nanmean([r[field] for r in grouped[k].values()])
+          k: 100 * np.nanmean([r[f"em_{field}"] for r in grouped[k].values()])
           for k in keys
       }
       order = sorted(keys, key=lambda k: -means[k])
-      lines.append(
-          f"- Best mean exact match {when}: **{label(order[0])}** "
-          f"({means[order[0]]:.2f}%); ranking "
-          + ", ".join(f"{label(k)} {means[k]:.2f}" for k in order)
-          + "."
-      )
+      ranking = ", ".join(f"{label(k)} {means[k]:.2f}" for k in order)
+      best = dict(best=label(order[0]), mean=means[order[0]], ranking=ranking)
+      lines += prose.section(__file__, "best", when=when, **best)
 
-    def versus(text, key, ref):
-      """Appends ``text``'s paired difference at the end and its verdict."""
-      d = stats.paired(
-          grouped[key], grouped.get(ref) or {}, "em_end", 100, True
-      )
+    def versus(key, ref, text=None):
+      """Appends the paired difference at the end of ``key`` − ``ref``
+      (``text`` names it) and its verdict."""
+      d = stats.paired(grouped[key], grouped.get(ref, {}), "em_end", 100, True)
       if d is not None:
-        lines.append(
-            f"- {text}, exact match at the end: {d['mean']:+.2f} points, "
-            f"better on {d['better']}/{d['n']} seeds: {tables.verdict(d)}."
-        )
+        text = text or f"{label(key)} − {'CE' if ref == 'ce' else 'full NTIL'}"
+        fields = dict(d, text=text, verdict=tables.verdict(d))
+        lines.extend(prose.section(__file__, "versus", **fields))
       return d
 
-    beaten = [
-        label(k)
-        for k in [k for k in keys if k != "ce"] + self.present([CONTROL])
-        if beats(versus(f"{label(k)} − CE", k, "ce"))
-    ]
+    others = [k for k in keys if k != "ce"] + self.present([CONTROL])
+    beaten = [label(k) for k in others if beats(versus(k, "ce"))]
     if "ce" in grouped and len(keys) > 1:
-      lines.append(
-          "- Differences from CE beyond seed noise (p < 0.05 and better on "
-          "every seed) at the end: "
-          + (", ".join(beaten) if beaten else "none")
-          + "."
-      )
+      beaten = ", ".join(beaten) or "none"
+      lines += prose.section(__file__, "beaten", beaten=beaten)
     lines += self.ntil_vs_ce()
     if CONTROL in grouped and "ntil" in grouped:
-      text = (
-          "NTIL − digit-weighted CE (the control for 'more weight on digits')"
-      )
-      versus(text, "ntil", CONTROL)
-    for k in self.present(GROUPS["ablation"]):
-      versus(f"{label(k)} − full NTIL", k, "ntil")
-    few = [k for k in keys if len(grouped[k]) < seeds]
+      versus("ntil", CONTROL, prose.text(__file__, "versus_control"))
+    for k in self.present(ABLATED):
+      versus(k, "ntil")
+    few = [label(k) for k in keys if len(grouped[k]) < seeds]
     if few:
-      lines.append(
-          f"- Partial grid: {', '.join(label(k) for k in few)} "
-          f"{'has' if len(few) == 1 else 'have'} fewer than {seeds} "
-          "seeds; every statement above can change as cells come in."
-      )
+      have = "has" if len(few) == 1 else "have"
+      few = dict(few=", ".join(few), have=have, seeds=seeds)
+      lines += prose.section(__file__, "partial", **few)
     return lines
 
   def ntil_vs_ce(self) -> list[str]:
@@ -346,10 +309,11 @@ class Grid:
     if "ntil" not in self.grouped or "ce" not in self.grouped:
       return ["- NTIL vs CE: no seed has both yet."]
     ntil, ce = self.grouped["ntil"], self.grouped["ce"]
-    behind, within, ahead = [], [], []
+    bucket = lambda name: prose.text(__file__, f"bucket_{name}")
+    behind, within, ahead = found = [], [], []
     buckets = [
-        Metric(bucket_metric(n, b), f"{answers.BREAKDOWN_NAMES[n]} {b}", 100, 2)
-        for n, _, _, order in self.breakdowns
+        Metric(bucket_metric(n, b), f"{bucket(n)} {b}", 100, 2)
+        for n, _, order in self.breakdowns
         for b in order
     ]
     metrics = [*map(self.named, PAIRED), *buckets]
@@ -358,18 +322,16 @@ class Grid:
       if d is not None:
         unit = " pts" if scale == 100 else ""
         text = f"{name.replace(' (pts)', '')} ({d['mean']:+.{digits}f}{unit})"
-        if beats(d, higher):
-          ahead.append(text)
-        else:
-          (within if is_better(d, higher) else behind).append(text)
-    tested = len(behind) + len(within) + len(ahead)
+        # behind (0), ahead within seed noise (1) or beyond it (2)
+        found[2 if beats(d, higher) else int(is_better(d, higher))].append(text)
+    tested = sum(map(len, found))
     return prose.section(
         __file__,
         "ntil_vs_ce",
         seeds=_seeds(len(set(ntil) & set(ce))),
-        behind="; ".join(behind) if behind else "none",
-        within="; ".join(within) if within else "none",
-        ahead="; ".join(ahead) if ahead else "nothing",
+        behind="; ".join(behind) or "none",
+        within="; ".join(within) or "none",
+        ahead="; ".join(ahead) or "nothing",
         tested=tested,
         chance=tested / 20,
     )
@@ -383,63 +345,49 @@ def _seeds(n) -> str:
 # Plots.
 
 
-def eval_steps(grouped) -> list[int]:
-  runs = [r for runs in grouped.values() for r in runs.values()]
+def eval_steps(runs) -> list[int]:
   return sorted({s for r in runs for s in r["curves"]["eval_steps"]})
 
 
-def color(key) -> str:
-  """One colour per cell kind, the same in every plot."""
-  key = {CONTROL: "ce_digit_weighted"}.get(key, key)
-  return labels.color(key, GROUPS["ablation"])
+def style(key) -> dict:
+  """One colour and line per cell kind, the same in every plot."""
+  color = labels.color({CONTROL: "ce_digit_weighted"}.get(key, key), ABLATED)
+  return dict(marker="o", ms=3, ls="--" if key == CONTROL else "-", color=color)
 
 
-def curve_lines(ax, grouped, keys, xlabel="step", start=()) -> None:
-  """A line a key: exact match vs step, mean over seeds (from the mean of
-  ``start``, zero-shot scores, at step 0)."""
-  steps = eval_steps(grouped)
-  for k in keys:
-    runs = list(grouped[k].values())
-    ys = [100 * np.nanmean([curve_value(r, s) for r in runs]) for s in steps]
-    xs = steps
-    if start:
-      xs, ys = [0] + xs, [100 * float(np.mean(start))] + ys
-    ax.plot(
-        xs,
-        ys,
-        marker="o",
-        ms=3,
-        ls="--" if k == CONTROL else "-",
-        color=color(k),
-        label=f"{label(k)} ({len(runs)})",
-    )
-  figures.finish(ax, xlabel)
-
-
-def plot_curves(grid, path):
-  """Exact match vs step, mean over seeds: main and control; NTIL and its
-  ablations."""
-  fig, axes = plt.subplots(1, 2, figsize=(9, 3.4), sharex=True, sharey=True)
-  panels = (
-      ("methods and control", grid.keys + grid.present([CONTROL])),
-      ("NTIL and its ablations", grid.present(["ntil", *GROUPS["ablation"]])),
+def plot_curves(grid, path, panels=(), size=(9, 3.4), xlabel="step", start=()):
+  """Exact match vs step, mean over seeds: a panel a ``(title, keys)``
+  (default: main and control; NTIL and its ablations), a line a key (from
+  the mean of ``start``, zero-shot scores, at step 0)."""
+  panels = panels or (
+      ("methods and control (seeds)", grid.keys + grid.present([CONTROL])),
+      ("NTIL and its ablations (seeds)", grid.present(["ntil", *ABLATED])),
   )
-  for ax, (title, keys) in zip(axes, panels):
-    curve_lines(ax, grid.grouped, keys)
-    ax.set_title(f"{title} (seeds)", fontsize=9)
-  axes[0].set_ylabel("test exact match (%, mean over seeds)")
+  fig, axes = plt.subplots(
+      1, len(panels), figsize=size, sharex=True, sharey=True, squeeze=False
+  )
+  steps = grid.steps
+  first = [100 * float(np.mean(start))] if start else []
+  xs = [0] * len(first) + steps
+  for ax, (title, keys) in zip(axes[0], panels):
+    for k in keys:
+      rs = list(grid.grouped[k].values())
+      ys = [100 * np.nanmean([curve_value(r, s) for r in rs]) for s in steps]
+      ax.plot(xs, first + ys, label=f"{label(k)} ({len(rs)})", **style(k))
+    figures.finish(ax, xlabel)
+    ax.set_title(title, fontsize=9)
+  axes[0][0].set_ylabel("test exact match (%, mean over seeds)")
   figures.save(fig, path, dpi=90)
 
 
 def plot_paired_curves(grid, path):
   """Paired Δ exact match vs CE at every eval step: mean ± sd over seeds."""
-  grouped = grid.grouped
-  reference = grouped.get("ce", {})
+  grouped, reference = grid.grouped, grid.grouped.get("ce", {})
   keys = [k for k in grid.keys if k != "ce"] + grid.present([CONTROL])
   fig, ax = plt.subplots(figsize=(6.5, 3.4))
   for i, k in enumerate(keys):
     points = []
-    for s in eval_steps(grouped):
+    for s in grid.steps:
       d = stats.paired(
           grouped[k], reference, lambda r, s=s: curve_value(r, s), 100.0, True
       )
@@ -448,17 +396,9 @@ def plot_paired_curves(grid, path):
     if not points:
       continue
     x, mean, std = (np.array(v) for v in zip(*points))
-    ax.errorbar(
-        x + 6 * (i - len(keys) / 2),  # side by side
-        mean,
-        yerr=std,
-        marker="o",
-        ms=3,
-        capsize=2,
-        ls="--" if k == CONTROL else "-",
-        color=color(k),
-        label=f"{label(k)} ({len(set(grouped[k]) & set(reference))} paired)",
-    )
+    paired = f"{label(k)} ({len(set(grouped[k]) & set(reference))} paired)"
+    x = x + 6 * (i - len(keys) / 2)  # side by side
+    ax.errorbar(x, mean, yerr=std, capsize=2, label=paired, **style(k))
   ax.axhline(0, color="k", lw=0.8)
   ax.set_title("paired by seed: mean ± sd of (run - CE, same seed)", fontsize=9)
   figures.finish(
@@ -474,14 +414,11 @@ def plot_paired_curves(grid, path):
 def coverage(grouped, sizes) -> list[str]:
   """How many of the grid's cells (``sizes``: cells per group) are there,
   and the seeds of each kind."""
-  counts = {
-      g: sum(len(grouped.get(k, {})) for k in keys)
-      for g, keys in GROUPS.items()
-  }
-  total, cells = sum(counts[g] for g in sizes), sum(sizes.values())
+  count = lambda g: sum(len(grouped.get(k, {})) for k in GROUPS[g])
+  total, cells = sum(map(count, sizes)), sum(sizes.values())
   lines = [
       f"**{total} of the {cells} cells recorded** ("
-      + ", ".join(f"{g} {counts[g]}/{sizes[g]}" for g in sizes)
+      + ", ".join(f"{g} {count(g)}/{sizes[g]}" for g in sizes)
       + ")."
       + ("" if total == cells else " Cells not run yet are left out."),
       "",
@@ -503,16 +440,12 @@ def regime(grid, source="") -> list[str]:
   seen = first.get("problems_seen", first["steps"] * first["batch_size"])
   test_answers = ""
   if problems:
-    test_answers = prose.text(
-        __file__,
-        "answers",
-        **answers.digit_range(problems),
-        decimals=100 * np.mean([answers.has_decimals(a) for _, a in problems]),
-    )
+    decimals = 100 * np.mean([answers.has_decimals(a) for _, a in problems])
+    ranged = answers.digit_range(problems)
+    test_answers = prose.text(__file__, "answers", **ranged, decimals=decimals)
   # The test split is the same for every training size: only the runs' own
   # dataset (as many problems as they read) names how many it held.
   once = "once_counted" if answers.train_size(source) == seen else "once"
-  steps = eval_steps(grouped)
   fields = dict(
       first,  # its model, steps, batch_size, num_test_examples, device, host
       module=data.get("module", "?"),
@@ -520,8 +453,8 @@ def regime(grid, source="") -> list[str]:
       answers=test_answers,
       seen=seen,
       once=prose.text(__file__, once, seen=seen),
-      eval_steps=", ".join(str(s) for s in steps),
-      ce_rise=ce_rise(grouped.get("ce", {}), steps),
+      eval_steps=", ".join(str(s) for s in grid.steps),
+      ce_rise=ce_rise(grouped.get("ce", {}), grid.steps),
       early=grid.early,
   )
   return prose.section(__file__, "regime", **fields)
@@ -537,6 +470,7 @@ def ce_rise(ce, steps) -> list[str]:
   after = [curve_value(r, end) for r in ce.values()]
   rise = 100 * (np.nanmean(after) - np.nanmean(before))
   kind = "steep" if rise >= STEEP_RISE else "slow" if rise > 0 else "flat"
+  verdict = prose.text(__file__, f"rise_{kind}", rise=rise, interval=end - late)
   return prose.section(
       __file__,
       "ce_rise",
@@ -547,9 +481,7 @@ def ce_rise(ce, steps) -> list[str]:
       seeds=_seeds(len(ce)),
       rising=sum(a > b for a, b in zip(after, before)),
       n=len(ce),
-      verdict=prose.text(
-          __file__, f"rise_{kind}", rise=rise, interval=end - late
-      ),
+      verdict=verdict,
   )
 
 
@@ -562,21 +494,20 @@ def device_check(runs, other) -> list[str]:
   ]
   if not pairs:
     return []
-  rows, deltas = [], []
-  for run, twin in pairs:
-    delta = 100 * (run["exact_match"] - twin["exact_match"])
-    deltas.append(abs(delta))
-    rows.append(
-        f"| {run['name']} | {100 * run['exact_match']:.2f} | "
-        f"{100 * twin['exact_match']:.2f} ({twin['device']}) | "
-        f"{delta:+.2f} |"
-    )
+  deltas = [
+      100 * (run["exact_match"] - twin["exact_match"]) for run, twin in pairs
+  ]
+  rows = [
+      f"| {run['name']} | {100 * run['exact_match']:.2f} | "
+      f"{100 * twin['exact_match']:.2f} ({twin['device']}) | {delta:+.2f} |"
+      for (run, twin), delta in zip(pairs, deltas)
+  ]
   return prose.section(
       __file__,
       "device_check",
       device=pairs[0][0]["device"],
       rows=rows,
-      mean=np.mean(deltas),
+      mean=np.mean(np.abs(deltas)),
       count=len(pairs),
   )
 
@@ -588,18 +519,34 @@ def write_report(
   ``runs``, the test ``problems`` ((question, answer) pairs, or None) and
   ``other`` runs of the same cells (another device); its path."""
   grid = Grid(runs, problems)
-  grouped = grid.grouped
   plot_dir = os.path.join(out_dir, "plots")
   os.makedirs(plot_dir, exist_ok=True)
   plot_curves(grid, os.path.join(plot_dir, "exact_match_curve.png"))
   plot_paired_curves(grid, os.path.join(plot_dir, "paired_delta_curve.png"))
   sizes = LONG_GROUP_SIZES if profile == "digits_long" else GROUP_SIZES
-  figures_text = prose.section(
-      __file__,
-      "recorded" if problems is None else "recomputed",
-      computed=grid.computed,
-      views=grid.views,
+  if grid.computed:
+    breakdowns = prose.section(__file__, "breakdowns", source=problems_source)
+    breakdowns += grid.breakdown_sections()
+  else:
+    missing = "not_found" if problems is None else "not_reproduced"
+    why = prose.text(__file__, missing, source=problems_source)
+    seen = runs[0]["steps"] * runs[0]["batch_size"]
+    command = answers.prepare_command(runs, "data", DATA, seen)
+    breakdowns = prose.section(
+        __file__, "no_breakdowns", why=why, command=command
+    )
+  control = CONTROL in grid.grouped and grid.compared(
+      "control", ["ce", CONTROL, "ntil"], [(CONTROL, "ce"), ("ntil", CONTROL)]
   )
+  ablated = grid.present(ABLATED)
+  pairs = [(k, "ntil", "full NTIL") for k in ablated]
+  ablations = ablated and grid.compared("ablations", ["ntil", *ablated], pairs)
+  chunks = []
+  if profile == "digits":
+    chunks = chunk_section(grid, Grid(other, None, early=grid.early))
+  check = device_check(runs, other)
+  how = "recorded" if problems is None else "recomputed"
+  counts = dict(computed=grid.computed, views=grid.views)
   lines = prose.section(
       __file__,
       "report",
@@ -607,91 +554,54 @@ def write_report(
       groups=",".join(sizes),
       results=PROFILES[profile][0],
       regime=regime(grid, problems_source),
-      coverage=coverage(grouped, sizes),
+      coverage=coverage(grid.grouped, sizes),
       main_table=grid.values(grid.keys),
-      figures=" ".join(figures_text),
+      figures=prose.text(__file__, how, **counts),
       paired=grid.versus_ce(),
-  ) + [""]
-  if not grid.computed:
-    why = (
-        f"(not found: {problems_source})"
-        if problems is None
-        else f"({problems_source}), which did not reproduce the recorded "
-        "exact match of any run"
-    )
-    seen = runs[0]["steps"] * runs[0]["batch_size"]
-    command = answers.prepare_command(runs, "data", DATA, seen)
-    lines += prose.section(
-        __file__, "no_breakdowns", why=why, command=command
-    ) + [""]
-  else:
-    lines += prose.section(__file__, "breakdowns", source=problems_source)
-    lines += ["", *grid.breakdown_sections()]
-  control = CONTROL in grouped and grid.compared(
-      "control", ["ce", CONTROL, "ntil"], [(CONTROL, "ce"), ("ntil", CONTROL)]
+      breakdowns=breakdowns,
+      control=control or ["Not run yet."],
+      ablations=ablations or ["Not run yet."],
+      chunks=chunks,
+      reading=grid.reading(),
+      device_check=check and ["", *check],
   )
-  lines += part("Control: digit-weighted CE", control)
-  ablations = grid.present(GROUPS["ablation"])
-  lines += part(
-      "Ablations of NTIL (paired against full NTIL)",
-      ablations
-      and grid.compared(
-          "ablations",
-          ["ntil", *ablations],
-          [(k, "ntil", "full NTIL") for k in ablations],
-      ),
-  )
-  if profile == "digits":
-    lines += chunk_section(grid, Grid(other, None, early=grid.early))
-  lines += ["## What it shows", "", *grid.reading()]
-  check = device_check(runs, other)
-  if check:
-    lines += ["", "## The same cells on another device", "", *check]
   return report_engine.write(out_dir, lines, end="\n")
-
-
-def part(heading, lines, missing="Not run yet.") -> list[str]:
-  """A ``## heading`` section: ``lines``, or ``missing`` without them."""
-  return [f"## {heading}", "", *(lines or [missing]), ""]
 
 
 def chunk_section(grid, elsewhere) -> list[str]:
   """Numbers in tokens of 1-3 digits (``--config.digit_chunks``): each
   method against itself on single digits, NTIL and EMD against CE in
   chunks; ``elsewhere``'s (another device's) chunk cells apart."""
+
+  def pairs(methods):  # each method's chunks against itself, CE's chunks
+    both = "CE, both in chunks"
+    return [(m + CHUNKS, m) for m in methods] + [
+        (m + CHUNKS, "ce" + CHUNKS, both) for m in methods if m != "ce"
+    ]
+
   grouped = grid.grouped
   keys = grid.present(m + CHUNKS for m in CHUNK_METHODS)
-  methods = [m for m in CHUNK_METHODS if m + CHUNKS in elsewhere.grouped]
-  apart = methods and elsewhere.compared(
-      "chunks_elsewhere",
-      [k for m in methods for k in (m, m + CHUNKS)],
-      [(m + CHUNKS, m) for m in methods]
-      + [
-          (m + CHUNKS, "ce" + CHUNKS, "CE, both in chunks")
-          for m in methods
-          if m != "ce"
-      ],
-      device=devices(
-          elsewhere.grouped, methods + [m + CHUNKS for m in methods]
-      ),
-  ) + [""]
-  heading = "Numbers in tokens of 1-3 digits"
-  if not keys:
-    missing = "Not run yet (group `chunks`, 15 cells)."
-    return part(heading, [], missing) + apart
   single = [k.removesuffix(CHUNKS) for k in keys]
-  mine, theirs = devices(grouped, keys), devices(grouped, single)
-  across = prose.text(__file__, "across", mine=mine, theirs=theirs)
-  lines = grid.compared(
-      "chunks",
-      keys,
-      [*zip(keys, single)]
-      + [(k, "ce" + CHUNKS, "CE, both in chunks") for k in keys[1:]],
-      count=sum(len(grouped[k]) for k in keys),
-      cells=len(CHUNK_METHODS) * len(SEEDS),
-      across=" " + across if mine != theirs else "",
-  )
-  return part(heading, lines) + apart
+  lines = ["", "## Numbers in tokens of 1-3 digits", ""]
+  if keys:
+    mine, theirs = devices(grouped, keys), devices(grouped, single)
+    across = prose.text(__file__, "across", mine=mine, theirs=theirs)
+    across = " " + across if mine != theirs else ""
+    count = sum(len(grouped[k]) for k in keys)
+    cells = len(CHUNK_METHODS) * len(SEEDS)
+    lines += grid.compared(
+        "chunks", keys, pairs(single), count=count, cells=cells, across=across
+    )
+  else:
+    lines.append("Not run yet (group `chunks`, 15 cells).")
+  methods = [m for m in CHUNK_METHODS if m + CHUNKS in elsewhere.grouped]
+  if methods:
+    keys = [k for m in methods for k in (m, m + CHUNKS)]
+    device = devices(elsewhere.grouped, keys)
+    lines += [""] + elsewhere.compared(
+        "chunks_elsewhere", keys, pairs(methods), device=device
+    )
+  return lines
 
 
 def devices(grouped, keys) -> str:
@@ -708,5 +618,4 @@ def main(results, out_dir, data_dir, profile="digits", other_results=()):
   other = [r for path in other_results for r in common.load_results(path)]
   seen = runs[0]["steps"] * runs[0]["batch_size"]
   problems, source, _ = answers.load(runs, data_dir, results, DATA, seen)
-  os.makedirs(out_dir, exist_ok=True)
   return write_report(runs, problems, out_dir, source, profile, other)

@@ -14,14 +14,9 @@ import math
 import os
 import textwrap
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 import numpy as np
 
 from experiments import common
-from experiments import figures
 from experiments import prose
 from experiments import report_engine
 from experiments.arithmetic_mix import answers
@@ -30,19 +25,9 @@ from experiments.arithmetic_mix import digits_report as dr
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "llm")
 DEFAULT_SNAPSHOT = "SmolLM2-135M-Instruct"
 # The datasets in report order, with their seeds per cell (issue 27's grid:
-# 5 on the multi-digit task, 3 on arithmetic_mix as the paper) and titles.
-DATASETS = {
-    "add_or_sub": (
-        5,
-        "add_or_sub: multi-digit answers (mathematics_dataset "
-        "`arithmetic__add_or_sub`, easy)",
-    ),
-    "arithmetic_mix": (
-        3,
-        "arithmetic_mix: the paper's Table 3 data " "(`arithmetic__mixed`)",
-    ),
-}
-
+# 5 on the multi-digit task, 3 on arithmetic_mix as the paper); their titles
+# are llm_report.md's sections ``title_<dataset>``.
+DATASETS = {"add_or_sub": 5, "arithmetic_mix": 3}
 
 # Per dataset: the breakdowns of exact match that apply to its questions
 # (operation words are add_or_sub's; arithmetic_mix mixes operations).
@@ -59,16 +44,13 @@ def split_runs(runs) -> dict:
   for run in runs:
     zero, tuned = found.setdefault(run.get("dataset", "?"), ([], []))
     (zero if run["group"] == "zero_shot" else tuned).append(run)
-  order = [d for d in DATASETS if d in found] + sorted(
-      d for d in found if d not in DATASETS
-  )
-  return {d: found[d] for d in order}
+  order = dict.fromkeys([*DATASETS, *sorted(found)])
+  return {d: found[d] for d in order if d in found}
 
 
 def _pct(value) -> str:
-  return (
-      "-" if value is None or not math.isfinite(value) else f"{100 * value:.2f}"
-  )
+  known = value is not None and math.isfinite(value)
+  return f"{100 * value:.2f}" if known else "-"
 
 
 def zero_shot_lines(records, problems) -> list[str]:
@@ -93,16 +75,15 @@ def zero_shot_lines(records, problems) -> list[str]:
 def setup_lines(tuned, grid, source) -> list[str]:
   """What the fine-tuned cells share: schedule, data, hardware, speed."""
   first = tuned[0]
-  seen = first.get("problems_seen", first["steps"] * first["batch_size"])
   # The llm grid generates as many training problems as a run reads (each
   # seen once); the test split's dataset may be another size's (the split
   # does not depend on it), which says nothing of the runs' own.
   fields = dict(
       first,  # its steps, batch_size and num_test_examples
       snapshot=first.get("snapshot", "?"),
-      seen=seen,
+      seen=first.get("problems_seen", first["steps"] * first["batch_size"]),
       rate=first.get("learning_rate", float("nan")),
-      eval_steps=", ".join(str(s) for s in dr.eval_steps(grid.grouped)),
+      eval_steps=", ".join(str(s) for s in grid.steps),
   )
   lines = prose.section(__file__, "setup", **fields)
   if grid.problems:
@@ -123,17 +104,11 @@ def hardware_lines(tuned) -> list[str]:
     walls = [r["wall_seconds"] for r in runs if r.get("wall_seconds")]
     if not speeds:
       continue
-    wall = np.median(walls)
-    lines += prose.section(
-        __file__,
-        "hardware",
-        cells=f"{len(runs)} cells on " if len(devices) > 1 else "",
-        device=device,
-        host=host,
-        speed=np.median(speeds),
-        step=1 / np.median(speeds),
-        wall=f"{wall:.0f} s" if wall < 120 else f"{wall / 60:.0f} minutes",
-    )
+    speed, wall = np.median(speeds), np.median(walls)
+    wall = f"{wall:.0f} s" if wall < 120 else f"{wall / 60:.0f} minutes"
+    cells = f"{len(runs)} cells on " if len(devices) > 1 else ""
+    fields = dict(cells=cells, device=device, host=host, speed=speed, wall=wall)
+    lines += prose.section(__file__, "hardware", step=1 / speed, **fields)
   ce = {r["seed"]: r.get("device") for r in tuned if r["method"] == "ce"}
   mixed = sorted(
       f"{dr.label(r['method'])} s{r['seed']}"
@@ -149,55 +124,48 @@ def hardware_lines(tuned) -> list[str]:
   return lines
 
 
-def dataset_section(dataset, zero, tuned, problems, source, plot_dir, hint=""):
+def dataset_section(dataset, zero, tuned, plot_dir, problems, source, hint):
   """The lines of one dataset's section (and its plots, if fine-tuned)."""
-  seeds, title = DATASETS.get(dataset, (5, dataset))
+  seeds, title = DATASETS.get(dataset, 5), dataset
+  if dataset in DATASETS:
+    title = prose.text(__file__, f"title_{dataset}")
   lines = [f"## {title}", "", *zero_shot_lines(zero, problems), ""]
   if not tuned:
-    return lines + ["Fine-tuned cells: none recorded yet.", ""]
+    return lines + ["Fine-tuned cells: none recorded yet."]
   breakdowns = BREAKDOWNS.get(dataset, answers.BREAKDOWNS[:1])
   grid = dr.Grid(tuned, problems, breakdowns)
-  curve = f"{dataset}_exact_match_curve.png"
-  paired = f"{dataset}_paired_delta_curve.png"
+  plot = os.path.join(plot_dir, f"{dataset}_{{}}.png").format
   # Exact match vs step, mean over seeds, from the zero-shot score at step 0.
-  fig, ax = plt.subplots(figsize=(5.5, 3.4))
-  start = [r["exact_match"] for r in zero]
+  panels = [("\n".join(textwrap.wrap(title, 70)), grid.keys)]
+  start, size = [r["exact_match"] for r in zero], (5.5, 3.4)
   step = "fine-tuning step (0: zero-shot)"
-  dr.curve_lines(ax, grid.grouped, grid.keys, step, start)
-  ax.set_ylabel("test exact match (%, mean over seeds)")
-  ax.set_title("\n".join(textwrap.wrap(title, 70)), fontsize=9)
-  figures.save(fig, os.path.join(plot_dir, curve), dpi=90)
-  dr.plot_paired_curves(grid, os.path.join(plot_dir, paired))
-  lines += [
-      *setup_lines(tuned, grid, source),
-      "",
-      *prose.section(
-          __file__,
-          "tuned",
-          recorded=sum(len(grid.grouped[k]) for k in grid.keys),
-          cells=len(dr.METHODS) * seeds,
-          losses=len(dr.METHODS),
-          seeds=seeds,
-          counts=", ".join(
-              f"{dr.label(m)} {len(grid.grouped.get(m, {}))}"
-              for m in dr.METHODS
-          ),
-          values=grid.values(grid.keys),
-          paired=grid.versus_ce(),
-          curve=curve,
-          paired_plot=paired,
-      ),
-      "",
-  ]
+  dr.plot_curves(grid, plot("exact_match_curve"), panels, size, step, start)
+  dr.plot_paired_curves(grid, plot("paired_delta_curve"))
   if grid.computed:
-    lines += grid.breakdown_sections()
+    breakdowns = grid.breakdown_sections()
   else:
-    if hint:
-      hint = f"; prepare them with `{hint}` and run the report again"
-    lines += prose.section(
+    hint = prose.text(__file__, "prepare", command=hint) if hint else ""
+    no_breakdowns = prose.section(
         __file__, "no_breakdowns", source=source, hint=hint
-    ) + [""]
-  return lines + ["### What it shows", "", *grid.reading(seeds), ""]
+    )
+    breakdowns = ["", *no_breakdowns]
+  return lines + prose.section(
+      __file__,
+      "tuned",
+      setup=setup_lines(tuned, grid, source),
+      recorded=sum(len(grid.grouped[k]) for k in grid.keys),
+      cells=len(dr.METHODS) * seeds,
+      losses=len(dr.METHODS),
+      seeds=seeds,
+      counts=", ".join(
+          f"{dr.label(m)} {len(grid.grouped.get(m, {}))}" for m in dr.METHODS
+      ),
+      values=grid.values(grid.keys),
+      paired=grid.versus_ce(),
+      dataset=dataset,
+      breakdowns=breakdowns,
+      reading=grid.reading(seeds),
+  )
 
 
 def write_report(
@@ -213,20 +181,11 @@ def write_report(
   os.makedirs(plot_dir, exist_ok=True)
   snapshots = sorted({r.get("snapshot", "?") for r in runs})
   lines = prose.section(__file__, "report", snapshots=", ".join(snapshots))
-  lines.append("")
   for dataset, (zero, tuned) in split_runs(runs).items():
-    lines += dataset_section(
-        dataset,
-        zero,
-        tuned,
-        problems.get(dataset),
-        sources.get(dataset, "?"),
-        plot_dir,
-        hints.get(dataset, ""),
-    )
+    data = problems.get(dataset), sources.get(dataset, "?"), hints.get(dataset)
+    lines += ["", *dataset_section(dataset, zero, tuned, plot_dir, *data)]
   check = dr.device_check([r for r in runs if r.get("method")], other)
-  if check:
-    lines += ["## The same cells on another device", "", *check, ""]
+  lines += check and ["", *check]
   return report_engine.write(out_dir, ["\n".join(lines).rstrip("\n")], "\n")
 
 
@@ -239,11 +198,5 @@ def main(results, out_dir, data_dir, other_results=()) -> str:
     loaded = answers.load(tuned or zero, data_dir, results, dataset=dataset)
     problems[dataset], sources[dataset], hints[dataset] = loaded
   other = [r for path in other_results for r in common.load_results(path)]
-  return write_report(
-      runs,
-      problems,
-      out_dir or os.path.dirname(results),
-      sources,
-      other,
-      hints,
-  )
+  out_dir = out_dir or os.path.dirname(results)
+  return write_report(runs, problems, out_dir, sources, other, hints)

@@ -96,11 +96,8 @@ label = SPEC.label
 def group_runs(runs):
   """{method or variant: {seed: run}}: main-grid runs by method, the
   ablations' and sweeps' by their name prefix, and NTIL's seed 0 apart."""
-  key = (
-      lambda r: r["method"]
-      if r["group"] == "main"
-      else r["name"].rsplit("-s", 1)[0]
-  )
+  prefix = lambda r: r["name"].rsplit("-s", 1)[0]
+  key = lambda r: r["method"] if r["group"] == "main" else prefix(r)
   grouped = stats.group_runs(runs, key)
   if 0 in grouped.get("ntil", {}):
     grouped["ntil-seed0"] = {0: grouped["ntil"][0]}
@@ -110,10 +107,8 @@ def group_runs(runs):
 def plot_curves(grouped, path):
   """Train CE (smoothed) and test exact match vs step, mean over seeds."""
   fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
-  for method in METHODS:
-    runs = list(grouped.get(method, {}).values())
-    if not runs:
-      continue
+  for method in (m for m in METHODS if m in grouped):
+    runs = list(grouped[method].values())
     style = dict(label=label(method), color=labels.color(method))
     ce = np.mean([r["curves"]["ce"] for r in runs], axis=0)
     left.plot(runs[0]["curves"]["steps"], plots.smooth(ce, 8), **style)
@@ -130,12 +125,11 @@ def plot_by_length(grouped, path):
   """Exact match by the answer's length in characters, mean over seeds."""
   fig, ax = plt.subplots(figsize=(7, 3.6))
   for method in (m for m in METHODS if m in grouped):
-    by_length = [
-        r["exact_match_by_answer_length"] for r in grouped[method].values()
-    ]
-    lengths = sorted({int(k) for lengths in by_length for k in lengths})
+    runs = grouped[method].values()
+    rates = [r["exact_match_by_answer_length"] for r in runs]
+    lengths = sorted({int(k) for lengths in rates for k in lengths})
     values = [
-        100 * np.mean([b.get(str(k), 0.0) for b in by_length]) for k in lengths
+        100 * np.mean([b.get(str(k), 0.0) for b in rates]) for k in lengths
     ]
     style = dict(label=label(method), color=labels.color(method))
     ax.plot(lengths, values, marker="o", **style)
@@ -150,14 +144,11 @@ def plot_by_length(grouped, path):
 
 def reading(grouped):
   """A plain reading of the main table, computed from the numbers."""
-  main = [m for m in METHODS if m in grouped]
-  values = lambda m, field, scale: [
-      scale * r[field] for r in grouped[m].values()
-  ]
-  means = {m: stats.mean_std(values(m, "exact_match", 100)) for m in main}
-  errors = {
-      m: stats.mean_std(values(m, "mean_log10_abs_error", 1)) for m in main
-  }
+  runs = {m: grouped[m].values() for m in METHODS if m in grouped}
+  means, errors = (
+      {m: stats.mean_std([scale * r[f] for r in rs]) for m, rs in runs.items()}
+      for f, scale in (("exact_match", 100), ("mean_log10_abs_error", 1))
+  )
   versus = []
   if "ntil" in means and "ce" in means:
     gap = means["ntil"][0] - means["ce"][0]
@@ -171,20 +162,16 @@ def reading(grouped):
     versus += prose.section(
         __file__, f"gap_{kind}", gap=gap, twice=2 * stderr, direction=direction
     )
-  if "ntil" in means:
-    better = [label(m) for m in means if means[m][0] > means["ntil"][0]]
-    if better:
-      versus.append(
-          f"- Methods with a higher mean than NTIL: {', '.join(better)}."
-      )
+  ntil = means.get("ntil", (np.inf,))[0]  # none is higher without NTIL
+  better = ", ".join(label(m) for m in means if means[m][0] > ntil)
+  if better:
+    versus += prose.section(__file__, "higher_than_ntil", better=better)
   best = max(mean for mean, _ in means.values())
+  ranked = sorted(means, key=lambda m: -means[m][0])
   return prose.section(
       __file__,
       "reading",
-      ranking=", ".join(
-          f"{label(m)} {means[m][0]:.2f}%"
-          for m in sorted(means, key=lambda m: -means[m][0])
-      ),
+      ranking=", ".join(f"{label(m)} {means[m][0]:.2f}%" for m in ranked),
       spread=np.nanmean([s for _, s in means.values()]),
       versus=versus,
       errors=", ".join(
@@ -201,13 +188,9 @@ def write_report(runs, out_dir):
   def sections(runs, _):
     grouped = group_runs(runs)
     path = os.path.join(out_dir, "plots", "{}.png").format
+    title = "arithmetic_mix test"
     figures.seed_bars(
-        grouped,
-        METHODS,
-        (EXACT,),
-        path("exact_match"),
-        "arithmetic_mix test",
-        label,
+        grouped, METHODS, (EXACT,), path("exact_match"), title, label
     )
     plot_curves(grouped, path("curves"))
     plot_by_length(grouped, path("by_answer_length"))
@@ -216,12 +199,9 @@ def write_report(runs, out_dir):
     if variants:
       ablations = SPEC.variant_table(grouped, variants, (EXACT,))
       ablations += [""] + prose.section(__file__, "ablations")
+    main = tables.values_table(grouped, SPEC.rows(METHODS), SPEC.columns)
     fields = dict(
-        main_table=tables.values_table(
-            grouped, SPEC.rows(METHODS), SPEC.columns
-        ),
-        reading=reading(grouped),
-        ablations=ablations,
+        main_table=main, reading=reading(grouped), ablations=ablations
     )
     return fields, prose.section(__file__, "paper") + [""]
 
@@ -233,9 +213,8 @@ def main(argv):
   # The llm and digits grids compare their cells with the same ones run on
   # the CPU (results_cpu.json), where some were first run.
   if FLAGS.profile == "llm":
-    results = FLAGS.results or os.path.join(
-        llm_report.HERE, FLAGS.snapshot, "results.json"
-    )
+    snapshot = os.path.join(llm_report.HERE, FLAGS.snapshot, "results.json")
+    results = FLAGS.results or snapshot
     cpu = os.path.join(os.path.dirname(results), "results_cpu.json")
     path = llm_report.main(results, FLAGS.out_dir, FLAGS.data_dir, [cpu])
   elif FLAGS.profile in digits_report.PROFILES:
