@@ -22,6 +22,7 @@ import numpy as np
 
 from experiments import figures
 from experiments import labels
+from experiments import prose
 from experiments import stats
 from experiments import tables
 
@@ -117,18 +118,12 @@ def side_by_side(groupings, rows, metric, *, scale=100, digits=1, higher=True):
     return ["No runs recorded yet."]
   mid = mid_eval_step({r: groupings[r] for r in present})
   head = ["loss"]
-  for regime in present:
-    head += [
-        f"{REGIME_LABELS[regime]}, step {mid}",
-        f"{REGIME_LABELS[regime]}, end",
-    ]
+  for name in (REGIME_LABELS[r] for r in present):
+    head += [f"{name}, step {mid}", f"{name}, end"]
   body = []
+  at = lambda step: lambda run: stats.at_step(run, metric, step)
   readers = [
-      stats.Metric(read, "", scale, digits, higher)
-      for read in (
-          lambda run: stats.at_step(run, metric, mid),
-          lambda run: stats.at_step(run, metric),
-      )
+      stats.Metric(at(s), "", scale, digits, higher) for s in (mid, None)
   ]
   for key, label in rows:
     if not any(key in groupings.get(r, {}) for r in present):
@@ -177,18 +172,10 @@ def plot_paired_by_regime(groupings, rows, metric, path, title, scale=100):
       if not seeds:
         continue
       steps = reference[seeds[0]]["curves"]["eval_steps"]
-      deltas = np.array(
-          [
-              [
-                  scale
-                  * (
-                      stats.at_step(grouped[key][s], metric, step)
-                      - stats.at_step(reference[s], metric, step)
-                  )
-                  for step in steps
-              ]
-              for s in seeds
-          ]
+      curve = lambda run: [stats.at_step(run, metric, s) for s in steps]
+      deltas = scale * (
+          np.array([curve(grouped[key][s]) for s in seeds])
+          - np.array([curve(reference[s]) for s in seeds])
       )
       ax.errorbar(
           steps,
@@ -213,21 +200,19 @@ def plot_paired_by_regime(groupings, rows, metric, path, title, scale=100):
 def budget_section(title, groupings, rows, metric, out_dir, plot, plot_title):
   """One budget's report section (``### title``): table, seed counts, CE's
   last gain, and the paired-Δ plot ``plot`` in ``out_dir/plots``."""
-  lines = [
-      f"### {title}",
-      "",
-      *side_by_side(groupings, rows, metric),
-      "",
-      f"Runs per regime: {seed_counts(groupings, rows)}.",
-      "",
-  ]
   # Whether CE's curve has flattened at the budget (a lead where CE still
   # rises is a faster learner, not a better trained model).
   ce = groupings.get("stream", {}).get("ce", {})
   gain = tables.last_gain(ce, metric, "Streamed CE")
-  lines += [gain, ""] if gain else []
-  if plot_paired_by_regime(
-      groupings, rows, metric, os.path.join(out_dir, "plots", plot), plot_title
-  ):
-    lines += [f"![paired delta by regime, {title}](plots/{plot})", ""]
-  return lines
+  path = os.path.join(out_dir, "plots", plot)
+  drawn = plot_paired_by_regime(groupings, rows, metric, path, plot_title)
+  image = prose.section(__file__, "plot", title=title, plot=plot)
+  return prose.section(
+      __file__,
+      "budget",
+      title=title,
+      table=side_by_side(groupings, rows, metric),
+      counts=seed_counts(groupings, rows),
+      gain=[gain, ""] if gain else [],
+      plot=[*image, ""] if drawn else [],
+  )
