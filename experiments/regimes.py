@@ -99,13 +99,13 @@ def value_and_delta(grouped, key, metric):
   on CE's own row or without a seed in common)."""
   runs = grouped.get(key, {})
   reference = None if key == "ce" else grouped.get("ce", {})
-  read, _, scale, digits, higher = metric
   text = tables.fmt_metric(runs.values(), metric)
-  d = reference and stats.paired(runs, reference, read, scale, higher)
+  d = reference and stats.paired_in(runs, reference, metric)
   if text == "–" or not d:  # no value, reference (CE's row) or common seed
     return text, None
   p = "" if np.isnan(d["p"]) else f", p = {d['p']:.3f}"
-  return text, (f"{d['mean']:+.{digits}f}", f"{d['better']}/{d['n']}{p}")
+  delta = f"{d['mean']:+.{metric.digits}f}"
+  return text, (delta, f"{d['better']}/{d['n']}{p}")
 
 
 def side_by_side(groupings, rows, metric, *, scale=100, digits=1, higher=True):
