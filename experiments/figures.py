@@ -24,10 +24,10 @@ def save(fig, path, dpi=100) -> None:
   plt.close(fig)
 
 
-def panels_of(count, width, height):
+def panels_of(count, width, height, **options):
   """A figure of ``count`` panels side by side, each ``width`` x ``height``
-  inches: the figure and its axes."""
-  fig, axes = plt.subplots(1, count, figsize=(width * count, height))
+  inches (``options`` for `plt.subplots`): the figure and its axes."""
+  fig, axes = plt.subplots(1, count, figsize=(width * count, height), **options)
   return fig, np.atleast_1d(axes)
 
 
@@ -94,14 +94,9 @@ def paired_dots(
       rows.append((key, diffs))
   if not rows:
     return False
-  fig, axes = plt.subplots(
-      1,
-      len(panels),
-      figsize=(5.5 * len(panels), 0.45 * len(rows) + 1.4),
-      sharey=True,
-      squeeze=False,
-  )
-  for index, (ax, panel) in enumerate(zip(axes[0], panels)):
+  height = 0.45 * len(rows) + 1.4
+  fig, axes = panels_of(len(panels), 5.5, height, sharey=True)
+  for index, (ax, panel) in enumerate(zip(axes, panels)):
     for y, (key, diffs) in enumerate(rows):
       d = diffs[index]
       if d is None:
@@ -111,8 +106,8 @@ def paired_dots(
     ax.axvline(0, color="k", lw=0.8)
     ax.set_title(f"Δ {panel.name} vs CE {better(panel.higher)}", fontsize=9)
     ax.grid(axis="x", alpha=0.3)
-  axes[0][0].set_yticks(range(len(rows)), [key_label(k) for k, _ in rows])
-  axes[0][0].invert_yaxis()
+  axes[0].set_yticks(range(len(rows)), [key_label(k) for k, _ in rows])
+  axes[0].invert_yaxis()
   fig.suptitle(
       f"{title}, paired by seed: mean ± sd of (run - CE on the same seed)",
       fontsize=10,

@@ -14,10 +14,6 @@ name, ``"ce"`` the reference.
 
 import os
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 import numpy as np
 
 from experiments import figures
@@ -152,17 +148,12 @@ def seed_counts(groupings, rows) -> str:
 def plot_paired_by_regime(groupings, rows, metric, path, title, scale=100):
   """Mean paired Δ vs CE over the learning curve, one panel per regime;
   whether it was drawn (it needs CE and another loss in a regime)."""
-  present = [
-      r
-      for r in REGIMES
-      if "ce" in groupings.get(r, {}) and len(groupings[r]) > 1
-  ]
+  drawn = lambda regime: "ce" in regime and len(regime) > 1
+  present = [r for r in REGIMES if drawn(groupings.get(r, {}))]
   if not present:
     return False
-  fig, axes = plt.subplots(
-      1, len(present), figsize=(5.5 * len(present), 3.6), squeeze=False
-  )
-  for ax, regime in zip(axes[0], present):
+  fig, axes = figures.panels_of(len(present), 5.5, 3.6)
+  for ax, regime in zip(axes, present):
     grouped = groupings[regime]
     reference = grouped["ce"]
     for key, label in rows:
@@ -190,8 +181,8 @@ def plot_paired_by_regime(groupings, rows, metric, path, title, scale=100):
     ax.set_title(REGIME_LABELS[regime], fontsize=9)
     ax.set_xlabel("step")
     ax.grid(alpha=0.3)
-  axes[0][0].set_ylabel(f"Δ {metric} vs CE (points)")
-  axes[0][-1].legend(fontsize=7)
+  axes[0].set_ylabel(f"Δ {metric} vs CE (points)")
+  axes[-1].legend(fontsize=7)
   fig.suptitle(title, fontsize=9)
   figures.save(fig, path, dpi=90)
   return True

@@ -61,6 +61,7 @@ SPEC = report_engine.Spec(
 label = SPEC.label
 
 EARLY, CONVERGED = "budget=600", "converged"
+EARLY_TITLE = "600 steps"  # how the report names the early regime
 CHECKS = ("ce_8x_steps", "ntil_8x_steps")  # method_8x_steps
 
 
@@ -334,20 +335,15 @@ def report_fields(runs, streamed, out_dir):
   # The curves and predictions of the longest regime recorded.
   latest = converged if converged.get("ce") else early
   mark = min((r["steps"] for r in runs if regime_of(r) == EARLY), default=0)
+  mark, title = (
+      (mark, "converged") if latest is converged else (None, EARLY_TITLE)
+  )
+  plot = os.path.join(out_dir, "plots", "{}.png").format
+  log_scale = ("mean_time_gap_minutes",)
   figures.mean_curves(
-      {m: latest[m] for m in METHODS if m in latest},
-      METHODS,
-      SPEC.paired,
-      os.path.join(out_dir, "plots", "curves.png"),
-      label,
-      mark_step=mark if latest is converged else None,
-      log_scale=("mean_time_gap_minutes",),
+      latest, METHODS, SPEC.paired, plot("curves"), label, mark, log_scale
   )
-  disagreements = plot_predictions(
-      latest,
-      os.path.join(out_dir, "plots", "predictions.png"),
-      "converged" if latest is converged else "600 steps",
-  )
+  disagreements = plot_predictions(latest, plot("predictions"), title)
   any_run, budgets = runs[0], {}
   test_size = any_run["num_test_examples"]
   # The test split's labels, rendered again (deterministic for seed 0).
@@ -379,7 +375,7 @@ def report_fields(runs, streamed, out_dir):
       ce_budget=tables.ce_budget(ce, "exact_match", "exact match"),
       inside=sum(40 <= 100 * r["exact_match"] <= 80 for r in ce.values()),
       seeds=len(ce),
-      early=regime_sections(early, "600 steps", out_dir, "_600", answers),
+      early=regime_sections(early, EARLY_TITLE, out_dir, "_600", answers),
       ablation_values=SPEC.variant_table(
           early, ["ntil", *tuned], SPEC.columns[:2]
       ),
