@@ -24,6 +24,13 @@ def save(fig, path, dpi=100) -> None:
   plt.close(fig)
 
 
+def panels_of(count, width, height, **options):
+  """A figure of ``count`` panels side by side, each ``width`` x ``height``
+  inches (``options`` for `plt.subplots`): the figure and its axes."""
+  fig, axes = plt.subplots(1, count, figsize=(width * count, height), **options)
+  return fig, np.atleast_1d(axes)
+
+
 def better(higher) -> str:
   """'(higher is better)' or '(lower is better)'."""
   return f"({'higher' if higher else 'lower'} is better)"
@@ -33,20 +40,14 @@ def seed_bars(grouped, keys, panels, path, title, key_label, rotation=15):
   """One panel a metric: a bar a key at its mean over seeds (± sd), a dot a
   seed. Keys without runs are left out."""
   keys = [k for k in keys if grouped.get(k)]
-  fig, axes = plt.subplots(
-      1, len(panels), figsize=(4.6 * len(panels), 3.8), squeeze=False
-  )
-  for ax, (metric, name, scale, _, higher) in zip(axes[0], panels):
+  ticks = [key_label(k) for k in keys]
+  fig, axes = panels_of(len(panels), 4.6, 3.8)
+  for ax, (metric, name, scale, _, higher) in zip(axes, panels):
     for i, key in enumerate(keys):
       runs = [grouped[key][s] for s in sorted(grouped[key])]
       values = [scale * stats.value(r, metric) for r in runs]
       plots.seed_bar(ax, i, values, labels.color(key))
-    ax.set_xticks(
-        range(len(keys)),
-        [key_label(k) for k in keys],
-        rotation=rotation,
-        fontsize=8,
-    )
+    ax.set_xticks(range(len(keys)), ticks, rotation=rotation, fontsize=8)
     ax.set_title(f"{name} {better(higher)}", fontsize=9)
     ax.grid(axis="y", alpha=0.3)
   fig.suptitle(f"{title}: mean ± sd over seeds (dots: seeds)")
@@ -58,22 +59,15 @@ def mean_curves(
 ):
   """One panel a metric: each key's learning curve, the mean over its
   seeds; a dotted line at ``mark_step``, a log axis for ``log_scale``."""
-  fig, axes = plt.subplots(
-      1, len(panels), figsize=(4.4 * len(panels), 3.7), squeeze=False
-  )
+  fig, axes = panels_of(len(panels), 4.4, 3.7)
   for key in (k for k in keys if grouped.get(k)):
     runs = list(grouped[key].values())
     steps = runs[0]["curves"]["eval_steps"]
-    for ax, (metric, _, scale, *_) in zip(axes[0], panels):
+    style = dict(marker="o", label=key_label(key), color=labels.color(key))
+    for ax, (metric, _, scale, *_) in zip(axes, panels):
       values = np.mean([r["curves"][metric] for r in runs], axis=0)
-      ax.plot(
-          steps,
-          scale * values,
-          marker="o",
-          label=key_label(key),
-          color=labels.color(key),
-      )
-  for ax, (metric, name, *_, higher) in zip(axes[0], panels):
+      ax.plot(steps, scale * values, **style)
+  for ax, (metric, name, *_, higher) in zip(axes, panels):
     if mark_step:
       ax.axvline(mark_step, color="k", lw=0.8, ls=":")
     if metric in log_scale:
@@ -94,42 +88,26 @@ def paired_dots(
   blue, variants orange. Whether the figure was written."""
   base = grouped.get(reference, {})
   rows = []
-  for key in keys:
-    if key == reference or key not in grouped:
-      continue
-    diffs = [
-        stats.paired(grouped[key], base, metric, scale, higher)
-        for metric, _, scale, _, higher in panels
-    ]
+  for key in (k for k in keys if k != reference and k in grouped):
+    diffs = [stats.paired_in(grouped[key], base, m) for m in panels]
     if diffs[0] is not None:
       rows.append((key, diffs))
   if not rows:
     return False
-  fig, axes = plt.subplots(
-      1,
-      len(panels),
-      figsize=(5.5 * len(panels), 0.45 * len(rows) + 1.4),
-      sharey=True,
-      squeeze=False,
-  )
-  for index, (ax, panel) in enumerate(zip(axes[0], panels)):
+  height = 0.45 * len(rows) + 1.4
+  fig, axes = panels_of(len(panels), 5.5, height, sharey=True)
+  for index, (ax, panel) in enumerate(zip(axes, panels)):
     for y, (key, diffs) in enumerate(rows):
       d = diffs[index]
       if d is None:
         continue
-      ax.errorbar(
-          d["mean"],
-          y,
-          xerr=0 if np.isnan(d["std"]) else d["std"],
-          fmt="o",
-          capsize=3,
-          color="C0" if key in methods else "C1",
-      )
+      std, color = np.nan_to_num(d["std"]), "C0" if key in methods else "C1"
+      ax.errorbar(d["mean"], y, xerr=std, fmt="o", capsize=3, color=color)
     ax.axvline(0, color="k", lw=0.8)
     ax.set_title(f"Δ {panel.name} vs CE {better(panel.higher)}", fontsize=9)
     ax.grid(axis="x", alpha=0.3)
-  axes[0][0].set_yticks(range(len(rows)), [key_label(k) for k, _ in rows])
-  axes[0][0].invert_yaxis()
+  axes[0].set_yticks(range(len(rows)), [key_label(k) for k, _ in rows])
+  axes[0].invert_yaxis()
   fig.suptitle(
       f"{title}, paired by seed: mean ± sd of (run - CE on the same seed)",
       fontsize=10,

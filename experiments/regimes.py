@@ -14,14 +14,11 @@ name, ``"ce"`` the reference.
 
 import os
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 import numpy as np
 
 from experiments import figures
 from experiments import labels
+from experiments import prose
 from experiments import stats
 from experiments import tables
 
@@ -98,13 +95,13 @@ def value_and_delta(grouped, key, metric):
   on CE's own row or without a seed in common)."""
   runs = grouped.get(key, {})
   reference = None if key == "ce" else grouped.get("ce", {})
-  read, _, scale, digits, higher = metric
   text = tables.fmt_metric(runs.values(), metric)
-  d = reference and stats.paired(runs, reference, read, scale, higher)
+  d = reference and stats.paired_in(runs, reference, metric)
   if text == "–" or not d:  # no value, reference (CE's row) or common seed
     return text, None
   p = "" if np.isnan(d["p"]) else f", p = {d['p']:.3f}"
-  return text, (f"{d['mean']:+.{digits}f}", f"{d['better']}/{d['n']}{p}")
+  delta = f"{d['mean']:+.{metric.digits}f}"
+  return text, (delta, f"{d['better']}/{d['n']}{p}")
 
 
 def side_by_side(groupings, rows, metric, *, scale=100, digits=1, higher=True):
@@ -117,18 +114,12 @@ def side_by_side(groupings, rows, metric, *, scale=100, digits=1, higher=True):
     return ["No runs recorded yet."]
   mid = mid_eval_step({r: groupings[r] for r in present})
   head = ["loss"]
-  for regime in present:
-    head += [
-        f"{REGIME_LABELS[regime]}, step {mid}",
-        f"{REGIME_LABELS[regime]}, end",
-    ]
+  for name in (REGIME_LABELS[r] for r in present):
+    head += [f"{name}, step {mid}", f"{name}, end"]
   body = []
+  at = lambda step: lambda run: stats.at_step(run, metric, step)
   readers = [
-      stats.Metric(read, "", scale, digits, higher)
-      for read in (
-          lambda run: stats.at_step(run, metric, mid),
-          lambda run: stats.at_step(run, metric),
-      )
+      stats.Metric(at(s), "", scale, digits, higher) for s in (mid, None)
   ]
   for key, label in rows:
     if not any(key in groupings.get(r, {}) for r in present):
@@ -157,17 +148,12 @@ def seed_counts(groupings, rows) -> str:
 def plot_paired_by_regime(groupings, rows, metric, path, title, scale=100):
   """Mean paired Δ vs CE over the learning curve, one panel per regime;
   whether it was drawn (it needs CE and another loss in a regime)."""
-  present = [
-      r
-      for r in REGIMES
-      if "ce" in groupings.get(r, {}) and len(groupings[r]) > 1
-  ]
+  drawn = lambda regime: "ce" in regime and len(regime) > 1
+  present = [r for r in REGIMES if drawn(groupings.get(r, {}))]
   if not present:
     return False
-  fig, axes = plt.subplots(
-      1, len(present), figsize=(5.5 * len(present), 3.6), squeeze=False
-  )
-  for ax, regime in zip(axes[0], present):
+  fig, axes = figures.panels_of(len(present), 5.5, 3.6)
+  for ax, regime in zip(axes, present):
     grouped = groupings[regime]
     reference = grouped["ce"]
     for key, label in rows:
@@ -177,18 +163,10 @@ def plot_paired_by_regime(groupings, rows, metric, path, title, scale=100):
       if not seeds:
         continue
       steps = reference[seeds[0]]["curves"]["eval_steps"]
-      deltas = np.array(
-          [
-              [
-                  scale
-                  * (
-                      stats.at_step(grouped[key][s], metric, step)
-                      - stats.at_step(reference[s], metric, step)
-                  )
-                  for step in steps
-              ]
-              for s in seeds
-          ]
+      curve = lambda run: [stats.at_step(run, metric, s) for s in steps]
+      deltas = scale * (
+          np.array([curve(grouped[key][s]) for s in seeds])
+          - np.array([curve(reference[s]) for s in seeds])
       )
       ax.errorbar(
           steps,
@@ -203,8 +181,8 @@ def plot_paired_by_regime(groupings, rows, metric, path, title, scale=100):
     ax.set_title(REGIME_LABELS[regime], fontsize=9)
     ax.set_xlabel("step")
     ax.grid(alpha=0.3)
-  axes[0][0].set_ylabel(f"Δ {metric} vs CE (points)")
-  axes[0][-1].legend(fontsize=7)
+  axes[0].set_ylabel(f"Δ {metric} vs CE (points)")
+  axes[-1].legend(fontsize=7)
   fig.suptitle(title, fontsize=9)
   figures.save(fig, path, dpi=90)
   return True
@@ -213,21 +191,19 @@ def plot_paired_by_regime(groupings, rows, metric, path, title, scale=100):
 def budget_section(title, groupings, rows, metric, out_dir, plot, plot_title):
   """One budget's report section (``### title``): table, seed counts, CE's
   last gain, and the paired-Δ plot ``plot`` in ``out_dir/plots``."""
-  lines = [
-      f"### {title}",
-      "",
-      *side_by_side(groupings, rows, metric),
-      "",
-      f"Runs per regime: {seed_counts(groupings, rows)}.",
-      "",
-  ]
   # Whether CE's curve has flattened at the budget (a lead where CE still
   # rises is a faster learner, not a better trained model).
   ce = groupings.get("stream", {}).get("ce", {})
   gain = tables.last_gain(ce, metric, "Streamed CE")
-  lines += [gain, ""] if gain else []
-  if plot_paired_by_regime(
-      groupings, rows, metric, os.path.join(out_dir, "plots", plot), plot_title
-  ):
-    lines += [f"![paired delta by regime, {title}](plots/{plot})", ""]
-  return lines
+  path = os.path.join(out_dir, "plots", plot)
+  drawn = plot_paired_by_regime(groupings, rows, metric, path, plot_title)
+  image = prose.section(__file__, "plot", title=title, plot=plot)
+  return prose.section(
+      __file__,
+      "budget",
+      title=title,
+      table=side_by_side(groupings, rows, metric),
+      counts=seed_counts(groupings, rows),
+      gain=[gain, ""] if gain else [],
+      plot=[*image, ""] if drawn else [],
+  )

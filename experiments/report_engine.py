@@ -6,7 +6,7 @@ reference (`stats.Metric`s), and how variants are named; `Spec.section`
 draws and tabulates one section from runs grouped by seed (``{key: {seed:
 run}}``). `task_report` is the flow of a task's report: its Markdown's
 ``report`` section, the task's own sections (a hook), the hand-written
-parts; `main` its command.
+parts; `run` its command.
 """
 
 import dataclasses
@@ -69,32 +69,18 @@ class Spec:
     its tables, named as the Markdown's blocks: ``main_table``, ``paired``
     (the methods against CE), ``reading``, and the controls against CE
     (beside NTIL), ``against_ce``, and against NTIL, ``against_ntil``."""
-    methods, paired = METHODS, self.paired
+    paired, label, controls = self.paired, self.label, labels.CONTROLS
     figures.seed_bars(
-        grouped,
-        methods,
-        paired,
-        plot("main"),
-        bars or title,
-        self.label,
-        rotation,
+        grouped, METHODS, paired, plot("main"), bars or title, label, rotation
     )
     figures.paired_dots(
-        grouped,
-        keys,
-        panels or paired,
-        plot("paired"),
-        title,
-        self.label,
-        methods,
+        grouped, keys, panels or paired, plot("paired"), title, label, METHODS
     )
-    controls = labels.CONTROLS
+    rows = self.rows(METHODS)
     return dict(
-        main_table=tables.values_table(
-            grouped, self.rows(methods), self.columns
-        ),
-        paired=self.paired_table(grouped, methods),
-        reading=tables.reading(grouped, paired, methods, labels.LABELS),
+        main_table=tables.values_table(grouped, rows, self.columns),
+        paired=self.paired_table(grouped, METHODS),
+        reading=tables.reading(grouped, paired, METHODS, labels.LABELS),
         against_ce=self.paired_table(grouped, [*controls, "ntil"]),
         against_ntil=self.paired_table(grouped, controls, "ntil"),
     )
@@ -152,23 +138,22 @@ def task_report(module_file, runs, out_dir, sections, hand) -> str:
   return write(out_dir, head + [""] + lines + hand_written(hand))
 
 
-def main(write_report, *extra) -> None:
-  """A task report's command: ``write_report(runs, out_dir, discussion,
-  *extra)`` from the flags; notes failed cells and prints the path."""
-  runs = common.load_results(FLAGS.results)
-  path = write_report(runs, FLAGS.out_dir, FLAGS.discussion, *extra)
-  common.note_failures(FLAGS.results, path)
-  print(path)
-
-
 def run(here, write_report, **more) -> None:
   """Runs a task report as a command: its flags (`common.define_report_flags`
-  and ``more``, name: (default, help), `main`'s ``extra``), then `main`."""
+  and ``more``, name: (default, help)), then ``write_report(runs, out_dir,
+  discussion, *more's values)``; notes failed cells and prints the path."""
   common.define_report_flags(here)
   for name, (default, text) in more.items():
     flags.DEFINE_string(name, default, text)
-  values = lambda: [FLAGS[name].value for name in more]
-  common.run_main(lambda argv: main(write_report, *values()))
+
+  def main(_):
+    runs = common.load_results(FLAGS.results)
+    extra = [FLAGS[name].value for name in more]
+    path = write_report(runs, FLAGS.out_dir, FLAGS.discussion, *extra)
+    common.note_failures(FLAGS.results, path)
+    print(path)
+
+  common.run_main(main)
 
 
 def write(out_dir, lines, end="") -> str:

@@ -118,3 +118,8 @@ def paired(runs, reference, metric, scale, higher_better):
     t = p = float("nan")
   mean, std = mean_std(diffs)
   return dict(n=len(seeds), mean=mean, std=std, better=better, t=t, p=p)
+
+
+def paired_in(runs, reference, metric: Metric):
+  """`paired` in a `Metric`: its field, scale and direction."""
+  return paired(runs, reference, metric.field, metric.scale, metric.higher)

@@ -165,9 +165,16 @@ def select(runs, cell) -> dict:
   return stats.group_runs(runs, row)
 
 
-def _delta(runs, reference, read) -> str:
-  d = stats.paired(runs, reference, read, 100, True)
-  if d is None:
+def versus_ce(grouped, key, read):
+  """`stats.paired` of ``key``'s runs and CE's in ``read`` (a share), or
+  None without both."""
+  ce = grouped["ce"]
+  return key in grouped and stats.paired(grouped[key], ce, read, 100, True)
+
+
+def _delta(grouped, key, read) -> str:
+  d = versus_ce(grouped, key, read)
+  if not d:
     return "–"
   p = "" if np.isnan(d["p"]) else f", {p_text(d['p'])}"
   text = f"{d['mean']:+.1f} ({d['better']}/{d['n']}{p})"
@@ -181,11 +188,15 @@ def p_text(p) -> str:
   return f"p = {p:.3f}" if p < 0.01 else f"p = {p:.2f}"
 
 
+def steps(grouped) -> int:
+  """The budget of a row: its CE runs' steps."""
+  return next(iter(grouped["ce"].values()))["steps"]
+
+
 def regime(cell, grouped) -> str:
   """How the row's training data was read: passes over a fixed set, or
   each example once."""
-  ce = next(iter(grouped["ce"].values()))
-  seen = ce["steps"] * ce["batch_size"]
+  seen = steps(grouped) * next(iter(grouped["ce"].values()))["batch_size"]
   if cell.train_size is None:
     return f"each seen once ({seen:,} examples)"
   return (
@@ -202,14 +213,11 @@ def row(cell, grouped) -> list[str]:
   return [
       cell.task,
       regime(cell, grouped),
-      f"{next(iter(ce.values()))['steps']:,}",
+      f"{steps(grouped):,}",
       f"{cell.metric_name} {stats.fmt([100 * end(r) for r in ce.values()], 1)}"
       f" ({len(ce)} seed{'s' if len(ce) > 1 else ''})",
-      *(
-          _delta(grouped[k], ce, end) if k in grouped else "–"
-          for k, _ in LOSSES
-      ),
-      _delta(grouped["ntil"], ce, area) if "ntil" in grouped else "–",
+      *(_delta(grouped, k, end) for k, _ in LOSSES),
+      _delta(grouped, "ntil", area),
   ]
 
 
@@ -251,6 +259,16 @@ def interval(d, level=0.95) -> float:
   return float(t * d["std"] / np.sqrt(d["n"]))
 
 
+# The figure's panels, the style of its markers and its x axis.
+TITLES = (
+    "mid-way (the eval nearest half the budget)",
+    "at the end of the budget",
+)
+DOTS = dict(fmt="o", markersize=4, capsize=2, linewidth=1)
+XLABEL = """paired difference to CE, points (mean over seeds;
+bars: 95% paired t interval)"""
+
+
 def figure(out_path, root=ROOT) -> str:
   """Draws each row's paired differences to CE, a marker per loss with its
   95% paired t interval, mid-way (the eval nearest half the budget: a lead
@@ -264,56 +282,25 @@ def figure(out_path, root=ROOT) -> str:
       1, 2, figsize=(12, 0.55 * len(cells) + 1.6), sharex=True, sharey=True
   )
   offsets = np.linspace(-0.3, 0.3, len(LOSSES))
-  for ax, at_end in zip(axes, (False, True)):
-    for index, (k, label) in enumerate(LOSSES):
-      ys, means, bars = [], [], []
-      for position, (cell, grouped) in enumerate(cells):
-        step = None if at_end else mids[position]
+  ends = [None] * len(cells)  # the step of each row's end: its last eval
+  for ax, title, at in zip(axes, TITLES, (mids, ends)):
+    for offset, (k, label) in zip(offsets, LOSSES):
+      points = []  # (y, mean, interval) of each row with the loss
+      for y, ((cell, grouped), step) in enumerate(zip(cells, at)):
         read = functools.partial(stats.at_step, metric=cell.metric, step=step)
-        d = k in grouped and stats.paired(
-            grouped[k], grouped["ce"], read, 100, True
-        )
-        if d:
-          ys.append(position + offsets[index])
-          means.append(d["mean"])
-          bars.append(interval(d))
-      ax.errorbar(
-          means,
-          ys,
-          xerr=np.nan_to_num(bars),
-          fmt="o",
-          markersize=4,
-          capsize=2,
-          linewidth=1,
-          color=labels.color(k),
-          label=label,
-      )
+        if d := versus_ce(grouped, k, read):
+          points.append((y + offset, d["mean"], interval(d)))
+      ys, means, bars = np.array(points).reshape(-1, 3).T
+      xerr, color = np.nan_to_num(bars), labels.color(k)
+      ax.errorbar(means, ys, xerr=xerr, color=color, label=label, **DOTS)
     ax.axvline(0, color="black", linewidth=0.8)
     for position in range(1, len(cells)):
       ax.axhline(position - 0.5, color="0.85", linewidth=0.5)
     ax.grid(axis="x", alpha=0.3)
-    ax.set_xlabel(
-        "paired difference to CE, points (mean over seeds;\n"
-        "bars: 95% paired t interval)",
-        fontsize=8,
-    )
-    ax.set_title(
-        "at the end of the budget"
-        if at_end
-        else "mid-way (the eval nearest half the budget)",
-        fontsize=9,
-    )
-  axes[0].set_yticks(
-      range(len(cells)),
-      [
-          textwrap.fill(f"{cell.task} ({cell.metric_name})", 48)
-          + f"\n{regime(cell, grouped)}, "
-          f"{next(iter(grouped['ce'].values()))['steps']:,} steps"
-          + (f" (mid: {mid:,})" if mid is not None else "")
-          for (cell, grouped), mid in zip(cells, mids)
-      ],
-      fontsize=7,
-  )
+    ax.set_xlabel(XLABEL, fontsize=8)
+    ax.set_title(title, fontsize=9)
+  ticks = [describe(*cell, mid) for cell, mid in zip(cells, mids)]
+  axes[0].set_yticks(range(len(cells)), ticks, fontsize=7)
   axes[0].set_ylim(len(cells) - 0.5, -0.5)
   fig.suptitle("What holds where: each numeric loss against CE", fontsize=10)
   axes[1].legend(
@@ -327,6 +314,13 @@ def figure(out_path, root=ROOT) -> str:
   fig.savefig(out_path, dpi=90, bbox_inches="tight")
   plt.close(fig)
   return out_path
+
+
+def describe(cell, grouped, mid) -> str:
+  """A row's name in the figure: task, metric, training data and budget."""
+  name = textwrap.fill(f"{cell.task} ({cell.metric_name})", 48)
+  mid = "" if mid is None else f" (mid: {mid:,})"
+  return f"{name}\n{regime(cell, grouped)}, {steps(grouped):,} steps{mid}"
 
 
 def replace_block(text, lines) -> str:

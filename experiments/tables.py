@@ -22,8 +22,7 @@ def table(head, rows):
 def paired_cells(runs, reference, metric, short=False):
   """Three table cells of a `stats.Metric`: ``Δ ± sd``, ``better/n`` and
   ``t (p = ...)`` (``short``: ``p``, and '-' below two paired seeds)."""
-  field, _, scale, digits, higher = metric
-  d = stats.paired(runs, reference, field, scale, higher)
+  d, digits = stats.paired_in(runs, reference, metric), metric.digits
   none = "-" if short else "–"
   if d is None or (short and d["n"] < 2):
     return [none] * 3
@@ -47,11 +46,10 @@ def versus_table(grouped, rows, metrics, first, seeds=False, vs="Δ to CE"):
       continue
     cells = [label] + [str(len(runs))] * seeds
     for metric in metrics:
-      cells.append(fmt_metric(runs.values(), metric))
-      if key == "ce":
-        cells += [""] * 3
-      else:
-        cells += paired_cells(runs, grouped["ce"], metric)
+      paired = (
+          [""] * 3 if key == "ce" else paired_cells(runs, grouped["ce"], metric)
+      )
+      cells += [fmt_metric(runs.values(), metric), *paired]
     body.append(cells)
   return table(head, body)
 

@@ -39,8 +39,7 @@ VARIANT_LABELS = {
     "ntil_8x_steps": "CE + NTIL, 8x the steps (convergence check)",
 }
 LONG = ("ce_2x_steps", "ntil_2x_steps")
-VARIANT_LABELS_SWEEP = ("sigma=0.1", "sigma=0.5", "lam=0.1", "lam=1.0")
-CONTROLS = labels.CONTROLS
+SWEEP = ("sigma=0.1", "sigma=0.5", "lam=0.1", "lam=1.0")
 EXACT = Metric("exact_match", "exact match %")
 GAP = Metric("mean_time_gap_minutes", "mean gap (min)", 1, 2, False)
 SPEC = report_engine.Spec(
@@ -59,23 +58,18 @@ SPEC = report_engine.Spec(
     ),
     variant_labels=VARIANT_LABELS,
 )
-PAIRED = SPEC.paired
 label = SPEC.label
 
 EARLY, CONVERGED = "budget=600", "converged"
+EARLY_TITLE = "600 steps"  # how the report names the early regime
 CHECKS = ("ce_8x_steps", "ntil_8x_steps")  # method_8x_steps
 
 
 def regime_of(run) -> str:
   """'converged' for the 4x-budget runs and the 8x check, else 'budget=600'."""
   variant = run["variant"]
-  if (
-      variant == CONVERGED
-      or variant in CHECKS
-      or variant.endswith("_converged")
-  ):
-    return CONVERGED
-  return EARLY
+  converged = variant in (CONVERGED, *CHECKS) or variant.endswith("_converged")
+  return CONVERGED if converged else EARLY
 
 
 def group_runs(runs, regime=EARLY):
@@ -100,13 +94,12 @@ def steps_to(run, threshold=0.5):
 
   Linear between evaluations (every 150 steps on the CPU profile).
   """
-  steps = [0] + list(run["curves"]["eval_steps"])
-  values = [0.0] + list(run["curves"]["exact_match"])
+  steps = [0, *run["curves"]["eval_steps"]]
+  values = [0.0, *run["curves"]["exact_match"]]
   for i in range(1, len(steps)):
     if values[i] >= threshold:
-      fraction = (threshold - values[i - 1]) / max(
-          values[i] - values[i - 1], 1e-12
-      )
+      rise = max(values[i] - values[i - 1], 1e-12)
+      fraction = (threshold - values[i - 1]) / rise
       return steps[i - 1] + fraction * (steps[i] - steps[i - 1])
   return float("nan")
 
@@ -124,17 +117,14 @@ GAP_BINS = (
 )
 
 
-def gaps(run, labels):
-  """Each test clock's time gap in minutes (`task.UNPARSED_GAP` if
-  unreadable), for one run."""
-  return np.array(
-      [
-          task.UNPARSED_GAP
-          if task.parse_time(p) is None
-          else task.time_gap_minutes(task.parse_time(p), task.parse_time(a))
-          for p, a in zip(run["predictions"], labels)
-      ]
-  )
+def readings(run, labels):
+  """Each test clock's ``(time read or None, time shown)`` in one run, and
+  the gap between them in minutes (`task.UNPARSED_GAP` if unreadable)."""
+  for guess, target in zip(run["predictions"], labels):
+    guess, target = task.parse_time(guess), task.parse_time(target)
+    unread = guess is None
+    gap = task.UNPARSED_GAP if unread else task.time_gap_minutes(guess, target)
+    yield guess, target, gap
 
 
 def gap_table(grouped, labels):
@@ -142,7 +132,7 @@ def gap_table(grouped, labels):
   seeds, and the share of the mean gap from clocks 51+ minutes off."""
 
   def shares(run):
-    run_gaps = gaps(run, labels)
+    run_gaps = np.array([gap for *_, gap in readings(run, labels)])
     large = run_gaps[run_gaps >= 51].sum() / max(run_gaps.sum(), 1)
     bins = [(run_gaps >= a) & (run_gaps <= b) for a, b, _ in GAP_BINS]
     return [*map(np.mean, bins), large]
@@ -158,22 +148,21 @@ def gap_table(grouped, labels):
 
 def hour_slips(grouped, labels):
   """Statistics of the readings 51-70 minutes off, pooled over main runs."""
-  count = near = toward = 0
-  for method in METHODS:
-    for run in grouped.get(method, {}).values():
-      for predicted, answer in zip(run["predictions"], labels):
-        guess, target = task.parse_time(predicted), task.parse_time(answer)
-        if (
-            guess is None
-            or not 51 <= task.time_gap_minutes(guess, target) <= 70
-        ):
-          continue
-        count += 1
-        near += target[1] >= 45 or target[1] <= 15
-        nearest = target[0] % 12 + (1 if target[1] >= 30 else -1)
-        toward += guess[0] % 12 == nearest % 12
-  if not count:
+  slips = [
+      (guess, target)
+      for method in METHODS
+      for run in grouped.get(method, {}).values()
+      for guess, target, gap in readings(run, labels)
+      if 51 <= gap <= 70
+  ]
+  if not slips:
     return None
+  near = sum(minute >= 45 or minute <= 15 for _, (_, minute) in slips)
+  toward = sum(
+      guess[0] % 12 == (hour % 12 + (1 if minute >= 30 else -1)) % 12
+      for guess, (hour, minute) in slips
+  )
+  count = len(slips)
   return dict(count=count, near=near / count, toward=toward / count)
 
 
@@ -240,50 +229,50 @@ def convergence_lines(converged):
     steps, values = curves["eval_steps"], curves["exact_match"]
     i = int(np.argmin(np.abs(np.array(steps) - 0.75 * steps[-1])))
     gains.append((seed, steps[i], 100 * values[i], 100 * values[-1]))
+  gain = "seed {}: {:.1f}% at step {} -> {:.1f}% (+{:.1f})".format
   lines = prose.section(
       __file__,
       "convergence_ce",
-      gains="; ".join(
-          f"seed {seed}: {a:.1f}% at step {step} -> {b:.1f}% (+{b - a:.1f})"
-          for seed, step, a, b in gains
-      ),
+      gains="; ".join(gain(s, a, i, b, b - a) for s, i, a, b in gains),
       mean=np.mean([b - a for *_, a, b in gains]),
   )
-
-  def lead(runs, reference, seed):
-    return 100 * (runs[seed]["exact_match"] - reference[seed]["exact_match"])
-
+  exact = lambda runs, seed: 100 * runs[seed]["exact_match"]
+  lead = lambda runs, base, s: 100 * (
+      runs[s]["exact_match"] - base[s]["exact_match"]
+  )
   for check_key in CHECKS:
     method = check_key.removesuffix("_8x_steps")
     check, base = converged.get(check_key, {}), converged.get(method, {})
-    pairs = sorted(set(check) & set(base))
-    if pairs:
+    if pairs := sorted(set(check) & set(base)):
       lines += prose.section(
           __file__,
           "convergence_check",
           steps=check[pairs[0]]["steps"],
           label=label(method),
-          pairs="; ".join(
-              f"seed {s}: {100 * base[s]['exact_match']:.1f}% -> "
-              f"{100 * check[s]['exact_match']:.1f}% "
-              f"({lead(check, base, s):+.1f})"
-              for s in pairs
+          pairs=by_seed(
+              pairs,
+              lambda s: f"{exact(base, s):.1f}% -> {exact(check, s):.1f}% "
+              f"({lead(check, base, s):+.1f})",
           ),
       )
   ce_check, ntil_check = (converged.get(k, {}) for k in CHECKS)
   ntil = converged.get("ntil", {})
-  pairs = sorted(set(ce_check) & set(ntil_check) & set(ce) & set(ntil))
-  if pairs:
+  if pairs := sorted(set(ce_check) & set(ntil_check) & set(ce) & set(ntil)):
     lines += prose.section(
         __file__,
         "convergence_lead",
-        pairs="; ".join(
-            f"seed {s}: {lead(ntil, ce, s):+.1f} -> "
-            f"{lead(ntil_check, ce_check, s):+.1f} points"
-            for s in pairs
+        pairs=by_seed(
+            pairs,
+            lambda s: f"{lead(ntil, ce, s):+.1f} -> "
+            f"{lead(ntil_check, ce_check, s):+.1f} points",
         ),
     )
   return lines
+
+
+def by_seed(seeds, text) -> str:
+  """``seed s: text(s)`` for each of ``seeds``, joined by semicolons."""
+  return "; ".join(f"seed {s}: {text(s)}" for s in seeds)
 
 
 def regime_sections(grouped, title, out_dir, suffix, labels):
@@ -341,64 +330,52 @@ def write_report(runs, out_dir, discussion=None):
 
 def report_fields(runs, streamed, out_dir):
   """The fields of the Markdown's ``report`` section; draws its plots."""
-  early = group_runs(runs, EARLY)
-  converged = group_runs(runs, CONVERGED)
+  early, converged = (group_runs(runs, r) for r in (EARLY, CONVERGED))
   groupings = {EARLY: early, CONVERGED: converged}
   # The curves and predictions of the longest regime recorded.
   latest = converged if converged.get("ce") else early
   mark = min((r["steps"] for r in runs if regime_of(r) == EARLY), default=0)
+  mark, title = (
+      (mark, "converged") if latest is converged else (None, EARLY_TITLE)
+  )
+  plot = os.path.join(out_dir, "plots", "{}.png").format
+  log_scale = ("mean_time_gap_minutes",)
   figures.mean_curves(
-      {m: latest[m] for m in METHODS if m in latest},
-      METHODS,
-      PAIRED,
-      os.path.join(out_dir, "plots", "curves.png"),
-      label,
-      mark_step=mark if latest is converged else None,
-      log_scale=("mean_time_gap_minutes",),
+      latest, METHODS, SPEC.paired, plot("curves"), label, mark, log_scale
   )
-  disagreements = plot_predictions(
-      latest,
-      os.path.join(out_dir, "plots", "predictions.png"),
-      "converged" if latest is converged else "600 steps",
-  )
-  any_run = runs[0]
+  disagreements = plot_predictions(latest, plot("predictions"), title)
+  any_run, budgets = runs[0], {}
+  test_size = any_run["num_test_examples"]
   # The test split's labels, rendered again (deterministic for seed 0).
-  clocks = task.generate_clocks("test", runs[0]["num_test_examples"], 0)
-  labels = [label for _, label in clocks]
-  steps, seconds = {}, {}
-  for regime in (EARLY, CONVERGED):
+  answers = [a for _, a in task.generate_clocks("test", test_size, 0)]
+  for name, regime in (("early", EARLY), ("converged", CONVERGED)):
     of_regime = [r for r in runs if regime_of(r) == regime]
     main = {
         r["steps"] for r in of_regime if r["variant"] in ("main", CONVERGED)
     }
-    steps[regime] = ", ".join(map(str, sorted(main)))
-    seconds[regime] = np.median([r["wall_seconds"] for r in of_regime] or [0])
+    budgets[f"{name}_steps"] = ", ".join(map(str, sorted(main)))
+    seconds = [r["wall_seconds"] for r in of_regime] or [0]
+    budgets[f"{name}_seconds"] = np.median(seconds)
   recorded = regimes.recorded_methods(METHODS, runs, clock_time.METHODS)
   ce = early.get("ce", {})
-  rows = SPEC.rows([*recorded, *CONTROLS])
-  tuned = ("exp_off", "rel_off", "mag_off", *VARIANT_LABELS_SWEEP)
+  rows = SPEC.rows([*recorded, *labels.CONTROLS])
+  tuned = ("exp_off", "rel_off", "mag_off", *SWEEP)
   return dict(
       train_size=grid.PROFILES[any_run["profile"]]["train_size"],
       batch_size=any_run["batch_size"],
-      test_size=any_run["num_test_examples"],
-      early_steps=steps[EARLY],
-      early_seconds=seconds[EARLY],
-      converged_steps=steps[CONVERGED],
-      converged_seconds=seconds[CONVERGED],
+      test_size=test_size,
+      **budgets,
       convergence=" ".join(convergence_lines(converged)),
       early_table=regime_table(groupings, EARLY_COLUMNS, rows),
       converged_table=regime_table(groupings, CONVERGED_COLUMNS, rows),
-      converged=regime_sections(converged, "converged", out_dir, "", labels),
-      disagreements=(
-          f"On seed 0, CE and NTIL give different answers on {disagreements} "
-          f"of {any_run['num_test_examples']} test clocks."
-          if disagreements is not None
-          else ""
-      ),
+      converged=regime_sections(converged, "converged", out_dir, "", answers),
+      disagreements=""
+      if disagreements is None
+      else prose.text(__file__, "differ", differ=disagreements, size=test_size),
       ce_budget=tables.ce_budget(ce, "exact_match", "exact match"),
       inside=sum(40 <= 100 * r["exact_match"] <= 80 for r in ce.values()),
       seeds=len(ce),
-      early=regime_sections(early, "600 steps", out_dir, "_600", labels),
+      early=regime_sections(early, EARLY_TITLE, out_dir, "_600", answers),
       ablation_values=SPEC.variant_table(
           early, ["ntil", *tuned], SPEC.columns[:2]
       ),

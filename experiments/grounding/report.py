@@ -7,6 +7,7 @@ task's own: early training, where the misses went (the test scenes rendered
 again), predictions and the stream.
 """
 
+import functools
 import os
 
 import numpy as np
@@ -29,14 +30,6 @@ Metric = stats.Metric
 
 
 METHODS = report_engine.METHODS
-TASK_TITLES = {
-    "grounding": "grounding: the box of the object a query names (2-4 "
-    "objects; the paper's Table 1)",
-    "grounding_single": "grounding_single: one object, its box (only the "
-    "coordinates at stake)",
-    "grounding_multi": "grounding_multi: every box of a colour, F1 at IoU "
-    "0.5 (the paper's Table 2)",
-}
 PARSED = Metric("parsed_rate", "parsed %")
 EXACT = Metric("exact_match", "exact %")
 ERROR = Metric("mean_coordinate_error", "coordinate error (px)", 1, 2, False)
@@ -75,13 +68,9 @@ MULTI = report_engine.Spec(
 label = SINGLE.label
 
 
-def is_multi(task):
-  return task == "grounding_multi"
-
-
 def spec(task) -> report_engine.Spec:
   """The task's report specification."""
-  return MULTI if is_multi(task) else SINGLE
+  return MULTI if task == "grounding_multi" else SINGLE
 
 
 # How close the streamed boxes are at the end of the budget, where Acc@0.5
@@ -96,8 +85,9 @@ CEILING = 0.9
 
 
 def headline(task):
-  """The task's headline metric: its key and name."""
-  return ("f1_at_50", "F1@0.5") if is_multi(task) else ("acc_at_50", "Acc@0.5")
+  """The task's headline metric (its spec's first paired): key and name."""
+  metric = spec(task).paired[0]
+  return metric.field, metric.name.removesuffix(" (points)")
 
 
 def at_eval(metric, index):
@@ -114,25 +104,21 @@ def early_table(task, grouped):
   steps = next(iter(grouped["ce"].values()))["curves"]["eval_steps"]
   if len(steps) < 2:
     return []
+  area = functools.partial(stats.curve_area, metric=metric)
   measures = (
-      Metric(at_eval(metric, 0), f"{name} at step {steps[0]}"),
-      Metric(at_eval(metric, 1), f"{name} at step {steps[1]}"),
-      Metric(
-          lambda run: stats.curve_area(run, metric),
-          f"mean {name} over training",
+      *(
+          Metric(at_eval(metric, i), f"{name} at step {steps[i]}")
+          for i in (0, 1)
       ),
+      Metric(area, f"mean {name} over training"),
   )
   ce = grouped["ce"].values()
   absolute = ", ".join(
       f"{m.name} {100 * np.mean([m.field(r) for r in ce]):.1f}%"
       for m in measures
   )
-  table = tables.paired_table(
-      grouped,
-      SINGLE.rows(METHODS),
-      "ce",
-      [m._replace(name=f"{m.name} (points)") for m in measures],
-  )
+  points = [m._replace(name=f"{m.name} (points)") for m in measures]
+  table = tables.paired_table(grouped, SINGLE.rows(METHODS), "ce", points)
   return prose.section(__file__, "early", absolute=absolute, table=table) + [""]
 
 
@@ -157,12 +143,8 @@ def outcome(prediction, scene):
   overlap = boxes.iou(box, target)
   if overlap >= 0.5:
     return "hit"
-  others = [
-      boxes.iou(box, o.box)
-      for i, o in enumerate(scene.objects)
-      if i != scene.targets[0]
-  ]
-  if others and max(others) >= 0.5:
+  others = [o.box for i, o in enumerate(scene.objects) if i != scene.targets[0]]
+  if any(boxes.iou(box, other) >= 0.5 for other in others):
     return "other"
   return "near" if overlap > 0 else "elsewhere"
 
@@ -184,17 +166,12 @@ def readable_table(grouped, test):
   targets = [np.array(s.objects[s.targets[0]].box) for s in test]
   cache = {}
 
-  def deviations(run):
+  def deviations(run):  # of each readable box from its target
     key = run["config_hash"]
     if key not in cache:
-      found = [
-          boxes.parse_box(p, scenes.IMAGE_SIZE) for p in run["predictions"]
-      ]
-      found = [
-          np.abs(np.array(b) - t)
-          for b, t in zip(found, targets)
-          if b is not None
-      ]
+      found = zip(run["predictions"], targets)
+      found = [(boxes.parse_box(p, scenes.IMAGE_SIZE), t) for p, t in found]
+      found = [np.abs(np.array(b) - t) for b, t in found if b is not None]
       cache[key] = np.array(found, float).reshape(-1, 4)
     return cache[key]
 
@@ -215,40 +192,30 @@ def readable_table(grouped, test):
 def plot_predictions(task, grouped, test, path, count=16):
   """Test scenes with CE's and NTIL's seed-0 boxes; disagreements first."""
 
-  def parse(text):
-    return boxes.parse_boxes(text, scenes.IMAGE_SIZE)
+  parse = lambda text: boxes.parse_boxes(text, scenes.IMAGE_SIZE)
 
-  def note(i, ce, ntil):
-    truth = parse(test[i].answer)
-    found = [
-        (n, parse(r["predictions"][i])) for n, r in (("CE", ce), ("NTIL", ntil))
-    ]
-    if is_multi(task):
-      return " / ".join(
-          f"{name} {boxes.count_matches(box, truth)}/{len(truth)}"
-          for name, box in found
-      )
-    return " / ".join(
-        f"{name} IoU "
-        + (
-            f"{boxes.iou(box[0], truth[0]):.2f}"
-            if len(box) == 1 and box[0] is not None
-            else "-"
-        )
-        for name, box in found
-    )
+  def score(found, truth):  # how close a prediction is, for the notes
+    if spec(task) is MULTI:
+      return f"{boxes.count_matches(found, truth)}/{len(truth)}"
+    one = len(found) == 1 and found[0] is not None
+    return f"IoU {boxes.iou(found[0], truth[0]):.2f}" if one else "IoU -"
 
   def draw(ce, ntil, chosen):
+    truth = [parse(test[i].answer) for i in chosen]
+    found = {
+        name: [parse(run["predictions"][i]) for i in chosen]
+        for name, run in (("CE", ce), ("NTIL", ntil))
+    }
+    notes = [
+        " / ".join(f"{name} {score(found[name][j], t)}" for name in found)
+        for j, t in enumerate(truth)
+    ]
     plots.plot_scene_grid(
         [test[i].image for i in chosen],
         [test[i].question for i in chosen],
-        {
-            "truth": [parse(test[i].answer) for i in chosen],
-            "CE": [parse(ce["predictions"][i]) for i in chosen],
-            "NTIL": [parse(ntil["predictions"][i]) for i in chosen],
-        },
+        {"truth": truth, **found},
         path,
-        notes=[note(i, ce, ntil) for i in chosen],
+        notes=notes,
         title=f"{task}, seed 0, scenes where CE and NTIL differ first",
     )
 
@@ -273,43 +240,39 @@ def task_section(task, runs, out_dir):
   any_run = runs[0]
   fields = dict(
       any_run,  # its steps, batch_size and num_test_examples
-      title=TASK_TITLES[task],
+      title=prose.text(__file__, f"title_{task}"),
       task=task,
       runs=len(runs),
       train_size=grid.PROFILES[any_run["profile"]]["train_size"][task],
       seconds=np.median([r["wall_seconds"] for r in runs]),
       ce_budget=tables.ce_budget(grouped.get("ce", {}), *headline(task)),
+      differ=disagreements,
+      test_size=len(test),
       **blocks,
   )
-  lines = prose.section(__file__, "task", **fields)
-  lines += ["", *early_table(task, grouped)]
-  if not is_multi(task):
-    lines += prose.section(
-        __file__,
-        "where",
-        outcomes=outcome_table(grouped, test),
-        readable=readable_table(grouped, test),
-    ) + [""]
+
+  def part(name, **more):  # a section of the Markdown, then a blank line
+    return prose.section(__file__, name, **fields | more) + [""]
+
+  lines = part("task") + early_table(task, grouped)
+  if task_spec is SINGLE:
+    outcomes = outcome_table(grouped, test)
+    lines += part(
+        "where", outcomes=outcomes, readable=readable_table(grouped, test)
+    )
   if disagreements is not None:
-    lines += prose.section(
-        __file__,
-        "predictions",
-        differ=disagreements,
-        test_size=len(test),
-        task=task,
-    ) + [""]
+    lines += part("predictions")
   if any(k in grouped for k in labels.CONTROLS):
-    lines += prose.section(__file__, "controls", **blocks) + [""]
+    lines += part("controls")
   ablations = [k for k in ("exp_off", "rel_off", "mag_off") if k in grouped]
   if ablations:  # beside NTIL's: absolute values of the paired metrics
     plain = [m._replace(name=m.name.split(" (")[0]) for m in task_spec.paired]
-    lines += prose.section(
-        __file__,
+    lines += part(
         "ablations",
         values=task_spec.variant_table(grouped, ["ntil", *ablations], plain),
         against_ntil=task_spec.paired_table(grouped, ablations, "ntil"),
         against_ce=task_spec.paired_table(grouped, ablations),
-    ) + [""]
+    )
   return lines
 
 
