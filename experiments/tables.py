@@ -12,11 +12,12 @@ from experiments import stats
 
 def table(head, rows):
   """Markdown table lines from a header and rows of cells."""
-  return [
-      "| " + " | ".join(head) + " |",
-      "|" + "---|" * len(head),
-      *("| " + " | ".join(row) + " |" for row in rows),
-  ]
+  return [row(head), "|" + "---|" * len(head), *map(row, rows)]
+
+
+def row(cells) -> str:
+  """A Markdown table's line of ``cells``."""
+  return "| " + " | ".join(cells) + " |"
 
 
 def paired_cells(runs, reference, metric, short=False):
@@ -152,19 +153,27 @@ def verdict(d, higher=True, style="") -> str:
   )
 
 
-def values_table(grouped, rows, columns, first="method"):
+def values_table(
+    grouped, rows, columns, first="method", missing="–", listed=False, totals=()
+):
   """Mean ± sd over seeds of each row's runs (those in ``grouped``) in
-  each column, after the label (``first`` heads it) and the seeds."""
+  each column (``missing`` where none is finite), after the label (``first``
+  heads it) and the seeds (``listed``: which), then the sums over seeds of
+  the columns ``totals``."""
   body = []
   for key, label in rows:
     if key not in grouped:
       continue
     runs = list(grouped[key].values())
-    body.append(
-        [label, str(len(runs))]
-        + [fmt_metric(runs, column) for column in columns]
-    )
-  return table([first, "seeds"] + [c.name for c in columns], body)
+    seeds = ",".join(map(str, sorted(grouped[key])))
+    cells = [label, f"{len(runs)} ({seeds})" if listed else str(len(runs))]
+    cells += [fmt_metric(runs, column, missing) for column in columns]
+    for total in totals:
+      value = total.scale * sum(stats.value(r, total.field) for r in runs)
+      cells.append(f"{value:.{total.digits}f}")
+    body.append(cells)
+  head = [first, "seeds"] + [c.name for c in (*columns, *totals)]
+  return table(head, body)
 
 
 def fmt_metric(runs, metric, missing="–"):
@@ -175,20 +184,24 @@ def fmt_metric(runs, metric, missing="–"):
   return stats.fmt(values, metric.digits) if values else missing
 
 
-def paired_table(grouped, rows, reference_key, metrics):
+def paired_table(grouped, rows, reference_key, metrics, short=False):
   """Each row's runs (but the reference's) against
-  ``grouped[reference_key]``, seed by seed: `paired_cells` per metric."""
-  head = ["", "seeds"]
+  ``grouped[reference_key]`` (a row ``(key, label, reference_key)``: its
+  own), seed by seed: `paired_cells` per metric; ``short``, the rows with a
+  paired seed in short cells and no seeds column (none: a sentence)."""
+  head = ["comparison"] if short else ["", "seeds"]
+  tests = ("better", "p") if short else ("seeds better", "paired t")
   for metric in metrics:
-    head += [f"Δ {metric.name}", "seeds better", "paired t"]
-  reference = grouped.get(reference_key, {})
+    head += [f"Δ {metric.name}", *tests]
   body = []
-  for key, label in rows:
-    if key not in grouped or key == reference_key:
+  for key, label, *own in rows:
+    ref = own[0] if own else reference_key
+    runs, reference = grouped.get(key), grouped.get(ref, {})
+    paired = len(set(runs or ()) & set(reference))
+    if key not in grouped or key == ref or short and not paired:
       continue
-    runs = grouped[key]
-    cells = [label, str(len(set(runs) & set(reference)))]
+    cells = [label] + [str(paired)] * (not short)
     for metric in metrics:
-      cells += paired_cells(runs, reference, metric)
+      cells += paired_cells(runs, reference, metric, short)
     body.append(cells)
-  return table(head, body)
+  return table(head, body) if body or not short else ["No seed paired yet."]

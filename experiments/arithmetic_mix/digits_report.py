@@ -39,14 +39,13 @@ METHODS = arithmetic_mix.METHODS
 PEERS = arithmetic_mix.PEER_METHODS
 SEEDS = (0, 1, 2, 3, 4)
 CONTROL = "ce-digit-weight"
-CONTROL_LABEL = "CE, digit tokens weighted 1.3"
-# (cell name prefix, label): run.py's digits_grid ablations.
-ABLATIONS = (
-    ("ntil-no-exp", "NTIL, place-value weighting off (sigma=0)"),
-    ("ntil-no-rel", "NTIL, relative deviation off (alpha=0)"),
-    ("ntil-no-mag", "NTIL, magnitude deviation off (beta=0)"),
-)
-ABLATED = tuple(k for k, _ in ABLATIONS)
+# {cell name prefix: label}: run.py's digits_grid ablations.
+ABLATIONS = {
+    "ntil-no-exp": "NTIL, place-value weighting off (sigma=0)",
+    "ntil-no-rel": "NTIL, relative deviation off (alpha=0)",
+    "ntil-no-mag": "NTIL, magnitude deviation off (beta=0)",
+}
+ABLATED = tuple(ABLATIONS)
 # run.py's groups: their cell kinds.
 GROUPS = dict(
     main=METHODS,
@@ -88,6 +87,13 @@ PAIRED = (
     VALUES[2]._replace(name="within 1% (pts)"),
     VALUES[3],
 )
+UNPARSED = Metric("unparsed", "unparsed (all seeds)", 1, 0)
+# How the report names its cells (methods: `labels.LABELS`): the control,
+# the ablations and the methods on numbers in tokens of 1-3 digits.
+CHUNKED = {m + CHUNKS: f"{labels.LABELS[m]}, 1-3 digit tokens" for m in METHODS}
+NAMES = {CONTROL: "CE, digit tokens weighted 1.3", **ABLATIONS, **CHUNKED}
+SPEC = report_engine.Spec(VALUES, PAIRED, NAMES)
+label = SPEC.label
 
 
 def curve_value(run, step) -> float:
@@ -100,14 +106,6 @@ def cell_key(run) -> str:
   if run["group"] in ("main", "peers"):
     return run["method"]
   return re.sub(r"-s\d+$", "", run["name"])
-
-
-def label(key) -> str:
-  if key in labels.LABELS:
-    return labels.LABELS[key]
-  if key.endswith(CHUNKS):
-    return f"{labels.LABELS[key.removesuffix(CHUNKS)]}, 1-3 digit tokens"
-  return CONTROL_LABEL if key == CONTROL else dict(ABLATIONS).get(key, key)
 
 
 def run_view(run, problems, early, breakdowns) -> dict:
@@ -155,10 +153,6 @@ def beats(d, higher_better=True) -> bool:
   return beyond_noise(d) and is_better(d, higher_better)
 
 
-def means(runs, metrics) -> list[str]:
-  return [tables.fmt_metric(runs, m, "-") for m in metrics]
-
-
 def bucket_metric(name, bucket):
   """A run's exact match in one bucket of a breakdown (nan if absent)."""
   return lambda run: run["breakdowns"].get(name, {}).get(bucket, np.nan)
@@ -177,6 +171,8 @@ class Grid:
     first = EARLY_STEP if EARLY_STEP in steps or not steps else steps[0]
     self.early = early or first
     self.problems, self.breakdowns = problems, breakdowns
+    named = lambda m: m._replace(name=m.name.format(early=self.early))
+    self.columns, self.metrics = [*map(named, VALUES)], [*map(named, PAIRED)]
     view = lambda run: run_view(run, problems, self.early, breakdowns)
     self.grouped = dict(stats.group_runs(runs, cell_key, view))
     self.keys = self.present(METHODS + PEERS)
@@ -187,35 +183,21 @@ class Grid:
   def present(self, keys) -> list[str]:
     return [k for k in keys if k in self.grouped]
 
-  def named(self, metric) -> Metric:
-    return metric._replace(name=metric.name.format(early=self.early))
-
   def values(self, keys) -> list[str]:
     """`VALUES`, mean ± sd over seeds, and the unparsed answers of each of
     ``keys`` recorded."""
-    rows = []
-    for key in self.present(keys):
-      runs = self.grouped[key]
-      seeds = ",".join(str(s) for s in sorted(runs))
-      unparsed = sum(r["unparsed"] for r in runs.values())
-      cells = means(runs.values(), VALUES)
-      rows.append([label(key), f"{len(runs)} ({seeds})", *cells, str(unparsed)])
-    names = [self.named(m).name for m in VALUES]
-    return tables.table(["run", "seeds", *names, "unparsed (all seeds)"], rows)
+    rows = SPEC.rows(keys)
+    return tables.values_table(
+        self.grouped, rows, self.columns, "run", "-", True, (UNPARSED,)
+    )
 
   def paired(self, pairs) -> list[str]:
     """Per ``(key, reference[, the reference's name])`` with a paired seed:
-    `tables.paired_cells` (short) of each `PAIRED` metric."""
-    rows = []
-    for key, ref, *named in pairs:
-      runs, reference = self.grouped.get(key), self.grouped.get(ref)
-      if runs and reference and set(runs) & set(reference):
-        cells = (tables.paired_cells(runs, reference, m, True) for m in PAIRED)
-        name = named[0] if named else label(ref)
-        rows.append([f"{label(key)} − {name}", *sum(cells, [])])
-    head = [[f"Δ {self.named(m).name}", "better", "p"] for m in PAIRED]
-    head = ["comparison", *sum(head, [])]
-    return tables.table(head, rows) if rows else ["No seed paired yet."]
+    `tables.paired_table`'s short cells of each `PAIRED` metric."""
+    rows = [
+        (k, f"{label(k)} − {n[0] if n else label(r)}", r) for k, r, *n in pairs
+    ]
+    return tables.paired_table(self.grouped, rows, "ce", self.metrics, True)
 
   def versus_ce(self) -> list[str]:
     return self.paired([(k, "ce") for k in self.keys if k != "ce"])
@@ -229,7 +211,12 @@ class Grid:
   def breakdown_sections(self) -> list[str]:
     """A ``###`` section a breakdown: exact match (%) per bucket, mean over
     seeds; then each run - CE, paired by seed."""
-    lines, ce = [], self.grouped.get("ce", {})
+    lines, ce, rows = [], self.grouped.get("ce", {}), SPEC.rows(self.keys)
+    scored = {
+        k: {s: r for s, r in runs.items() if r["breakdowns"]}
+        for k, runs in self.grouped.items()
+    }
+    scored = {k: runs for k, runs in scored.items() if runs}
     for name, key, order in self.breakdowns:
       counts = collections.Counter(key(q, a) for q, a in self.problems)
       metrics = [
@@ -237,24 +224,20 @@ class Grid:
           for b in order
           if counts[b]
       ]
-      rows = []
-      for k in self.keys:
-        runs = [r for r in self.grouped[k].values() if r["breakdowns"]]
-        if runs:
-          rows.append([label(k), str(len(runs)), *means(runs, metrics)])
-      for k in (k for k in self.keys if k != "ce"):
-        cells = []
-        for m in metrics:
-          d = stats.paired(self.grouped[k], ce, m.field, 100, True)
-          few = d is None or d["n"] < 2
-          cells.append(
-              "-" if few else f"{d['mean']:+.2f} ({d['better']}/{d['n']})"
-          )
-        if any(c != "-" for c in cells):
-          rows.append([f"{label(k)} − CE, paired Δ (seeds better)", "", *cells])
-      head = ["run", "seeds", *(m.name for m in metrics)]
       title = prose.section(__file__, f"breakdown_{name}")
-      lines += ["", *title, "", *tables.table(head, rows)]
+      lines += ["", *title, ""]
+      lines += tables.values_table(scored, rows, metrics, "run", "-")
+      for k, row_label in (row for row in rows if row[0] != "ce"):
+        ds = (stats.paired_in(self.grouped[k], ce, m) for m in metrics)
+        cells = [
+            f"{d['mean']:+.2f} ({d['better']}/{d['n']})"
+            if d and d["n"] > 1
+            else "-"
+            for d in ds
+        ]
+        if any(c != "-" for c in cells):
+          row = [f"{row_label} − CE, paired Δ (seeds better)", "", *cells]
+          lines.append(tables.row(row))
     return lines
 
   def reading(self, seeds=len(SEEDS)) -> list[str]:
@@ -316,7 +299,7 @@ class Grid:
         for n, _, order in self.breakdowns
         for b in order
     ]
-    metrics = [*map(self.named, PAIRED), *buckets]
+    metrics = [*self.metrics, *buckets]
     for key, name, scale, digits, higher in metrics:
       d = stats.paired(ntil, ce, key, scale, higher)
       if d is not None:
