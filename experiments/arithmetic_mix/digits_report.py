@@ -338,28 +338,28 @@ def style(key) -> dict:
   return dict(marker="o", ms=3, ls="--" if key == CONTROL else "-", color=color)
 
 
-def plot_curves(grid, path, panels=(), size=(9, 3.4), xlabel="step", start=()):
-  """Exact match vs step, mean over seeds: a panel a ``(title, keys)``
-  (default: main and control; NTIL and its ablations), a line a key (from
-  the mean of ``start``, zero-shot scores, at step 0)."""
+def plot_curves(grid, path, panels=(), width=4.5, xlabel="step", start=()):
+  """Exact match vs step, mean over seeds: a panel ``width`` wide a ``(title,
+  keys)`` (default: main and control; NTIL and its ablations), a line a key
+  (from the mean of ``start``, zero-shot scores, at step 0)."""
   panels = panels or (
       ("methods and control (seeds)", grid.keys + grid.present([CONTROL])),
       ("NTIL and its ablations (seeds)", grid.present(["ntil", *ABLATED])),
   )
-  fig, axes = plt.subplots(
-      1, len(panels), figsize=size, sharex=True, sharey=True, squeeze=False
+  fig, axes = figures.panels_of(
+      len(panels), width, 3.4, sharex=True, sharey=True
   )
   steps = grid.steps
   first = [100 * float(np.mean(start))] if start else []
   xs = [0] * len(first) + steps
-  for ax, (title, keys) in zip(axes[0], panels):
+  for ax, (title, keys) in zip(axes, panels):
     for k in keys:
       rs = list(grid.grouped[k].values())
       ys = [100 * np.nanmean([curve_value(r, s) for r in rs]) for s in steps]
       ax.plot(xs, first + ys, label=f"{label(k)} ({len(rs)})", **style(k))
     figures.finish(ax, xlabel)
     ax.set_title(title, fontsize=9)
-  axes[0][0].set_ylabel("test exact match (%, mean over seeds)")
+  axes[0].set_ylabel("test exact match (%, mean over seeds)")
   figures.save(fig, path, dpi=90)
 
 
@@ -398,21 +398,15 @@ def coverage(grouped, sizes) -> list[str]:
   """How many of the grid's cells (``sizes``: cells per group) are there,
   and the seeds of each kind."""
   count = lambda g: sum(len(grouped.get(k, {})) for k in GROUPS[g])
-  total, cells = sum(map(count, sizes)), sum(sizes.values())
-  lines = [
-      f"**{total} of the {cells} cells recorded** ("
-      + ", ".join(f"{g} {count(g)}/{sizes[g]}" for g in sizes)
-      + ")."
-      + ("" if total == cells else " Cells not run yet are left out."),
-      "",
-  ]
+  total, cells, kinds = sum(map(count, sizes)), sum(sizes.values()), []
   for k in (k for g in sizes for k in GROUPS[g]):
     seeds = sorted(grouped.get(k, {}))
-    lines.append(
-        f"- {label(k)}: {len(seeds)} of {len(SEEDS)} seeds"
-        + (f" ({', '.join(str(s) for s in seeds)})" if seeds else "")
-    )
-  return lines
+    listed = f" ({', '.join(map(str, seeds))})" if seeds else ""
+    kinds.append(f"- {label(k)}: {len(seeds)} of {len(SEEDS)} seeds{listed}")
+  groups = ", ".join(f"{g} {count(g)}/{sizes[g]}" for g in sizes)
+  left_out = "" if total == cells else " " + prose.text(__file__, "left_out")
+  fields = dict(total=total, cells=cells, groups=groups, left_out=left_out)
+  return prose.section(__file__, "coverage", kinds=kinds, **fields)
 
 
 def regime(grid, source="") -> list[str]:
@@ -477,9 +471,7 @@ def device_check(runs, other) -> list[str]:
   ]
   if not pairs:
     return []
-  deltas = [
-      100 * (run["exact_match"] - twin["exact_match"]) for run, twin in pairs
-  ]
+  deltas = [100 * (r["exact_match"] - t["exact_match"]) for r, t in pairs]
   rows = [
       f"| {run['name']} | {100 * run['exact_match']:.2f} | "
       f"{100 * twin['exact_match']:.2f} ({twin['device']}) | {delta:+.2f} |"

@@ -137,9 +137,9 @@ def dataset_section(dataset, zero, tuned, plot_dir, problems, source, hint):
   plot = os.path.join(plot_dir, f"{dataset}_{{}}.png").format
   # Exact match vs step, mean over seeds, from the zero-shot score at step 0.
   panels = [("\n".join(textwrap.wrap(title, 70)), grid.keys)]
-  start, size = [r["exact_match"] for r in zero], (5.5, 3.4)
+  start = [r["exact_match"] for r in zero]
   step = "fine-tuning step (0: zero-shot)"
-  dr.plot_curves(grid, plot("exact_match_curve"), panels, size, step, start)
+  dr.plot_curves(grid, plot("exact_match_curve"), panels, 5.5, step, start)
   dr.plot_paired_curves(grid, plot("paired_delta_curve"))
   if grid.computed:
     breakdowns = grid.breakdown_sections()
