@@ -55,10 +55,11 @@ class Spec:
     rows = self.rows(keys, grouped)
     return tables.paired_table(grouped, rows, reference, self.paired)
 
-  def variant_table(self, grouped, keys, metrics) -> list[str]:
-    """Mean ± sd over seeds of some run types in ``metrics``."""
+  def variant_table(self, grouped, keys, metrics, **options) -> list[str]:
+    """Mean ± sd over seeds of some run types in ``metrics`` (``options``:
+    `tables.values_table`'s)."""
     rows = self.rows(keys, grouped)
-    return tables.values_table(grouped, rows, metrics, first="run")
+    return tables.values_table(grouped, rows, metrics, "run", **options)
 
   def section(
       self, grouped, plot, title, keys, bars=None, panels=None, rotation=15

@@ -186,10 +186,8 @@ class Grid:
   def values(self, keys) -> list[str]:
     """`VALUES`, mean ± sd over seeds, and the unparsed answers of each of
     ``keys`` recorded."""
-    rows = SPEC.rows(keys)
-    return tables.values_table(
-        self.grouped, rows, self.columns, "run", "-", True, (UNPARSED,)
-    )
+    options = dict(missing="-", listed=True, totals=[UNPARSED])
+    return SPEC.variant_table(self.grouped, keys, self.columns, **options)
 
   def paired(self, pairs) -> list[str]:
     """Per ``(key, reference[, the reference's name])`` with a paired seed:
@@ -211,7 +209,7 @@ class Grid:
   def breakdown_sections(self) -> list[str]:
     """A ``###`` section a breakdown: exact match (%) per bucket, mean over
     seeds; then each run - CE, paired by seed."""
-    lines, ce, rows = [], self.grouped.get("ce", {}), SPEC.rows(self.keys)
+    lines, ce = [], self.grouped.get("ce", {})
     scored = {
         k: {s: r for s, r in runs.items() if r["breakdowns"]}
         for k, runs in self.grouped.items()
@@ -226,8 +224,8 @@ class Grid:
       ]
       title = prose.section(__file__, f"breakdown_{name}")
       lines += ["", *title, ""]
-      lines += tables.values_table(scored, rows, metrics, "run", "-")
-      for k, row_label in (row for row in rows if row[0] != "ce"):
+      lines += SPEC.variant_table(scored, self.keys, metrics, missing="-")
+      for k in (k for k in self.keys if k != "ce"):
         ds = (stats.paired_in(self.grouped[k], ce, m) for m in metrics)
         cells = [
             f"{d['mean']:+.2f} ({d['better']}/{d['n']})"
@@ -236,7 +234,7 @@ class Grid:
             for d in ds
         ]
         if any(c != "-" for c in cells):
-          row = [f"{row_label} − CE, paired Δ (seeds better)", "", *cells]
+          row = [f"{label(k)} − CE, paired Δ (seeds better)", "", *cells]
           lines.append(tables.row(row))
     return lines
 
