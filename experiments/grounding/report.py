@@ -12,7 +12,6 @@ import os
 
 import numpy as np
 
-from configs import grounding
 from experiments import figures
 from experiments import labels
 from experiments import prose
@@ -288,13 +287,11 @@ def stream_section(fixed, streamed, out_dir) -> list[str]:
         group = lambda runs, at=(task, steps): stats.group_runs(
             [r for r in runs if (r["task"], r["steps"]) == at]
         )
-        heading = f"{task}, {steps:,} steps"
-        title = f"{heading} ({name}; fixed set: {train_size:,} scenes)"
-        plot = f"regimes_paired_{task}.png"
+        note, plot = f" ({name}; fixed set: {train_size:,} scenes)", f"_{task}"
         if index:  # the longer budgets, streamed only
-          title = f"{heading} ({name}; streamed only)"
-          plot = f"regimes_paired_{task}_{steps}.png"
-        yield title, group, metric, plot, f"{heading}: paired Δ {name} vs CE"
+          note, plot = f" ({name}; streamed only)", f"_{task}_{steps}"
+        heading = f"{task}, {steps:,} steps"
+        yield regimes.Budget(heading, group, plot, metric, name, note)
         ce = group(streamed).get("ce", {})
         ends = [r["curves"][metric][-1] for r in ce.values()]
         if ends and np.mean(ends) >= CEILING:
@@ -302,9 +299,8 @@ def stream_section(fixed, streamed, out_dir) -> list[str]:
           yield prose.section(
               __file__, "ceiling", name=name, ceiling=CEILING
           ) + [""]
-          exact = plot.replace(".png", "_exact.png")
-          plot_title = f"{heading}: paired Δ exact box vs CE"
-          yield f"{heading} (exact box)", group, "exact_match", exact, plot_title
+          exact = dict(name="exact box", note=" (exact box)")
+          yield regimes.Budget(heading, group, plot + "_exact", **exact)
           # How close the streamed boxes are (an unreadable box: 48 px).
           close = tables.versus_table(
               group(streamed), rows, CLOSENESS, "loss", vs="Δ vs CE"
@@ -312,9 +308,7 @@ def stream_section(fixed, streamed, out_dir) -> list[str]:
           yield [*prose.section(__file__, "closeness"), "", *close, ""]
 
   intro = prose.section(__file__, "stream")
-  return regimes.stream_section(
-      intro, fixed, streamed, METHODS, grounding.METHODS, out_dir, parts
-  )
+  return regimes.stream_section(intro, fixed, streamed, out_dir, parts)
 
 
 def write_report(runs, out_dir, discussion=None, budget=None):
