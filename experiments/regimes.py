@@ -187,15 +187,10 @@ def plot_paired_by_regime(groupings, rows, metric, path, title, scale=100):
           np.array([curve(grouped[key][s]) for s in seeds])
           - np.array([curve(reference[s]) for s in seeds])
       )
-      ax.errorbar(
-          steps,
-          np.nanmean(deltas, axis=0),
-          yerr=np.nanstd(deltas, axis=0) if len(seeds) > 1 else None,
-          marker="o",
-          capsize=2,
-          color=labels.color(key),
-          label=f"{label} ({len(seeds)})",
-      )
+      spread = np.nanstd(deltas, axis=0) if len(seeds) > 1 else None
+      style = dict(marker="o", capsize=2, color=labels.color(key))
+      mean, name = np.nanmean(deltas, axis=0), f"{label} ({len(seeds)})"
+      ax.errorbar(steps, mean, yerr=spread, label=name, **style)
     ax.axhline(0, color="black", linewidth=0.8)
     ax.set_title(REGIME_LABELS[regime], fontsize=9)
     ax.set_xlabel("step")

@@ -22,6 +22,7 @@ import dataclasses
 import functools
 import json
 import os
+import pathlib
 import textwrap
 
 import numpy as np
@@ -320,11 +321,8 @@ def main(argv=None):
   print("\n".join(lines))
   if args.readme:
     for page in PAGES:
-      path = os.path.join(ROOT, page)
-      with open(path) as f:
-        text = f.read()
-      with open(path, "w") as f:
-        f.write(replace_block(text, lines))
+      path = pathlib.Path(ROOT, page)
+      path.write_text(replace_block(path.read_text(), lines))
     figure(os.path.join(ROOT, FIGURE))
 
 

@@ -340,6 +340,7 @@ def report_fields(runs, streamed, out_dir):
   ce = early.get("ce", {})
   rows = SPEC.rows([*recorded, *labels.CONTROLS])
   tuned = ("exp_off", "rel_off", "mag_off", *SWEEP)
+  two = SPEC.columns[:2]  # exact match and mean gap
   return dict(
       train_size=grid.PROFILES[any_run["profile"]]["train_size"],
       batch_size=any_run["batch_size"],
@@ -356,13 +357,9 @@ def report_fields(runs, streamed, out_dir):
       inside=sum(40 <= 100 * r["exact_match"] <= 80 for r in ce.values()),
       seeds=len(ce),
       early=regime_sections(early, EARLY_TITLE, out_dir, "_600", answers),
-      ablation_values=SPEC.variant_table(
-          early, ["ntil", *tuned], SPEC.columns[:2]
-      ),
+      ablation_values=SPEC.variant_table(early, ["ntil", *tuned], two),
       ablation_paired=SPEC.paired_table(early, tuned, "ntil"),
-      long_values=SPEC.variant_table(
-          early, ["ce", "ntil", *LONG], SPEC.columns[:2]
-      ),
+      long_values=SPEC.variant_table(early, ["ce", "ntil", *LONG], two),
       long_paired=SPEC.paired_table(early, ["ntil_2x_steps"], "ce_2x_steps"),
       stream=stream_section(runs, streamed, out_dir),
   )

@@ -149,6 +149,8 @@ def outcome(prediction, scene):
 
 
 def outcome_table(grouped, test):
+  """Where each method's boxes go: % of the test scenes per `OUTCOMES`."""
+
   def shares(run):
     kinds = [outcome(p, s) for p, s in zip(run["predictions"], test)]
     return [np.mean([k == key for k in kinds]) for key, _ in OUTCOMES]
@@ -163,19 +165,17 @@ def readable_table(grouped, test):
   unreadable answer as 48 px, so a loss with a few more of them can look
   worse at locating boxes than it is."""
   targets = [np.array(s.objects[s.targets[0]].box) for s in test]
-  cache = {}
 
   def deviations(run):  # of each readable box from its target
-    key = run["config_hash"]
-    if key not in cache:
-      found = zip(run["predictions"], targets)
-      found = [(boxes.parse_box(p, scenes.IMAGE_SIZE), t) for p, t in found]
-      found = [np.abs(np.array(b) - t) for b, t in found if b is not None]
-      cache[key] = np.array(found, float).reshape(-1, 4)
-    return cache[key]
+    found = zip(run["predictions"], targets)
+    found = [(boxes.parse_box(p, scenes.IMAGE_SIZE), t) for p, t in found]
+    found = [np.abs(np.array(b) - t) for b, t in found if b is not None]
+    return np.array(found, float).reshape(-1, 4)
 
-  error = lambda run: float(np.mean(deviations(run)))
-  within = lambda run: float(np.mean(deviations(run) <= 1))
+  runs = [run for seeds in grouped.values() for run in seeds.values()]
+  readable = {run["config_hash"]: deviations(run) for run in runs}
+  error = lambda run: float(np.mean(readable[run["config_hash"]]))
+  within = lambda run: float(np.mean(readable[run["config_hash"]] <= 1))
   measures = (
       Metric(error, "coordinate error, readable boxes (px)", 1, 2, False),
       Metric(within, "coordinates within 1 px %"),
