@@ -158,9 +158,8 @@ def seed_counts(groupings, rows) -> str:
   for key, label in rows:
     counts = [len(groupings.get(r, {}).get(key, {})) for r in REGIMES]
     if any(counts):
-      parts.append(
-          f"{label}: " + ", ".join(f"{r} {n}" for r, n in zip(REGIMES, counts))
-      )
+      counted = ", ".join(f"{r} {n}" for r, n in zip(REGIMES, counts))
+      parts.append(f"{label}: {counted}")
   return "; ".join(parts)
 
 

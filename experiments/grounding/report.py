@@ -104,13 +104,10 @@ def early_table(task, grouped):
   if len(steps) < 2:
     return []
   area = functools.partial(stats.curve_area, metric=metric)
-  measures = (
-      *(
-          Metric(at_eval(metric, i), f"{name} at step {steps[i]}")
-          for i in (0, 1)
-      ),
-      Metric(area, f"mean {name} over training"),
-  )
+  measures = [
+      Metric(at_eval(metric, i), f"{name} at step {steps[i]}") for i in (0, 1)
+  ]
+  measures.append(Metric(area, f"mean {name} over training"))
   ce = grouped["ce"].values()
   absolute = ", ".join(
       f"{m.name} {100 * np.mean([m.field(r) for r in ce]):.1f}%"
