@@ -12,13 +12,17 @@ run}}}`` with ``regime`` in `REGIMES`; ``key`` a loss method or a control's
 name, ``"ce"`` the reference.
 """
 
+import collections
+import functools
 import os
 
 import numpy as np
 
+from configs import common as config_common
 from experiments import figures
 from experiments import labels
 from experiments import prose
+from experiments import report_engine
 from experiments import stats
 from experiments import tables
 
@@ -51,33 +55,36 @@ def mid_eval_step(groupings) -> int | None:
   return min(candidates, key=lambda s: (abs(s - steps[-1] / 2), s))
 
 
-def recorded_methods(methods, runs, always):
-  """``methods`` in order, those not in ``always`` only where ``runs`` hold
-  one (a grid's peers, which run by name, get rows once recorded)."""
+def recorded_methods(runs):
+  """The methods of the rows, in order: every grid's five, NTIL's peers
+  (which run by name) only where ``runs`` hold one."""
   seen = {r["method"] for r in runs}
-  return [m for m in methods if m in always or m in seen]
+  always = config_common.METHODS
+  return [m for m in report_engine.METHODS if m in always or m in seen]
 
 
-def stream_section(intro, fixed, streamed, methods, always, out_dir, parts):
+# One budget of a "Fixed set vs stream" section (`budget_section`).
+Budget = collections.namedtuple(
+    "Budget",
+    "heading group suffix metric name note prefix",
+    defaults=("exact_match", "exact match", "", ""),
+)
+
+
+def stream_section(intro, fixed, streamed, out_dir, parts):
   """A report's "Fixed set vs stream" section: ``intro``, then each of
   ``parts(rows)``, ``rows`` the table rows of those recorded
-  (`recorded_methods`): a budget ``(title, group, metric, plot,
-  plot_title)``, the `budget_section` of ``{regime: group(its runs)}``, or
-  lines as they are; a line saying so without a streamed run."""
+  (`recorded_methods`): a `Budget`, its `budget_section`, or lines as they
+  are; a line saying so without a streamed run."""
   if not streamed:
     return intro + ["", "No streamed run recorded yet.", ""]
-  recorded = recorded_methods(methods, fixed + streamed, always)
+  recorded = recorded_methods(fixed + streamed)
   table_rows = rows(labels.LABELS, labels.VARIANT_LABELS, recorded)
   lines = intro + [""]
   for part in parts(table_rows):
-    if isinstance(part, list):
-      lines += part
-      continue
-    title, group, metric, plot, plot_title = part
-    groupings = dict(zip(REGIMES, (group(fixed), group(streamed))))
-    lines += budget_section(
-        title, groupings, table_rows, metric, out_dir, plot, plot_title
-    )
+    if isinstance(part, Budget):
+      part = budget_section(part, fixed, streamed, table_rows, out_dir)
+    lines += part
   return lines
 
 
@@ -113,21 +120,33 @@ def side_by_side(groupings, rows, metric, *, scale=100, digits=1, higher=True):
   if not present:
     return ["No runs recorded yet."]
   mid = mid_eval_step({r: groupings[r] for r in present})
-  head = ["loss"]
-  for name in (REGIME_LABELS[r] for r in present):
-    head += [f"{name}, step {mid}", f"{name}, end"]
+  columns = []
+  for regime in present:
+    for step, when in ((mid, f"step {mid}"), (None, "end")):
+      read = functools.partial(stats.at_step, metric=metric, step=step)
+      name = f"{REGIME_LABELS[regime]}, {when}"
+      columns.append((stats.Metric(read, name, scale, digits, higher), regime))
+  return regime_table(groupings, columns, rows, "loss", apart=False)
+
+
+def regime_table(groupings, columns, rows, first="", apart=True):
+  """Rows ``(key, label)`` by ``columns`` ``(metric, regime)``, each named
+  by its metric: mean ± sd and Δ to CE on the same seeds of the regime
+  (`value_and_delta`), the Δ in a column of its own with ``apart``, else in
+  the cell (and rows without runs left out)."""
+  head = [first]
+  for column, _ in columns:
+    head += [column.name, "Δ vs CE (seeds better, p)"][: 1 + apart]
   body = []
-  at = lambda step: lambda run: stats.at_step(run, metric, step)
-  readers = [
-      stats.Metric(at(s), "", scale, digits, higher) for s in (mid, None)
-  ]
   for key, label in rows:
-    if not any(key in groupings.get(r, {}) for r in present):
+    if not (apart or any(key in groupings[r] for _, r in columns)):
       continue
     cells = [label]
-    for regime in present:
-      for read in readers:
-        text, delta = value_and_delta(groupings[regime], key, read)
+    for metric, regime in columns:
+      text, delta = value_and_delta(groupings[regime], key, metric)
+      if apart:
+        cells += [text, f"{delta[0]} ({delta[1]})" if delta else ""]
+      else:
         cells.append(f"{text} ({delta[0]}: {delta[1]})" if delta else text)
     body.append(cells)
   return tables.table(head, body)
@@ -139,9 +158,8 @@ def seed_counts(groupings, rows) -> str:
   for key, label in rows:
     counts = [len(groupings.get(r, {}).get(key, {})) for r in REGIMES]
     if any(counts):
-      parts.append(
-          f"{label}: " + ", ".join(f"{r} {n}" for r, n in zip(REGIMES, counts))
-      )
+      counted = ", ".join(f"{r} {n}" for r, n in zip(REGIMES, counts))
+      parts.append(f"{label}: {counted}")
   return "; ".join(parts)
 
 
@@ -168,15 +186,10 @@ def plot_paired_by_regime(groupings, rows, metric, path, title, scale=100):
           np.array([curve(grouped[key][s]) for s in seeds])
           - np.array([curve(reference[s]) for s in seeds])
       )
-      ax.errorbar(
-          steps,
-          np.nanmean(deltas, axis=0),
-          yerr=np.nanstd(deltas, axis=0) if len(seeds) > 1 else None,
-          marker="o",
-          capsize=2,
-          color=labels.color(key),
-          label=f"{label} ({len(seeds)})",
-      )
+      spread = np.nanstd(deltas, axis=0) if len(seeds) > 1 else None
+      style = dict(marker="o", capsize=2, color=labels.color(key))
+      mean, name = np.nanmean(deltas, axis=0), f"{label} ({len(seeds)})"
+      ax.errorbar(steps, mean, yerr=spread, label=name, **style)
     ax.axhline(0, color="black", linewidth=0.8)
     ax.set_title(REGIME_LABELS[regime], fontsize=9)
     ax.set_xlabel("step")
@@ -188,12 +201,18 @@ def plot_paired_by_regime(groupings, rows, metric, path, title, scale=100):
   return True
 
 
-def budget_section(title, groupings, rows, metric, out_dir, plot, plot_title):
-  """One budget's report section (``### title``): table, seed counts, CE's
-  last gain, and the paired-Δ plot ``plot`` in ``out_dir/plots``."""
+def budget_section(budget, fixed, streamed, rows, out_dir):
+  """A `Budget`'s report section, titled its ``heading`` and ``note``: the
+  runs ``group(runs)`` of each regime compared in ``metric`` (called
+  ``name``) in a table, seed counts, CE's last gain, and the paired-Δ plot
+  ``out_dir/plots/regimes_paired{suffix}.png`` (titled after ``prefix``)."""
+  groupings = dict(zip(REGIMES, (budget.group(fixed), budget.group(streamed))))
+  title, metric = budget.heading + budget.note, budget.metric
+  plot = f"regimes_paired{budget.suffix}.png"
+  plot_title = f"{budget.prefix}{budget.heading}: paired Δ {budget.name} vs CE"
   # Whether CE's curve has flattened at the budget (a lead where CE still
   # rises is a faster learner, not a better trained model).
-  ce = groupings.get("stream", {}).get("ce", {})
+  ce = groupings["stream"].get("ce", {})
   gain = tables.last_gain(ce, metric, "Streamed CE")
   path = os.path.join(out_dir, "plots", plot)
   drawn = plot_paired_by_regime(groupings, rows, metric, path, plot_title)

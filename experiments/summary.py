@@ -22,6 +22,7 @@ import dataclasses
 import functools
 import json
 import os
+import pathlib
 import textwrap
 
 import numpy as np
@@ -55,19 +56,19 @@ CONTROL = "ce_digit_weighted"
 @dataclasses.dataclass(frozen=True)
 class Cell:
   """One row: the runs of a task, regime and budget in a results file (its
-  path from the repository root), of the grid ``groups`` (space-separated),
-  compared on a record and curve ``metric`` (higher is better);
-  ``train_size`` None where each example is seen once; ``task_field`` and
-  ``dataset``, the row's where a file holds several."""
+  path from the repository root), of a grid ``group`` (with its controls
+  and NTIL's peers: `groups`), compared on a record and curve ``metric``
+  (higher is better); ``train_size`` None where each example is seen once;
+  ``where``, the record field and value of the row's runs where a file
+  holds several."""
 
   task: str
   path: str
-  groups: str
+  group: str
+  train_size: int | None = None
   metric: str = "exact_match"
   metric_name: str = "exact match"
-  train_size: int | None = None
-  task_field: str | None = None
-  dataset: str | None = None
+  where: tuple[str, str] | None = None
 
 
 BOX_TASKS = dict(
@@ -77,62 +78,51 @@ BOX_TASKS = dict(
 )
 
 
-def _boxes(task, groups, train_size=None, exact=False):
+def _boxes(task, group, train_size=None, exact=False):
   metric = ("acc_at_50", "Acc@0.5")
   if exact:
     metric = ("exact_match", "exact box")
   elif task == "grounding_multi":
     metric = ("f1_at_50", "F1@0.5")
   path = "experiments/grounding/results.json"
-  return Cell(BOX_TASKS[task], path, groups, *metric, train_size, task)
+  return Cell(BOX_TASKS[task], path, group, train_size, *metric, ("task", task))
 
 
+ARITHMETIC = "experiments/arithmetic_mix/"
 CLOCKS = "experiments/clock_time/results.json"
-DIGITS = "experiments/arithmetic_mix/digits/"
-LLM = "experiments/arithmetic_mix/llm/SmolLM2-135M-Instruct/results.json"
+LLM = ARITHMETIC + "llm/SmolLM2-135M-Instruct/results.json"
 SUMS = "multi-digit sums (add_or_sub)"
+MIX = "arithmetic_mix"
+# A pretrained model, the paper's setting (each problem read once).
+SMOL = "SmolLM2-135M fine-tuned: "
 # Row order: task by task, fixed set before stream, shorter budget first.
 CELLS = (
-    Cell(SUMS, DIGITS + "results.json", "main control peers"),
-    Cell(SUMS, DIGITS + "results_long.json", "main control peers"),
-    Cell(
-        "arithmetic_mix (ported grid)",
-        "experiments/arithmetic_mix/results.json",
-        "main",
-        train_size=20000,
-    ),
-    Cell("clocks", CLOCKS, "main control peers", train_size=20000),
-    Cell("clocks", CLOCKS, "converged converged_control", train_size=20000),
-    Cell("clocks", CLOCKS, "stream stream_control"),
-    Cell(
-        "clocks",
-        CLOCKS,
-        "stream_converged stream_converged_control stream_converged_peers",
-    ),
-    _boxes("grounding", "main control", 5000),
-    _boxes("grounding", "stream stream_control"),
-    _boxes("grounding", "stream_long stream_long_control"),
-    _boxes("grounding_single", "single single_peers", 1000),
+    Cell(SUMS, ARITHMETIC + "digits/results.json", "main"),
+    Cell(SUMS, ARITHMETIC + "digits/results_long.json", "main"),
+    Cell(MIX + " (ported grid)", ARITHMETIC + "results.json", "main", 20000),
+    Cell("clocks", CLOCKS, "main", 20000),
+    Cell("clocks", CLOCKS, "converged", 20000),
+    Cell("clocks", CLOCKS, "stream"),
+    Cell("clocks", CLOCKS, "stream_converged"),
+    _boxes("grounding", "main", 5000),
+    _boxes("grounding", "stream"),
+    _boxes("grounding", "stream_long"),
+    _boxes("grounding_single", "single", 1000),
     # Streamed, one object is found about 99% of the time (Acc@0.5) by
     # every loss: the exact box, still in the middle, tells them apart.
-    _boxes(
-        "grounding_single", "stream_single stream_single_control", exact=True
-    ),
-    _boxes(
-        "grounding_single",
-        "stream_single_long stream_single_long_control",
-        exact=True,
-    ),
+    _boxes("grounding_single", "stream_single", exact=True),
+    _boxes("grounding_single", "stream_single_long", exact=True),
     _boxes("grounding_multi", "multi", 5000),
-    # A pretrained model, the paper's setting (each problem read once).
-    Cell(f"SmolLM2-135M fine-tuned: {SUMS}", LLM, "main", dataset="add_or_sub"),
-    Cell(
-        "SmolLM2-135M fine-tuned: arithmetic_mix",
-        LLM,
-        "main",
-        dataset="arithmetic_mix",
-    ),
+    Cell(SMOL + SUMS, LLM, "main", where=("dataset", "add_or_sub")),
+    Cell(SMOL + MIX, LLM, "main", where=("dataset", MIX)),
 )
+
+
+def groups(group) -> set[str]:
+  """A grid group, its controls and NTIL's peers (``{group}_control`` and
+  ``{group}_peers``; the main grid's ``control`` and ``peers``)."""
+  prefix = "" if group == "main" else group + "_"
+  return {group, prefix + "control", prefix + "peers"}
 
 
 def key(run) -> str | None:
@@ -154,11 +144,9 @@ def select(runs, cell) -> dict:
   """``{key: {seed: run}}`` of the cell's runs."""
 
   def row(run):
-    if run.get("group") not in cell.groups.split():
+    if run.get("group") not in groups(cell.group):
       return None
-    if cell.task_field and run.get("task") != cell.task_field:
-      return None
-    if cell.dataset and run.get("dataset") != cell.dataset:
+    if cell.where and run.get(cell.where[0]) != cell.where[1]:
       return None
     return key(run)
 
@@ -199,10 +187,8 @@ def regime(cell, grouped) -> str:
   seen = steps(grouped) * next(iter(grouped["ce"].values()))["batch_size"]
   if cell.train_size is None:
     return f"each seen once ({seen:,} examples)"
-  return (
-      f"fixed set of {cell.train_size:,}, about "
-      f"{seen / cell.train_size:.0f} passes"
-  )
+  passes = seen / cell.train_size
+  return f"fixed set of {cell.train_size:,}, about {passes:.0f} passes"
 
 
 def row(cell, grouped) -> list[str]:
@@ -224,14 +210,8 @@ def row(cell, grouped) -> list[str]:
 def table(root=ROOT) -> list[str]:
   """The markdown table over every recorded cell (rows without CE runs are
   left out)."""
-  head = [
-      "task",
-      "training data",
-      "steps",
-      "CE at the end",
-      *(f"{label} Δ" for _, label in LOSSES),
-      "NTIL Δ over the curve",
-  ]
+  losses = [f"{label} Δ" for _, label in LOSSES] + ["NTIL Δ over the curve"]
+  head = ["task", "training data", "steps", "CE at the end", *losses]
   return tables.table(head, [row(c, grouped) for c, grouped in recorded(root)])
 
 
@@ -259,12 +239,15 @@ def interval(d, level=0.95) -> float:
   return float(t * d["std"] / np.sqrt(d["n"]))
 
 
-# The figure's panels, the style of its markers and its x axis.
+# The figure's panels, the style of its markers, its legend (one line
+# above the panels) and its x axis.
 TITLES = (
     "mid-way (the eval nearest half the budget)",
     "at the end of the budget",
 )
 DOTS = dict(fmt="o", markersize=4, capsize=2, linewidth=1)
+LEGEND = dict(fontsize=7, loc="lower center", bbox_to_anchor=(-0.05, 1.04))
+LEGEND.update(ncol=len(LOSSES), frameon=False)
 XLABEL = """paired difference to CE, points (mean over seeds;
 bars: 95% paired t interval)"""
 
@@ -303,13 +286,7 @@ def figure(out_path, root=ROOT) -> str:
   axes[0].set_yticks(range(len(cells)), ticks, fontsize=7)
   axes[0].set_ylim(len(cells) - 0.5, -0.5)
   fig.suptitle("What holds where: each numeric loss against CE", fontsize=10)
-  axes[1].legend(
-      fontsize=7,
-      loc="lower center",
-      bbox_to_anchor=(-0.05, 1.04),
-      ncol=len(LOSSES),
-      frameon=False,
-  )
+  axes[1].legend(**LEGEND)
   os.makedirs(os.path.dirname(out_path) or ".", exist_ok=True)
   fig.savefig(out_path, dpi=90, bbox_inches="tight")
   plt.close(fig)
@@ -344,11 +321,8 @@ def main(argv=None):
   print("\n".join(lines))
   if args.readme:
     for page in PAGES:
-      path = os.path.join(ROOT, page)
-      with open(path) as f:
-        text = f.read()
-      with open(path, "w") as f:
-        f.write(replace_block(text, lines))
+      path = pathlib.Path(ROOT, page)
+      path.write_text(replace_block(path.read_text(), lines))
     figure(os.path.join(ROOT, FIGURE))
 
 

@@ -68,21 +68,15 @@ def reading(grouped, metrics, methods, labels):
         for m in present
     }
     ranked = sorted(present, key=lambda m: -means[m] if higher else means[m])
-    lines.append(
-        f"- Ranking by {name.split(' (')[0]} (mean over seeds, best first): "
-        + ", ".join(f"{labels[m]} {means[m]:.2f}" for m in ranked)
-        + "."
-    )
-    for method in present:
-      if method == "ce":
-        continue
+    ranking = ", ".join(f"{labels[m]} {means[m]:.2f}" for m in ranked)
+    short = name.split(" (")[0]
+    lines += prose.section(__file__, "ranking", name=short, ranking=ranking)
+    for method in (m for m in present if m != "ce"):
       d = stats.paired(grouped[method], reference, metric, scale, higher)
-      if d is None or np.isnan(d["p"]):
-        continue
-      lines.append(
-          f"  - {labels[method]}: {d['mean']:+.2f} on {name}, better on "
-          f"{d['better']}/{d['n']} seeds: {verdict(d, higher, '_vs_ce')}."
-      )
+      if d is not None and not np.isnan(d["p"]):
+        text = verdict(d, higher, "_vs_ce")
+        said = dict(d, label=labels[method], name=name, verdict=text)
+        lines += prose.section(__file__, "versus_ce", **said)
   return lines
 
 

@@ -6,11 +6,11 @@ A `report_engine.Spec` (its metrics, variants) and the clock task's own
 sections: budgets, time-gap bins, convergence, predictions.
 """
 
+import functools
 import os
 
 import numpy as np
 
-from configs import clock_time
 from experiments import figures
 from experiments import labels
 from experiments import prose
@@ -202,22 +202,6 @@ CONVERGED_COLUMNS = (
 )
 
 
-def regime_table(groupings, columns, rows):
-  """Per row and column (`EARLY_COLUMNS`, `CONVERGED_COLUMNS`): mean ± sd,
-  and Δ to CE on the same seeds (`regimes.value_and_delta`)."""
-  head = [""]
-  for column, _ in columns:
-    head += [column.name, "Δ vs CE (seeds better, p)"]
-  body = []
-  for key, row_label in rows:
-    cells = [row_label]
-    for metric, regime in columns:
-      text, delta = regimes.value_and_delta(groupings[regime], key, metric)
-      cells += [text, f"{delta[0]} ({delta[1]})" if delta else ""]
-    body.append(cells)
-  return tables.table(head, body)
-
-
 def convergence_lines(converged):
   """How flat CE's curve is at the converged budget, and the 8x check."""
   ce = converged.get("ce", {})
@@ -304,18 +288,14 @@ def stream_section(fixed, streamed, out_dir) -> list[str]:
       if not steps:
         yield prose.section(__file__, "no_stream", budget=budget) + [""]
         continue
-      title = f"{', '.join(f'{n:,}' for n in sorted(steps))} steps"
-      group = lambda runs, b=budget: group_runs(runs, b)
-      plot = f"regimes_paired{suffix}.png"
-      plot_title = f"clocks, {title}: paired Δ exact match vs CE"
-      yield title, group, "exact_match", plot, plot_title
+      heading = f"{', '.join(f'{n:,}' for n in sorted(steps))} steps"
+      group = functools.partial(group_runs, regime=budget)
+      yield regimes.Budget(heading, group, suffix, prefix="clocks, ")
 
   intro = prose.section(
       __file__, "stream", train_size=grid.PROFILES["cpu"]["train_size"]
   )
-  return regimes.stream_section(
-      intro, fixed, streamed, METHODS, clock_time.METHODS, out_dir, parts
-  )
+  return regimes.stream_section(intro, fixed, streamed, out_dir, parts)
 
 
 def write_report(runs, out_dir, discussion=None):
@@ -356,18 +336,19 @@ def report_fields(runs, streamed, out_dir):
     budgets[f"{name}_steps"] = ", ".join(map(str, sorted(main)))
     seconds = [r["wall_seconds"] for r in of_regime] or [0]
     budgets[f"{name}_seconds"] = np.median(seconds)
-  recorded = regimes.recorded_methods(METHODS, runs, clock_time.METHODS)
+  recorded = regimes.recorded_methods(runs)
   ce = early.get("ce", {})
   rows = SPEC.rows([*recorded, *labels.CONTROLS])
   tuned = ("exp_off", "rel_off", "mag_off", *SWEEP)
+  two = SPEC.columns[:2]  # exact match and mean gap
   return dict(
       train_size=grid.PROFILES[any_run["profile"]]["train_size"],
       batch_size=any_run["batch_size"],
       test_size=test_size,
       **budgets,
       convergence=" ".join(convergence_lines(converged)),
-      early_table=regime_table(groupings, EARLY_COLUMNS, rows),
-      converged_table=regime_table(groupings, CONVERGED_COLUMNS, rows),
+      early_table=regimes.regime_table(groupings, EARLY_COLUMNS, rows),
+      converged_table=regimes.regime_table(groupings, CONVERGED_COLUMNS, rows),
       converged=regime_sections(converged, "converged", out_dir, "", answers),
       disagreements=""
       if disagreements is None
@@ -376,13 +357,9 @@ def report_fields(runs, streamed, out_dir):
       inside=sum(40 <= 100 * r["exact_match"] <= 80 for r in ce.values()),
       seeds=len(ce),
       early=regime_sections(early, EARLY_TITLE, out_dir, "_600", answers),
-      ablation_values=SPEC.variant_table(
-          early, ["ntil", *tuned], SPEC.columns[:2]
-      ),
+      ablation_values=SPEC.variant_table(early, ["ntil", *tuned], two),
       ablation_paired=SPEC.paired_table(early, tuned, "ntil"),
-      long_values=SPEC.variant_table(
-          early, ["ce", "ntil", *LONG], SPEC.columns[:2]
-      ),
+      long_values=SPEC.variant_table(early, ["ce", "ntil", *LONG], two),
       long_paired=SPEC.paired_table(early, ["ntil_2x_steps"], "ce_2x_steps"),
       stream=stream_section(runs, streamed, out_dir),
   )

@@ -12,7 +12,6 @@ import os
 
 import numpy as np
 
-from configs import grounding
 from experiments import figures
 from experiments import labels
 from experiments import prose
@@ -105,13 +104,10 @@ def early_table(task, grouped):
   if len(steps) < 2:
     return []
   area = functools.partial(stats.curve_area, metric=metric)
-  measures = (
-      *(
-          Metric(at_eval(metric, i), f"{name} at step {steps[i]}")
-          for i in (0, 1)
-      ),
-      Metric(area, f"mean {name} over training"),
-  )
+  measures = [
+      Metric(at_eval(metric, i), f"{name} at step {steps[i]}") for i in (0, 1)
+  ]
+  measures.append(Metric(area, f"mean {name} over training"))
   ce = grouped["ce"].values()
   absolute = ", ".join(
       f"{m.name} {100 * np.mean([m.field(r) for r in ce]):.1f}%"
@@ -150,6 +146,8 @@ def outcome(prediction, scene):
 
 
 def outcome_table(grouped, test):
+  """Where each method's boxes go: % of the test scenes per `OUTCOMES`."""
+
   def shares(run):
     kinds = [outcome(p, s) for p, s in zip(run["predictions"], test)]
     return [np.mean([k == key for k in kinds]) for key, _ in OUTCOMES]
@@ -164,19 +162,17 @@ def readable_table(grouped, test):
   unreadable answer as 48 px, so a loss with a few more of them can look
   worse at locating boxes than it is."""
   targets = [np.array(s.objects[s.targets[0]].box) for s in test]
-  cache = {}
 
   def deviations(run):  # of each readable box from its target
-    key = run["config_hash"]
-    if key not in cache:
-      found = zip(run["predictions"], targets)
-      found = [(boxes.parse_box(p, scenes.IMAGE_SIZE), t) for p, t in found]
-      found = [np.abs(np.array(b) - t) for b, t in found if b is not None]
-      cache[key] = np.array(found, float).reshape(-1, 4)
-    return cache[key]
+    found = zip(run["predictions"], targets)
+    found = [(boxes.parse_box(p, scenes.IMAGE_SIZE), t) for p, t in found]
+    found = [np.abs(np.array(b) - t) for b, t in found if b is not None]
+    return np.array(found, float).reshape(-1, 4)
 
-  error = lambda run: float(np.mean(deviations(run)))
-  within = lambda run: float(np.mean(deviations(run) <= 1))
+  runs = [run for seeds in grouped.values() for run in seeds.values()]
+  readable = {run["config_hash"]: deviations(run) for run in runs}
+  error = lambda run: float(np.mean(readable[run["config_hash"]]))
+  within = lambda run: float(np.mean(readable[run["config_hash"]] <= 1))
   measures = (
       Metric(error, "coordinate error, readable boxes (px)", 1, 2, False),
       Metric(within, "coordinates within 1 px %"),
@@ -288,13 +284,11 @@ def stream_section(fixed, streamed, out_dir) -> list[str]:
         group = lambda runs, at=(task, steps): stats.group_runs(
             [r for r in runs if (r["task"], r["steps"]) == at]
         )
-        heading = f"{task}, {steps:,} steps"
-        title = f"{heading} ({name}; fixed set: {train_size:,} scenes)"
-        plot = f"regimes_paired_{task}.png"
+        note, plot = f" ({name}; fixed set: {train_size:,} scenes)", f"_{task}"
         if index:  # the longer budgets, streamed only
-          title = f"{heading} ({name}; streamed only)"
-          plot = f"regimes_paired_{task}_{steps}.png"
-        yield title, group, metric, plot, f"{heading}: paired Δ {name} vs CE"
+          note, plot = f" ({name}; streamed only)", f"_{task}_{steps}"
+        heading = f"{task}, {steps:,} steps"
+        yield regimes.Budget(heading, group, plot, metric, name, note)
         ce = group(streamed).get("ce", {})
         ends = [r["curves"][metric][-1] for r in ce.values()]
         if ends and np.mean(ends) >= CEILING:
@@ -302,9 +296,8 @@ def stream_section(fixed, streamed, out_dir) -> list[str]:
           yield prose.section(
               __file__, "ceiling", name=name, ceiling=CEILING
           ) + [""]
-          exact = plot.replace(".png", "_exact.png")
-          plot_title = f"{heading}: paired Δ exact box vs CE"
-          yield f"{heading} (exact box)", group, "exact_match", exact, plot_title
+          exact = dict(name="exact box", note=" (exact box)")
+          yield regimes.Budget(heading, group, plot + "_exact", **exact)
           # How close the streamed boxes are (an unreadable box: 48 px).
           close = tables.versus_table(
               group(streamed), rows, CLOSENESS, "loss", vs="Δ vs CE"
@@ -312,9 +305,7 @@ def stream_section(fixed, streamed, out_dir) -> list[str]:
           yield [*prose.section(__file__, "closeness"), "", *close, ""]
 
   intro = prose.section(__file__, "stream")
-  return regimes.stream_section(
-      intro, fixed, streamed, METHODS, grounding.METHODS, out_dir, parts
-  )
+  return regimes.stream_section(intro, fixed, streamed, out_dir, parts)
 
 
 def write_report(runs, out_dir, discussion=None, budget=None):
