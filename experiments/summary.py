@@ -92,12 +92,16 @@ ARITHMETIC = "experiments/arithmetic_mix/"
 CLOCKS = "experiments/clock_time/results.json"
 LLM = ARITHMETIC + "llm/SmolLM2-135M-Instruct/results.json"
 SUMS = "multi-digit sums (add_or_sub)"
+CHUNKED = SUMS + ", 1-3 digit tokens, CPU"
 MIX = "arithmetic_mix"
 # A pretrained model, the paper's setting (each problem read once).
 SMOL = "SmolLM2-135M fine-tuned: "
 # Row order: task by task, fixed set before stream, shorter budget first.
 CELLS = (
     Cell(SUMS, ARITHMETIC + "digits/results.json", "main"),
+    # The same sums with numbers in tokens of 1-3 digits, on the 2-core CPU
+    # (the digits grid's group "chunks", kept apart from its H100 records).
+    Cell(CHUNKED, ARITHMETIC + "digits/results_cpu.json", "chunks"),
     Cell(SUMS, ARITHMETIC + "digits/results_long.json", "main"),
     Cell(MIX + " (ported grid)", ARITHMETIC + "results.json", "main", 20000),
     Cell("clocks", CLOCKS, "main", 20000),
@@ -131,7 +135,8 @@ def key(run) -> str | None:
   if "variant" not in run:  # arithmetic: the control is CE, group "control"
     if run.get("group") == "control":
       return CONTROL if run["overrides"].get("digit_ce_weight") else None
-    return run["method"] if run.get("group") in ("main", "peers") else None
+    in_row = run.get("group") in ("main", "peers", "chunks")
+    return run["method"] if in_row else None
   variant = run["variant"]
   if variant in ("main", "converged"):
     return run["method"]

@@ -125,6 +125,29 @@ def test_arithmetic_control_and_bold(tmp_path):
   assert cells[5] == "-20.0 (0/1)"
 
 
+def test_chunk_row_from_the_cpu_records(tmp_path):
+  def arith(method, seed, end, group="chunks"):
+    run = clock(method, seed, [end / 2, end], steps=800)
+    del run["variant"]
+    run.update(group=group, overrides={})
+    return run
+
+  runs = [arith("ce", s, 0.1 + 0.01 * s) for s in range(2)]
+  runs += [arith("emd", s, 0.12 + 0.02 * s) for s in range(2)]
+  # The file's single-digit runs (group main) are not the chunk row's.
+  runs += [arith("ce", 0, 0.5, group="main"), arith("ntil", 0, 0.9, "main")]
+  write(tmp_path, "experiments/arithmetic_mix/digits/results_cpu.json", runs)
+  rows = parse(summary.table(str(tmp_path)))
+  once = "each seen once (80,000 examples)"
+  (cells,) = rows.values()
+  assert list(rows) == [(summary.CHUNKED, once, "800")]
+  assert cells[0] == "exact match 10.5 ± 0.7 (2 seeds)"
+  # Paired differences 2 and 3 points: t = 5 with 1 degree of freedom,
+  # p = 1 - 2 atan(5) / pi = 0.126.
+  assert cells[1] == "+2.5 (2/2, p = 0.13)"
+  assert cells[4] == "–"  # NTIL: only a single-digit run
+
+
 def test_llm_rows_by_dataset(tmp_path):
   def llm(method, seed, end, dataset="add_or_sub", group="main"):
     run = clock(method, seed, [end / 2, end], steps=300)
