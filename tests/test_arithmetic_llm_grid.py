@@ -103,11 +103,13 @@ def test_llm_flags_are_refused_for_other_profiles(tmp_path):
   assert "--learning_rate: only for --profile=llm" in result.stderr
   result = run(
       "--profile=smoke",
-      "--methods=ntil",
+      "--methods=ntil,del,ntl",
       f"--results={tmp_path / 'results.json'}",
       check=False,
   )
-  assert "--methods: only for --profile=llm" in result.stderr
+  assert result.returncode != 0
+  assert "--methods=ntil,del,ntl: choose from ce, emd" in result.stderr
+  assert "ntil, del, smmd." in result.stderr
   result = run(
       "--profile=llm_smoke",
       "--methods=ce,nitl",

@@ -53,10 +53,12 @@ def test_digits_profile_records_what_its_report_needs(tmp_path):
   # Its own dataset: multi-digit answers, named by module and difficulty.
   (prepared,) = (tmp_path / "data" / "arithmetic_mix").iterdir()
   assert prepared.name == "add_or_sub-easy_train24_test20_seed0"
-  # The chunk group: the same problems in tokens of 1-3 digits.
-  run(*common, "--groups=chunks", "--max_cells=1")
+  # The chunk group: the same problems in tokens of 1-3 digits; --methods
+  # leaves the other losses' cells (CE's first) for later.
+  run(*common, "--groups=chunks", "--methods=emd", "--max_cells=1")
   chunked = results_io.load_results(tmp_path / "results.json")[-1]
-  assert chunked["name"] == "ce-chunks-s0" and chunked["group"] == "chunks"
+  assert chunked["name"] == "emd-chunks-s0" and chunked["group"] == "chunks"
+  assert chunked["method"] == "emd"
   assert chunked["overrides"] == {"digit_chunks": True}
   assert len(chunked["predictions"]) == chunked["num_test_examples"] == 20
   assert len({r["config_hash"] for r in runs + [chunked]}) == 3

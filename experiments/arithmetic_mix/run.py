@@ -154,8 +154,8 @@ flags.DEFINE_bool(
 flags.DEFINE_list(
     "methods",
     None,
-    "llm: the losses to run (default: all five); the others' cells are left "
-    "for a later run, e.g. --methods=ce,ntil on a short device loan.",
+    "The losses whose cells to run (default: all); the others' cells are "
+    "left for a later run, e.g. --methods=ce,ntil on a short device loan.",
 )
 LLM_FLAGS = (
     "pretrained",
@@ -492,18 +492,18 @@ def snapshot_name(settings) -> str:
   return os.path.basename(settings["pretrained"].rstrip(os.sep))
 
 
-def llm_methods() -> tuple[str, ...]:
-  """``--methods`` (default: every method), in the grid's order; UsageError
-  for a name that is not one."""
+def chosen_methods(methods=METHODS) -> tuple[str, ...]:
+  """``--methods`` (default: all of ``methods``), in their order;
+  UsageError for a name that is not one."""
   if FLAGS.methods is None:
-    return METHODS
-  unknown = [m for m in FLAGS.methods if m not in METHODS]
+    return tuple(methods)
+  unknown = [m for m in FLAGS.methods if m not in methods]
   if unknown or not FLAGS.methods:
     raise app.UsageError(
         f"--methods={','.join(FLAGS.methods)}: choose from "
-        f"{', '.join(METHODS)}."
+        f"{', '.join(methods)}."
     )
-  return tuple(m for m in METHODS if m in FLAGS.methods)
+  return tuple(m for m in methods if m in FLAGS.methods)
 
 
 def llm_grid(settings, methods=METHODS):
@@ -920,7 +920,7 @@ def check_one_schedule(results, settings) -> None:
 def run_llm(profile) -> None:
   """The llm grid: zero-shot, then each method and seed; resumable."""
   settings = llm_settings(profile)
-  methods = llm_methods()
+  methods = chosen_methods()
   check_llm_cells(settings, methods)
   results = llm_results_path(settings)
   check_one_schedule(results, settings)
@@ -1014,9 +1014,7 @@ def main(argv):
   if FLAGS.profile in LLM_PROFILES:
     run_llm(FLAGS.profile)
     return
-  given = [
-      name for name in (*LLM_FLAGS, "methods") if FLAGS[name].value is not None
-  ]
+  given = [name for name in LLM_FLAGS if FLAGS[name].value is not None]
   if given:
     raise app.UsageError(
         f"--{', --'.join(given)}: only for --profile=llm (or llm_smoke)."
@@ -1024,6 +1022,7 @@ def main(argv):
   settings = PROFILES[FLAGS.profile]
   cells = grid(FLAGS.profile)
   groups = selected_groups(cells, FLAGS.profile)  # before the data is made
+  methods = chosen_methods(METHODS + PEER_METHODS)
   results = results_path(FLAGS.profile)
   os.makedirs(os.path.dirname(results), exist_ok=True)
   arithmetic_data.prepare(
@@ -1039,7 +1038,7 @@ def main(argv):
             "experiments.arithmetic_mix.run", sys.argv, FLAGS.workers
         )
     )
-  todo = [cell for group in groups for cell in cells[group]]
+  todo = [c for g in groups for c in cells[g] if c[2] in methods]
 
   def configure(cell):
     _, _, method, seed, overrides = cell
