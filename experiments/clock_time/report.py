@@ -319,10 +319,9 @@ def report_fields(runs, streamed, out_dir):
       (mark, "converged") if latest is converged else (None, EARLY_TITLE)
   )
   plot = os.path.join(out_dir, "plots", "{}.png").format
-  log_scale = ("mean_time_gap_minutes",)
-  figures.mean_curves(
-      latest, METHODS, SPEC.paired, plot("curves"), label, mark, log_scale
-  )
+  panels = figures.test_panels(METHODS, SPEC.paired)
+  options = dict(mark_step=mark, log_scale=("mean_time_gap_minutes",))
+  figures.curves(latest, panels, plot("curves"), label, **options)
   disagreements = plot_predictions(latest, plot("predictions"), title)
   any_run, budgets = runs[0], {}
   test_size = any_run["num_test_examples"]

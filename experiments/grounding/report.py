@@ -231,7 +231,8 @@ def task_section(task, runs, out_dir):
   keys, first = [*METHODS, *labels.VARIANT_LABELS], task_spec.paired[:1]
   blocks = task_spec.section(grouped, path, task, keys, None, first, 25)
   curves = [m for m in task_spec.paired if m.field in grid.CURVE_METRICS[task]]
-  figures.mean_curves(grouped, METHODS, curves, path("curves"), label)
+  panels = figures.test_panels(METHODS, curves)
+  figures.curves(grouped, panels, path("curves"), label)
   disagreements = plot_predictions(task, grouped, test, path("predictions"))
   any_run = runs[0]
   fields = dict(
