@@ -170,14 +170,12 @@ def paired_dots(
   return True
 
 
-def finish(ax, xlabel, ylabel=None, empty="not run yet", fontsize=7) -> None:
-  """A panel of lines: its axis labels, grid and legend (``empty`` written
-  on it where no line has a label)."""
+def finish(ax, xlabel, empty="not run yet") -> None:
+  """A panel of lines: its x label, grid and legend (``empty`` written on
+  it where no line has a label)."""
   ax.set_xlabel(xlabel)
-  if ylabel:
-    ax.set_ylabel(ylabel)
   ax.grid(alpha=0.3)
   if ax.get_legend_handles_labels()[0]:
-    ax.legend(fontsize=fontsize)
+    ax.legend(fontsize=7)
   else:
     ax.text(0.5, 0.5, empty, transform=ax.transAxes, ha="center")

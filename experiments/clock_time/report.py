@@ -170,16 +170,13 @@ def plot_predictions(grouped, path, title, count=18):
   """Test clocks with CE's and NTIL's seed-0 predictions side by side
   (`report_engine.predictions`)."""
 
-  def draw(ce, ntil, chosen):
-    size = grid.PROFILES[ce["profile"]]["test_size"]
+  def draw(chosen, predicted):
+    size = grid.PROFILES[grouped["ce"][0]["profile"]]["test_size"]
     clocks = list(task.generate_clocks("test", size, 0))
     plots.plot_clock_predictions(
         [clocks[i][0] for i in chosen],
         [clocks[i][1] for i in chosen],
-        {
-            "CE": [ce["predictions"][i] for i in chosen],
-            "NTIL": [ntil["predictions"][i] for i in chosen],
-        },
+        predicted,
         path,
         title=f"{title}: test clocks, seed 0 (x: wrong); the first ones are "
         "those where CE and NTIL disagree",

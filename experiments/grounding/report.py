@@ -196,12 +196,9 @@ def plot_predictions(task, grouped, test, path, count=16):
     one = len(found) == 1 and found[0] is not None
     return f"IoU {boxes.iou(found[0], truth[0]):.2f}" if one else "IoU -"
 
-  def draw(ce, ntil, chosen):
+  def draw(chosen, predicted):
     truth = [parse(test[i].answer) for i in chosen]
-    found = {
-        name: [parse(run["predictions"][i]) for i in chosen]
-        for name, run in (("CE", ce), ("NTIL", ntil))
-    }
+    found = {name: list(map(parse, p)) for name, p in predicted.items()}
     notes = [
         " / ".join(f"{name} {score(found[name][j], t)}" for name in found)
         for j, t in enumerate(truth)
