@@ -6,6 +6,8 @@ Colours are `labels.color`'s, so a method has one colour in every figure of
 the project.
 """
 
+import functools
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -54,30 +56,82 @@ def seed_bars(grouped, keys, panels, path, title, key_label, rotation=15):
   save(fig, path)
 
 
-def mean_curves(
-    grouped, keys, panels, path, key_label, mark_step=None, log_scale=()
-):
-  """One panel a metric: each key's learning curve, the mean over its
-  seeds; a dotted line at ``mark_step``, a log axis for ``log_scale``."""
-  fig, axes = panels_of(len(panels), 4.4, 3.7)
-  for key in (k for k in keys if grouped.get(k)):
-    runs = list(grouped[key].values())
-    steps = runs[0]["curves"]["eval_steps"]
-    style = dict(marker="o", label=key_label(key), color=labels.color(key))
-    for ax, (metric, _, scale, *_) in zip(axes, panels):
-      values = np.mean([r["curves"][metric] for r in runs], axis=0)
-      ax.plot(steps, scale * values, **style)
-  for ax, (metric, name, *_, higher) in zip(axes, panels):
-    if mark_step:
-      ax.axvline(mark_step, color="k", lw=0.8, ls=":")
-    if metric in log_scale:
+def line(key) -> dict:
+  """How ``key``'s line looks where a figure says no other way."""
+  return dict(color=labels.color(key))
+
+
+def points(run, field) -> dict:
+  """A run's curve: {eval step: value} of a learning curve's ``field``, or
+  ``field(run)`` ({x: value}) where it is a function."""
+  if callable(field):
+    return field(run)
+  return dict(zip(run["curves"]["eval_steps"], run["curves"][field]))
+
+
+def curves(grouped, panels, path, label, style=line, start=(), **options):
+  """Learning curves, the mean over seeds: a panel a ``(title, keys,
+  metric)`` (a `stats.Metric`, its field's `points`), a line a key with
+  runs (dots where it has 20 points at most), from the mean of ``start``
+  (zero-shot scores) at step 0. ``options``: ``xlabel``, ``ylabel`` (of
+  the first panel), ``mark_step`` (a dotted line), ``log_scale`` (fields)."""
+  same = len({metric for *_, metric in panels}) == 1
+  fig, axes = panels_of(len(panels), 5, 3.5, sharey=same)
+  for ax, (title, keys, metric) in zip(axes, panels):
+    for key in (k for k in keys if grouped.get(k)):
+      each = [points(r, metric.field) for r in grouped[key].values()]
+      xs = sorted(set().union(*each))
+      ys = [np.nanmean([p.get(x, np.nan) for p in each]) for x in xs]
+      xs, ys = ([0, *xs], [np.mean(start), *ys]) if start else (xs, ys)
+      dots = dict(marker="o", ms=3) if len(xs) <= 20 else {}
+      name = f"{label(key)} ({len(each)})"
+      ax.plot(xs, metric.scale * np.array(ys), label=name, **dots, **style(key))
+    if options.get("mark_step"):
+      ax.axvline(options["mark_step"], color="k", lw=0.8, ls=":")
+    if metric.field in options.get("log_scale", ()):
       ax.set_yscale("log")
-    ax.set_xlabel("step")
-    ax.set_ylabel("mean over seeds", fontsize=8)
-    ax.set_title(f"test {name} {better(higher)}", fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-  save(fig, path)
+    ax.set_title(title, fontsize=9)
+    finish(ax, options.get("xlabel", "step"))
+  axes[0].set_ylabel(options.get("ylabel", "mean over seeds"))
+  save(fig, path, dpi=90)
+
+
+def test_panels(keys, metrics):
+  """`curves`' panels of ``keys``, one a metric, titled with its direction."""
+  return [(f"test {m.name} {better(m.higher)}", keys, m) for m in metrics]
+
+
+def paired_curves(panels, path, label, metric, title, style=line):
+  """Paired differences to CE along the learning curve: a panel a
+  ``(title, grouped, keys)``, a line a key, at each eval step the mean ±
+  sd over seeds of (run - CE of the same seed) in ``metric`` (a
+  `stats.Metric` of the curves), keys side by side; ``title`` above."""
+  fig, axes = panels_of(len(panels), 5.5, 3.5)
+  for ax, (heading, grouped, keys) in zip(axes, panels):
+    reference = grouped.get("ce", {})
+    keys = [k for k in keys if k != "ce" and k in grouped]
+    steps = sorted(
+        {s for r in reference.values() for s in r["curves"]["eval_steps"]}
+    )
+    for i, key in enumerate(keys):
+      found = []
+      for step in steps:
+        read = functools.partial(stats.at_step, metric=metric.field, step=step)
+        if d := stats.paired(grouped[key], reference, read, metric.scale, True):
+          shifted = step + 6 * (i - len(keys) / 2)  # side by side
+          found.append((shifted, d["mean"], np.nan_to_num(d["std"])))
+      if found:
+        xs, means, sds = zip(*found)
+        n = len(set(grouped[key]) & set(reference))
+        name = f"{label(key)} ({n} paired)"
+        dots = dict(marker="o", ms=3, capsize=2)
+        ax.errorbar(xs, means, yerr=sds, label=name, **dots, **style(key))
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set_title(heading, fontsize=9)
+    finish(ax, "step", empty="no seed paired with CE yet")
+  axes[0].set_ylabel(f"Δ {metric.name} vs CE (points)")
+  fig.suptitle(title, fontsize=9)
+  save(fig, path, dpi=90)
 
 
 def paired_dots(
@@ -116,14 +170,12 @@ def paired_dots(
   return True
 
 
-def finish(ax, xlabel, ylabel=None, empty="not run yet", fontsize=7) -> None:
-  """A panel of lines: its axis labels, grid and legend (``empty`` written
-  on it where no line has a label)."""
+def finish(ax, xlabel, empty="not run yet") -> None:
+  """A panel of lines: its x label, grid and legend (``empty`` written on
+  it where no line has a label)."""
   ax.set_xlabel(xlabel)
-  if ylabel:
-    ax.set_ylabel(ylabel)
   ax.grid(alpha=0.3)
   if ax.get_legend_handles_labels()[0]:
-    ax.legend(fontsize=fontsize)
+    ax.legend(fontsize=7)
   else:
     ax.text(0.5, 0.5, empty, transform=ax.transAxes, ha="center")

@@ -163,42 +163,16 @@ def seed_counts(groupings, rows) -> str:
   return "; ".join(parts)
 
 
-def plot_paired_by_regime(groupings, rows, metric, path, title, scale=100):
-  """Mean paired Δ vs CE over the learning curve, one panel per regime;
-  whether it was drawn (it needs CE and another loss in a regime)."""
+def plot_paired_by_regime(groupings, rows, metric, path, title):
+  """`figures.paired_curves` of ``rows`` (``(key, label)``) in ``metric``,
+  a panel per regime with CE and another loss; whether there is one."""
   drawn = lambda regime: "ce" in regime and len(regime) > 1
   present = [r for r in REGIMES if drawn(groupings.get(r, {}))]
-  if not present:
-    return False
-  fig, axes = figures.panels_of(len(present), 5.5, 3.6)
-  for ax, regime in zip(axes, present):
-    grouped = groupings[regime]
-    reference = grouped["ce"]
-    for key, label in rows:
-      if key == "ce" or key not in grouped:
-        continue
-      seeds = sorted(set(grouped[key]) & set(reference))
-      if not seeds:
-        continue
-      steps = reference[seeds[0]]["curves"]["eval_steps"]
-      curve = lambda run: [stats.at_step(run, metric, s) for s in steps]
-      deltas = scale * (
-          np.array([curve(grouped[key][s]) for s in seeds])
-          - np.array([curve(reference[s]) for s in seeds])
-      )
-      spread = np.nanstd(deltas, axis=0) if len(seeds) > 1 else None
-      style = dict(marker="o", capsize=2, color=labels.color(key))
-      mean, name = np.nanmean(deltas, axis=0), f"{label} ({len(seeds)})"
-      ax.errorbar(steps, mean, yerr=spread, label=name, **style)
-    ax.axhline(0, color="black", linewidth=0.8)
-    ax.set_title(REGIME_LABELS[regime], fontsize=9)
-    ax.set_xlabel("step")
-    ax.grid(alpha=0.3)
-  axes[0].set_ylabel(f"Δ {metric} vs CE (points)")
-  axes[-1].legend(fontsize=7)
-  fig.suptitle(title, fontsize=9)
-  figures.save(fig, path, dpi=90)
-  return True
+  panels = [(REGIME_LABELS[r], groupings[r], dict(rows)) for r in present]
+  if panels:
+    label = dict(rows).get
+    figures.paired_curves(panels, path, label, metric, title)
+  return bool(panels)
 
 
 def budget_section(budget, fixed, streamed, rows, out_dir):
@@ -215,7 +189,8 @@ def budget_section(budget, fixed, streamed, rows, out_dir):
   ce = groupings["stream"].get("ce", {})
   gain = tables.last_gain(ce, metric, "Streamed CE")
   path = os.path.join(out_dir, "plots", plot)
-  drawn = plot_paired_by_regime(groupings, rows, metric, path, plot_title)
+  paired = stats.Metric(metric, budget.name)
+  drawn = plot_paired_by_regime(groupings, rows, paired, path, plot_title)
   image = prose.section(__file__, "plot", title=title, plot=plot)
   return prose.section(
       __file__,

@@ -96,16 +96,19 @@ def load(results):
 
 
 def predictions(grouped, count, draw, same=4):
-  """CE's and NTIL's seed-0 predictions, drawn by ``draw(ce, ntil, chosen)``
-  on ``count`` test examples in test order, first those where they differ,
-  then ``same`` where they agree; how many differ (None without both)."""
+  """CE's and NTIL's seed-0 predictions on ``count`` test examples in test
+  order, first those where they differ, then ``same`` where they agree,
+  drawn by ``draw(chosen, {"CE": ..., "NTIL": ...})`` (the examples'
+  indices, the predictions on them); how many differ (None without both)."""
   ce, ntil = (grouped.get(k, {}).get(0) for k in ("ce", "ntil"))
   if not ce or not ntil:
     return None
   pairs = list(zip(ce["predictions"], ntil["predictions"]))
   differ = [i for i, (a, b) in enumerate(pairs) if a != b]
   agree = [i for i, (a, b) in enumerate(pairs) if a == b]
-  draw(ce, ntil, (differ[: count - same] + agree[:same])[:count])
+  chosen = (differ[: count - same] + agree[:same])[:count]
+  on = lambda run: [run["predictions"][i] for i in chosen]
+  draw(chosen, dict(CE=on(ce), NTIL=on(ntil)))
   return len(differ)
 
 

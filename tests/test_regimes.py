@@ -78,14 +78,15 @@ def test_seed_counts_and_plot(tmp_path):
       "CE: fixed 2, stream 2; CE + NTIL: fixed 2, stream 2"
   )
   path = tmp_path / "paired.png"
+  metric = stats.Metric("exact_match", "exact match")
   assert regimes.plot_paired_by_regime(
-      GROUPINGS, ROWS, "exact_match", str(path), "test"
+      GROUPINGS, ROWS, metric, str(path), "test"
   )
   assert path.stat().st_size > 1000
   assert not regimes.plot_paired_by_regime(
       dict(fixed=dict(ce=GROUPINGS["fixed"]["ce"])),
       ROWS,
-      "exact_match",
+      metric,
       str(tmp_path / "none.png"),
       "test",
   )

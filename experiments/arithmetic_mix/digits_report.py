@@ -16,10 +16,6 @@ import collections
 import os
 import re
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 import numpy as np
 
 from configs import arithmetic_mix
@@ -88,6 +84,7 @@ PAIRED = (
     VALUES[3],
 )
 UNPARSED = Metric("unparsed", "unparsed (all seeds)", 1, 0)
+CURVE = Metric("exact_match", "exact match")  # the plots' learning curve
 # How the report names its cells (methods: `labels.LABELS`): the control,
 # the ablations and the methods on numbers in tokens of 1-3 digits.
 CHUNKED = {m + CHUNKS: f"{labels.LABELS[m]}, 1-3 digit tokens" for m in METHODS}
@@ -333,59 +330,27 @@ def eval_steps(runs) -> list[int]:
 def style(key) -> dict:
   """One colour and line per cell kind, the same in every plot."""
   color = labels.color({CONTROL: "ce_digit_weighted"}.get(key, key), ABLATED)
-  return dict(marker="o", ms=3, ls="--" if key == CONTROL else "-", color=color)
+  return dict(ls="--" if key == CONTROL else "-", color=color)
 
 
-def plot_curves(grid, path, panels=(), width=4.5, xlabel="step", start=()):
-  """Exact match vs step, mean over seeds: a panel ``width`` wide a ``(title,
-  keys)`` (default: main and control; NTIL and its ablations), a line a key
-  (from the mean of ``start``, zero-shot scores, at step 0)."""
+def plot_curves(grid, plot, panels=(), start=(), xlabel="step"):
+  """Exact match vs step, mean over seeds (``plot("exact_match_curve")``):
+  a panel a ``(title, keys)`` (default: main and control; NTIL and its
+  ablations), from the mean of ``start``, zero-shot scores, at step 0; and
+  the paired Δ to CE at every eval step (``plot("paired_delta_curve")``)."""
   panels = panels or (
       ("methods and control (seeds)", grid.keys + grid.present([CONTROL])),
       ("NTIL and its ablations (seeds)", grid.present(["ntil", *ABLATED])),
   )
-  fig, axes = figures.panels_of(
-      len(panels), width, 3.4, sharex=True, sharey=True
-  )
-  steps = grid.steps
-  first = [100 * float(np.mean(start))] if start else []
-  xs = [0] * len(first) + steps
-  for ax, (title, keys) in zip(axes, panels):
-    for k in keys:
-      rs = list(grid.grouped[k].values())
-      ys = [100 * np.nanmean([curve_value(r, s) for r in rs]) for s in steps]
-      ax.plot(xs, first + ys, label=f"{label(k)} ({len(rs)})", **style(k))
-    figures.finish(ax, xlabel)
-    ax.set_title(title, fontsize=9)
-  axes[0].set_ylabel("test exact match (%, mean over seeds)")
-  figures.save(fig, path, dpi=90)
-
-
-def plot_paired_curves(grid, path):
-  """Paired Δ exact match vs CE at every eval step: mean ± sd over seeds."""
-  grouped, reference = grid.grouped, grid.grouped.get("ce", {})
-  keys = [k for k in grid.keys if k != "ce"] + grid.present([CONTROL])
-  fig, ax = plt.subplots(figsize=(6.5, 3.4))
-  for i, k in enumerate(keys):
-    points = []
-    for s in grid.steps:
-      d = stats.paired(
-          grouped[k], reference, lambda r, s=s: curve_value(r, s), 100.0, True
-      )
-      if d is not None:
-        points.append((s, d["mean"], 0.0 if np.isnan(d["std"]) else d["std"]))
-    if not points:
-      continue
-    x, mean, std = (np.array(v) for v in zip(*points))
-    paired = f"{label(k)} ({len(set(grouped[k]) & set(reference))} paired)"
-    x = x + 6 * (i - len(keys) / 2)  # side by side
-    ax.errorbar(x, mean, yerr=std, capsize=2, label=paired, **style(k))
-  ax.axhline(0, color="k", lw=0.8)
-  ax.set_title("paired by seed: mean ± sd of (run - CE, same seed)", fontsize=9)
-  figures.finish(
-      ax, "step", "Δ exact match vs CE (points)", "no seed paired with CE yet"
-  )
-  figures.save(fig, path, dpi=90)
+  panels = [(title, keys, CURVE) for title, keys in panels]
+  ylabel = "test exact match (%, mean over seeds)"
+  options = dict(xlabel=xlabel, ylabel=ylabel)
+  path = plot("exact_match_curve")
+  figures.curves(grid.grouped, panels, path, label, style, start, **options)
+  keys = grid.keys + grid.present([CONTROL])
+  title = "paired by seed: mean ± sd of (run - CE, same seed)"
+  path, paired = plot("paired_delta_curve"), [("", grid.grouped, keys)]
+  figures.paired_curves(paired, path, label, CURVE, title, style)
 
 
 # ---------------------------------------------------------------------------
@@ -494,8 +459,7 @@ def write_report(
   grid = Grid(runs, problems)
   plot_dir = os.path.join(out_dir, "plots")
   os.makedirs(plot_dir, exist_ok=True)
-  plot_curves(grid, os.path.join(plot_dir, "exact_match_curve.png"))
-  plot_paired_curves(grid, os.path.join(plot_dir, "paired_delta_curve.png"))
+  plot_curves(grid, os.path.join(plot_dir, "{}.png").format)
   sizes = LONG_GROUP_SIZES if profile == "digits_long" else GROUP_SIZES
   if grid.computed:
     breakdowns = prose.section(__file__, "breakdowns", source=problems_source)

@@ -138,9 +138,7 @@ def dataset_section(dataset, zero, tuned, plot_dir, problems, source, hint):
   # Exact match vs step, mean over seeds, from the zero-shot score at step 0.
   panels = [("\n".join(textwrap.wrap(title, 70)), grid.keys)]
   start = [r["exact_match"] for r in zero]
-  step = "fine-tuning step (0: zero-shot)"
-  dr.plot_curves(grid, plot("exact_match_curve"), panels, 5.5, step, start)
-  dr.plot_paired_curves(grid, plot("paired_delta_curve"))
+  dr.plot_curves(grid, plot, panels, start, "fine-tuning step (0: zero-shot)")
   if grid.computed:
     breakdowns = grid.breakdown_sections()
   else:

@@ -13,16 +13,11 @@ pretrained-LLM grid's (``llm/<snapshot>/results.json``) is
 import os
 
 from absl import flags
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 import numpy as np
 
 from configs import arithmetic_mix
 from experiments import common
 from experiments import figures
-from experiments import labels
 from experiments import prose
 from experiments import report_engine
 from experiments import stats
@@ -93,6 +88,26 @@ SPEC = report_engine.Spec(
 label = SPEC.label
 
 
+def train_ce(run) -> dict:
+  """Train CE per answer token by step (smoothed): a curve of the plots."""
+  curves = run["curves"]
+  return dict(zip(curves["steps"], plots.smooth(curves["ce"], 8)))
+
+
+def by_length(run) -> dict:
+  """Exact match by the answer's length in characters: a plotted curve."""
+  return {int(k): v for k, v in run["exact_match_by_answer_length"].items()}
+
+
+# The plotted curves: a panel each, titled with its name.
+CURVES = (
+    stats.Metric(train_ce, "train CE per answer token (smoothed)", 1),
+    EXACT._replace(name="test exact match (%)"),
+)
+BY_LENGTH = stats.Metric(by_length, "test exact match (%) by answer length")
+LENGTH = "answer length (characters, e.g. '-8/3' is 4)"
+
+
 def group_runs(runs):
   """{method or variant: {seed: run}}: main-grid runs by method, the
   ablations' and sweeps' by their name prefix, and NTIL's seed 0 apart."""
@@ -102,44 +117,6 @@ def group_runs(runs):
   if 0 in grouped.get("ntil", {}):
     grouped["ntil-seed0"] = {0: grouped["ntil"][0]}
   return grouped
-
-
-def plot_curves(grouped, path):
-  """Train CE (smoothed) and test exact match vs step, mean over seeds."""
-  fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
-  for method in (m for m in METHODS if m in grouped):
-    runs = list(grouped[method].values())
-    style = dict(label=label(method), color=labels.color(method))
-    ce = np.mean([r["curves"]["ce"] for r in runs], axis=0)
-    left.plot(runs[0]["curves"]["steps"], plots.smooth(ce, 8), **style)
-    em = np.mean([r["curves"]["exact_match"] for r in runs], axis=0)
-    right.plot(runs[0]["curves"]["eval_steps"], 100 * em, marker="o", **style)
-  ylabel = "train CE per answer token (mean over seeds)"
-  figures.finish(left, "step", ylabel, fontsize=8)
-  ylabel = "test exact match (%, mean over seeds)"
-  figures.finish(right, "step", ylabel, fontsize=8)
-  figures.save(fig, path, dpi=110)
-
-
-def plot_by_length(grouped, path):
-  """Exact match by the answer's length in characters, mean over seeds."""
-  fig, ax = plt.subplots(figsize=(7, 3.6))
-  for method in (m for m in METHODS if m in grouped):
-    runs = grouped[method].values()
-    rates = [r["exact_match_by_answer_length"] for r in runs]
-    lengths = sorted({int(k) for lengths in rates for k in lengths})
-    values = [
-        100 * np.mean([b.get(str(k), 0.0) for b in rates]) for k in lengths
-    ]
-    style = dict(label=label(method), color=labels.color(method))
-    ax.plot(lengths, values, marker="o", **style)
-  figures.finish(
-      ax,
-      "answer length (characters, e.g. '-8/3' is 4)",
-      "exact match (%, mean over seeds)",
-      fontsize=8,
-  )
-  figures.save(fig, path, dpi=110)
 
 
 def reading(grouped):
@@ -192,8 +169,11 @@ def write_report(runs, out_dir):
     figures.seed_bars(
         grouped, METHODS, (EXACT,), path("exact_match"), title, label
     )
-    plot_curves(grouped, path("curves"))
-    plot_by_length(grouped, path("by_answer_length"))
+    panels = [(m.name, METHODS, m) for m in CURVES]
+    figures.curves(grouped, panels, path("curves"), label)
+    panels = [(BY_LENGTH.name, METHODS, BY_LENGTH)]
+    by = path("by_answer_length")
+    figures.curves(grouped, panels, by, label, xlabel=LENGTH)
     variants = [k for k in SPEC.variant_labels if k in grouped]
     ablations = ["Not run yet."]
     if variants:

@@ -170,16 +170,13 @@ def plot_predictions(grouped, path, title, count=18):
   """Test clocks with CE's and NTIL's seed-0 predictions side by side
   (`report_engine.predictions`)."""
 
-  def draw(ce, ntil, chosen):
-    size = grid.PROFILES[ce["profile"]]["test_size"]
+  def draw(chosen, predicted):
+    size = grid.PROFILES[grouped["ce"][0]["profile"]]["test_size"]
     clocks = list(task.generate_clocks("test", size, 0))
     plots.plot_clock_predictions(
         [clocks[i][0] for i in chosen],
         [clocks[i][1] for i in chosen],
-        {
-            "CE": [ce["predictions"][i] for i in chosen],
-            "NTIL": [ntil["predictions"][i] for i in chosen],
-        },
+        predicted,
         path,
         title=f"{title}: test clocks, seed 0 (x: wrong); the first ones are "
         "those where CE and NTIL disagree",
@@ -319,10 +316,9 @@ def report_fields(runs, streamed, out_dir):
       (mark, "converged") if latest is converged else (None, EARLY_TITLE)
   )
   plot = os.path.join(out_dir, "plots", "{}.png").format
-  log_scale = ("mean_time_gap_minutes",)
-  figures.mean_curves(
-      latest, METHODS, SPEC.paired, plot("curves"), label, mark, log_scale
-  )
+  panels = figures.test_panels(METHODS, SPEC.paired)
+  options = dict(mark_step=mark, log_scale=("mean_time_gap_minutes",))
+  figures.curves(latest, panels, plot("curves"), label, **options)
   disagreements = plot_predictions(latest, plot("predictions"), title)
   any_run, budgets = runs[0], {}
   test_size = any_run["num_test_examples"]

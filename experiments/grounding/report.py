@@ -196,12 +196,9 @@ def plot_predictions(task, grouped, test, path, count=16):
     one = len(found) == 1 and found[0] is not None
     return f"IoU {boxes.iou(found[0], truth[0]):.2f}" if one else "IoU -"
 
-  def draw(ce, ntil, chosen):
+  def draw(chosen, predicted):
     truth = [parse(test[i].answer) for i in chosen]
-    found = {
-        name: [parse(run["predictions"][i]) for i in chosen]
-        for name, run in (("CE", ce), ("NTIL", ntil))
-    }
+    found = {name: list(map(parse, p)) for name, p in predicted.items()}
     notes = [
         " / ".join(f"{name} {score(found[name][j], t)}" for name in found)
         for j, t in enumerate(truth)
@@ -231,7 +228,8 @@ def task_section(task, runs, out_dir):
   keys, first = [*METHODS, *labels.VARIANT_LABELS], task_spec.paired[:1]
   blocks = task_spec.section(grouped, path, task, keys, None, first, 25)
   curves = [m for m in task_spec.paired if m.field in grid.CURVE_METRICS[task]]
-  figures.mean_curves(grouped, METHODS, curves, path("curves"), label)
+  panels = figures.test_panels(METHODS, curves)
+  figures.curves(grouped, panels, path("curves"), label)
   disagreements = plot_predictions(task, grouped, test, path("predictions"))
   any_run = runs[0]
   fields = dict(
