@@ -29,6 +29,7 @@ import numpy as np
 from scipy import stats as scipy_stats
 
 from experiments import labels
+from experiments import prose
 from experiments import regimes
 from experiments import stats
 from experiments import tables
@@ -206,7 +207,7 @@ def row(cell, grouped) -> list[str]:
       regime(cell, grouped),
       f"{steps(grouped):,}",
       f"{cell.metric_name} {stats.fmt([100 * end(r) for r in ce.values()], 1)}"
-      f" ({len(ce)} seed{'s' if len(ce) > 1 else ''})",
+      f" ({prose.count(len(ce), 'seed')})",
       *(_delta(grouped, k, end) for k, _ in LOSSES),
       _delta(grouped, "ntil", area),
   ]

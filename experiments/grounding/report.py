@@ -178,7 +178,7 @@ def readable_table(grouped, test):
       Metric(within, "coordinates within 1 px %"),
   )
   rows = SINGLE.rows(METHODS)
-  return tables.versus_table(grouped, rows, measures, "method", seeds=True)
+  return tables.values_table(grouped, rows, measures, versus=True)
 
 
 # ----------------------------------------------------------------------------
@@ -299,8 +299,8 @@ def stream_section(fixed, streamed, out_dir) -> list[str]:
           exact = dict(name="exact box", note=" (exact box)")
           yield regimes.Budget(heading, group, plot + "_exact", **exact)
           # How close the streamed boxes are (an unreadable box: 48 px).
-          close = tables.versus_table(
-              group(streamed), rows, CLOSENESS, "loss", vs="Δ vs CE"
+          close = tables.values_table(
+              group(streamed), rows, CLOSENESS, "loss", versus=True
           )
           yield [*prose.section(__file__, "closeness"), "", *close, ""]
 
