@@ -170,8 +170,7 @@ def _delta(grouped, key, read) -> str:
   d = versus_ce(grouped, key, read)
   if not d:
     return "–"
-  p = "" if np.isnan(d["p"]) else f", {p_text(d['p'])}"
-  text = f"{d['mean']:+.1f} ({d['better']}/{d['n']}{p})"
+  text = tables.delta(d, 1, p_text)
   return f"**{text}**" if d["p"] < 0.05 else text
 
 

@@ -180,6 +180,13 @@ def fmt_metric(runs, metric, missing="–"):
   return stats.fmt(values, metric.digits) if values else missing
 
 
+def delta(d, digits=2, p=None) -> str:
+  """A paired difference (`stats.paired`) in one cell: ``Δ (better/n)``,
+  and ``, p(d["p"])`` inside where ``p`` (a function) says the test's p."""
+  tested = "" if p is None or np.isnan(d["p"]) else ", " + p(d["p"])
+  return f"{d['mean']:+.{digits}f} ({d['better']}/{d['n']}{tested})"
+
+
 def paired_table(grouped, rows, reference_key, metrics, short=False):
   """Each row's runs (but the reference's) against
   ``grouped[reference_key]`` (a row ``(key, label, reference_key)``: its

@@ -212,13 +212,8 @@ class Grid:
       lines += ["", *title, ""]
       lines += SPEC.variant_table(scored, self.keys, metrics, missing="-")
       for k in (k for k in self.keys if k != "ce"):
-        ds = (stats.paired_in(self.grouped[k], ce, m) for m in metrics)
-        cells = [
-            f"{d['mean']:+.2f} ({d['better']}/{d['n']})"
-            if d and d["n"] > 1
-            else "-"
-            for d in ds
-        ]
+        ds = [stats.paired_in(self.grouped[k], ce, m) for m in metrics]
+        cells = [tables.delta(d) if d and d["n"] > 1 else "-" for d in ds]
         if any(c != "-" for c in cells):
           row = [f"{label(k)} − CE, paired Δ (seeds better)", "", *cells]
           lines.append(tables.row(row))

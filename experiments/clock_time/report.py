@@ -300,10 +300,8 @@ def stream_section(fixed, streamed, out_dir) -> list[str]:
 
 def write_report(runs, out_dir, discussion=None):
   """Writes results.md and the plots; the path of results.md."""
-
-  def sections(runs, streamed):  # all in the Markdown's report section
-    return report_fields(runs, streamed, out_dir), []
-
+  # Every section is a field of the Markdown's report section.
+  sections = lambda runs, streamed: (report_fields(runs, streamed, out_dir), [])
   hand = [(report_engine.DISCUSSION, discussion)]
   return report_engine.task_report(__file__, runs, out_dir, sections, hand)
 
