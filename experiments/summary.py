@@ -138,12 +138,8 @@ def key(run) -> str | None:
       return CONTROL if run["overrides"].get("digit_ce_weight") else None
     in_row = run.get("group") in ("main", "peers", "chunks")
     return run["method"] if in_row else None
-  variant = run["variant"]
-  if variant in ("main", "converged"):
-    return run["method"]
-  if variant.removesuffix("_converged") == CONTROL:
-    return CONTROL
-  return None
+  key = stats.main_key(run)  # a variant or, in the main grid, the method
+  return key if key in (run["method"], CONTROL) else None
 
 
 def select(runs, cell) -> dict:

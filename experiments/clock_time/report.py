@@ -73,20 +73,9 @@ def regime_of(run) -> str:
 
 
 def group_runs(runs, regime=EARLY):
-  """{variant or method: {seed: run}} of one regime.
-
-  Main-grid runs are keyed by their method, controls by their variant
-  without the ``_converged`` suffix, so both regimes share keys.
-  """
-
-  def key(run):
-    if regime_of(run) != regime:
-      return None
-    if run["variant"] in ("main", CONVERGED):
-      return run["method"]
-    return run["variant"].removesuffix("_converged")
-
-  return stats_lib.group_runs(runs, key)
+  """{variant or method: {seed: run}} of one regime (`stats.main_key`: the
+  regimes share keys)."""
+  return stats_lib.group_runs(r for r in runs if regime_of(r) == regime)
 
 
 def steps_to(run, threshold=0.5):
