@@ -23,6 +23,13 @@ VARIANT_LABELS = {
     "mag_off": "NTIL, Mag off (beta = 0)",
 }
 
+
+def label(key, variants=None) -> str:
+  """How the reports name a method, or a variant (of ``variants``, default
+  `VARIANT_LABELS`)."""
+  return LABELS.get(key) or (variants or VARIANT_LABELS)[key]
+
+
 # One colour per loss in every figure: CE, the reference, in black; the
 # numeric losses and the control in the first colours of matplotlib's cycle;
 # NTIL's peers in named colours outside it (C6-C9 go to other variants).

@@ -76,3 +76,8 @@ def text(module_file: str, name: str, /, **values) -> str:
   """Section ``name`` as one string: its lines joined by spaces (a sentence
   or a fragment that a field of another section takes)."""
   return " ".join(section(module_file, name, **values))
+
+
+def count(n, word) -> str:
+  """``n`` and ``word``, plural but for one: ``1 seed``, ``3 seeds``."""
+  return f"{n} {word}{'s' * (n != 1)}"

@@ -74,12 +74,13 @@ Budget = collections.namedtuple(
 def stream_section(intro, fixed, streamed, out_dir, parts):
   """A report's "Fixed set vs stream" section: ``intro``, then each of
   ``parts(rows)``, ``rows`` the table rows of those recorded
-  (`recorded_methods`): a `Budget`, its `budget_section`, or lines as they
-  are; a line saying so without a streamed run."""
+  (`recorded_methods`, then the digit-weighted control): a `Budget`, its
+  `budget_section`, or lines as they are; a line saying so without a
+  streamed run."""
   if not streamed:
     return intro + ["", "No streamed run recorded yet.", ""]
-  recorded = recorded_methods(fixed + streamed)
-  table_rows = rows(labels.LABELS, labels.VARIANT_LABELS, recorded)
+  keys = [*recorded_methods(fixed + streamed), "ce_digit_weighted"]
+  table_rows = [(k, labels.label(k)) for k in keys]
   lines = intro + [""]
   for part in parts(table_rows):
     if isinstance(part, Budget):
@@ -88,33 +89,10 @@ def stream_section(intro, fixed, streamed, out_dir, parts):
   return lines
 
 
-def rows(labels, variant_labels, methods, controls=("ce_digit_weighted",)):
-  """``(key, label)`` table rows: each loss method, then the controls."""
-  return [(m, labels[m]) for m in methods] + [
-      (c, variant_labels[c]) for c in controls
-  ]
-
-
-def value_and_delta(grouped, key, metric):
-  """A "value plus difference to CE" cell's parts: ``mean ± sd`` of a
-  `stats.Metric` over ``grouped[key]`` (``–`` without a finite value), and
-  ``(Δ, 'better/n, p = …')`` to ``grouped["ce"]`` on the same seeds (None
-  on CE's own row or without a seed in common)."""
-  runs = grouped.get(key, {})
-  reference = None if key == "ce" else grouped.get("ce", {})
-  text = tables.fmt_metric(runs.values(), metric)
-  d = reference and stats.paired_in(runs, reference, metric)
-  if text == "–" or not d:  # no value, reference (CE's row) or common seed
-    return text, None
-  p = "" if np.isnan(d["p"]) else f", p = {d['p']:.3f}"
-  delta = f"{d['mean']:+.{metric.digits}f}"
-  return text, (delta, f"{d['better']}/{d['n']}{p}")
-
-
 def side_by_side(groupings, rows, metric, *, scale=100, digits=1, higher=True):
   """A markdown table: rows ``(key, label)`` are losses, columns regime x
   (mid-curve, end); each cell ``mean ± sd`` over seeds and, but for CE
-  (``"ce"``), the paired Δ to CE of the same regime (`value_and_delta`).
+  (``"ce"``), the paired Δ to CE of the same regime (`regime_table`).
   Without a run, one line saying so."""
   present = [r for r in REGIMES if any(groupings.get(r, {}).values())]
   if not present:
@@ -131,9 +109,9 @@ def side_by_side(groupings, rows, metric, *, scale=100, digits=1, higher=True):
 
 def regime_table(groupings, columns, rows, first="", apart=True):
   """Rows ``(key, label)`` by ``columns`` ``(metric, regime)``, each named
-  by its metric: mean ± sd and Δ to CE on the same seeds of the regime
-  (`value_and_delta`), the Δ in a column of its own with ``apart``, else in
-  the cell (and rows without runs left out)."""
+  by its metric: mean ± sd over the regime's seeds and, but on CE's row,
+  the paired Δ to CE there (seeds better, p), in a column of its own with
+  ``apart``, else in the cell (and rows without runs left out)."""
   head = [first]
   for column, _ in columns:
     head += [column.name, "Δ vs CE (seeds better, p)"][: 1 + apart]
@@ -143,11 +121,17 @@ def regime_table(groupings, columns, rows, first="", apart=True):
       continue
     cells = [label]
     for metric, regime in columns:
-      text, delta = value_and_delta(groupings[regime], key, metric)
-      if apart:
-        cells += [text, f"{delta[0]} ({delta[1]})" if delta else ""]
-      else:
-        cells.append(f"{text} ({delta[0]}: {delta[1]})" if delta else text)
+      runs, ce = groupings[regime].get(key, {}), groupings[regime].get("ce")
+      text = tables.fmt_metric(runs.values(), metric)
+      paired = key != "ce" and text != "–" and ce
+      d = paired and stats.paired_in(runs, ce, metric)
+      if not d:  # no value, reference (CE's row) or common seed
+        cells += [text, ""][: 1 + apart]
+        continue
+      p = "" if np.isnan(d["p"]) else f", p = {d['p']:.3f}"
+      delta = f"{d['mean']:+.{metric.digits}f}", f"{d['better']}/{d['n']}{p}"
+      apart_cells = [text, "{} ({})".format(*delta)]
+      cells += apart_cells if apart else ["{} ({}: {})".format(text, *delta)]
     body.append(cells)
   return tables.table(head, body)
 

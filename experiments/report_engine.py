@@ -44,7 +44,7 @@ class Spec:
 
   def label(self, key) -> str:
     """How the report names a method or a variant."""
-    return labels.LABELS.get(key) or self.variant_labels[key]
+    return labels.label(key, self.variant_labels)
 
   def rows(self, keys, grouped=None) -> list[tuple[str, str]]:
     """``(key, label)`` table rows of ``keys`` (those in ``grouped``)."""

@@ -53,8 +53,11 @@ def group_runs(runs, key=None, view=None):
 
 
 def main_key(run):
-  """The method of a main-grid run, else the run's variant."""
-  return run["method"] if run["variant"] == "main" else run["variant"]
+  """The method of a main-grid run (variant ``main`` or ``converged``),
+  else the run's variant less ``_converged`` (both budgets share keys)."""
+  if run["variant"] in ("main", "converged"):
+    return run["method"]
+  return run["variant"].removesuffix("_converged")
 
 
 def value(run, metric):

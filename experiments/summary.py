@@ -29,6 +29,7 @@ import numpy as np
 from scipy import stats as scipy_stats
 
 from experiments import labels
+from experiments import prose
 from experiments import regimes
 from experiments import stats
 from experiments import tables
@@ -137,12 +138,8 @@ def key(run) -> str | None:
       return CONTROL if run["overrides"].get("digit_ce_weight") else None
     in_row = run.get("group") in ("main", "peers", "chunks")
     return run["method"] if in_row else None
-  variant = run["variant"]
-  if variant in ("main", "converged"):
-    return run["method"]
-  if variant.removesuffix("_converged") == CONTROL:
-    return CONTROL
-  return None
+  key = stats.main_key(run)  # a variant or, in the main grid, the method
+  return key if key in (run["method"], CONTROL) else None
 
 
 def select(runs, cell) -> dict:
@@ -169,8 +166,7 @@ def _delta(grouped, key, read) -> str:
   d = versus_ce(grouped, key, read)
   if not d:
     return "–"
-  p = "" if np.isnan(d["p"]) else f", {p_text(d['p'])}"
-  text = f"{d['mean']:+.1f} ({d['better']}/{d['n']}{p})"
+  text = tables.delta(d, 1, p_text)
   return f"**{text}**" if d["p"] < 0.05 else text
 
 
@@ -206,7 +202,7 @@ def row(cell, grouped) -> list[str]:
       regime(cell, grouped),
       f"{steps(grouped):,}",
       f"{cell.metric_name} {stats.fmt([100 * end(r) for r in ce.values()], 1)}"
-      f" ({len(ce)} seed{'s' if len(ce) > 1 else ''})",
+      f" ({prose.count(len(ce), 'seed')})",
       *(_delta(grouped, k, end) for k, _ in LOSSES),
       _delta(grouped, "ntil", area),
   ]

@@ -33,28 +33,6 @@ def paired_cells(runs, reference, metric, short=False):
   return [f"{d['mean']:+.{digits}f}{std}", f"{d['better']}/{d['n']}", test]
 
 
-def versus_table(grouped, rows, metrics, first, seeds=False, vs="Δ to CE"):
-  """Per row with runs and metric: mean ± sd and `paired_cells` to CE
-  (blank on CE's own row); ``first`` heads the labels, ``vs`` the
-  differences, and ``seeds`` adds a column of each row's seeds."""
-  head = [first] + ["seeds"] * seeds
-  for metric in metrics:
-    head += [metric.name, vs, "seeds better", "paired t"]
-  body = []
-  for key, label in rows:
-    runs = grouped.get(key)
-    if not runs:
-      continue
-    cells = [label] + [str(len(runs))] * seeds
-    for metric in metrics:
-      paired = (
-          [""] * 3 if key == "ce" else paired_cells(runs, grouped["ce"], metric)
-      )
-      cells += [fmt_metric(runs.values(), metric), *paired]
-    body.append(cells)
-  return table(head, body)
-
-
 def reading(grouped, metrics, methods, labels):
   """Markdown list lines computed from the numbers: per metric, the
   ranking of ``methods`` by mean over seeds, then each one's paired
@@ -89,9 +67,8 @@ def last_gain(runs, metric, who) -> str:
   steps = next(iter(runs.values()))["curves"]["eval_steps"]
   return (
       f"{who} changed by {min(gains):+.1f} to {max(gains):+.1f} points (mean "
-      f"{np.mean(gains):+.1f}, {len(gains)} seed{'s' * (len(gains) != 1)}) "
-      f"over its last {steps[-1] - steps[-2]:,} steps "
-      f"({steps[-2]:,} -> {steps[-1]:,})."
+      f"{np.mean(gains):+.1f}, {prose.count(len(gains), 'seed')}) over its "
+      f"last {steps[-1] - steps[-2]:,} steps ({steps[-2]:,} -> {steps[-1]:,})."
   )
 
 
@@ -134,40 +111,65 @@ def kind(d) -> str:
   return "noise"
 
 
+def direction(d, higher=True) -> str:
+  """Whether a paired difference is ``better``, ``worse`` or ``level``."""
+  if d["mean"] == 0:
+    return "level"
+  return "better" if (d["mean"] > 0) == higher else "worse"
+
+
+def beats(d, higher=True) -> bool:
+  """Better beyond seed noise: p < 0.05 and better on every seed."""
+  unanimous = d is not None and kind(d) == "unanimous"
+  return unanimous and direction(d, higher) == "better"
+
+
 def verdict(d, higher=True, style="") -> str:
   """A paired difference in words: `tables.md`'s section
-  ``verdict{style}_{kind}``, ``direction`` better, worse or level."""
-  direction = "better" if (d["mean"] > 0) == higher else "worse"
+  ``verdict{style}_{kind}`` with its `direction`."""
   return prose.text(
       __file__,
       f"verdict{style}_{kind(d)}",
-      direction="level" if d["mean"] == 0 else direction,
+      direction=direction(d, higher),
       p=d["p"],
       p_text="-" if np.isnan(d["p"]) else f"{d['p']:.3f}",
   )
 
 
 def values_table(
-    grouped, rows, columns, first="method", missing="–", listed=False, totals=()
+    grouped,
+    rows,
+    columns,
+    first="method",
+    missing="–",
+    listed=False,
+    totals=(),
+    versus=False,
 ):
   """Mean ± sd over seeds of each row's runs (those in ``grouped``) in
   each column (``missing`` where none is finite), after the label (``first``
-  heads it) and the seeds (``listed``: which), then the sums over seeds of
-  the columns ``totals``."""
-  body = []
+  heads it) and the seeds (``listed``: which); with ``versus``, each
+  column's `paired_cells` to CE (blank on CE's own row); then the sums over
+  seeds of the columns ``totals``."""
+  head, body = [first, "seeds"], []
+  for column in columns:
+    head += [column.name] + ["Δ to CE", "seeds better", "paired t"] * versus
   for key, label in rows:
     if key not in grouped:
       continue
-    runs = list(grouped[key].values())
-    seeds = ",".join(map(str, sorted(grouped[key])))
+    runs = grouped[key]
+    seeds = ",".join(map(str, sorted(runs)))
     cells = [label, f"{len(runs)} ({seeds})" if listed else str(len(runs))]
-    cells += [fmt_metric(runs, column, missing) for column in columns]
+    for column in columns:
+      cells.append(fmt_metric(runs.values(), column, missing))
+      if versus:
+        own = key == "ce"
+        cells += [""] * 3 if own else paired_cells(runs, grouped["ce"], column)
     for total in totals:
-      value = total.scale * sum(stats.value(r, total.field) for r in runs)
-      cells.append(f"{value:.{total.digits}f}")
+      value = sum(stats.value(r, total.field) for r in runs.values())
+      cells.append(f"{total.scale * value:.{total.digits}f}")
     body.append(cells)
-  head = [first, "seeds"] + [c.name for c in (*columns, *totals)]
-  return table(head, body)
+  return table(head + [t.name for t in totals], body)
 
 
 def fmt_metric(runs, metric, missing="–"):
@@ -176,6 +178,13 @@ def fmt_metric(runs, metric, missing="–"):
   values = [metric.scale * stats.value(r, metric.field) for r in runs]
   values = [v for v in values if np.isfinite(v)]
   return stats.fmt(values, metric.digits) if values else missing
+
+
+def delta(d, digits=2, p=None) -> str:
+  """A paired difference (`stats.paired`) in one cell: ``Δ (better/n)``,
+  and ``, p(d["p"])`` inside where ``p`` (a function) says the test's p."""
+  tested = "" if p is None or np.isnan(d["p"]) else ", " + p(d["p"])
+  return f"{d['mean']:+.{digits}f} ({d['better']}/{d['n']}{tested})"
 
 
 def paired_table(grouped, rows, reference_key, metrics, short=False):

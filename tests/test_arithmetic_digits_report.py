@@ -458,7 +458,8 @@ def test_verdict_significant_on_average_but_not_every_seed():
   assert tables.verdict(d) == (
       "worse on average (p = 0.024), but not on every seed"
   )
-  assert not dr.beats(d) and not dr.beyond_noise(d)
+  assert not tables.beats(d, higher=False) and not tables.beats(d)
+  assert tables.kind(d) == "significant"
   unanimous = dict(mean=-7.75, n=5, better=0, p=0.0004)
   assert tables.verdict(unanimous) == (
       "worse, beyond seed noise (p = 0.000, every seed)"

@@ -417,9 +417,9 @@ def test_grounding_stream_at_the_ceiling_adds_the_exact_box(tmp_path):
   # CE 80, 70 %; EMD 90, 70: Δ +10, 0 (mean +5, sd 7.1, better on 1 of 2,
   # t = 1, p = 0.5).
   closeness = text[text.index("How close the streamed boxes") :]
-  assert "| CE | 0.250 ± 0.071 |  |  |  | 75.0 ± 7.1 |" in closeness
+  assert "| CE | 2 | 0.250 ± 0.071 |  |  |  | 75.0 ± 7.1 |" in closeness
   assert (
-      "| CE + EMD | 0.175 ± 0.106 | -0.075 ± 0.035 | 2/2 | -3.00 (p = 0.205)"
+      "| CE + EMD | 2 | 0.175 ± 0.106 | -0.075 ± 0.035 | 2/2 | -3.00 (p = 0.205)"
       " | 80.0 ± 14.1 | +5.0 ± 7.1 | 1/2 | +1.00 (p = 0.500) |"
   ) in closeness
   # Below the ceiling there is no exact-box section.

@@ -1,5 +1,6 @@
 """Fixed set vs stream tables and plots (experiments/regimes.py), by hand."""
 
+from experiments import labels
 from experiments import regimes
 from experiments import stats
 
@@ -116,11 +117,13 @@ def test_mid_eval_step_is_half_the_budget_not_the_first_eval():
   assert regimes.mid_eval_step({}) is None
 
 
-def test_rows_lists_methods_then_controls():
-  labels = dict(ce="CE", ntil="CE + NTIL")
+def test_label_names_methods_then_variants():
   variants = dict(ce_digit_weighted="CE, digits x 1.3")
-  assert regimes.rows(labels, variants, ["ce", "ntil"]) == [
-      ("ce", "CE"),
-      ("ntil", "CE + NTIL"),
-      ("ce_digit_weighted", "CE, digits x 1.3"),
+  keys = ["ce", "ntil", "ce_digit_weighted"]
+  assert [labels.label(k, variants) for k in keys] == [
+      "CE",
+      "CE + NTIL",
+      "CE, digits x 1.3",
   ]
+  weighted = labels.VARIANT_LABELS["ce_digit_weighted"]
+  assert labels.label("ce_digit_weighted") == weighted

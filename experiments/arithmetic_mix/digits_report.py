@@ -136,20 +136,6 @@ def run_view(run, problems, early, breakdowns) -> dict:
   return view
 
 
-def beyond_noise(d) -> bool:
-  """p < 0.05 and every paired seed (at least 2) on the mean's side."""
-  return d is not None and tables.kind(d) == "unanimous"
-
-
-def is_better(d, higher_better=True) -> bool:
-  return d["mean"] != 0 and (d["mean"] > 0) == higher_better
-
-
-def beats(d, higher_better=True) -> bool:
-  """Better beyond seed noise: p < 0.05 and better on every seed."""
-  return beyond_noise(d) and is_better(d, higher_better)
-
-
 def bucket_metric(name, bucket):
   """A run's exact match in one bucket of a breakdown (nan if absent)."""
   return lambda run: run["breakdowns"].get(name, {}).get(bucket, np.nan)
@@ -223,13 +209,8 @@ class Grid:
       lines += ["", *title, ""]
       lines += SPEC.variant_table(scored, self.keys, metrics, missing="-")
       for k in (k for k in self.keys if k != "ce"):
-        ds = (stats.paired_in(self.grouped[k], ce, m) for m in metrics)
-        cells = [
-            f"{d['mean']:+.2f} ({d['better']}/{d['n']})"
-            if d and d["n"] > 1
-            else "-"
-            for d in ds
-        ]
+        ds = [stats.paired_in(self.grouped[k], ce, m) for m in metrics]
+        cells = [tables.delta(d) if d and d["n"] > 1 else "-" for d in ds]
         if any(c != "-" for c in cells):
           row = [f"{label(k)} − CE, paired Δ (seeds better)", "", *cells]
           lines.append(tables.row(row))
@@ -265,7 +246,7 @@ class Grid:
       return d
 
     others = [k for k in keys if k != "ce"] + self.present([CONTROL])
-    beaten = [label(k) for k in others if beats(versus(k, "ce"))]
+    beaten = [label(k) for k in others if tables.beats(versus(k, "ce"))]
     if "ce" in grouped and len(keys) > 1:
       beaten = ", ".join(beaten) or "none"
       lines += prose.section(__file__, "beaten", beaten=beaten)
@@ -301,22 +282,19 @@ class Grid:
         unit = " pts" if scale == 100 else ""
         text = f"{name.replace(' (pts)', '')} ({d['mean']:+.{digits}f}{unit})"
         # behind (0), ahead within seed noise (1) or beyond it (2)
-        found[2 if beats(d, higher) else int(is_better(d, higher))].append(text)
+        better = tables.direction(d, higher) == "better"
+        found[2 if tables.beats(d, higher) else int(better)].append(text)
     tested = sum(map(len, found))
     return prose.section(
         __file__,
         "ntil_vs_ce",
-        seeds=_seeds(len(set(ntil) & set(ce))),
+        seeds=prose.count(len(set(ntil) & set(ce)), "seed"),
         behind="; ".join(behind) or "none",
         within="; ".join(within) or "none",
         ahead="; ".join(ahead) or "nothing",
         tested=tested,
         chance=tested / 20,
     )
-
-
-def _seeds(n) -> str:
-  return f"{n} seed" if n == 1 else f"{n} seeds"
 
 
 # ---------------------------------------------------------------------------
@@ -418,7 +396,7 @@ def ce_rise(ce, steps) -> list[str]:
       late=late,
       after=100 * np.nanmean(after),
       end=end,
-      seeds=_seeds(len(ce)),
+      seeds=prose.count(len(ce), "seed"),
       rising=sum(a > b for a, b in zip(after, before)),
       n=len(ce),
       verdict=verdict,

@@ -110,10 +110,9 @@ LENGTH = "answer length (characters, e.g. '-8/3' is 4)"
 
 def group_runs(runs):
   """{method or variant: {seed: run}}: main-grid runs by method, the
-  ablations' and sweeps' by their name prefix, and NTIL's seed 0 apart."""
-  prefix = lambda r: r["name"].rsplit("-s", 1)[0]
-  key = lambda r: r["method"] if r["group"] == "main" else prefix(r)
-  grouped = stats.group_runs(runs, key)
+  ablations' and sweeps' by their name prefix (`digits_report.cell_key`),
+  and NTIL's seed 0 apart."""
+  grouped = stats.group_runs(runs, digits_report.cell_key)
   if 0 in grouped.get("ntil", {}):
     grouped["ntil-seed0"] = {0: grouped["ntil"][0]}
   return grouped

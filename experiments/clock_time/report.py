@@ -73,20 +73,9 @@ def regime_of(run) -> str:
 
 
 def group_runs(runs, regime=EARLY):
-  """{variant or method: {seed: run}} of one regime.
-
-  Main-grid runs are keyed by their method, controls by their variant
-  without the ``_converged`` suffix, so both regimes share keys.
-  """
-
-  def key(run):
-    if regime_of(run) != regime:
-      return None
-    if run["variant"] in ("main", CONVERGED):
-      return run["method"]
-    return run["variant"].removesuffix("_converged")
-
-  return stats_lib.group_runs(runs, key)
+  """{variant or method: {seed: run}} of one regime (`stats.main_key`: the
+  regimes share keys)."""
+  return stats_lib.group_runs(r for r in runs if regime_of(r) == regime)
 
 
 def steps_to(run, threshold=0.5):
@@ -297,10 +286,8 @@ def stream_section(fixed, streamed, out_dir) -> list[str]:
 
 def write_report(runs, out_dir, discussion=None):
   """Writes results.md and the plots; the path of results.md."""
-
-  def sections(runs, streamed):  # all in the Markdown's report section
-    return report_fields(runs, streamed, out_dir), []
-
+  # Every section is a field of the Markdown's report section.
+  sections = lambda runs, streamed: (report_fields(runs, streamed, out_dir), [])
   hand = [(report_engine.DISCUSSION, discussion)]
   return report_engine.task_report(__file__, runs, out_dir, sections, hand)
 

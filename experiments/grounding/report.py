@@ -89,11 +89,6 @@ def headline(task):
   return metric.field, metric.name.removesuffix(" (points)")
 
 
-def at_eval(metric, index):
-  """``metric`` at the ``index``-th evaluation of a run (a derived metric)."""
-  return lambda run: run["curves"][metric][index]
-
-
 def early_table(task, grouped):
   """Paired differences to CE early in training: at the first two evals and
   over the whole curve (its area / steps), the faster-learning regime."""
@@ -103,10 +98,9 @@ def early_table(task, grouped):
   steps = next(iter(grouped["ce"].values()))["curves"]["eval_steps"]
   if len(steps) < 2:
     return []
+  at = lambda step: functools.partial(stats.at_step, metric=metric, step=step)
+  measures = [Metric(at(s), f"{name} at step {s}") for s in steps[:2]]
   area = functools.partial(stats.curve_area, metric=metric)
-  measures = [
-      Metric(at_eval(metric, i), f"{name} at step {steps[i]}") for i in (0, 1)
-  ]
   measures.append(Metric(area, f"mean {name} over training"))
   ce = grouped["ce"].values()
   absolute = ", ".join(
@@ -178,7 +172,7 @@ def readable_table(grouped, test):
       Metric(within, "coordinates within 1 px %"),
   )
   rows = SINGLE.rows(METHODS)
-  return tables.versus_table(grouped, rows, measures, "method", seeds=True)
+  return tables.values_table(grouped, rows, measures, versus=True)
 
 
 # ----------------------------------------------------------------------------
@@ -297,8 +291,8 @@ def stream_section(fixed, streamed, out_dir) -> list[str]:
           exact = dict(name="exact box", note=" (exact box)")
           yield regimes.Budget(heading, group, plot + "_exact", **exact)
           # How close the streamed boxes are (an unreadable box: 48 px).
-          close = tables.versus_table(
-              group(streamed), rows, CLOSENESS, "loss", vs="Δ vs CE"
+          close = tables.values_table(
+              group(streamed), rows, CLOSENESS, "loss", versus=True
           )
           yield [*prose.section(__file__, "closeness"), "", *close, ""]
 
