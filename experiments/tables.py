@@ -40,20 +40,21 @@ def reading(grouped, metrics, methods, labels):
   lines = []
   reference = grouped.get("ce", {})
   present = [m for m in methods if m in grouped]
-  for metric, name, scale, _, higher in metrics:
+  for metric, name, scale, digits, higher in metrics:
     means = {
         m: scale * np.mean([r[metric] for r in grouped[m].values()])
         for m in present
     }
     ranked = sorted(present, key=lambda m: -means[m] if higher else means[m])
-    ranking = ", ".join(f"{labels[m]} {means[m]:.2f}" for m in ranked)
+    ranking = ", ".join(f"{labels[m]} {means[m]:.{digits}f}" for m in ranked)
     short = name.split(" (")[0]
     lines += prose.section(__file__, "ranking", name=short, ranking=ranking)
     for method in (m for m in present if m != "ce"):
       d = stats.paired(grouped[method], reference, metric, scale, higher)
       if d is not None and not np.isnan(d["p"]):
         text = verdict(d, higher, "_vs_ce")
-        said = dict(d, label=labels[method], name=name, verdict=text)
+        mean = f"{d['mean']:+.{digits}f}"
+        said = dict(d, label=labels[method], name=name, verdict=text, mean=mean)
         lines += prose.section(__file__, "versus_ce", **said)
   return lines
 

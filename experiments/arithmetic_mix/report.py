@@ -18,6 +18,7 @@ import numpy as np
 from configs import arithmetic_mix
 from experiments import common
 from experiments import figures
+from experiments import labels
 from experiments import prose
 from experiments import report_engine
 from experiments import stats
@@ -119,43 +120,14 @@ def group_runs(runs):
 
 
 def reading(grouped):
-  """A plain reading of the main table, computed from the numbers."""
-  runs = {m: grouped[m].values() for m in METHODS if m in grouped}
-  means, errors = (
-      {m: stats.mean_std([scale * r[f] for r in rs]) for m, rs in runs.items()}
-      for f, scale in (("exact_match", 100), ("mean_log10_abs_error", 1))
-  )
-  versus = []
-  if "ntil" in means and "ce" in means:
-    gap = means["ntil"][0] - means["ce"][0]
-    # Standard error of the difference of two means over seeds.
-    stderr = np.sqrt(
-        sum(means[m][1] ** 2 / len(grouped[m]) for m in ("ntil", "ce"))
-    )
-    kind = "untestable" if np.isnan(stderr) else "noise"
-    kind = "beyond" if abs(gap) > 2 * stderr else kind
-    direction = "better" if gap > 0 else "worse"
-    versus += prose.section(
-        __file__, f"gap_{kind}", gap=gap, twice=2 * stderr, direction=direction
-    )
-  ntil = means.get("ntil", (np.inf,))[0]  # none is higher without NTIL
-  better = ", ".join(label(m) for m in means if means[m][0] > ntil)
-  if better:
-    versus += prose.section(__file__, "higher_than_ntil", better=better)
-  best = max(mean for mean, _ in means.values())
-  ranked = sorted(means, key=lambda m: -means[m][0])
-  return prose.section(
-      __file__,
-      "reading",
-      ranking=", ".join(f"{label(m)} {means[m][0]:.2f}%" for m in ranked),
-      spread=np.nanmean([s for _, s in means.values()]),
-      versus=versus,
-      errors=", ".join(
-          f"{label(m)} {errors[m][0]:.3f} ± {errors[m][1]:.3f}"
-          for m in sorted(errors, key=lambda m: errors[m][0])
-      ),
-      caveat=prose.section(__file__, "caveat", best=best) if best < 5 else [],
-  )
+  """The main table's reading (`tables.reading`: rankings, each method
+  against CE paired by seed) and, near the floor, a caveat."""
+  runs = [grouped[m].values() for m in METHODS if m in grouped]
+  means = [100 * np.mean([r["exact_match"] for r in rs]) for rs in runs]
+  best = max(means, default=0.0)
+  caveat = prose.section(__file__, "caveat", best=best) if best < 5 else []
+  metrics = (EXACT, SPEC.columns[2])
+  return tables.reading(grouped, metrics, METHODS, labels.LABELS) + caveat
 
 
 def write_report(runs, out_dir):
