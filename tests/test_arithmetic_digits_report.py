@@ -686,28 +686,44 @@ def test_peer_cells_are_rows_of_the_main_tables(tmp_path):
   ]
 
 
-def test_chunk_cells_of_another_device_are_shown_apart(tmp_path):
-  # The CPU's records: CE s0 on single digits (3/6) and in chunks (2/6).
+def test_cells_of_another_device_are_shown_apart(tmp_path):
+  # The CPU's records: CE s0 and s1 on single digits (3/6 each), CE s0 in
+  # chunks (2/6), DEL s0 (5/6) and s1 (4/6).
   cells = dict(CELLS)
-  cells["ce-chunks-s0"] = (
-      "chunks",
-      "ce",
-      0,
-      {1: "41", 4: "4.2", 5: "7", 6: "x"},
-      [0.1, 0.2, 0.3],
+  cells.update(
+      {
+          "ce-chunks-s0": (
+              "chunks",
+              "ce",
+              0,
+              {1: "41", 4: "4.2", 5: "7", 6: "x"},
+              [0.1, 0.2, 0.3],
+          ),
+          "del-s0": ("peers", "del", 0, {4: "4.2"}, [0.1, 0.2, 0.3]),
+          "del-s1": ("peers", "del", 1, {2: "-2", 4: "4.3"}, [0.1, 0.2, 0.3]),
+      }
   )
-  other = [record("ce-s0", cells), record("ce-chunks-s0", cells)]
+  names = ["ce-s0", "ce-s1", "ce-chunks-s0", "del-s0", "del-s1"]
+  other = [record(n, cells) for n in names]
   for run in other:
     run["device"] = "cpu:other x1"
   runs = [record(n) for n in CELLS]
   dr.write_report(runs, PROBLEMS, str(tmp_path), "test problems", other=other)
-  part = sections((tmp_path / "results.md").read_text())[
-      "Numbers in tokens of 1-3 digits"
-  ]
-  assert "Cells recorded on cpu:other x1" in part
-  assert row(part, "CE")[:3] == ["1 (0)", "10.00", "50.00"]
+  parts = sections((tmp_path / "results.md").read_text())
+  part = parts["Cells run on cpu:other x1"]
+  assert row(part, "CE")[:3] == ["2 (0,1)", "10.00 ± 0.00", "50.00 ± 0.00"]
   assert row(part, "CE, 1-3 digit tokens")[:3] == ["1 (0)", "10.00", "33.33"]
+  assert row(part, "CE + DEL")[:3] == [
+      "2 (0,1)",
+      "10.00 ± 0.00",
+      "75.00 ± 11.79",
+  ]
+  # DEL against that device's CE: +2/6 and +1/6, t = 3 on 1 df, p = 0.205.
+  assert row(part, "CE + DEL − CE")[:3] == ["+25.00 ± 11.79", "2/2", "0.205"]
   # One seed: no paired test.
   assert row(part, "CE, 1-3 digit tokens − CE")[:3] == ["-", "-", "-"]
-  # This report's own hardware has no chunk cell yet.
-  assert "Not run yet (group `chunks`, 15 cells)." in part
+  # This report's own hardware has no chunk or peer cell yet.
+  chunks = parts["Numbers in tokens of 1-3 digits"]
+  assert "Not run yet (group `chunks`, 15 cells)." in chunks
+  assert "CE + DEL" not in parts["Main table"]
+  assert "peers 0/10" in parts["Grid coverage"]

@@ -456,9 +456,15 @@ def write_report(
   ablated = grid.present(ABLATED)
   pairs = [(k, "ntil", "full NTIL") for k in ablated]
   ablations = ablated and grid.compared("ablations", ["ntil", *ablated], pairs)
-  chunks = []
+  chunks = elsewhere = []
   if profile == "digits":
-    chunks = chunk_section(grid, Grid(other, None, early=grid.early))
+    chunks = [
+        "",
+        "## Numbers in tokens of 1-3 digits",
+        "",
+        *chunk_section(grid),
+    ]
+    elsewhere = elsewhere_section(Grid(other, None, early=grid.early))
   check = device_check(runs, other)
   how = "recorded" if problems is None else "recomputed"
   counts = dict(computed=grid.computed, views=grid.views)
@@ -477,46 +483,59 @@ def write_report(
       control=control or ["Not run yet."],
       ablations=ablations or ["Not run yet."],
       chunks=chunks,
+      elsewhere=elsewhere,
       reading=grid.reading(),
       device_check=check and ["", *check],
   )
   return report_engine.write(out_dir, lines, end="\n")
 
 
-def chunk_section(grid, elsewhere) -> list[str]:
+def chunk_pairs(methods) -> list[tuple]:
+  """Each method's chunk cells against its single-digit ones, and (but
+  CE's) against CE's chunk cells: `Grid.paired`'s pairs."""
+  both = "CE, both in chunks"
+  return [(m + CHUNKS, m) for m in methods] + [
+      (m + CHUNKS, "ce" + CHUNKS, both) for m in methods if m != "ce"
+  ]
+
+
+def chunk_section(grid) -> list[str]:
   """Numbers in tokens of 1-3 digits (``--config.digit_chunks``): each
   method against itself on single digits, NTIL and EMD against CE in
-  chunks; ``elsewhere``'s (another device's) chunk cells apart."""
-
-  def pairs(methods):  # each method's chunks against itself, CE's chunks
-    both = "CE, both in chunks"
-    return [(m + CHUNKS, m) for m in methods] + [
-        (m + CHUNKS, "ce" + CHUNKS, both) for m in methods if m != "ce"
-    ]
-
+  chunks."""
   grouped = grid.grouped
   keys = grid.present(m + CHUNKS for m in CHUNK_METHODS)
   single = [k.removesuffix(CHUNKS) for k in keys]
-  lines = ["", "## Numbers in tokens of 1-3 digits", ""]
-  if keys:
-    mine, theirs = devices(grouped, keys), devices(grouped, single)
-    across = prose.text(__file__, "across", mine=mine, theirs=theirs)
-    across = " " + across if mine != theirs else ""
-    count = sum(len(grouped[k]) for k in keys)
-    cells = len(CHUNK_METHODS) * len(SEEDS)
-    lines += grid.compared(
-        "chunks", keys, pairs(single), count=count, cells=cells, across=across
-    )
-  else:
-    lines.append("Not run yet (group `chunks`, 15 cells).")
-  methods = [m for m in CHUNK_METHODS if m + CHUNKS in elsewhere.grouped]
-  if methods:
-    keys = [k for m in methods for k in (m, m + CHUNKS)]
-    device = devices(elsewhere.grouped, keys)
-    lines += [""] + elsewhere.compared(
-        "chunks_elsewhere", keys, pairs(methods), device=device
-    )
-  return lines
+  if not keys:
+    return ["Not run yet (group `chunks`, 15 cells)."]
+  mine, theirs = devices(grouped, keys), devices(grouped, single)
+  across = prose.text(__file__, "across", mine=mine, theirs=theirs)
+  across = " " + across if mine != theirs else ""
+  count = sum(len(grouped[k]) for k in keys)
+  cells = len(CHUNK_METHODS) * len(SEEDS)
+  return grid.compared(
+      "chunks",
+      keys,
+      chunk_pairs(single),
+      count=count,
+      cells=cells,
+      across=across,
+  )
+
+
+def elsewhere_section(elsewhere) -> list[str]:
+  """The cells recorded on another device (``results_cpu.json``), paired
+  by seed on it: each loss against CE, and the chunk cells as in
+  `chunk_section`; none without them."""
+  grouped = elsewhere.grouped
+  single = elsewhere.present(METHODS + PEERS)
+  keys = [k for m in METHODS + PEERS for k in (m, m + CHUNKS) if k in grouped]
+  if not keys:
+    return []
+  chunked = [m for m in CHUNK_METHODS if m + CHUNKS in grouped]
+  pairs = [(k, "ce") for k in single if k != "ce"] + chunk_pairs(chunked)
+  device = devices(grouped, keys)
+  return ["", *elsewhere.compared("elsewhere", keys, pairs, device=device)]
 
 
 def devices(grouped, keys) -> str:
