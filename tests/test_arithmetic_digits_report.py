@@ -602,30 +602,35 @@ def test_another_training_size_gives_the_test_split_not_the_regime(
   assert "of 102,400 generated training problems" in report
 
 
+# CE in chunks: s0 2/6 (CE s0 3/6), s1 3/6 (CE s1 3/6); NTIL in chunks: s0
+# 5/6 (NTIL s0 4/6), s1 6/6 (NTIL s1 5/6).
+CHUNK_CELLS = {
+    "ce-chunks-s0": (
+        "chunks",
+        "ce",
+        0,
+        {1: "41", 4: "4.2", 5: "7", 6: "x"},
+        [0.1, 0.2, 0.3],
+    ),
+    "ce-chunks-s1": (
+        "chunks",
+        "ce",
+        1,
+        {2: "-2", 4: "4.3", 6: "1001"},
+        [0.1, 0.2, 0.3],
+    ),
+    "ntil-chunks-s0": ("chunks", "ntil", 0, {6: "999"}, [0.1, 0.2, 0.3]),
+    "ntil-chunks-s1": ("chunks", "ntil", 1, {}, [0.1, 0.2, 0.3]),
+}
+# DEL: s0 5/6 (CE s0 3/6), s1 4/6 (CE s1 3/6).
+PEER_CELLS = {
+    "del-s0": ("peers", "del", 0, {4: "4.2"}, [0.1, 0.2, 0.3]),
+    "del-s1": ("peers", "del", 1, {2: "-2", 4: "4.3"}, [0.1, 0.2, 0.3]),
+}
+
+
 def test_chunk_cells_are_paired_with_their_single_digit_runs(tmp_path):
-  cells = dict(CELLS)
-  cells.update(
-      {
-          # CE in chunks: s0 2/6 (CE s0 3/6), s1 3/6 (CE s1 3/6).
-          "ce-chunks-s0": (
-              "chunks",
-              "ce",
-              0,
-              {1: "41", 4: "4.2", 5: "7", 6: "x"},
-              [0.1, 0.2, 0.3],
-          ),
-          "ce-chunks-s1": (
-              "chunks",
-              "ce",
-              1,
-              {2: "-2", 4: "4.3", 6: "1001"},
-              [0.1, 0.2, 0.3],
-          ),
-          # NTIL in chunks: s0 5/6 (NTIL s0 4/6), s1 6/6 (NTIL s1 5/6).
-          "ntil-chunks-s0": ("chunks", "ntil", 0, {6: "999"}, [0.1, 0.2, 0.3]),
-          "ntil-chunks-s1": ("chunks", "ntil", 1, {}, [0.1, 0.2, 0.3]),
-      }
-  )
+  cells = {**CELLS, **CHUNK_CELLS}
   report = write(tmp_path, list(cells), cells=cells)
   part = sections(report)["Numbers in tokens of 1-3 digits"]
   assert "4 of the 15 cells recorded" in part
@@ -659,14 +664,7 @@ def test_chunk_cells_are_paired_with_their_single_digit_runs(tmp_path):
 
 
 def test_peer_cells_are_rows_of_the_main_tables(tmp_path):
-  cells = dict(CELLS)
-  cells.update(
-      {
-          # DEL: s0 5/6 (CE s0 3/6), s1 4/6 (CE s1 3/6).
-          "del-s0": ("peers", "del", 0, {4: "4.2"}, [0.1, 0.2, 0.3]),
-          "del-s1": ("peers", "del", 1, {2: "-2", 4: "4.3"}, [0.1, 0.2, 0.3]),
-      }
-  )
+  cells = {**CELLS, **PEER_CELLS}
   parts = sections(write(tmp_path, list(cells), cells=cells))
   assert (
       "(main 6/25, control 1/5, ablation 2/15, peers 2/10)"
@@ -689,20 +687,7 @@ def test_peer_cells_are_rows_of_the_main_tables(tmp_path):
 def test_cells_of_another_device_are_shown_apart(tmp_path):
   # The CPU's records: CE s0 and s1 on single digits (3/6 each), CE s0 in
   # chunks (2/6), DEL s0 (5/6) and s1 (4/6).
-  cells = dict(CELLS)
-  cells.update(
-      {
-          "ce-chunks-s0": (
-              "chunks",
-              "ce",
-              0,
-              {1: "41", 4: "4.2", 5: "7", 6: "x"},
-              [0.1, 0.2, 0.3],
-          ),
-          "del-s0": ("peers", "del", 0, {4: "4.2"}, [0.1, 0.2, 0.3]),
-          "del-s1": ("peers", "del", 1, {2: "-2", 4: "4.3"}, [0.1, 0.2, 0.3]),
-      }
-  )
+  cells = {**CELLS, **CHUNK_CELLS, **PEER_CELLS}
   names = ["ce-s0", "ce-s1", "ce-chunks-s0", "del-s0", "del-s1"]
   other = [record(n, cells) for n in names]
   for run in other:
