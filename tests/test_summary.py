@@ -125,13 +125,16 @@ def test_arithmetic_control_and_bold(tmp_path):
   assert cells[5] == "-20.0 (0/1)"
 
 
-def test_chunk_row_from_the_cpu_records(tmp_path):
-  def arith(method, seed, end, group="chunks"):
-    run = clock(method, seed, [end / 2, end], steps=800)
-    del run["variant"]
-    run.update(group=group, overrides={})
-    return run
+def cpu_run(method, seed, end, group="chunks"):
+  """A digits-grid record of the CPU's file."""
+  run = clock(method, seed, [end / 2, end], steps=800)
+  del run["variant"]
+  run.update(group=group, overrides={})
+  return run
 
+
+def test_chunk_row_from_the_cpu_records(tmp_path):
+  arith = cpu_run
   runs = [arith("ce", s, 0.1 + 0.01 * s) for s in range(2)]
   runs += [arith("emd", s, 0.12 + 0.02 * s) for s in range(2)]
   # The file's single-digit runs (group main) are not the chunk row's.
@@ -206,3 +209,22 @@ def test_every_loss_has_its_own_colour_in_every_figure():
   assert labels.color("ntil-no-mag", ablations) == labels.color(
       "ntil-no-mag", ["ntil", *ablations]
   )
+
+
+def test_single_digit_row_of_the_cpu_waits_for_two_ce_seeds(tmp_path):
+  path = "experiments/arithmetic_mix/digits/results_cpu.json"
+  runs = [cpu_run("ce", 0, 0.5, "main"), cpu_run("emd", 0, 0.52, "main")]
+  runs += [cpu_run("del", s, 0.48 + 0.01 * s, "peers") for s in range(2)]
+  write(tmp_path, path, runs)
+  assert not parse(summary.table(str(tmp_path)))  # one CE seed: no row
+  write(tmp_path, path, runs + [cpu_run("ce", 1, 0.55, "main")])
+  rows = parse(summary.table(str(tmp_path)))
+  once = "each seen once (80,000 examples)"
+  assert list(rows) == [(summary.SUMS + ", CPU", once, "800")]
+  (cells,) = rows.values()
+  assert cells[0] == "exact match 52.5 ± 3.5 (2 seeds)"
+  assert cells[1] == "+2.0 (1/1)"  # EMD: seed 0 alone, no test
+  # DEL - CE: 48 - 50 and 49 - 55 points, -2 and -6: mean -4, sd 2.83,
+  # t = -2 on 1 degree of freedom, p = 1 - 2 atan(2) / pi = 0.295.
+  assert cells[6] == "-4.0 (0/2, p = 0.30)"
+  assert cells[7] == "–"  # SMMD: not run
