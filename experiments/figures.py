@@ -143,7 +143,7 @@ def paired_dots(
   base = grouped.get(reference, {})
   rows = []
   for key in (k for k in keys if k != reference and k in grouped):
-    diffs = [stats.paired_in(grouped[key], base, m) for m in panels]
+    diffs = [stats.paired(grouped[key], base, m) for m in panels]
     if diffs[0] is not None:
       rows.append((key, diffs))
   if not rows:

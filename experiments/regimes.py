@@ -124,7 +124,7 @@ def regime_table(groupings, columns, rows, first="", apart=True):
       runs, ce = groupings[regime].get(key, {}), groupings[regime].get("ce")
       text = tables.fmt_metric(runs.values(), metric)
       paired = key != "ce" and text != "–" and ce
-      d = paired and stats.paired_in(runs, ce, metric)
+      d = paired and stats.paired(runs, ce, metric)
       if not d:  # no value, reference (CE's row) or common seed
         cells += [text, ""][: 1 + apart]
         continue

@@ -115,23 +115,14 @@ def predictions(grouped, count, draw, same=4):
 DISCUSSION = "Discussion (written by hand from the numbers above)"
 
 
-def hand_written(sources) -> list[str]:
-  """A section per ``(title, path)`` whose file exists: its text as is."""
-  lines = []
-  for title, path in sources:
-    if path and os.path.exists(path):
-      with open(path) as f:
-        lines += [f"## {title}", "", f.read()]
-  return lines
-
-
 def task_report(module_file, runs, out_dir, sections, hand) -> str:
   """Writes a task's results.md (and makes its plots folder): its
   Markdown's ``report`` section with the first fixed-set run's fields (its
   device, model, ...), their count ``runs`` and the fields of
   ``sections(fixed, streamed)`` (``(fields, lines after it)``; streamed
-  runs, regime "stream", go to the task's own section), then the
-  `hand_written` sections ``hand``; its path."""
+  runs, regime "stream", go to the task's own section), then a section per
+  ``(title, path)`` of ``hand`` whose file exists, its text as is; its
+  path."""
   fixed = [r for r in runs if common.regime(r) == common.FIXED]
   streamed = [r for r in runs if common.regime(r) == common.STREAM]
   os.makedirs(os.path.join(out_dir, "plots"), exist_ok=True)
@@ -139,7 +130,12 @@ def task_report(module_file, runs, out_dir, sections, hand) -> str:
   head = prose.section(
       module_file, "report", **dict(fixed[0], runs=len(fixed), **fields)
   )
-  return write(out_dir, head + [""] + lines + hand_written(hand))
+  lines = head + [""] + lines
+  for title, path in hand:
+    if path and os.path.exists(path):
+      with open(path) as f:
+        lines += [f"## {title}", "", f.read()]
+  return write(out_dir, lines)
 
 
 def run(here, write_report, **more) -> None:

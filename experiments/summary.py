@@ -169,7 +169,7 @@ def versus_ce(grouped, key, read):
   """`stats.paired` of ``key``'s runs and CE's in ``read`` (a share), or
   None without both."""
   ce = grouped["ce"]
-  return key in grouped and stats.paired(grouped[key], ce, read, 100, True)
+  return key in grouped and stats.paired(grouped[key], ce, read)
 
 
 def _delta(grouped, key, read) -> str:

@@ -209,7 +209,7 @@ class Grid:
       lines += ["", *title, ""]
       lines += SPEC.variant_table(scored, self.keys, metrics, missing="-")
       for k in (k for k in self.keys if k != "ce"):
-        ds = [stats.paired_in(self.grouped[k], ce, m) for m in metrics]
+        ds = [stats.paired(self.grouped[k], ce, m) for m in metrics]
         cells = [tables.delta(d) if d and d["n"] > 1 else "-" for d in ds]
         if any(c != "-" for c in cells):
           row = [f"{label(k)} − CE, paired Δ (seeds better)", "", *cells]
@@ -238,7 +238,7 @@ class Grid:
     def versus(key, ref, text=None):
       """Appends the paired difference at the end of ``key`` − ``ref``
       (``text`` names it) and its verdict."""
-      d = stats.paired(grouped[key], grouped.get(ref, {}), "em_end", 100, True)
+      d = stats.paired(grouped[key], grouped.get(ref, {}), "em_end")
       if d is not None:
         text = text or f"{label(key)} − {'CE' if ref == 'ce' else 'full NTIL'}"
         fields = dict(d, text=text, verdict=tables.verdict(d))

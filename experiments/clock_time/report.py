@@ -16,14 +16,14 @@ from experiments import labels
 from experiments import prose
 from experiments import regimes
 from experiments import report_engine
-from experiments import stats as stats_lib
+from experiments import stats
 from experiments import tables
 from experiments.clock_time import grid
 from train import plots
 from train.tasks import clock_time as task
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-Metric = stats_lib.Metric
+Metric = stats.Metric
 
 
 METHODS = report_engine.METHODS
@@ -75,7 +75,7 @@ def regime_of(run) -> str:
 def group_runs(runs, regime=EARLY):
   """{variant or method: {seed: run}} of one regime (`stats.main_key`: the
   regimes share keys)."""
-  return stats_lib.group_runs(r for r in runs if regime_of(r) == regime)
+  return stats.group_runs(r for r in runs if regime_of(r) == regime)
 
 
 def steps_to(run, threshold=0.5):
@@ -92,9 +92,6 @@ def steps_to(run, threshold=0.5):
       return steps[i - 1] + fraction * (steps[i] - steps[i - 1])
   return float("nan")
 
-
-# Mean exact match over training (the area under the learning curve / steps).
-curve_area = stats_lib.curve_area
 
 GAP_BINS = (
     (0, 0, "exact"),
@@ -178,7 +175,7 @@ def plot_predictions(grouped, path, title, count=18):
 EARLY_COLUMNS = (
     (EXACT._replace(name="exact match % at 600 steps"), EARLY),
     (Metric(steps_to, "steps to 50% exact", 1, 0, False), CONVERGED),
-    (Metric(curve_area, "mean exact match % over training"), CONVERGED),
+    (Metric(stats.curve_area, "mean exact match % over training"), CONVERGED),
 )
 CONVERGED_COLUMNS = (
     (EXACT._replace(name="final exact match %"), CONVERGED),
