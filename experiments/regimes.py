@@ -89,7 +89,7 @@ def stream_section(intro, fixed, streamed, out_dir, parts):
   return lines
 
 
-def side_by_side(groupings, rows, metric, *, scale=100, digits=1, higher=True):
+def side_by_side(groupings, rows, metric):
   """A markdown table: rows ``(key, label)`` are losses, columns regime x
   (mid-curve, end); each cell ``mean ± sd`` over seeds and, but for CE
   (``"ce"``), the paired Δ to CE of the same regime (`regime_table`).
@@ -103,7 +103,7 @@ def side_by_side(groupings, rows, metric, *, scale=100, digits=1, higher=True):
     for step, when in ((mid, f"step {mid}"), (None, "end")):
       read = functools.partial(stats.at_step, metric=metric, step=step)
       name = f"{REGIME_LABELS[regime]}, {when}"
-      columns.append((stats.Metric(read, name, scale, digits, higher), regime))
+      columns.append((stats.Metric(read, name), regime))
   return regime_table(groupings, columns, rows, "loss", apart=False)
 
 

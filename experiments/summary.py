@@ -58,7 +58,7 @@ CONTROL = "ce_digit_weighted"
 class Cell:
   """One row: the runs of a task, regime and budget in a results file (its
   path from the repository root), of a grid ``group`` (with its controls
-  and NTIL's peers: `groups`), compared on a record and curve ``metric``
+  and NTIL's peers: `select`), compared on a record and curve ``metric``
   (higher is better); ``train_size`` None where each example is seen once;
   ``where``, the record field and value of the row's runs where a file
   holds several; ``min_seeds``, the CE runs the row waits for."""
@@ -133,13 +133,6 @@ CELLS = (
 )
 
 
-def groups(group) -> set[str]:
-  """A grid group, its controls and NTIL's peers (``{group}_control`` and
-  ``{group}_peers``; the main grid's ``control`` and ``peers``)."""
-  prefix = "" if group == "main" else group + "_"
-  return {group, prefix + "control", prefix + "peers"}
-
-
 def key(run) -> str | None:
   """The run's row: its loss method, the digit-weighted control, or None
   (ablations, the authors' scaling, sweeps)."""
@@ -153,14 +146,15 @@ def key(run) -> str | None:
 
 
 def select(runs, cell) -> dict:
-  """``{key: {seed: run}}`` of the cell's runs."""
+  """``{key: {seed: run}}`` of the cell's runs: its grid group's, its
+  controls' and NTIL's peers' (``{group}_control`` and ``{group}_peers``;
+  the main grid's ``control`` and ``peers``)."""
+  prefix = "" if cell.group == "main" else cell.group + "_"
+  groups = {cell.group, prefix + "control", prefix + "peers"}
 
   def row(run):
-    if run.get("group") not in groups(cell.group):
-      return None
-    if cell.where and run.get(cell.where[0]) != cell.where[1]:
-      return None
-    return key(run)
+    where = not cell.where or run.get(cell.where[0]) == cell.where[1]
+    return key(run) if where and run.get("group") in groups else None
 
   return stats.group_runs(runs, row)
 
