@@ -91,6 +91,7 @@ def _boxes(task, group, train_size=None, exact=False):
 
 
 ARITHMETIC = "experiments/arithmetic_mix/"
+DIGITS = ARITHMETIC + "digits/"
 CLOCKS = "experiments/clock_time/results.json"
 LLM = ARITHMETIC + "llm/SmolLM2-135M-Instruct/results.json"
 SUMS = "multi-digit sums (add_or_sub)"
@@ -100,20 +101,14 @@ MIX = "arithmetic_mix"
 SMOL = "SmolLM2-135M fine-tuned: "
 # Row order: task by task, fixed set before stream, shorter budget first.
 CELLS = (
-    Cell(SUMS, ARITHMETIC + "digits/results.json", "main"),
+    Cell(SUMS, DIGITS + "results.json", "main"),
     # The same sums with numbers in tokens of 1-3 digits, on the 2-core CPU
     # (the digits grid's group "chunks", kept apart from its H100 records).
-    Cell(CHUNKED, ARITHMETIC + "digits/results_cpu.json", "chunks"),
+    Cell(CHUNKED, DIGITS + "results_cpu.json", "chunks"),
     # The single-digit cells run there too (CE and NTIL's peers; EMD and
     # NTL-MSE on seed 0), from CE's second seed on.
-    Cell(
-        SUMS + ", CPU",
-        ARITHMETIC + "digits/results_cpu.json",
-        "main",
-        None,
-        min_seeds=2,
-    ),
-    Cell(SUMS, ARITHMETIC + "digits/results_long.json", "main"),
+    Cell(SUMS + ", CPU", DIGITS + "results_cpu.json", "main", min_seeds=2),
+    Cell(SUMS, DIGITS + "results_long.json", "main"),
     Cell(MIX + " (ported grid)", ARITHMETIC + "results.json", "main", 20000),
     Cell("clocks", CLOCKS, "main", 20000),
     Cell("clocks", CLOCKS, "converged", 20000),
@@ -162,8 +157,7 @@ def select(runs, cell) -> dict:
 def versus_ce(grouped, key, read):
   """`stats.paired` of ``key``'s runs and CE's in ``read`` (a share), or
   None without both."""
-  ce = grouped["ce"]
-  return key in grouped and stats.paired(grouped[key], ce, read)
+  return key in grouped and stats.paired(grouped[key], grouped["ce"], read)
 
 
 def _delta(grouped, key, read) -> str:

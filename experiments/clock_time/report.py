@@ -126,14 +126,12 @@ def gap_table(grouped, labels):
   head = ["method", *(name for *_, name in GAP_BINS)]
   head.append("share of mean gap from 51+ min")
   lines = tables.shares_table(grouped, SPEC.rows(METHODS), head, shares, True)
-  slips = hour_slips(grouped, labels)
-  if slips:
-    lines += ["", *prose.section(__file__, "slips", **slips)]
-  return lines
+  return lines + hour_slips(grouped, labels)
 
 
 def hour_slips(grouped, labels):
-  """Statistics of the readings 51-70 minutes off, pooled over main runs."""
+  """Statistics of the readings 51-70 minutes off, pooled over main runs:
+  a paragraph after a blank line (none without one)."""
   slips = [
       (guess, target)
       for method in METHODS
@@ -142,23 +140,22 @@ def hour_slips(grouped, labels):
       if 51 <= gap <= 70
   ]
   if not slips:
-    return None
+    return []
   near = sum(minute >= 45 or minute <= 15 for _, (_, minute) in slips)
   toward = sum(
       guess[0] % 12 == (hour % 12 + (1 if minute >= 30 else -1)) % 12
       for guess, (hour, minute) in slips
   )
   count = len(slips)
-  return dict(count=count, near=near / count, toward=toward / count)
+  fields = dict(count=count, near=near / count, toward=toward / count)
+  return ["", *prose.section(__file__, "slips", **fields)]
 
 
-def plot_predictions(grouped, path, title, count=18):
-  """Test clocks with CE's and NTIL's seed-0 predictions side by side
+def plot_predictions(grouped, clocks, path, title, count=18):
+  """Test ``clocks`` with CE's and NTIL's seed-0 predictions side by side
   (`report_engine.predictions`)."""
 
   def draw(chosen, predicted):
-    size = grid.PROFILES[grouped["ce"][0]["profile"]]["test_size"]
-    clocks = list(task.generate_clocks("test", size, 0))
     plots.plot_clock_predictions(
         [clocks[i][0] for i in chosen],
         [clocks[i][1] for i in chosen],
@@ -303,11 +300,12 @@ def report_fields(runs, streamed, out_dir):
   panels = figures.test_panels(METHODS, SPEC.paired)
   options = dict(mark_step=mark, log_scale=("mean_time_gap_minutes",))
   figures.curves(latest, panels, plot("curves"), label, **options)
-  disagreements = plot_predictions(latest, plot("predictions"), title)
   any_run, budgets = runs[0], {}
   test_size = any_run["num_test_examples"]
-  # The test split's labels, rendered again (deterministic for seed 0).
-  answers = [a for _, a in task.generate_clocks("test", test_size, 0)]
+  # The test split, rendered again (deterministic for seed 0).
+  clocks = list(task.generate_clocks("test", test_size, 0))
+  answers = [a for _, a in clocks]
+  disagreements = plot_predictions(latest, clocks, plot("predictions"), title)
   for name, regime in (("early", EARLY), ("converged", CONVERGED)):
     of_regime = [r for r in runs if regime_of(r) == regime]
     main = {
