@@ -32,13 +32,13 @@ REGIME_LABELS = dict(fixed="fixed set", stream="stream (each seen once)")
 
 def common_eval_steps(groupings) -> list[int]:
   """The eval steps that every run of every regime has, in order."""
-  common = None
-  for grouped in groupings.values():
-    for runs in grouped.values():
-      for run in runs.values():
-        steps = set(run["curves"]["eval_steps"])
-        common = steps if common is None else common & steps
-  return sorted(common or ())
+  steps = [
+      set(run["curves"]["eval_steps"])
+      for grouped in groupings.values()
+      for runs in grouped.values()
+      for run in runs.values()
+  ]
+  return sorted(set.intersection(*steps) if steps else ())
 
 
 def mid_eval_step(groupings) -> int | None:
@@ -58,9 +58,8 @@ def mid_eval_step(groupings) -> int | None:
 def recorded_methods(runs):
   """The methods of the rows, in order: every grid's five, NTIL's peers
   (which run by name) only where ``runs`` hold one."""
-  seen = {r["method"] for r in runs}
-  always = config_common.METHODS
-  return [m for m in report_engine.METHODS if m in always or m in seen]
+  seen = {r["method"] for r in runs} | set(config_common.METHODS)
+  return [m for m in report_engine.METHODS if m in seen]
 
 
 # One budget of a "Fixed set vs stream" section (`budget_section`).

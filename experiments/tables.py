@@ -129,13 +129,9 @@ def beats(d, higher=True) -> bool:
 def verdict(d, higher=True, style="") -> str:
   """A paired difference in words: `tables.md`'s section
   ``verdict{style}_{kind}`` with its `direction`."""
-  return prose.text(
-      __file__,
-      f"verdict{style}_{kind(d)}",
-      direction=direction(d, higher),
-      p=d["p"],
-      p_text="-" if np.isnan(d["p"]) else f"{d['p']:.3f}",
-  )
+  p_text = "-" if np.isnan(d["p"]) else f"{d['p']:.3f}"
+  said = dict(direction=direction(d, higher), p=d["p"], p_text=p_text)
+  return prose.text(__file__, f"verdict{style}_{kind(d)}", **said)
 
 
 def values_table(

@@ -181,11 +181,8 @@ class Grid:
     """A ``###`` section a breakdown: exact match (%) per bucket, mean over
     seeds; then each run - CE, paired by seed."""
     lines, ce = [], self.grouped.get("ce", {})
-    scored = {
-        k: {s: r for s, r in runs.items() if r["breakdowns"]}
-        for k, runs in self.grouped.items()
-    }
-    scored = {k: runs for k, runs in scored.items() if runs}
+    views = (r for runs in self.grouped.values() for r in runs.values())
+    scored = stats.group_runs((r for r in views if r["breakdowns"]), cell_key)
     for name, key, order in self.breakdowns:
       counts = collections.Counter(key(q, a) for q, a in self.problems)
       metrics = [
