@@ -194,12 +194,9 @@ def convergence_lines(converged):
     i = int(np.argmin(np.abs(np.array(steps) - 0.75 * steps[-1])))
     gains.append((seed, steps[i], 100 * values[i], 100 * values[-1]))
   gain = "seed {}: {:.1f}% at step {} -> {:.1f}% (+{:.1f})".format
-  lines = prose.section(
-      __file__,
-      "convergence_ce",
-      gains="; ".join(gain(s, a, i, b, b - a) for s, i, a, b in gains),
-      mean=np.mean([b - a for *_, a, b in gains]),
-  )
+  text = "; ".join(gain(s, a, i, b, b - a) for s, i, a, b in gains)
+  mean = np.mean([b - a for *_, a, b in gains])
+  lines = prose.section(__file__, "convergence_ce", gains=text, mean=mean)
   exact = lambda runs, seed: 100 * runs[seed]["exact_match"]
   lead = lambda runs, base, s: 100 * (
       runs[s]["exact_match"] - base[s]["exact_match"]
@@ -208,29 +205,22 @@ def convergence_lines(converged):
     method = check_key.removesuffix("_8x_steps")
     check, base = converged.get(check_key, {}), converged.get(method, {})
     if pairs := sorted(set(check) & set(base)):
-      lines += prose.section(
-          __file__,
-          "convergence_check",
-          steps=check[pairs[0]]["steps"],
-          label=label(method),
-          pairs=by_seed(
-              pairs,
-              lambda s: f"{exact(base, s):.1f}% -> {exact(check, s):.1f}% "
-              f"({lead(check, base, s):+.1f})",
-          ),
+      text = lambda s: (
+          f"{exact(base, s):.1f}% -> {exact(check, s):.1f}% "
+          f"({lead(check, base, s):+.1f})"
       )
+      said = dict(steps=check[pairs[0]]["steps"], label=label(method))
+      said.update(pairs=by_seed(pairs, text))
+      lines += prose.section(__file__, "convergence_check", **said)
   ce_check, ntil_check = (converged.get(k, {}) for k in CHECKS)
   ntil = converged.get("ntil", {})
   if pairs := sorted(set(ce_check) & set(ntil_check) & set(ce) & set(ntil)):
-    lines += prose.section(
-        __file__,
-        "convergence_lead",
-        pairs=by_seed(
-            pairs,
-            lambda s: f"{lead(ntil, ce, s):+.1f} -> "
-            f"{lead(ntil_check, ce_check, s):+.1f} points",
-        ),
+    text = lambda s: (
+        f"{lead(ntil, ce, s):+.1f} -> "
+        f"{lead(ntil_check, ce_check, s):+.1f} points"
     )
+    pairs = by_seed(pairs, text)
+    lines += prose.section(__file__, "convergence_lead", pairs=pairs)
   return lines
 
 

@@ -32,6 +32,7 @@ METHODS = report_engine.METHODS
 PARSED = Metric("parsed_rate", "parsed %")
 EXACT = Metric("exact_match", "exact %")
 ERROR = Metric("mean_coordinate_error", "coordinate error (px)", 1, 2, False)
+COORDINATES = Metric("coordinate_accuracy", "coordinates exact %")
 # The metrics of each kind of task: its main table's, and those it pairs.
 SINGLE = report_engine.Spec(
     columns=(
@@ -39,7 +40,7 @@ SINGLE = report_engine.Spec(
         Metric("acc_at_75", "Acc@0.75 %"),
         Metric("mean_iou", "mean IoU %"),
         EXACT,
-        Metric("coordinate_accuracy", "coordinates exact %"),
+        COORDINATES,
         ERROR,
         PARSED,
     ),
@@ -74,10 +75,7 @@ def spec(task) -> report_engine.Spec:
 
 # How close the streamed boxes are at the end of the budget, where Acc@0.5
 # is at its ceiling.
-CLOSENESS = (
-    ERROR._replace(digits=3),
-    Metric("coordinate_accuracy", "coordinates exact %"),
-)
+CLOSENESS = (ERROR._replace(digits=3), COORDINATES)
 # A streamed headline this high leaves no room to lead: the report adds the
 # exact-box comparison (grounding_single reads about 99% Acc@0.5 streamed).
 CEILING = 0.9
