@@ -153,8 +153,7 @@ def plot_paired_by_regime(groupings, rows, metric, path, title):
   present = [r for r in REGIMES if drawn(groupings.get(r, {}))]
   panels = [(REGIME_LABELS[r], groupings[r], dict(rows)) for r in present]
   if panels:
-    label = dict(rows).get
-    figures.paired_curves(panels, path, label, metric, title)
+    figures.paired_curves(panels, path, dict(rows).get, metric, title)
   return bool(panels)
 
 

@@ -9,9 +9,8 @@ run}}``). `task_report` is the flow of a task's report: its Markdown's
 parts; `run` its command.
 """
 
-import dataclasses
 import os
-from typing import Mapping
+from typing import Mapping, NamedTuple
 
 from absl import flags
 
@@ -30,17 +29,15 @@ FLAGS = flags.FLAGS
 METHODS = config_common.METHODS + config_common.PEER_METHODS
 
 
-@dataclasses.dataclass(frozen=True)
-class Spec:
+class Spec(NamedTuple):
   """What a task's report compares: the main table's ``columns`` (a row a
   method of `METHODS`), the metrics ``paired`` with CE seed by seed, and the
-  names of its variants (methods': `labels.LABELS`)."""
+  names of its variants (methods': `labels.LABELS`; None:
+  `labels.VARIANT_LABELS`)."""
 
   columns: tuple[stats.Metric, ...]
   paired: tuple[stats.Metric, ...]
-  variant_labels: Mapping[str, str] = dataclasses.field(
-      default_factory=lambda: labels.VARIANT_LABELS
-  )
+  variant_labels: Mapping[str, str] | None = None
 
   def label(self, key) -> str:
     """How the report names a method or a variant."""

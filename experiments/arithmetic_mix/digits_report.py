@@ -282,10 +282,6 @@ class Grid:
     )
 
 
-# ---------------------------------------------------------------------------
-# Plots.
-
-
 def eval_steps(runs) -> list[int]:
   return sorted({s for r in runs for s in r["curves"]["eval_steps"]})
 
@@ -314,10 +310,6 @@ def plot_curves(grid, plot, panels=(), start=(), xlabel="step"):
   title = "paired by seed: mean ± sd of (run - CE, same seed)"
   path, paired = plot("paired_delta_curve"), [("", grid.grouped, keys)]
   figures.paired_curves(paired, path, label, CURVE, title, style)
-
-
-# ---------------------------------------------------------------------------
-# The text.
 
 
 def coverage(grouped, groups) -> list[str]:

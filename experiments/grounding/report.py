@@ -110,9 +110,7 @@ def early_table(task, grouped):
   return prose.section(__file__, "early", absolute=absolute, table=table) + [""]
 
 
-# ----------------------------------------------------------------------------
 # Where the misses go (single-box tasks), from the re-rendered test scenes.
-
 OUTCOMES = (
     ("hit", "hit (IoU >= 0.5)"),
     ("near", "near miss (0 < IoU < 0.5)"),
@@ -173,10 +171,6 @@ def readable_table(grouped, test):
   return tables.values_table(grouped, rows, measures, versus=True)
 
 
-# ----------------------------------------------------------------------------
-# Plots.
-
-
 def plot_predictions(task, grouped, test, path, count=16):
   """Test scenes with CE's and NTIL's seed-0 boxes; disagreements first."""
 
@@ -205,10 +199,6 @@ def plot_predictions(task, grouped, test, path, count=16):
     )
 
   return report_engine.predictions(grouped, count, draw)
-
-
-# ----------------------------------------------------------------------------
-# The report.
 
 
 def task_section(task, runs, out_dir):
