@@ -16,8 +16,6 @@ import collections
 import functools
 import os
 
-import numpy as np
-
 from configs import common as config_common
 from experiments import figures
 from experiments import labels
@@ -127,10 +125,9 @@ def regime_table(groupings, columns, rows, first="", apart=True):
       if not d:  # no value, reference (CE's row) or common seed
         cells += [text, ""][: 1 + apart]
         continue
-      p = "" if np.isnan(d["p"]) else f", p = {d['p']:.3f}"
-      delta = f"{d['mean']:+.{metric.digits}f}", f"{d['better']}/{d['n']}{p}"
-      apart_cells = [text, "{} ({})".format(*delta)]
-      cells += apart_cells if apart else ["{} ({}: {})".format(text, *delta)]
+      delta = tables.delta(d, metric.digits, "p = {:.3f}".format)
+      inline = f"{text} ({delta.replace(' (', ': ', 1)}"  # text (Δ: b/n, p)
+      cells += [text, delta] if apart else [inline]
     body.append(cells)
   return tables.table(head, body)
 
