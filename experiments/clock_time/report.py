@@ -235,14 +235,8 @@ def regime_sections(grouped, title, out_dir, suffix, labels):
   plot = os.path.join(out_dir, "plots", "{}" + suffix + ".png").format
   keys = [*METHODS] + [k for k in VARIANT_LABELS if k not in (*LONG, *CHECKS)]
   blocks = SPEC.section(grouped, plot, title, keys, f"clock_time, {title}")
-  return prose.section(
-      __file__,
-      "regime",
-      title=title,
-      suffix=suffix,
-      gaps=gap_table(grouped, labels),
-      **blocks,
-  ) + [""]
+  blocks.update(title=title, suffix=suffix, gaps=gap_table(grouped, labels))
+  return prose.section(__file__, "regime", **blocks) + [""]
 
 
 def stream_section(fixed, streamed, out_dir) -> list[str]:
@@ -262,9 +256,8 @@ def stream_section(fixed, streamed, out_dir) -> list[str]:
       group = functools.partial(group_runs, regime=budget)
       yield regimes.Budget(heading, group, suffix, prefix="clocks, ")
 
-  intro = prose.section(
-      __file__, "stream", train_size=grid.PROFILES["cpu"]["train_size"]
-  )
+  train_size = grid.PROFILES["cpu"]["train_size"]
+  intro = prose.section(__file__, "stream", train_size=train_size)
   return regimes.stream_section(intro, fixed, streamed, out_dir, parts)
 
 
@@ -304,14 +297,12 @@ def report_fields(runs, streamed, out_dir):
     budgets[f"{name}_steps"] = ", ".join(map(str, sorted(main)))
     seconds = [r["wall_seconds"] for r in of_regime] or [0]
     budgets[f"{name}_seconds"] = np.median(seconds)
-  recorded = regimes.recorded_methods(runs)
   ce = early.get("ce", {})
-  rows = SPEC.rows([*recorded, *labels.CONTROLS])
+  rows = SPEC.rows([*regimes.recorded_methods(runs), *labels.CONTROLS])
   tuned = ("exp_off", "rel_off", "mag_off", *SWEEP)
   two = SPEC.columns[:2]  # exact match and mean gap
   return dict(
       train_size=grid.PROFILES[any_run["profile"]]["train_size"],
-      batch_size=any_run["batch_size"],
       test_size=test_size,
       **budgets,
       convergence=" ".join(convergence_lines(converged)),
