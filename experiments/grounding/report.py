@@ -223,7 +223,6 @@ def task_section(task, runs, out_dir):
       seconds=np.median([r["wall_seconds"] for r in runs]),
       ce_budget=tables.ce_budget(grouped.get("ce", {}), *headline(task)),
       differ=disagreements,
-      test_size=len(test),
       **blocks,
   )
 
@@ -300,10 +299,8 @@ def write_report(runs, out_dir, discussion=None, budget=None):
     lines += stream_section(runs, streamed, out_dir)
     return {}, lines + prose.section(__file__, "paper") + [""]
 
-  hand = [
-      (report_engine.DISCUSSION, discussion),
-      ("Budget (pilots, written by hand)", budget),
-  ]
+  pilots = "Budget (pilots, written by hand)"
+  hand = [(report_engine.DISCUSSION, discussion), (pilots, budget)]
   return report_engine.task_report(__file__, runs, out_dir, sections, hand)
 
 
