@@ -396,14 +396,9 @@ def device_check(runs, other) -> list[str]:
       f"{100 * twin['exact_match']:.2f} ({twin['device']}) | {delta:+.2f} |"
       for (run, twin), delta in zip(pairs, deltas)
   ]
-  return prose.section(
-      __file__,
-      "device_check",
-      device=pairs[0][0]["device"],
-      rows=rows,
-      mean=np.mean(np.abs(deltas)),
-      count=len(pairs),
-  )
+  device, mean = pairs[0][0]["device"], np.mean(np.abs(deltas))
+  fields = dict(device=device, rows=rows, mean=mean, count=len(pairs))
+  return prose.section(__file__, "device_check", **fields)
 
 
 def write_report(
