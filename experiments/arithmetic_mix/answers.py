@@ -144,8 +144,7 @@ def answer_form(answer: str) -> str:
   return "fraction" if "/" in answer else decimals_bucket(answer)
 
 
-FORMS = ("integer", "decimal", "fraction")
-FORM = ("form", lambda q, a: answer_form(a), FORMS)
+FORM = ("form", lambda q, a: answer_form(a), ("integer", "decimal", "fraction"))
 
 
 def prepare_command(runs, data_dir, data=None, seen=None) -> str:

@@ -408,9 +408,8 @@ def write_report(
   ``runs``, the test ``problems`` ((question, answer) pairs, or None) and
   ``other`` runs of the same cells (another device); its path."""
   grid = Grid(runs, problems)
-  plot_dir = os.path.join(out_dir, "plots")
-  os.makedirs(plot_dir, exist_ok=True)
-  plot_curves(grid, os.path.join(plot_dir, "{}.png").format)
+  os.makedirs(os.path.join(out_dir, "plots"), exist_ok=True)
+  plot_curves(grid, os.path.join(out_dir, "plots", "{}.png").format)
   # The 3,200-step grid runs the first three groups (45 cells).
   groups = [*GROUPS][:3] if profile == "digits_long" else [*GROUPS]
   if grid.computed:
