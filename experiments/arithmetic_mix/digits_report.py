@@ -260,8 +260,7 @@ class Grid:
         for n, _, order in self.breakdowns
         for b in order
     ]
-    metrics = [*self.metrics, *buckets]
-    for key, name, scale, digits, higher in metrics:
+    for key, name, scale, digits, higher in [*self.metrics, *buckets]:
       d = stats.paired(ntil, ce, key, scale, higher)
       if d is not None:
         unit = " pts" if scale == 100 else ""
