@@ -134,16 +134,14 @@ def paired_curves(panels, path, label, metric, title, style=line):
   save(fig, path, dpi=90)
 
 
-def paired_dots(
-    grouped, keys, panels, path, title, key_label, methods, reference="ce"
-):
-  """Paired differences to ``reference``, a row a key with one on the first
-  panel: a dot at the mean over common seeds, its bar their sd; methods
-  blue, variants orange. Whether the figure was written."""
-  base = grouped.get(reference, {})
+def paired_dots(grouped, keys, panels, path, title, key_label, methods):
+  """Paired differences to CE, a row a key with one on the first panel: a
+  dot at the mean over common seeds, its bar their sd; methods blue,
+  variants orange. Whether the figure was written."""
+  base = grouped.get("ce", {})
   rows = []
-  for key in (k for k in keys if k != reference and k in grouped):
-    diffs = [stats.paired_in(grouped[key], base, m) for m in panels]
+  for key in (k for k in keys if k != "ce" and k in grouped):
+    diffs = [stats.paired(grouped[key], base, m) for m in panels]
     if diffs[0] is not None:
       rows.append((key, diffs))
   if not rows:

@@ -21,25 +21,18 @@ import functools
 import os.path
 import re
 
-_SECTION = re.compile(r"^<!-- section: ([\w-]+) -->$")
+_SECTION = re.compile(r"^<!-- section: ([\w-]+) -->$", re.MULTILINE)
 _BLOCK = re.compile(r"^\{\{\{(\w+)\}\}\}$")
 _STARTS = ("|", "#", "![", "- ")
 
 
 @functools.cache
 def _sections(path: str) -> dict[str, list[str]]:
-  sections, current = {}, None
   with open(path) as f:
-    for line in f.read().splitlines():
-      match = _SECTION.match(line)
-      if match:
-        current = sections.setdefault(match.group(1), [])
-      elif current is not None:
-        current.append(line)
-  for lines in sections.values():  # one blank line parts sections in the file
-    while lines and not lines[-1]:
-      lines.pop()
-  return sections
+    parts = _SECTION.split(f.read())[1:]  # name, text, name, text, ...
+  # A text runs from the line after its marker; blank lines part sections.
+  names, texts = parts[::2], parts[1::2]
+  return {n: t[1:].rstrip("\n").splitlines() for n, t in zip(names, texts)}
 
 
 def _joins(previous: str, line: str) -> bool:

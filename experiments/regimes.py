@@ -16,8 +16,6 @@ import collections
 import functools
 import os
 
-import numpy as np
-
 from configs import common as config_common
 from experiments import figures
 from experiments import labels
@@ -32,13 +30,13 @@ REGIME_LABELS = dict(fixed="fixed set", stream="stream (each seen once)")
 
 def common_eval_steps(groupings) -> list[int]:
   """The eval steps that every run of every regime has, in order."""
-  common = None
-  for grouped in groupings.values():
-    for runs in grouped.values():
-      for run in runs.values():
-        steps = set(run["curves"]["eval_steps"])
-        common = steps if common is None else common & steps
-  return sorted(common or ())
+  steps = [
+      set(run["curves"]["eval_steps"])
+      for grouped in groupings.values()
+      for runs in grouped.values()
+      for run in runs.values()
+  ]
+  return sorted(set.intersection(*steps) if steps else ())
 
 
 def mid_eval_step(groupings) -> int | None:
@@ -58,9 +56,8 @@ def mid_eval_step(groupings) -> int | None:
 def recorded_methods(runs):
   """The methods of the rows, in order: every grid's five, NTIL's peers
   (which run by name) only where ``runs`` hold one."""
-  seen = {r["method"] for r in runs}
-  always = config_common.METHODS
-  return [m for m in report_engine.METHODS if m in always or m in seen]
+  seen = {r["method"] for r in runs} | set(config_common.METHODS)
+  return [m for m in report_engine.METHODS if m in seen]
 
 
 # One budget of a "Fixed set vs stream" section (`budget_section`).
@@ -89,7 +86,7 @@ def stream_section(intro, fixed, streamed, out_dir, parts):
   return lines
 
 
-def side_by_side(groupings, rows, metric, *, scale=100, digits=1, higher=True):
+def side_by_side(groupings, rows, metric):
   """A markdown table: rows ``(key, label)`` are losses, columns regime x
   (mid-curve, end); each cell ``mean ± sd`` over seeds and, but for CE
   (``"ce"``), the paired Δ to CE of the same regime (`regime_table`).
@@ -103,7 +100,7 @@ def side_by_side(groupings, rows, metric, *, scale=100, digits=1, higher=True):
     for step, when in ((mid, f"step {mid}"), (None, "end")):
       read = functools.partial(stats.at_step, metric=metric, step=step)
       name = f"{REGIME_LABELS[regime]}, {when}"
-      columns.append((stats.Metric(read, name, scale, digits, higher), regime))
+      columns.append((stats.Metric(read, name), regime))
   return regime_table(groupings, columns, rows, "loss", apart=False)
 
 
@@ -124,14 +121,13 @@ def regime_table(groupings, columns, rows, first="", apart=True):
       runs, ce = groupings[regime].get(key, {}), groupings[regime].get("ce")
       text = tables.fmt_metric(runs.values(), metric)
       paired = key != "ce" and text != "–" and ce
-      d = paired and stats.paired_in(runs, ce, metric)
+      d = paired and stats.paired(runs, ce, metric)
       if not d:  # no value, reference (CE's row) or common seed
         cells += [text, ""][: 1 + apart]
         continue
-      p = "" if np.isnan(d["p"]) else f", p = {d['p']:.3f}"
-      delta = f"{d['mean']:+.{metric.digits}f}", f"{d['better']}/{d['n']}{p}"
-      apart_cells = [text, "{} ({})".format(*delta)]
-      cells += apart_cells if apart else ["{} ({}: {})".format(text, *delta)]
+      delta = tables.delta(d, metric.digits, "p = {:.3f}".format)
+      inline = f"{text} ({delta.replace(' (', ': ', 1)}"  # text (Δ: b/n, p)
+      cells += [text, delta] if apart else [inline]
     body.append(cells)
   return tables.table(head, body)
 
@@ -154,8 +150,7 @@ def plot_paired_by_regime(groupings, rows, metric, path, title):
   present = [r for r in REGIMES if drawn(groupings.get(r, {}))]
   panels = [(REGIME_LABELS[r], groupings[r], dict(rows)) for r in present]
   if panels:
-    label = dict(rows).get
-    figures.paired_curves(panels, path, label, metric, title)
+    figures.paired_curves(panels, path, dict(rows).get, metric, title)
   return bool(panels)
 
 

@@ -9,9 +9,8 @@ run}}``). `task_report` is the flow of a task's report: its Markdown's
 parts; `run` its command.
 """
 
-import dataclasses
 import os
-from typing import Mapping
+from typing import Mapping, NamedTuple
 
 from absl import flags
 
@@ -30,17 +29,15 @@ FLAGS = flags.FLAGS
 METHODS = config_common.METHODS + config_common.PEER_METHODS
 
 
-@dataclasses.dataclass(frozen=True)
-class Spec:
+class Spec(NamedTuple):
   """What a task's report compares: the main table's ``columns`` (a row a
   method of `METHODS`), the metrics ``paired`` with CE seed by seed, and the
-  names of its variants (methods': `labels.LABELS`)."""
+  names of its variants (methods': `labels.LABELS`; None:
+  `labels.VARIANT_LABELS`)."""
 
   columns: tuple[stats.Metric, ...]
   paired: tuple[stats.Metric, ...]
-  variant_labels: Mapping[str, str] = dataclasses.field(
-      default_factory=lambda: labels.VARIANT_LABELS
-  )
+  variant_labels: Mapping[str, str] | None = None
 
   def label(self, key) -> str:
     """How the report names a method or a variant."""
@@ -115,23 +112,14 @@ def predictions(grouped, count, draw, same=4):
 DISCUSSION = "Discussion (written by hand from the numbers above)"
 
 
-def hand_written(sources) -> list[str]:
-  """A section per ``(title, path)`` whose file exists: its text as is."""
-  lines = []
-  for title, path in sources:
-    if path and os.path.exists(path):
-      with open(path) as f:
-        lines += [f"## {title}", "", f.read()]
-  return lines
-
-
 def task_report(module_file, runs, out_dir, sections, hand) -> str:
   """Writes a task's results.md (and makes its plots folder): its
   Markdown's ``report`` section with the first fixed-set run's fields (its
   device, model, ...), their count ``runs`` and the fields of
   ``sections(fixed, streamed)`` (``(fields, lines after it)``; streamed
-  runs, regime "stream", go to the task's own section), then the
-  `hand_written` sections ``hand``; its path."""
+  runs, regime "stream", go to the task's own section), then a section per
+  ``(title, path)`` of ``hand`` whose file exists, its text as is; its
+  path."""
   fixed = [r for r in runs if common.regime(r) == common.FIXED]
   streamed = [r for r in runs if common.regime(r) == common.STREAM]
   os.makedirs(os.path.join(out_dir, "plots"), exist_ok=True)
@@ -139,7 +127,12 @@ def task_report(module_file, runs, out_dir, sections, hand) -> str:
   head = prose.section(
       module_file, "report", **dict(fixed[0], runs=len(fixed), **fields)
   )
-  return write(out_dir, head + [""] + lines + hand_written(hand))
+  lines = head + [""] + lines
+  for title, path in hand:
+    if path and os.path.exists(path):
+      with open(path) as f:
+        lines += [f"## {title}", "", f.read()]
+  return write(out_dir, lines)
 
 
 def run(here, write_report, **more) -> None:

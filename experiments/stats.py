@@ -76,13 +76,6 @@ def at_step(run, metric, step=None) -> float:
   return float("nan")
 
 
-def last_gains(runs, metric, scale=100) -> list[float]:
-  """Each run's gain in ``metric`` over its last eval interval ({seed: run};
-  runs with one eval are left out)."""
-  curves = [run["curves"].get(metric, []) for run in runs.values()]
-  return [scale * (c[-1] - c[-2]) for c in curves if len(c) > 1]
-
-
 def curve_area(run, metric="exact_match"):
   """Mean ``metric`` over training: the area under its learning curve
   (trapezoids, from 0 at step 0) divided by the number of steps."""
@@ -92,12 +85,15 @@ def curve_area(run, metric="exact_match"):
   return float(area / steps[-1])
 
 
-def paired(runs, reference, metric, scale, higher_better):
+def paired(runs, reference, metric, scale=100, higher_better=True):
   """Paired difference of ``runs`` to ``reference`` ({seed: run}) in
-  ``metric`` (`value`) times ``scale``, or None without a seed where both
-  are finite: dict(n, mean, std, better, t, p), the seeds, mean and sd of
-  the differences, the seeds where ``runs`` is better, and a two-sided
-  paired t-test (nan with one seed or identical differences)."""
+  ``metric`` (`value`; a `Metric`: its field, scale and direction) times
+  ``scale``, or None without a seed where both are finite: dict(n, mean,
+  std, better, t, p), the seeds, mean and sd of the differences, the seeds
+  where ``runs`` is better, and a two-sided paired t-test (nan with one
+  seed or identical differences)."""
+  if isinstance(metric, Metric):
+    metric, scale, higher_better = metric.field, metric.scale, metric.higher
   seeds = [
       s
       for s in sorted(set(runs) & set(reference))
@@ -121,8 +117,3 @@ def paired(runs, reference, metric, scale, higher_better):
     t = p = float("nan")
   mean, std = mean_std(diffs)
   return dict(n=len(seeds), mean=mean, std=std, better=better, t=t, p=p)
-
-
-def paired_in(runs, reference, metric: Metric):
-  """`paired` in a `Metric`: its field, scale and direction."""
-  return paired(runs, reference, metric.field, metric.scale, metric.higher)

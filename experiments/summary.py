@@ -58,7 +58,7 @@ CONTROL = "ce_digit_weighted"
 class Cell:
   """One row: the runs of a task, regime and budget in a results file (its
   path from the repository root), of a grid ``group`` (with its controls
-  and NTIL's peers: `groups`), compared on a record and curve ``metric``
+  and NTIL's peers: `select`), compared on a record and curve ``metric``
   (higher is better); ``train_size`` None where each example is seen once;
   ``where``, the record field and value of the row's runs where a file
   holds several; ``min_seeds``, the CE runs the row waits for."""
@@ -91,6 +91,7 @@ def _boxes(task, group, train_size=None, exact=False):
 
 
 ARITHMETIC = "experiments/arithmetic_mix/"
+DIGITS = ARITHMETIC + "digits/"
 CLOCKS = "experiments/clock_time/results.json"
 LLM = ARITHMETIC + "llm/SmolLM2-135M-Instruct/results.json"
 SUMS = "multi-digit sums (add_or_sub)"
@@ -100,20 +101,14 @@ MIX = "arithmetic_mix"
 SMOL = "SmolLM2-135M fine-tuned: "
 # Row order: task by task, fixed set before stream, shorter budget first.
 CELLS = (
-    Cell(SUMS, ARITHMETIC + "digits/results.json", "main"),
+    Cell(SUMS, DIGITS + "results.json", "main"),
     # The same sums with numbers in tokens of 1-3 digits, on the 2-core CPU
     # (the digits grid's group "chunks", kept apart from its H100 records).
-    Cell(CHUNKED, ARITHMETIC + "digits/results_cpu.json", "chunks"),
+    Cell(CHUNKED, DIGITS + "results_cpu.json", "chunks"),
     # The single-digit cells run there too (CE and NTIL's peers; EMD and
     # NTL-MSE on seed 0), from CE's second seed on.
-    Cell(
-        SUMS + ", CPU",
-        ARITHMETIC + "digits/results_cpu.json",
-        "main",
-        None,
-        min_seeds=2,
-    ),
-    Cell(SUMS, ARITHMETIC + "digits/results_long.json", "main"),
+    Cell(SUMS + ", CPU", DIGITS + "results_cpu.json", "main", min_seeds=2),
+    Cell(SUMS, DIGITS + "results_long.json", "main"),
     Cell(MIX + " (ported grid)", ARITHMETIC + "results.json", "main", 20000),
     Cell("clocks", CLOCKS, "main", 20000),
     Cell("clocks", CLOCKS, "converged", 20000),
@@ -133,13 +128,6 @@ CELLS = (
 )
 
 
-def groups(group) -> set[str]:
-  """A grid group, its controls and NTIL's peers (``{group}_control`` and
-  ``{group}_peers``; the main grid's ``control`` and ``peers``)."""
-  prefix = "" if group == "main" else group + "_"
-  return {group, prefix + "control", prefix + "peers"}
-
-
 def key(run) -> str | None:
   """The run's row: its loss method, the digit-weighted control, or None
   (ablations, the authors' scaling, sweeps)."""
@@ -153,14 +141,15 @@ def key(run) -> str | None:
 
 
 def select(runs, cell) -> dict:
-  """``{key: {seed: run}}`` of the cell's runs."""
+  """``{key: {seed: run}}`` of the cell's runs: its grid group's, its
+  controls' and NTIL's peers' (``{group}_control`` and ``{group}_peers``;
+  the main grid's ``control`` and ``peers``)."""
+  prefix = "" if cell.group == "main" else cell.group + "_"
+  groups = {cell.group, prefix + "control", prefix + "peers"}
 
   def row(run):
-    if run.get("group") not in groups(cell.group):
-      return None
-    if cell.where and run.get(cell.where[0]) != cell.where[1]:
-      return None
-    return key(run)
+    where = not cell.where or run.get(cell.where[0]) == cell.where[1]
+    return key(run) if where and run.get("group") in groups else None
 
   return stats.group_runs(runs, row)
 
@@ -168,8 +157,7 @@ def select(runs, cell) -> dict:
 def versus_ce(grouped, key, read):
   """`stats.paired` of ``key``'s runs and CE's in ``read`` (a share), or
   None without both."""
-  ce = grouped["ce"]
-  return key in grouped and stats.paired(grouped[key], ce, read, 100, True)
+  return key in grouped and stats.paired(grouped[key], grouped["ce"], read)
 
 
 def _delta(grouped, key, read) -> str:

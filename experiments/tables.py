@@ -23,7 +23,7 @@ def row(cells) -> str:
 def paired_cells(runs, reference, metric, short=False):
   """Three table cells of a `stats.Metric`: ``Δ ± sd``, ``better/n`` and
   ``t (p = ...)`` (``short``: ``p``, and '-' below two paired seeds)."""
-  d, digits = stats.paired_in(runs, reference, metric), metric.digits
+  d, digits = stats.paired(runs, reference, metric), metric.digits
   none = "-" if short else "–"
   if d is None or (short and d["n"] < 2):
     return [none] * 3
@@ -62,7 +62,8 @@ def reading(grouped, metrics, methods, labels):
 def last_gain(runs, metric, who) -> str:
   """``who`` changed by how much over its last eval interval, the range
   over ``runs`` ({seed: run}, a share in ``metric``); "" with one eval."""
-  gains = stats.last_gains(runs, metric)
+  curves = [run["curves"].get(metric, []) for run in runs.values()]
+  gains = [100 * (c[-1] - c[-2]) for c in curves if len(c) > 1]
   if not gains:
     return ""
   steps = next(iter(runs.values()))["curves"]["eval_steps"]
@@ -128,13 +129,9 @@ def beats(d, higher=True) -> bool:
 def verdict(d, higher=True, style="") -> str:
   """A paired difference in words: `tables.md`'s section
   ``verdict{style}_{kind}`` with its `direction`."""
-  return prose.text(
-      __file__,
-      f"verdict{style}_{kind(d)}",
-      direction=direction(d, higher),
-      p=d["p"],
-      p_text="-" if np.isnan(d["p"]) else f"{d['p']:.3f}",
-  )
+  p_text = "-" if np.isnan(d["p"]) else f"{d['p']:.3f}"
+  said = dict(direction=direction(d, higher), p=d["p"], p_text=p_text)
+  return prose.text(__file__, f"verdict{style}_{kind(d)}", **said)
 
 
 def values_table(

@@ -69,9 +69,6 @@ def operation(question: str) -> str | None:
   return match and ("add" if match.group(2) == "+" else "subtract")
 
 
-OPERATIONS = ("add", "subtract")
-
-
 def has_decimals(answer: str) -> bool:
   """Whether the answer is written with a decimal point."""
   return "." in answer
@@ -79,9 +76,6 @@ def has_decimals(answer: str) -> bool:
 
 def decimals_bucket(answer: str) -> str:
   return "decimal" if has_decimals(answer) else "integer"
-
-
-DECIMAL_BUCKETS = ("integer", "decimal")
 
 
 def log10_error(prediction: str, answer: str) -> float | None:
@@ -139,8 +133,8 @@ def breakdown(predictions, problems, key) -> dict:
 # titles each (``breakdown_<name>``) and names its buckets (``bucket_<name>``).
 BREAKDOWNS = (
     ("digits", lambda q, a: digits_bucket(a), DIGIT_BUCKETS),
-    ("operation", lambda q, a: operation(q), OPERATIONS),
-    ("decimals", lambda q, a: decimals_bucket(a), DECIMAL_BUCKETS),
+    ("operation", lambda q, a: operation(q), ("add", "subtract")),
+    ("decimals", lambda q, a: decimals_bucket(a), ("integer", "decimal")),
 )
 
 
@@ -150,8 +144,7 @@ def answer_form(answer: str) -> str:
   return "fraction" if "/" in answer else decimals_bucket(answer)
 
 
-FORMS = ("integer", "decimal", "fraction")
-FORM = ("form", lambda q, a: answer_form(a), FORMS)
+FORM = ("form", lambda q, a: answer_form(a), ("integer", "decimal", "fraction"))
 
 
 def prepare_command(runs, data_dir, data=None, seen=None) -> str:

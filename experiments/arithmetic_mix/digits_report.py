@@ -43,15 +43,7 @@ ABLATIONS = {
 }
 ABLATED = tuple(ABLATIONS)
 # run.py's groups: their cell kinds.
-GROUPS = dict(
-    main=METHODS,
-    control=(CONTROL,),
-    ablation=ABLATED,
-    peers=PEERS,
-)
-GROUP_SIZES = {g: len(keys) * len(SEEDS) for g, keys in GROUPS.items()}
-# The 3,200-step grid runs the first three groups (45 cells).
-LONG_GROUP_SIZES = {g: GROUP_SIZES[g] for g in ("main", "control", "ablation")}
+GROUPS = dict(main=METHODS, control=(CONTROL,), ablation=ABLATED, peers=PEERS)
 # run.py's chunk group: these methods with numbers in tokens of 1-3 digits,
 # cell kinds "<method>-chunks".
 CHUNK_METHODS = ("ce", "emd", "ntil")
@@ -93,10 +85,6 @@ SPEC = report_engine.Spec(VALUES, PAIRED, NAMES)
 label = SPEC.label
 
 
-def curve_value(run, step) -> float:
-  return stats.at_step(run, "exact_match", step)
-
-
 def cell_key(run) -> str:
   """The cell's kind: a method (main, peers), `CONTROL` or an ablation
   prefix."""
@@ -113,7 +101,7 @@ def run_view(run, problems, early, breakdowns) -> dict:
   view = dict(
       run,
       em_end=run["exact_match"],
-      em_early=curve_value(run, early),
+      em_early=stats.at_step(run, "exact_match", early),
       within_1_percent=run.get("within_1_percent", float("nan")),
       log_error=run["mean_log10_abs_error"],
       unparsed=round((1.0 - run["parsed_rate"]) * run["num_test_examples"]),
@@ -193,11 +181,8 @@ class Grid:
     """A ``###`` section a breakdown: exact match (%) per bucket, mean over
     seeds; then each run - CE, paired by seed."""
     lines, ce = [], self.grouped.get("ce", {})
-    scored = {
-        k: {s: r for s, r in runs.items() if r["breakdowns"]}
-        for k, runs in self.grouped.items()
-    }
-    scored = {k: runs for k, runs in scored.items() if runs}
+    views = (r for runs in self.grouped.values() for r in runs.values())
+    scored = stats.group_runs((r for r in views if r["breakdowns"]), cell_key)
     for name, key, order in self.breakdowns:
       counts = collections.Counter(key(q, a) for q, a in self.problems)
       metrics = [
@@ -209,7 +194,7 @@ class Grid:
       lines += ["", *title, ""]
       lines += SPEC.variant_table(scored, self.keys, metrics, missing="-")
       for k in (k for k in self.keys if k != "ce"):
-        ds = [stats.paired_in(self.grouped[k], ce, m) for m in metrics]
+        ds = [stats.paired(self.grouped[k], ce, m) for m in metrics]
         cells = [tables.delta(d) if d and d["n"] > 1 else "-" for d in ds]
         if any(c != "-" for c in cells):
           row = [f"{label(k)} − CE, paired Δ (seeds better)", "", *cells]
@@ -238,7 +223,7 @@ class Grid:
     def versus(key, ref, text=None):
       """Appends the paired difference at the end of ``key`` − ``ref``
       (``text`` names it) and its verdict."""
-      d = stats.paired(grouped[key], grouped.get(ref, {}), "em_end", 100, True)
+      d = stats.paired(grouped[key], grouped.get(ref, {}), "em_end")
       if d is not None:
         text = text or f"{label(key)} − {'CE' if ref == 'ce' else 'full NTIL'}"
         fields = dict(d, text=text, verdict=tables.verdict(d))
@@ -275,8 +260,7 @@ class Grid:
         for n, _, order in self.breakdowns
         for b in order
     ]
-    metrics = [*self.metrics, *buckets]
-    for key, name, scale, digits, higher in metrics:
+    for key, name, scale, digits, higher in [*self.metrics, *buckets]:
       d = stats.paired(ntil, ce, key, scale, higher)
       if d is not None:
         unit = " pts" if scale == 100 else ""
@@ -295,10 +279,6 @@ class Grid:
         tested=tested,
         chance=tested / 20,
     )
-
-
-# ---------------------------------------------------------------------------
-# Plots.
 
 
 def eval_steps(runs) -> list[int]:
@@ -331,22 +311,19 @@ def plot_curves(grid, plot, panels=(), start=(), xlabel="step"):
   figures.paired_curves(paired, path, label, CURVE, title, style)
 
 
-# ---------------------------------------------------------------------------
-# The text.
-
-
-def coverage(grouped, sizes) -> list[str]:
-  """How many of the grid's cells (``sizes``: cells per group) are there,
-  and the seeds of each kind."""
+def coverage(grouped, groups) -> list[str]:
+  """How many of the cells of the grid's ``groups`` are there, and the
+  seeds of each kind."""
   count = lambda g: sum(len(grouped.get(k, {})) for k in GROUPS[g])
-  total, cells, kinds = sum(map(count, sizes)), sum(sizes.values()), []
-  for k in (k for g in sizes for k in GROUPS[g]):
+  size = lambda g: len(GROUPS[g]) * len(SEEDS)
+  total, cells, kinds = sum(map(count, groups)), sum(map(size, groups)), []
+  for k in (k for g in groups for k in GROUPS[g]):
     seeds = sorted(grouped.get(k, {}))
     listed = f" ({', '.join(map(str, seeds))})" if seeds else ""
     kinds.append(f"- {label(k)}: {len(seeds)} of {len(SEEDS)} seeds{listed}")
-  groups = ", ".join(f"{g} {count(g)}/{sizes[g]}" for g in sizes)
+  counts = ", ".join(f"{g} {count(g)}/{size(g)}" for g in groups)
   left_out = "" if total == cells else " " + prose.text(__file__, "left_out")
-  fields = dict(total=total, cells=cells, groups=groups, left_out=left_out)
+  fields = dict(total=total, cells=cells, groups=counts, left_out=left_out)
   return prose.section(__file__, "coverage", kinds=kinds, **fields)
 
 
@@ -384,8 +361,8 @@ def ce_rise(ce, steps) -> list[str]:
   if not ce or len(steps) < 2:
     return []
   late, end = steps[-2], steps[-1]
-  before = [curve_value(r, late) for r in ce.values()]
-  after = [curve_value(r, end) for r in ce.values()]
+  before = [stats.at_step(r, "exact_match", late) for r in ce.values()]
+  after = [stats.at_step(r, "exact_match", end) for r in ce.values()]
   rise = 100 * (np.nanmean(after) - np.nanmean(before))
   kind = "steep" if rise >= STEEP_RISE else "slow" if rise > 0 else "flat"
   verdict = prose.text(__file__, f"rise_{kind}", rise=rise, interval=end - late)
@@ -418,14 +395,9 @@ def device_check(runs, other) -> list[str]:
       f"{100 * twin['exact_match']:.2f} ({twin['device']}) | {delta:+.2f} |"
       for (run, twin), delta in zip(pairs, deltas)
   ]
-  return prose.section(
-      __file__,
-      "device_check",
-      device=pairs[0][0]["device"],
-      rows=rows,
-      mean=np.mean(np.abs(deltas)),
-      count=len(pairs),
-  )
+  device, mean = pairs[0][0]["device"], np.mean(np.abs(deltas))
+  fields = dict(device=device, rows=rows, mean=mean, count=len(pairs))
+  return prose.section(__file__, "device_check", **fields)
 
 
 def write_report(
@@ -435,10 +407,10 @@ def write_report(
   ``runs``, the test ``problems`` ((question, answer) pairs, or None) and
   ``other`` runs of the same cells (another device); its path."""
   grid = Grid(runs, problems)
-  plot_dir = os.path.join(out_dir, "plots")
-  os.makedirs(plot_dir, exist_ok=True)
-  plot_curves(grid, os.path.join(plot_dir, "{}.png").format)
-  sizes = LONG_GROUP_SIZES if profile == "digits_long" else GROUP_SIZES
+  os.makedirs(os.path.join(out_dir, "plots"), exist_ok=True)
+  plot_curves(grid, os.path.join(out_dir, "plots", "{}.png").format)
+  # The 3,200-step grid runs the first three groups (45 cells).
+  groups = [*GROUPS][:3] if profile == "digits_long" else [*GROUPS]
   if grid.computed:
     breakdowns = prose.section(__file__, "breakdowns", source=problems_source)
     breakdowns += grid.breakdown_sections()
@@ -458,12 +430,8 @@ def write_report(
   ablations = ablated and grid.compared("ablations", ["ntil", *ablated], pairs)
   chunks = elsewhere = []
   if profile == "digits":
-    chunks = [
-        "",
-        "## Numbers in tokens of 1-3 digits",
-        "",
-        *chunk_section(grid),
-    ]
+    heading = "## Numbers in tokens of 1-3 digits"
+    chunks = ["", heading, "", *chunk_section(grid)]
     elsewhere = elsewhere_section(Grid(other, None, early=grid.early))
   check = device_check(runs, other)
   how = "recorded" if problems is None else "recomputed"
@@ -472,10 +440,10 @@ def write_report(
       __file__,
       "report",
       profile=profile,
-      groups=",".join(sizes),
+      groups=",".join(groups),
       results=PROFILES[profile][0],
       regime=regime(grid, problems_source),
-      coverage=coverage(grid.grouped, sizes),
+      coverage=coverage(grid.grouped, groups),
       main_table=grid.values(grid.keys),
       figures=prose.text(__file__, how, **counts),
       paired=grid.versus_ce(),
@@ -513,14 +481,8 @@ def chunk_section(grid) -> list[str]:
   across = " " + across if mine != theirs else ""
   count = sum(len(grouped[k]) for k in keys)
   cells = len(CHUNK_METHODS) * len(SEEDS)
-  return grid.compared(
-      "chunks",
-      keys,
-      chunk_pairs(single),
-      count=count,
-      cells=cells,
-      across=across,
-  )
+  fields = dict(count=count, cells=cells, across=across)
+  return grid.compared("chunks", keys, chunk_pairs(single), **fields)
 
 
 def elsewhere_section(elsewhere) -> list[str]:

@@ -118,9 +118,8 @@ def hardware_lines(tuned) -> list[str]:
       and r.get("device") != ce[r["seed"]]
   )
   if mixed:
-    lines += prose.section(
-        __file__, "mixed", count=len(mixed), cells=", ".join(mixed)
-    )
+    fields = dict(count=len(mixed), cells=", ".join(mixed))
+    lines += prose.section(__file__, "mixed", **fields)
   return lines
 
 

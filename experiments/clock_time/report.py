@@ -16,14 +16,14 @@ from experiments import labels
 from experiments import prose
 from experiments import regimes
 from experiments import report_engine
-from experiments import stats as stats_lib
+from experiments import stats
 from experiments import tables
 from experiments.clock_time import grid
 from train import plots
 from train.tasks import clock_time as task
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-Metric = stats_lib.Metric
+Metric = stats.Metric
 
 
 METHODS = report_engine.METHODS
@@ -75,7 +75,7 @@ def regime_of(run) -> str:
 def group_runs(runs, regime=EARLY):
   """{variant or method: {seed: run}} of one regime (`stats.main_key`: the
   regimes share keys)."""
-  return stats_lib.group_runs(r for r in runs if regime_of(r) == regime)
+  return stats.group_runs(r for r in runs if regime_of(r) == regime)
 
 
 def steps_to(run, threshold=0.5):
@@ -92,9 +92,6 @@ def steps_to(run, threshold=0.5):
       return steps[i - 1] + fraction * (steps[i] - steps[i - 1])
   return float("nan")
 
-
-# Mean exact match over training (the area under the learning curve / steps).
-curve_area = stats_lib.curve_area
 
 GAP_BINS = (
     (0, 0, "exact"),
@@ -129,14 +126,12 @@ def gap_table(grouped, labels):
   head = ["method", *(name for *_, name in GAP_BINS)]
   head.append("share of mean gap from 51+ min")
   lines = tables.shares_table(grouped, SPEC.rows(METHODS), head, shares, True)
-  slips = hour_slips(grouped, labels)
-  if slips:
-    lines += ["", *prose.section(__file__, "slips", **slips)]
-  return lines
+  return lines + hour_slips(grouped, labels)
 
 
 def hour_slips(grouped, labels):
-  """Statistics of the readings 51-70 minutes off, pooled over main runs."""
+  """Statistics of the readings 51-70 minutes off, pooled over main runs:
+  a paragraph after a blank line (none without one)."""
   slips = [
       (guess, target)
       for method in METHODS
@@ -145,23 +140,22 @@ def hour_slips(grouped, labels):
       if 51 <= gap <= 70
   ]
   if not slips:
-    return None
+    return []
   near = sum(minute >= 45 or minute <= 15 for _, (_, minute) in slips)
   toward = sum(
       guess[0] % 12 == (hour % 12 + (1 if minute >= 30 else -1)) % 12
       for guess, (hour, minute) in slips
   )
   count = len(slips)
-  return dict(count=count, near=near / count, toward=toward / count)
+  fields = dict(count=count, near=near / count, toward=toward / count)
+  return ["", *prose.section(__file__, "slips", **fields)]
 
 
-def plot_predictions(grouped, path, title, count=18):
-  """Test clocks with CE's and NTIL's seed-0 predictions side by side
+def plot_predictions(grouped, clocks, path, title, count=18):
+  """Test ``clocks`` with CE's and NTIL's seed-0 predictions side by side
   (`report_engine.predictions`)."""
 
   def draw(chosen, predicted):
-    size = grid.PROFILES[grouped["ce"][0]["profile"]]["test_size"]
-    clocks = list(task.generate_clocks("test", size, 0))
     plots.plot_clock_predictions(
         [clocks[i][0] for i in chosen],
         [clocks[i][1] for i in chosen],
@@ -178,7 +172,7 @@ def plot_predictions(grouped, path, title, count=18):
 EARLY_COLUMNS = (
     (EXACT._replace(name="exact match % at 600 steps"), EARLY),
     (Metric(steps_to, "steps to 50% exact", 1, 0, False), CONVERGED),
-    (Metric(curve_area, "mean exact match % over training"), CONVERGED),
+    (Metric(stats.curve_area, "mean exact match % over training"), CONVERGED),
 )
 CONVERGED_COLUMNS = (
     (EXACT._replace(name="final exact match %"), CONVERGED),
@@ -200,12 +194,9 @@ def convergence_lines(converged):
     i = int(np.argmin(np.abs(np.array(steps) - 0.75 * steps[-1])))
     gains.append((seed, steps[i], 100 * values[i], 100 * values[-1]))
   gain = "seed {}: {:.1f}% at step {} -> {:.1f}% (+{:.1f})".format
-  lines = prose.section(
-      __file__,
-      "convergence_ce",
-      gains="; ".join(gain(s, a, i, b, b - a) for s, i, a, b in gains),
-      mean=np.mean([b - a for *_, a, b in gains]),
-  )
+  text = "; ".join(gain(s, a, i, b, b - a) for s, i, a, b in gains)
+  mean = np.mean([b - a for *_, a, b in gains])
+  lines = prose.section(__file__, "convergence_ce", gains=text, mean=mean)
   exact = lambda runs, seed: 100 * runs[seed]["exact_match"]
   lead = lambda runs, base, s: 100 * (
       runs[s]["exact_match"] - base[s]["exact_match"]
@@ -214,29 +205,22 @@ def convergence_lines(converged):
     method = check_key.removesuffix("_8x_steps")
     check, base = converged.get(check_key, {}), converged.get(method, {})
     if pairs := sorted(set(check) & set(base)):
-      lines += prose.section(
-          __file__,
-          "convergence_check",
-          steps=check[pairs[0]]["steps"],
-          label=label(method),
-          pairs=by_seed(
-              pairs,
-              lambda s: f"{exact(base, s):.1f}% -> {exact(check, s):.1f}% "
-              f"({lead(check, base, s):+.1f})",
-          ),
+      text = lambda s: (
+          f"{exact(base, s):.1f}% -> {exact(check, s):.1f}% "
+          f"({lead(check, base, s):+.1f})"
       )
+      said = dict(steps=check[pairs[0]]["steps"], label=label(method))
+      said.update(pairs=by_seed(pairs, text))
+      lines += prose.section(__file__, "convergence_check", **said)
   ce_check, ntil_check = (converged.get(k, {}) for k in CHECKS)
   ntil = converged.get("ntil", {})
   if pairs := sorted(set(ce_check) & set(ntil_check) & set(ce) & set(ntil)):
-    lines += prose.section(
-        __file__,
-        "convergence_lead",
-        pairs=by_seed(
-            pairs,
-            lambda s: f"{lead(ntil, ce, s):+.1f} -> "
-            f"{lead(ntil_check, ce_check, s):+.1f} points",
-        ),
+    text = lambda s: (
+        f"{lead(ntil, ce, s):+.1f} -> "
+        f"{lead(ntil_check, ce_check, s):+.1f} points"
     )
+    pairs = by_seed(pairs, text)
+    lines += prose.section(__file__, "convergence_lead", pairs=pairs)
   return lines
 
 
@@ -251,14 +235,8 @@ def regime_sections(grouped, title, out_dir, suffix, labels):
   plot = os.path.join(out_dir, "plots", "{}" + suffix + ".png").format
   keys = [*METHODS] + [k for k in VARIANT_LABELS if k not in (*LONG, *CHECKS)]
   blocks = SPEC.section(grouped, plot, title, keys, f"clock_time, {title}")
-  return prose.section(
-      __file__,
-      "regime",
-      title=title,
-      suffix=suffix,
-      gaps=gap_table(grouped, labels),
-      **blocks,
-  ) + [""]
+  blocks.update(title=title, suffix=suffix, gaps=gap_table(grouped, labels))
+  return prose.section(__file__, "regime", **blocks) + [""]
 
 
 def stream_section(fixed, streamed, out_dir) -> list[str]:
@@ -278,9 +256,8 @@ def stream_section(fixed, streamed, out_dir) -> list[str]:
       group = functools.partial(group_runs, regime=budget)
       yield regimes.Budget(heading, group, suffix, prefix="clocks, ")
 
-  intro = prose.section(
-      __file__, "stream", train_size=grid.PROFILES["cpu"]["train_size"]
-  )
+  train_size = grid.PROFILES["cpu"]["train_size"]
+  intro = prose.section(__file__, "stream", train_size=train_size)
   return regimes.stream_section(intro, fixed, streamed, out_dir, parts)
 
 
@@ -306,11 +283,12 @@ def report_fields(runs, streamed, out_dir):
   panels = figures.test_panels(METHODS, SPEC.paired)
   options = dict(mark_step=mark, log_scale=("mean_time_gap_minutes",))
   figures.curves(latest, panels, plot("curves"), label, **options)
-  disagreements = plot_predictions(latest, plot("predictions"), title)
   any_run, budgets = runs[0], {}
   test_size = any_run["num_test_examples"]
-  # The test split's labels, rendered again (deterministic for seed 0).
-  answers = [a for _, a in task.generate_clocks("test", test_size, 0)]
+  # The test split, rendered again (deterministic for seed 0).
+  clocks = list(task.generate_clocks("test", test_size, 0))
+  answers = [a for _, a in clocks]
+  disagreements = plot_predictions(latest, clocks, plot("predictions"), title)
   for name, regime in (("early", EARLY), ("converged", CONVERGED)):
     of_regime = [r for r in runs if regime_of(r) == regime]
     main = {
@@ -319,14 +297,12 @@ def report_fields(runs, streamed, out_dir):
     budgets[f"{name}_steps"] = ", ".join(map(str, sorted(main)))
     seconds = [r["wall_seconds"] for r in of_regime] or [0]
     budgets[f"{name}_seconds"] = np.median(seconds)
-  recorded = regimes.recorded_methods(runs)
   ce = early.get("ce", {})
-  rows = SPEC.rows([*recorded, *labels.CONTROLS])
+  rows = SPEC.rows([*regimes.recorded_methods(runs), *labels.CONTROLS])
   tuned = ("exp_off", "rel_off", "mag_off", *SWEEP)
   two = SPEC.columns[:2]  # exact match and mean gap
   return dict(
       train_size=grid.PROFILES[any_run["profile"]]["train_size"],
-      batch_size=any_run["batch_size"],
       test_size=test_size,
       **budgets,
       convergence=" ".join(convergence_lines(converged)),

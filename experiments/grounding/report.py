@@ -32,6 +32,7 @@ METHODS = report_engine.METHODS
 PARSED = Metric("parsed_rate", "parsed %")
 EXACT = Metric("exact_match", "exact %")
 ERROR = Metric("mean_coordinate_error", "coordinate error (px)", 1, 2, False)
+COORDINATES = Metric("coordinate_accuracy", "coordinates exact %")
 # The metrics of each kind of task: its main table's, and those it pairs.
 SINGLE = report_engine.Spec(
     columns=(
@@ -39,7 +40,7 @@ SINGLE = report_engine.Spec(
         Metric("acc_at_75", "Acc@0.75 %"),
         Metric("mean_iou", "mean IoU %"),
         EXACT,
-        Metric("coordinate_accuracy", "coordinates exact %"),
+        COORDINATES,
         ERROR,
         PARSED,
     ),
@@ -74,10 +75,7 @@ def spec(task) -> report_engine.Spec:
 
 # How close the streamed boxes are at the end of the budget, where Acc@0.5
 # is at its ceiling.
-CLOSENESS = (
-    ERROR._replace(digits=3),
-    Metric("coordinate_accuracy", "coordinates exact %"),
-)
+CLOSENESS = (ERROR._replace(digits=3), COORDINATES)
 # A streamed headline this high leaves no room to lead: the report adds the
 # exact-box comparison (grounding_single reads about 99% Acc@0.5 streamed).
 CEILING = 0.9
@@ -112,9 +110,7 @@ def early_table(task, grouped):
   return prose.section(__file__, "early", absolute=absolute, table=table) + [""]
 
 
-# ----------------------------------------------------------------------------
 # Where the misses go (single-box tasks), from the re-rendered test scenes.
-
 OUTCOMES = (
     ("hit", "hit (IoU >= 0.5)"),
     ("near", "near miss (0 < IoU < 0.5)"),
@@ -175,10 +171,6 @@ def readable_table(grouped, test):
   return tables.values_table(grouped, rows, measures, versus=True)
 
 
-# ----------------------------------------------------------------------------
-# Plots.
-
-
 def plot_predictions(task, grouped, test, path, count=16):
   """Test scenes with CE's and NTIL's seed-0 boxes; disagreements first."""
 
@@ -209,10 +201,6 @@ def plot_predictions(task, grouped, test, path, count=16):
   return report_engine.predictions(grouped, count, draw)
 
 
-# ----------------------------------------------------------------------------
-# The report.
-
-
 def task_section(task, runs, out_dir):
   grouped = stats.group_runs(runs)
   size = runs[0]["num_test_examples"]  # the test scenes, rendered again
@@ -235,7 +223,6 @@ def task_section(task, runs, out_dir):
       seconds=np.median([r["wall_seconds"] for r in runs]),
       ce_budget=tables.ce_budget(grouped.get("ce", {}), *headline(task)),
       differ=disagreements,
-      test_size=len(test),
       **blocks,
   )
 
@@ -312,10 +299,8 @@ def write_report(runs, out_dir, discussion=None, budget=None):
     lines += stream_section(runs, streamed, out_dir)
     return {}, lines + prose.section(__file__, "paper") + [""]
 
-  hand = [
-      (report_engine.DISCUSSION, discussion),
-      ("Budget (pilots, written by hand)", budget),
-  ]
+  pilots = "Budget (pilots, written by hand)"
+  hand = [(report_engine.DISCUSSION, discussion), (pilots, budget)]
   return report_engine.task_report(__file__, runs, out_dir, sections, hand)
 
 
