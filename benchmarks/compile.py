@@ -10,8 +10,16 @@ program once, so that a passing load meets them alike), with optax's
 cross-entropy on the same logits (and ``hidden @ W`` then optax CE) compiled
 in the same process as the reference. Counted in the optimized program
 (``compiled.as_text()``): every instruction, fused computations included
-(the program's size), and the entry's ops (on a GPU, kernel launches). A
-third of the labels are digits, in numbers of 1-8 digits.
+(the program's size), the entry's ops (on a GPU, kernel launches) and its
+fusions by kind (``kLoop``, ``kInput``, ``kCustom``, ...: what the backend
+compiles as a kernel of its own). A third of the labels are digits, in
+numbers of 1-8 digits.
+
+What one kernel costs to compile on the backend (:func:`kernel_costs`) is
+measured in the same process: the compile time of 21 barrier-separated
+kernels of one kind less that of 1, per kernel, for an elementwise kernel
+and for a row reduction (each kernel a different computation: a backend
+compiles identical kernels once).
 """
 
 import json
@@ -43,6 +51,61 @@ def instructions(compiled) -> int:
   """
   opcodes = (_OPCODE.search(line) for line in compiled.as_text().splitlines())
   return sum(m is not None and m.group(1) not in run.NO_OPS for m in opcodes)
+
+
+_FUSION_KIND = re.compile(r" fusion\(.*kind=(k\w+)")
+
+
+def fusion_kinds(compiled) -> dict:
+  """``{kind: count}`` of the fusions in the optimized program's entry."""
+  text = compiled.as_text()
+  entry = text[text.index("\nENTRY ") :].split("\n}")[0]
+  kinds = {}
+  for m in _FUSION_KIND.finditer(entry):
+    kinds[m.group(1)] = kinds.get(m.group(1), 0) + 1
+  return dict(sorted(kinds.items()))
+
+
+def _chain(count, kind):
+  """``count`` kernels of ``kind``, each its own computation, in a row."""
+
+  def f(x):
+    for i in range(count):
+      if kind == "reduction":
+        x = x + jnp.sum(x * (1.0 + i), axis=-1, keepdims=True)
+      else:
+        x = x * 1.0001 + i
+      x = jax.lax.optimization_barrier(x)
+    return x
+
+  return f
+
+
+def kernel_costs(repeats, shape=(2, 2048, 10), count=21):
+  """Seconds of compile per kernel, elementwise and reduction, and kinds.
+
+  ``(t(count kernels) - t(1 kernel)) / (count - 1)``, each the best of
+  ``repeats`` compiles after clearing caches; the fusion kinds the
+  backend made of the longer chain.
+  """
+  x = jnp.ones(shape, jnp.float32)
+  out = {}
+  for kind in ("elementwise", "reduction"):
+    best = {}
+    for n in (1, count):
+      for _ in range(repeats):
+        seconds, compiled = compile_seconds(_chain(n, kind), (x,))
+        best[n] = min(best.get(n, float("inf")), seconds)
+    out[kind] = {
+        "seconds_per_kernel": (best[count] - best[1]) / (count - 1),
+        "fusion_kinds": fusion_kinds(compiled),
+    }
+    print(
+        f"one {kind} kernel: {out[kind]['seconds_per_kernel'] * 1e3:.1f} ms"
+        f" of compile ({out[kind]['fusion_kinds']} in a chain of {count})",
+        flush=True,
+    )
+  return out
 
 
 def compile_seconds(fn, args):
@@ -148,6 +211,7 @@ def measure(shape, methods, repeats, dim):
   out = []
   for row in rows:
     size, ops = instructions(compiled[row]), run.launched_ops(compiled[row])
+    kinds = fusion_kinds(compiled[row])
     out.append(
         {
             "row": row,
@@ -155,11 +219,12 @@ def measure(shape, methods, repeats, dim):
             "compile_s": best[row],
             "instructions": size,
             "entry_ops": ops,
+            "fusion_kinds": kinds,
         }
     )
     print(
         f"{'x'.join(map(str, shape)):>12}  {row:<40} {best[row]:6.2f} s"
-        f"  {size:6d} instr  {ops} entry ops",
+        f"  {size:6d} instr  {ops} entry ops  {kinds}",
         flush=True,
     )
   return out
@@ -225,6 +290,7 @@ def main(argv):
   for shape in shapes:
     records += measure(shape, FLAGS.methods, FLAGS.repeats, dim)
   records = ratio_rows(records)
+  costs = kernel_costs(FLAGS.repeats)
   for r in records:
     if "time_vs_emd" in r:
       print(
@@ -239,6 +305,7 @@ def main(argv):
       "hidden_dim": dim,
       "repeats": FLAGS.repeats,
       "records": records,
+      "kernel_costs": costs,
   }
   with open(out, "w") as f:
     json.dump(result, f, indent=1)

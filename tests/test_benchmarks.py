@@ -236,8 +236,18 @@ class BenchmarkTest(absltest.TestCase):
         emd["instructions"] / rows["optax CE"]["instructions"],
     )
     self.assertIn("numeric_token_loss emd", stdout)
+    # Every fusion of the entry counted by kind (at least the loss's).
+    self.assertGreater(sum(emd["fusion_kinds"].values()), 0)
+    costs = results["kernel_costs"]
+    self.assertEqual(set(costs), {"elementwise", "reduction"})
+    # The longer chain is 21 kernels of their own (one fusion each).
+    self.assertGreaterEqual(
+        sum(costs["elementwise"]["fusion_kinds"].values()), 21
+    )
+    self.assertGreater(costs["elementwise"]["seconds_per_kernel"], 0)
     text = "\n".join(report.compile_section(results, "c.json"))
     self.assertIn("| 1x32x32 | numeric_token_loss emd |", text)
+    self.assertIn("One kernel's compile on this backend", text)
 
   def test_compile_ratios_are_to_the_same_paths_references(self):
     from benchmarks import compile as compile_bench  # pylint: disable=g-import-not-at-top
