@@ -290,7 +290,6 @@ def main(argv):
   for shape in shapes:
     records += measure(shape, FLAGS.methods, FLAGS.repeats, dim)
   records = ratio_rows(records)
-  costs = kernel_costs(FLAGS.repeats)
   for r in records:
     if "time_vs_emd" in r:
       print(
@@ -305,11 +304,18 @@ def main(argv):
       "hidden_dim": dim,
       "repeats": FLAGS.repeats,
       "records": records,
-      "kernel_costs": costs,
   }
-  with open(out, "w") as f:
+  # Written before the kernel costs too: a run cut at its time limit (the
+  # device scripts') keeps the programs' figures.
+  _write(out, result)
+  result["kernel_costs"] = kernel_costs(FLAGS.repeats)
+  _write(out, result)
+
+
+def _write(path, result):
+  with open(path, "w") as f:
     json.dump(result, f, indent=1)
-  print(f"wrote {out}")
+  print(f"wrote {path}")
 
 
 if __name__ == "__main__":

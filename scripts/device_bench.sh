@@ -13,14 +13,14 @@
 # JSON and logs go to $OUT/bench/ (the logs hold every row printed, even of a
 # benchmark cut at its limit); copy the JSON over benchmarks/ and run
 # `python -m benchmarks.report`. Environment: RUN_S, STEP_S, IMPL_S,
-# COMPILE_S (each benchmark's seconds: 120, 230, 130, 60; on one H100 they
+# COMPILE_S (each benchmark's seconds: 120, 230, 130, 75; on one H100 they
 # took 82, more than 150 (four 30-35 s compiles before the first step),
 # 93 and 42 s).
 set -uo pipefail
 RUN_S=${RUN_S:-120}
 STEP_S=${STEP_S:-230}
 IMPL_S=${IMPL_S:-130}
-COMPILE_S=${COMPILE_S:-60}
+COMPILE_S=${COMPILE_S:-75}
 OUT=${OUT:-/tmp/out}
 SITE=/tmp/site
 export PYTHONUNBUFFERED=1
