@@ -79,7 +79,42 @@ def main():
       )
   unsharded_labels(mesh)
   number_tokens(mesh)
+  rows_need_no_communication()
   print("OK")
+
+
+# Collectives that move a shard's rows (or parts of them) to other devices.
+_MOVING = ("all-gather", "all-to-all", "collective-permute")
+
+
+def rows_need_no_communication():
+  """Under ``jit`` with the batch split over an ``Auto`` mesh (XLA places
+  the collectives), every loss's value and gradient, decimal points
+  included, moves no row between devices: the number logic reads only its
+  own row (a gather from rows flattened into one axis made the SPMD
+  partitioner gather the whole operand onto every device). Only the sum
+  over the batch is reduced across devices."""
+  mesh = jax.make_mesh((4,), ("data",), axis_types=(AxisType.Auto,))
+  logits, labels, digit_mask = random_case(52, batch=8, length=40, vocab=32)
+  point = labels == 11
+  split3 = NamedSharding(mesh, P("data", None, None))
+  split2 = NamedSharding(mesh, P("data", None))
+  for method in ntil_jax.NUMERIC_LOSSES:
+
+    def total(z, l, m, d, method=method):
+      return ntil_jax.numeric_token_loss(
+          z, l, digit_mask=m, decimal_point_mask=d, method=method
+      ).sum()
+
+    step = jax.jit(
+        jax.value_and_grad(total), in_shardings=(split3,) + (split2,) * 3
+    )
+    text = step.lower(logits, labels, digit_mask, point).compile().as_text()
+    moved = [
+        op for op in _MOVING if f" {op}(" in text or f" {op}-start(" in text
+    ]
+    assert not moved, (method, moved)
+    assert " all-reduce" in text, method  # the batch's sum
 
 
 def unsharded_labels(mesh):
