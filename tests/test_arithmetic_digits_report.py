@@ -707,8 +707,10 @@ def test_cells_of_another_device_are_shown_apart(tmp_path):
   assert row(part, "CE + DEL − CE")[:3] == ["+25.00 ± 11.79", "2/2", "0.205"]
   # One seed: no paired test.
   assert row(part, "CE, 1-3 digit tokens − CE")[:3] == ["-", "-", "-"]
-  # This report's own hardware has no chunk or peer cell yet.
+  # This report's own hardware has no chunk or peer cell yet: the chunk
+  # section points to the device that ran them.
   chunks = parts["Numbers in tokens of 1-3 digits"]
-  assert "Not run yet (group `chunks`, 15 cells)." in chunks
+  assert "Not run yet" not in chunks
+  assert "the cells run on cpu:other x1 are in their own section" in chunks
   assert "CE + DEL" not in parts["Main table"]
   assert "peers 0/10" in parts["Grid coverage"]

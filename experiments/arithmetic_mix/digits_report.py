@@ -431,8 +431,9 @@ def write_report(
   chunks = elsewhere = []
   if profile == "digits":
     heading = "## Numbers in tokens of 1-3 digits"
-    chunks = ["", heading, "", *chunk_section(grid)]
-    elsewhere = elsewhere_section(Grid(other, None, early=grid.early))
+    other_grid = Grid(other, None, early=grid.early)
+    chunks = ["", heading, "", *chunk_section(grid, other_grid)]
+    elsewhere = elsewhere_section(other_grid)
   check = device_check(runs, other)
   how = "recorded" if problems is None else "recomputed"
   counts = dict(computed=grid.computed, views=grid.views)
@@ -467,15 +468,23 @@ def chunk_pairs(methods) -> list[tuple]:
   ]
 
 
-def chunk_section(grid) -> list[str]:
+def chunk_section(grid, elsewhere) -> list[str]:
   """Numbers in tokens of 1-3 digits (``--config.digit_chunks``): each
   method against itself on single digits, NTIL and EMD against CE in
-  chunks."""
+  chunks; without such cells, where they ran instead (``elsewhere``, the
+  cells of other devices), if anywhere."""
   grouped = grid.grouped
   keys = grid.present(m + CHUNKS for m in CHUNK_METHODS)
   single = [k.removesuffix(CHUNKS) for k in keys]
   if not keys:
-    return ["Not run yet (group `chunks`, 15 cells)."]
+    ran = elsewhere.present(m + CHUNKS for m in CHUNK_METHODS)
+    if not ran:
+      return ["Not run yet (group `chunks`, 15 cells)."]
+    device = devices(elsewhere.grouped, ran)
+    return [
+        "Not run on this report's hardware (group `chunks`, 15 cells): the"
+        f" cells run on {device} are in their own section below."
+    ]
   mine, theirs = devices(grouped, keys), devices(grouped, single)
   across = prose.text(__file__, "across", mine=mine, theirs=theirs)
   across = " " + across if mine != theirs else ""
