@@ -204,16 +204,26 @@ def regime(record) -> str:
   return record.get("regime", FIXED)
 
 
+# Where the data lies does not change a result (the data is named by its
+# ``dataset_config``): every ``data_dir`` is hashed as this one, the default
+# most cells were recorded with, so a grid finds its recorded cells wherever
+# its data is (``--data_dir=data``, ``./data`` or an absolute path alike).
+HASHED_DATA_DIR = "data"
+
+
 def config_hash(config, profile, settings) -> str:
   """A short digest of everything that determines a run's result.
 
   A field of ``configs.common.ADDED_FIELDS`` that holds its default is left
-  out, so cells recorded before it existed keep their hash.
+  out, so cells recorded before it existed keep their hash; ``data_dir`` is
+  hashed as :data:`HASHED_DATA_DIR`, whatever it is.
   """
   fields = config.to_dict()
   for name, default in common_config.ADDED_FIELDS.items():
     if name in fields and fields[name] == default:
       del fields[name]
+  if "data_dir" in fields:
+    fields["data_dir"] = HASHED_DATA_DIR
   text = json.dumps(
       dict(config=fields, profile=profile, data=settings),
       sort_keys=True,
@@ -411,10 +421,21 @@ def append_result(path, record) -> None:
   """Adds ``record`` to results.json; safe with several grid processes.
 
   The file is re-read under an exclusive lock on its directory, so records
-  another process added in the meantime are kept.
+  another process added in the meantime are kept; a record whose config
+  hash is there already (another grid process, with runs of its own, ran
+  the same cell) is not added again: the first one stands.
   """
   with _results_lock(path):
-    save_results(path, load_results(path) + [record])
+    runs = load_results(path)
+    if any(r.get("config_hash") == record["config_hash"] for r in runs):
+      logging.warning(
+          "%s: %s (%s) is recorded already; this run's record is not added",
+          path,
+          record.get("name"),
+          record["config_hash"],
+      )
+      return
+    save_results(path, runs + [record])
 
 
 @contextlib.contextmanager

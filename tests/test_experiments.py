@@ -621,6 +621,11 @@ def test_append_keeps_every_run_and_its_predictions(tmp_path):
     )
   loaded = results_io.load_results(path)
   assert [r["predictions"] for r in loaded] == [["0"] * 3, ["1"] * 3, ["2"] * 3]
+  # The same cell recorded again (another grid process ran it too): the
+  # first record stands.
+  again = dict(name="r1", group="g", config_hash="h1", predictions=["9"] * 3)
+  results_io.append_result(path, again)
+  assert results_io.load_results(path) == loaded
 
 
 def _grid(
