@@ -377,13 +377,42 @@ def curves(metrics_path, eval_keys=("exact_match",)):
   return result
 
 
+# In a run's workdir: the seconds every grid session spent on the run.
+WALL_SECONDS = "wall_seconds.txt"
+
+
 def train_once(config, workdir):
-  """Trains one run to the end; (result, wall seconds). Resumes if it can."""
+  """Trains one run to the end; (result, wall seconds). Resumes if it can.
+
+  The seconds are those of every session that worked on the run, kept in
+  the workdir (:data:`WALL_SECONDS`), so a run resumed from a checkpoint, or
+  only evaluated again, is not recorded as taking the last session's time.
+  A session that ends by an exception or a signal counts; a killed
+  process's does not.
+  """
   start = time.time()
-  result = train.train_and_evaluate(config, workdir)
+  try:
+    result = train.train_and_evaluate(config, workdir)
+  finally:
+    seconds = _add_wall_seconds(workdir, time.time() - start)
   if result["stopped_early"]:
     raise KeyboardInterrupt(f"{workdir} stopped by a signal; rerun to resume")
-  return result, round(time.time() - start, 1)
+  return result, round(seconds, 1)
+
+
+def _add_wall_seconds(workdir, seconds) -> float:
+  """Adds ``seconds`` to ``workdir``'s :data:`WALL_SECONDS`; the total."""
+  path = os.path.join(workdir, WALL_SECONDS)
+  try:
+    with open(path) as f:
+      seconds += float(f.read())
+  except (OSError, ValueError):
+    pass  # the run's first session (or a workdir from before the count)
+  if os.path.isdir(workdir):
+    with open(path + ".tmp", "w") as f:
+      f.write(f"{seconds:.1f}\n")
+    os.replace(path + ".tmp", path)
+  return seconds
 
 
 # Each worker process of a grid runs XLA's CPU kernels on one thread: two

@@ -628,6 +628,33 @@ def test_append_keeps_every_run_and_its_predictions(tmp_path):
   assert results_io.load_results(path) == loaded
 
 
+def test_a_resumed_run_records_the_seconds_of_every_session(
+    tmp_path, monkeypatch
+):
+  # A first session stopped by a signal after 30 s, the second resumes and
+  # finishes in 5 s: the record says 35 s, not 5.
+  workdir = tmp_path / "run"
+  clock = iter([100.0, 130.0, 200.0, 205.0])
+  monkeypatch.setattr(
+      results_io, "time", type("Clock", (), {"time": lambda: next(clock)})
+  )
+  sessions = [dict(stopped_early=True), dict(stopped_early=False)]
+
+  def train_and_evaluate(config, workdir):
+    del config
+    pathlib.Path(workdir).mkdir(exist_ok=True)
+    return sessions.pop(0)
+
+  monkeypatch.setattr(
+      results_io.train, "train_and_evaluate", train_and_evaluate
+  )
+  with pytest.raises(KeyboardInterrupt):
+    results_io.train_once(None, str(workdir))
+  _, seconds = results_io.train_once(None, str(workdir))
+  assert seconds == 35.0
+  assert (workdir / results_io.WALL_SECONDS).read_text() == "35.0\n"
+
+
 def _grid(
     tmp_path,
     executed,

@@ -381,10 +381,7 @@ def config_hash(config, profile) -> str:
 def run_cell(profile, group, name, method, seed, overrides, digest):
   config = cell_config(profile, method, seed, overrides, FLAGS.data_dir)
   workdir = common.cell_workdir(FLAGS.runs_dir, profile, name, digest)
-  start = time.time()
-  result = train.train_and_evaluate(config, workdir)
-  if result["stopped_early"]:
-    raise KeyboardInterrupt(f"{name} stopped by a signal; rerun to resume")
+  result, wall_seconds = common.train_once(config, workdir)
   evaluation = result["eval"]
   device = jax.devices()[0]
   extra = {}
@@ -414,7 +411,7 @@ def run_cell(profile, group, name, method, seed, overrides, digest):
       examples_by_answer_length=evaluation["examples_by_answer_length"],
       final_train_loss=result["train"]["loss"],
       final_train_ce=result["train"]["ce"],
-      wall_seconds=round(time.time() - start, 1),
+      wall_seconds=wall_seconds,
       device=f"{device.platform}:{device.device_kind} x{jax.device_count()}",
       host=platform.node(),
       config_hash=digest,
