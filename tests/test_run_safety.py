@@ -104,6 +104,20 @@ def test_every_other_change_is_refused(
   assert snapshot(workdir) == before
 
 
+def test_data_moved_elsewhere_resumes(data_dir, finished_run, tmp_path):
+  # The same data under another path (a grid run from another checkout, a
+  # copied tree): the run resumes, here already finished, instead of being
+  # refused as another config.
+  workdir = tmp_path / "run"
+  shutil.copytree(finished_run, workdir)
+  moved = tmp_path / "moved_data"
+  moved.symlink_to(data_dir, target_is_directory=True)
+  config = make_config(str(moved), train_steps=6, lr_decay_steps=9)
+  result = train.train_and_evaluate(config, str(workdir))
+  assert not result["stopped_early"]
+  assert result["step"] == 6
+
+
 def test_longer_schedule_resumes_and_extends(
     data_dir, finished_run, tmp_path, caplog
 ):

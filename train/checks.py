@@ -229,9 +229,11 @@ def check_workdir(workdir: str) -> str:
 
 
 # Fields a run may change when it resumes: the schedule's length and the
-# cadence of logs, evals and saves, and how the same computation is laid out
-# (the fused loss, FSDP). Any other change would resume a different run.
+# cadence of logs, evals and saves, how the same computation is laid out
+# (the fused loss, FSDP), and where the data lies (the data itself is named
+# by dataset_config). Any other change would resume a different run.
 RESUMABLE_FIELDS = (
+    "data_dir",
     "train_steps",
     "lr_decay_steps",
     *common.CADENCE_FIELDS,
