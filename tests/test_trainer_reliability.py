@@ -303,6 +303,8 @@ def test_sigterm_during_a_hung_save_ends_at_once(
       time.sleep(0.05)
 
   monkeypatch.setattr(ocp.CheckpointManager, "save", hang)
+  # The save may finish for this long after the signal, then the run ends.
+  monkeypatch.setattr(signals, "SAVE_GRACE_SECONDS", 1.0)
   config = make_config(data_dir, train_steps=6, checkpoint_every_steps=2)
   timer = threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGTERM))
   original = checkpoints.save_checkpoint
@@ -317,6 +319,30 @@ def test_sigterm_during_a_hung_save_ends_at_once(
     train.train_and_evaluate(config, str(tmp_path))
   assert raised.value.signum == signal.SIGTERM
   assert time.perf_counter() - started < 120
+
+
+def test_sigterm_during_a_save_lets_it_finish_and_stops_there(
+    data_dir, tmp_path, monkeypatch
+):
+  """A preemption's SIGTERM during a checkpoint save (hashing the last
+  checkpoint, writing this one): the save finishes and the run stops at its
+  step, instead of dropping it and resuming a checkpoint interval back."""
+  if threading.current_thread() is not threading.main_thread():
+    pytest.skip("signal handlers need the main thread")
+  config = make_config(data_dir, train_steps=6, checkpoint_every_steps=2)
+  original = checkpoints.save_checkpoint
+
+  def signal_then_save(manager, step, *args, **kwargs):
+    if step == 4:  # the signal arrives while this save is under way
+      os.kill(os.getpid(), signal.SIGTERM)
+      time.sleep(0.2)
+    return original(manager, step, *args, **kwargs)
+
+  monkeypatch.setattr(checkpoints, "save_checkpoint", signal_then_save)
+  result = train.train_and_evaluate(config, str(tmp_path))
+  assert result["stopped_early"] and result["signal"] == signal.SIGTERM
+  assert result["step"] == 4
+  assert rundir.saved_steps(str(tmp_path))[-1] == 4
 
 
 def test_a_signal_during_an_evaluation_stops_it(

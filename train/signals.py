@@ -20,22 +20,29 @@ import numpy as np
 
 from train import errors
 
+# How long a checkpoint save under way may go on after a first SIGTERM or
+# SIGINT before the run ends without it (a preemption's notice commonly
+# leaves 30 s); a second signal ends it at once.
+SAVE_GRACE_SECONDS = 20.0
+
 
 class StopOnSignal:
   """Turns SIGTERM/SIGINT into a flag, so the loop can checkpoint and stop.
 
-  Where the loop cannot look at the flag (inside a checkpoint save, or when
-  a signal comes a second time), the handler raises :class:`errors.Interrupted`
-  instead, so the process always ends within seconds. A checkpoint write
-  that fails in one of orbax's threads is reported the same way
-  (:meth:`fail`), as a :class:`errors.TrainingError`: orbax itself would wait out
-  a 300 s barrier for the thread that died.
+  Where the loop cannot look at the flag, inside a checkpoint save
+  (:meth:`grace`), a first signal lets the save finish for up to
+  :data:`SAVE_GRACE_SECONDS` and then raises :class:`errors.Interrupted`, so
+  a save that hangs still ends the process within seconds; a second signal
+  raises at once. A checkpoint write that fails in one of orbax's threads is
+  reported the same way (:meth:`fail`), as a :class:`errors.TrainingError`:
+  orbax itself would wait out a 300 s barrier for the thread that died.
   """
 
   def __init__(self):
     self.signum = None
     self.failure = None
-    self.blocking = False  # set around waits the loop cannot break out of
+    self._saving = False
+    self._alarm = None  # SIGALRM's handler before this one's, while armed
     self._previous = {}
     for sig in (signal.SIGTERM, signal.SIGINT):
       try:
@@ -64,16 +71,53 @@ class StopOnSignal:
           "from the last checkpoint."
       ) from self.failure
 
+  @contextlib.contextmanager
+  def grace(self):
+    """Around a checkpoint save or its wait, which the loop cannot leave:
+    a first signal lets it finish (up to :data:`SAVE_GRACE_SECONDS`)."""
+    self._saving = True
+    try:
+      yield
+    finally:
+      self._saving = False
+      self._disarm()
+
   def _handle(self, signum, frame):
     del frame
     self.check()
-    if self.blocking or self.requested:
+    if self.requested:  # a second signal
       self.signum = signum
       raise errors.Interrupted(signum)
-    logging.warning("signal %d: checkpointing and stopping.", signum)
     self.signum = signum
+    if self._saving:
+      logging.warning(
+          "signal %d during a checkpoint save: finishing it (at most %g s),"
+          " then stopping.",
+          signum,
+          SAVE_GRACE_SECONDS,
+      )
+      self._alarm = signal.signal(signal.SIGALRM, self._expired)
+      signal.setitimer(signal.ITIMER_REAL, SAVE_GRACE_SECONDS)
+      return
+    logging.warning("signal %d: checkpointing and stopping.", signum)
+
+  def _expired(self, signum, frame):
+    del signum, frame
+    if self._saving:
+      logging.warning(
+          "the checkpoint save did not finish in %g s; stopping without it.",
+          SAVE_GRACE_SECONDS,
+      )
+      raise errors.Interrupted(self.signum)
+
+  def _disarm(self):
+    if self._alarm is not None:
+      signal.setitimer(signal.ITIMER_REAL, 0)
+      signal.signal(signal.SIGALRM, self._alarm)
+      self._alarm = None
 
   def restore(self):
+    self._disarm()
     for sig, handler in self._previous.items():
       signal.signal(sig, handler)
 

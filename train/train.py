@@ -241,9 +241,8 @@ def _train(config, task, workdir, mesh):
   def save(metrics, logged):
     if not logged:  # never save a state a non-finite step produced
       check_finite(metrics, step, manager)
-    stop.blocking = True
-    checkpoints.save_checkpoint(manager, step, model, optimizer, train_iter)
-    stop.blocking = False
+    with stop.grace():
+      checkpoints.save_checkpoint(manager, step, model, optimizer, train_iter)
 
   interrupted = False
   watch = signals.watch_background_failures(stop)
@@ -307,9 +306,11 @@ def _train(config, task, workdir, mesh):
       last_train = _last_logged_train(workdir, start_step)
       if config.eval_every_steps:
         last_eval = run_eval(True, record=not _eval_logged(workdir, start_step))
-    stop.blocking = True
-    manager.wait_until_finished()
+    with stop.grace():
+      manager.wait_until_finished()
     stop.check()
+    if agreed is None and stop.requested:  # a signal while the last save ended
+      agreed = stop.signum
   except (errors.Interrupted, errors.TrainingError):
     interrupted = True
     raise
