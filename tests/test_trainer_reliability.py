@@ -196,6 +196,24 @@ def test_non_finite_metric_is_written_as_null(tmp_path, caplog):
   assert "metric exact_match is nan at step 3" in caplog.text
 
 
+def test_a_record_written_in_parts_is_whole(tmp_path, monkeypatch):
+  # A write may take only part of a line (a nearly full disk): the rest is
+  # written after it, not left for the next record to tear.
+  write = os.write
+  monkeypatch.setattr(
+      rundir.os, "write", lambda fd, data: write(fd, bytes(data[:7]))
+  )
+  writer = rundir.MetricsWriter(str(tmp_path), 0)
+  writer.write(1, loss=1.25)
+  writer.write(2, loss=0.5)
+  writer.close()
+  lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+  assert [_strict_json(line) for line in lines] == [
+      dict(step=1, loss=1.25),
+      dict(step=2, loss=0.5),
+  ]
+
+
 def test_an_evaluation_says_how_many_it_scored_of_how_many(
     data_dir, monkeypatch, caplog
 ):

@@ -68,9 +68,10 @@ class WorkdirLock:
 class MetricsWriter:
   """metrics.jsonl (one JSON object per line) and TensorBoard, on host 0.
 
-  Each record is one ``write`` of one line to a file opened for appending,
-  so a crash cannot leave half of it; a torn last line left by an older
-  writer (or a full disk) is dropped with a warning when the run resumes.
+  Each record is one line appended to a file opened for appending (written
+  again from where a partial write stopped), so only a crash mid-line can
+  leave half of it; a torn last line (a crash, an older writer, a full
+  disk) is dropped with a warning when the run resumes.
   """
 
   def __init__(self, workdir, resume_step):
@@ -102,9 +103,11 @@ class MetricsWriter:
       return
     values = {k: _finite_or_none(k, v, step) for k, v in values.items()}
     line = json.dumps(dict(step=int(step), **values), allow_nan=False) + "\n"
+    data = line.encode()
     fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-      os.write(fd, line.encode())
+      while data:  # a write may take part of it (a full disk: then it raises)
+        data = data[os.write(fd, data) :]
     finally:
       os.close(fd)
     for name, value in values.items():
