@@ -1,7 +1,9 @@
 """Signals and background failures, turned into a clean stop of the loop.
 
-SIGTERM/SIGINT set a flag the loop reads, so it checkpoints and stops; where
-it cannot read it, or for a second signal, `errors.Interrupted` is raised.
+SIGTERM/SIGINT set a flag the loop reads, so it checkpoints and stops; inside
+a checkpoint save, which it cannot leave, the save may finish first (for up
+to `SAVE_GRACE_SECONDS`); after that, or for a second signal,
+`errors.Interrupted` is raised.
 A checkpoint write that fails in one of orbax's threads (which log the
 error and swallow it) stops the run the same way.
 """
@@ -32,8 +34,8 @@ class StopOnSignal:
   Where the loop cannot look at the flag, inside a checkpoint save
   (:meth:`grace`), a first signal lets the save finish for up to
   :data:`SAVE_GRACE_SECONDS` and then raises :class:`errors.Interrupted`, so
-  a save that hangs still ends the process within seconds; a second signal
-  raises at once. A checkpoint write that fails in one of orbax's threads is
+  a save that hangs still ends the process within that time; a second
+  signal raises at once. A checkpoint write that fails in one of orbax's threads is
   reported the same way (:meth:`fail`), as a :class:`errors.TrainingError`:
   orbax itself would wait out a 300 s barrier for the thread that died.
   """
@@ -73,8 +75,11 @@ class StopOnSignal:
 
   @contextlib.contextmanager
   def grace(self):
-    """Around a checkpoint save or its wait, which the loop cannot leave:
-    a first signal lets it finish (up to :data:`SAVE_GRACE_SECONDS`)."""
+    """Marks a checkpoint save (or its wait) a first signal lets finish.
+
+    The loop cannot look at the flag inside it; the save gets up to
+    :data:`SAVE_GRACE_SECONDS` after a first signal, then the run ends.
+    """
     self._saving = True
     try:
       yield
