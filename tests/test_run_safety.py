@@ -430,6 +430,14 @@ def test_checkpoint_saved_before_digests_restores_with_a_warning(
   assert step == 6
   assert "checkpoint 6 has no digest" in caplog.text
   assert "restored unverified" in caplog.text
+  # That resume recorded the config; killed before its first save, the
+  # rerun (a recorded run) resumes from the same checkpoints, not step 0.
+  assert restore(str(workdir)) == 6
+  assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == [
+      "3",
+      "6",
+      checkpoints.SAVED_WITHOUT_DIGEST,
+  ]
 
 
 def test_digest_sees_any_one_element_and_not_the_sharding():

@@ -398,6 +398,39 @@ def _saved_digest(manager, step):
     ) from error
 
 
+# In the checkpoints folder: the steps an older version saved without a
+# digest, listed when this version first restores one of them (in a run
+# that had recorded no config yet). A recorded run restores those
+# unverified, as the first resume did, instead of counting them damaged.
+SAVED_WITHOUT_DIGEST = "saved_without_digest.json"
+
+
+def _saved_without_digest(manager) -> set:
+  """The steps listed in :data:`SAVED_WITHOUT_DIGEST` (none if unreadable)."""
+  path = os.path.join(str(manager.directory), SAVED_WITHOUT_DIGEST)
+  try:
+    with open(path) as f:
+      return {int(step) for step in json.load(f)}
+  except (OSError, ValueError, TypeError):
+    return set()
+
+
+def _list_saved_without_digest(manager, steps) -> None:
+  """Adds the ``steps`` that have no digest to the list (process 0)."""
+  directory = str(manager.directory)
+  legacy = _saved_without_digest(manager) | {
+      step
+      for step in steps
+      if not os.path.exists(os.path.join(directory, str(step), "digest"))
+  }
+  if jax.process_index() != 0:
+    return
+  path = os.path.join(directory, SAVED_WITHOUT_DIGEST)
+  with open(path + ".tmp", "w") as f:
+    json.dump(sorted(legacy), f)
+  os.replace(path + ".tmp", path)
+
+
 def _move_aside(manager, workdir, step, reason):
   logging.warning(
       "checkpoint %d is unreadable (%s); moved aside to corrupt-%d, falling "
@@ -430,7 +463,11 @@ def restore_latest(
   (`rundir.keep_metrics_aside`): the resumed run rewrites it from the step
   it resumes at. With ``require_digest`` (a run that recorded its
   config, so saved every checkpoint with a digest) a checkpoint without a
-  digest counts as damaged; else it is restored unverified, with a warning.
+  digest counts as damaged, unless an earlier resume restored checkpoints
+  of that run saved by a version before digests (they are listed in
+  :data:`SAVED_WITHOUT_DIGEST`, so that a run upgraded mid-way resumes
+  from them again, not from step 0); else it is restored unverified, with
+  a warning, and the steps without a digest are listed.
 
   Raises:
     ConfigError: a checkpoint holds arrays of other shapes or names than
@@ -446,6 +483,7 @@ def restore_latest(
   # was checked: with none left, training starts where a fresh run does.
   fresh_position = train_iter.get_state()
   metrics_kept = False
+  legacy = _saved_without_digest(manager) if require_digest else set()
   for step in steps:
     _check_process_count(manager, step)
     try:
@@ -467,7 +505,7 @@ def restore_latest(
       restored, verified = _restore(
           manager, step, target, train_iter, intact=intact
       )
-      if require_digest and not verified:
+      if require_digest and not verified and step not in legacy:
         raise Damaged("it has no digest")
     except Damaged as damage:
       if not metrics_kept:  # the records past the step resumed are dropped
@@ -483,6 +521,7 @@ def restore_latest(
           "restored unverified.",
           step,
       )
+      _list_saved_without_digest(manager, steps)
     nnx.replace_by_pure_dict(state, restored)
     nnx.update((model, optimizer), state)
     logging.info(
