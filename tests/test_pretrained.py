@@ -24,9 +24,11 @@ import pytest
 from configs import arithmetic_mix_llm
 from train import arithmetic_data
 from train import checks
+from train import errors
 from train import input_pipeline
 from train import llama_rope
 from train import pretrained
+from train import rundir
 from train import train
 from train.tasks import arithmetic_mix_llm as task
 
@@ -709,11 +711,44 @@ def test_resume_equals_straight_run(data_dir, tmp_path):
   train.train_and_evaluate(straight, str(tmp_path / "straight"))
   half = make_config(data_dir, train_steps=3, lr_decay_steps=6)
   train.train_and_evaluate(half, str(tmp_path / "resumed"))
-  resumed = train.train_and_evaluate(straight, str(tmp_path / "resumed"))
+  # Resumed from the same snapshot, moved: the run's digest of it matches.
+  moved = str(tmp_path / "moved" / "qwen2_tiny")
+  shutil.copytree(straight.pretrained, moved)
+  later = make_config(data_dir, train_steps=6, lr_decay_steps=6)
+  later.pretrained = moved
+  resumed = train.train_and_evaluate(later, str(tmp_path / "resumed"))
   assert resumed["step"] == 6
   want = logged(str(tmp_path / "straight"))
   assert sorted(want) == list(range(1, 7))
   assert logged(str(tmp_path / "resumed")) == want
+
+
+def test_a_moved_snapshot_resumes_only_with_the_same_files(data_dir, tmp_path):
+  config = make_config(data_dir)
+  workdir = str(tmp_path / "run")
+  os.makedirs(os.path.join(workdir, "checkpoints", "3"))
+  rundir.write_config_record(
+      workdir, config, checks.snapshot_record(config, workdir)
+  )
+  moved = make_config(data_dir)
+  moved.pretrained = str(tmp_path / "moved")
+  shutil.copytree(config.pretrained, moved.pretrained)
+  assert checks.check_resumable(moved, workdir) == [
+      ("pretrained", config.pretrained, moved.pretrained)
+  ]
+  weights = pathlib.Path(moved.pretrained, "model.safetensors")
+  data = bytearray(weights.read_bytes())
+  data[-1] ^= 1  # one bit of one weight
+  weights.write_bytes(bytes(data))
+  with pytest.raises(errors.ConfigError, match="has other files"):
+    checks.check_resumable(moved, workdir)
+  # A record an older version wrote, with no digest: refused as before.
+  rundir.write_config_record(workdir, config)
+  shutil.rmtree(moved.pretrained)
+  shutil.copytree(config.pretrained, moved.pretrained)
+  with pytest.raises(errors.ConfigError, match="recorded no digest"):
+    checks.check_resumable(moved, workdir)
+  assert checks.check_resumable(config, workdir) == []
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ import ntil_jax
 from train import errors
 from train import models
 from train import rundir
+from train import snapshots
 from train import tasks
 
 
@@ -268,6 +269,30 @@ def config_changes(recorded: dict, config) -> tuple[list, list]:
   return resumable, refused
 
 
+def _snapshot_sha256(config) -> str | None:
+  """The pretrained snapshot's `snapshots.contents_sha256`; None without
+  one (or where ``config.pretrained`` is no directory)."""
+  path = config.get("pretrained")
+  if not path or not os.path.isdir(path):
+    return None
+  return snapshots.contents_sha256(path)
+
+
+def snapshot_record(config, workdir) -> str | None:
+  """What `rundir.write_config_record` records of the pretrained snapshot.
+
+  The recorded digest where the run recorded one for the same
+  ``pretrained`` path (no weight file read again); else the snapshot's.
+  """
+  if not config.get("pretrained") or jax.process_index() != 0:
+    return None  # only process 0 writes the record
+  record = rundir.read_record(workdir) or {}
+  recorded = record.get(rundir.SNAPSHOT_SHA256)
+  if recorded and record["config"].get("pretrained") == config.pretrained:
+    return recorded
+  return _snapshot_sha256(config)
+
+
 def check_resumable(config, workdir) -> list:
   """The resumable changes from the run recorded in ``workdir``.
 
@@ -277,19 +302,39 @@ def check_resumable(config, workdir) -> list:
     ``[(field, recorded, now)]`` for the fields in `RESUMABLE_FIELDS` that
     changed; empty when the workdir holds no checkpoint or no record.
 
+  A changed ``pretrained`` path resumes where the snapshot there has the
+  digest the run recorded (`snapshot_record`): the same snapshot, moved.
+
   Raises:
     ConfigError: any other field changed (each named with both values).
   """
   if not rundir.saved_steps(workdir):
     return []  # nothing to resume: a new run
-  recorded = rundir.read_config_record(workdir)
-  if recorded is None:
+  record = rundir.read_record(workdir)
+  if record is None:
     return []  # saved before runs recorded their config
-  resumable, refused = config_changes(recorded, config)
+  resumable, refused = config_changes(record["config"], config)
+  moved = [change for change in refused if change[0] == "pretrained"]
+  recorded_snapshot = record.get(rundir.SNAPSHOT_SHA256)
+  if (
+      moved
+      and recorded_snapshot
+      and recorded_snapshot == _snapshot_sha256(config)
+  ):
+    refused.remove(moved[0])  # the same snapshot, moved
+    resumable.append(moved[0])
   if not refused:
     return resumable
   shown = "; ".join(f"{n}: {_show(o)} -> {_show(v)}" for n, o, v in refused)
   why = ""
+  if moved:
+    why = (
+        " (the snapshot at the new --config.pretrained path has other files "
+        "than the one the run recorded)"
+        if recorded_snapshot
+        else " (the run recorded no digest of its snapshot, an older version"
+        " did not, so a moved snapshot cannot be told from another)"
+    )
   if any(name == "worker_count" for name, _, _ in refused):
     why = (
         " (the data iterator's saved position restores only under the "

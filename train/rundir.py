@@ -194,6 +194,8 @@ def read_predictions(workdir) -> list[str]:
 
 
 CONFIG_RECORD = "config.json"
+# Beside the config in CONFIG_RECORD: the pretrained snapshot's digest.
+SNAPSHOT_SHA256 = "snapshot_sha256"
 PREVIOUS_RUNS = "previous-runs"
 _STEP_DIR = re.compile(r"^\d+$")
 
@@ -203,11 +205,13 @@ def config_record(config) -> dict:
   return json.loads(json.dumps(config.to_dict(), sort_keys=True, default=str))
 
 
-def read_config_record(workdir) -> dict | None:
-  """The config recorded by the run in ``workdir``; None if there is none.
+def read_record(workdir) -> dict | None:
+  """``workdir/config.json`` as written by `write_config_record`; None if
+  there is none.
 
   Raises:
-    errors.ConfigError: the record exists but is not a JSON object.
+    errors.ConfigError: the record exists but is not a JSON object holding
+      a config.
   """
   path = os.path.join(workdir, CONFIG_RECORD)
   if not os.path.exists(path):
@@ -225,16 +229,33 @@ def read_config_record(workdir) -> dict | None:
         f"{path} holds no config record; restore it, or pass --start_over "
         "to move the old run aside and start afresh."
     )
-  return record["config"]
+  return record
 
 
-def write_config_record(workdir, config) -> None:
-  """Writes ``workdir/config.json`` atomically (process 0 only)."""
+def read_config_record(workdir) -> dict | None:
+  """The config recorded by the run in ``workdir``; None if there is none.
+
+  Raises:
+    errors.ConfigError: the record exists but is not a JSON object.
+  """
+  record = read_record(workdir)
+  return None if record is None else record["config"]
+
+
+def write_config_record(workdir, config, snapshot_sha256=None) -> None:
+  """Writes ``workdir/config.json`` atomically (process 0 only).
+
+  ``snapshot_sha256``: the pretrained snapshot's
+  `snapshots.contents_sha256`, recorded beside the config.
+  """
   if jax.process_index() != 0:
     return
+  record = dict(config=config_record(config))
+  if snapshot_sha256 is not None:
+    record[SNAPSHOT_SHA256] = snapshot_sha256
   path = os.path.join(workdir, CONFIG_RECORD)
   with open(path + ".tmp", "w") as f:
-    json.dump(dict(config=config_record(config)), f, indent=1, sort_keys=True)
+    json.dump(record, f, indent=1, sort_keys=True)
     f.write("\n")
   os.replace(path + ".tmp", path)
 

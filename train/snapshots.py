@@ -7,9 +7,11 @@ describes would load without a word: another model's weight file left
 beside the new one, a config.json naming fewer layers than the weights
 hold. `check_weights` reads the files' headers (no tensor data) and refuses
 such a snapshot, naming the files and tensors; `identity_files` lists what
-makes a snapshot what it is, for the grids' digests.
+makes a snapshot what it is, for the grids' digests, and `contents_sha256`
+digests their bytes, so that a run resumes from a snapshot that moved.
 """
 
+import hashlib
 import json
 import os
 import re
@@ -203,3 +205,22 @@ def identity_files(path: str) -> list[str]:
   if INDEX_FILE in present:
     names.append(INDEX_FILE)
   return names + sorted(n for n in present if n.endswith(".safetensors"))
+
+
+def file_sha256(path: str) -> str:
+  """SHA-256 of the file's bytes, in hex."""
+  with open(path, "rb") as f:
+    return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def contents_sha256(path: str) -> str:
+  """SHA-256 over the names and bytes of the snapshot's `identity_files`.
+
+  The same wherever the folder lies: a run records it, and resumes from the
+  same snapshot moved elsewhere (``--pretrained`` changed) when it matches.
+  Reads every weight file once.
+  """
+  digest = hashlib.sha256()
+  for name in identity_files(path):
+    digest.update(f"{name}:{file_sha256(os.path.join(path, name))}\n".encode())
+  return digest.hexdigest()

@@ -91,7 +91,7 @@ def train_and_evaluate(config, workdir: str, *, start_over=False) -> dict:
       logging.warning("--start_over: moved the previous run to %s", moved)
     if changes:
       logging.info(
-          "resuming with a changed schedule, cadence or layout: %s",
+          "resuming with a changed schedule, cadence, layout or location: %s",
           ", ".join(f"{name} {old!r} -> {new!r}" for name, old, new in changes),
       )
     stack.enter_context(jax.set_mesh(mesh))
@@ -199,7 +199,9 @@ def _train(config, task, workdir, mesh):
   )
   if start_step:
     logging.info("resumed from step %d", start_step)
-  rundir.write_config_record(workdir, config)
+  rundir.write_config_record(
+      workdir, config, checks.snapshot_record(config, workdir)
+  )
   writer = rundir.MetricsWriter(workdir, start_step)
   train_step = step_lib.make_train_step(config)
   stop = signals.StopOnSignal()

@@ -550,11 +550,6 @@ IDENTITY_VERSION = 2
 SNAPSHOT_FILES = "snapshot_files"
 
 
-def _file_sha256(path) -> str:
-  with open(path, "rb") as f:
-    return hashlib.file_digest(f, "sha256").hexdigest()
-
-
 def snapshot_identity(path, version=IDENTITY_VERSION) -> str:
   """What names a snapshot in cell hashes: its folder's name, a digest of
   its config.json, its weight files' names and sizes and (version 2) the
@@ -571,7 +566,7 @@ def snapshot_identity(path, version=IDENTITY_VERSION) -> str:
   if version >= 2:
     for name in snapshots.identity_files(path):
       if name != "config.json" and not name.endswith(".safetensors"):
-        sha = _file_sha256(os.path.join(path, name))
+        sha = snapshots.file_sha256(os.path.join(path, name))
         digest.update(f"\n{name}:{sha}".encode())
   return f"{os.path.basename(path.rstrip(os.sep))}@{digest.hexdigest()[:12]}"
 
@@ -594,7 +589,7 @@ def snapshot_files(path, cache_path) -> dict[str, str]:
     key = [stat.st_size, stat.st_mtime_ns]
     entry = cache.get(file_path)
     if entry is None or entry[:2] != key:
-      entry = cache[file_path] = key + [_file_sha256(file_path)]
+      entry = cache[file_path] = key + [snapshots.file_sha256(file_path)]
     digests[name] = entry[2]
   os.makedirs(os.path.dirname(os.path.abspath(cache_path)), exist_ok=True)
   temporary = f"{cache_path}.tmp{os.getpid()}"
