@@ -84,11 +84,12 @@ STREAM_GROUPS = (
     "stream_converged_peers",
 )
 # NTIL's peers (DEL, SMMD), run by name as the stream groups: ``peers`` at
-# the main grid's budget on the fixed set, ``stream_converged_peers`` at the
+# the main grid's budget on the fixed set, ``converged_peers`` at the
+# converged budget on the fixed set, ``stream_converged_peers`` at the
 # converged budget on streamed clocks, 5 seeds each, recorded as the main
 # and converged cells of their method (the same variant, paired by seed with
 # CE's recorded runs).
-PEER_GROUPS = ("peers", "stream_converged_peers")
+PEER_GROUPS = ("peers", "converged_peers", "stream_converged_peers")
 STREAM = dict(train_stream=True)
 
 
@@ -188,6 +189,11 @@ def grid(profile):
   ]
   cells["peers"] = [
       ("main", peer, seed, {})
+      for seed in settings["main_seeds"]
+      for peer in config_common.PEER_METHODS
+  ]
+  cells["converged_peers"] = [
+      ("converged", peer, seed, dict(train_steps=CONVERGED_FACTOR * steps))
       for seed in settings["main_seeds"]
       for peer in config_common.PEER_METHODS
   ]
