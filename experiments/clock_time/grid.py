@@ -82,14 +82,20 @@ STREAM_GROUPS = (
     "stream_converged",
     "stream_converged_control",
     "stream_converged_peers",
+    "stream_peers",
 )
-# NTIL's peers (DEL, SMMD), run by name as the stream groups: ``peers`` at
-# the main grid's budget on the fixed set, ``converged_peers`` at the
-# converged budget on the fixed set, ``stream_converged_peers`` at the
-# converged budget on streamed clocks, 5 seeds each, recorded as the main
-# and converged cells of their method (the same variant, paired by seed with
+# NTIL's peers (DEL, SMMD), run by name as the stream groups: ``peers`` and
+# ``converged_peers`` at the main grid's and the converged budget on the
+# fixed set, ``stream_peers`` and ``stream_converged_peers`` at the same
+# budgets on streamed clocks, 5 seeds each, recorded as the main and
+# converged cells of their method (the same variant, paired by seed with
 # CE's recorded runs).
-PEER_GROUPS = ("peers", "converged_peers", "stream_converged_peers")
+PEER_GROUPS = (
+    "peers",
+    "converged_peers",
+    "stream_peers",
+    "stream_converged_peers",
+)
 STREAM = dict(train_stream=True)
 
 
@@ -194,6 +200,11 @@ def grid(profile):
   ]
   cells["converged_peers"] = [
       ("converged", peer, seed, dict(train_steps=CONVERGED_FACTOR * steps))
+      for seed in settings["main_seeds"]
+      for peer in config_common.PEER_METHODS
+  ]
+  cells["stream_peers"] = [
+      ("main", peer, seed, dict(STREAM))
       for seed in settings["main_seeds"]
       for peer in config_common.PEER_METHODS
   ]

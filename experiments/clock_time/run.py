@@ -19,10 +19,10 @@ one seed differ only by their loss (paired). Groups, in run order:
 * ``sweep`` (Table 8): sigma 0.1 and 0.5 (sigma 0 is ``exp_off``), lambda
   0.1 and 1.0;
 * ``long``: CE and NTIL with twice the steps;
-* ``peers``, ``converged_peers`` and ``stream_converged_peers`` (not run
-  unless named): NTIL's peers DEL and SMMD, 5 seeds, at the main and the
-  converged budget on the fixed set and at the converged budget on streamed
-  clocks, paired with CE's recorded runs;
+* ``peers``, ``converged_peers``, ``stream_peers`` and
+  ``stream_converged_peers`` (not run unless named): NTIL's peers DEL and
+  SMMD, 5 seeds, at the main and the converged budget on the fixed set and
+  on streamed clocks, paired with CE's recorded runs;
 * ``stream`` and ``stream_control`` (not run unless named): the five losses
   and the digit-weighted control on clocks rendered as they are read
   (``train_stream``: every train clock new, none a test clock), at the main
@@ -68,7 +68,7 @@ common.define_grid_flags(
 def run_name(group, variant, method, seed):
   if group in ("main", "converged", "peers", "converged_peers"):
     return f"{variant}-{method}-s{seed}"
-  if group == "stream":
+  if group in ("stream", "stream_peers"):
     return f"stream-{method}-s{seed}"
   if group in ("stream_converged", "stream_converged_peers"):
     return f"stream-converged-{method}-s{seed}"

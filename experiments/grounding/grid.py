@@ -97,12 +97,19 @@ GROUPS = {
 }
 # The groups the grid runs by default, in order.
 DEFAULT_GROUPS = tuple(GROUPS)
-# NTIL's peers (DEL, SMMD) on one object at the main budget, 5 seeds, run by
-# name (--groups=single_peers): recorded as the `single` group's cells of
-# their method, paired by seed with CE's recorded runs.
+# NTIL's peers (DEL, SMMD) at the main budget, 5 seeds, run by name: on
+# one object (--groups=single_peers), on a query's object (peers) and on
+# every box of a colour (multi_peers); each paired by seed with CE's
+# recorded runs of its task.
 PEER_GROUPS = {
+    "peers": ("grounding", "main_seeds", {"main": config_common.PEER_METHODS}),
     "single_peers": (
         "grounding_single",
+        "main_seeds",
+        {"main": config_common.PEER_METHODS},
+    ),
+    "multi_peers": (
+        "grounding_multi",
         "main_seeds",
         {"main": config_common.PEER_METHODS},
     ),
