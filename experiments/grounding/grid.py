@@ -142,6 +142,12 @@ STREAM_GROUPS = {
         "main_seeds",
         _DIGIT_WEIGHTED,
     ),
+    # NTIL's peers on one object, each scene new, at 1,200 steps.
+    "stream_single_peers": (
+        "grounding_single",
+        "main_seeds",
+        {"main": config_common.PEER_METHODS},
+    ),
 }
 LONG_GROUPS = (
     "stream_long",
