@@ -142,7 +142,13 @@ STREAM_GROUPS = {
         "main_seeds",
         _DIGIT_WEIGHTED,
     ),
-    # NTIL's peers on one object, each scene new, at 1,200 steps.
+    # NTIL's peers, each scene new, at 1,200 steps: a query's object and
+    # one object.
+    "stream_peers": (
+        "grounding",
+        "main_seeds",
+        {"main": config_common.PEER_METHODS},
+    ),
     "stream_single_peers": (
         "grounding_single",
         "main_seeds",
