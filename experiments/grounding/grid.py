@@ -101,18 +101,11 @@ DEFAULT_GROUPS = tuple(GROUPS)
 # one object (--groups=single_peers), on a query's object (peers) and on
 # every box of a colour (multi_peers); each paired by seed with CE's
 # recorded runs of its task.
+_PEERS = {"main": config_common.PEER_METHODS}
 PEER_GROUPS = {
-    "peers": ("grounding", "main_seeds", {"main": config_common.PEER_METHODS}),
-    "single_peers": (
-        "grounding_single",
-        "main_seeds",
-        {"main": config_common.PEER_METHODS},
-    ),
-    "multi_peers": (
-        "grounding_multi",
-        "main_seeds",
-        {"main": config_common.PEER_METHODS},
-    ),
+    "peers": ("grounding", "main_seeds", _PEERS),
+    "single_peers": ("grounding_single", "main_seeds", _PEERS),
+    "multi_peers": ("grounding_multi", "main_seeds", _PEERS),
 }
 GROUPS.update(PEER_GROUPS)
 # Streamed copies of groups (train_stream: scenes rendered as they are read,
@@ -144,16 +137,8 @@ STREAM_GROUPS = {
     ),
     # NTIL's peers, each scene new, at 1,200 steps: a query's object and
     # one object.
-    "stream_peers": (
-        "grounding",
-        "main_seeds",
-        {"main": config_common.PEER_METHODS},
-    ),
-    "stream_single_peers": (
-        "grounding_single",
-        "main_seeds",
-        {"main": config_common.PEER_METHODS},
-    ),
+    "stream_peers": ("grounding", "main_seeds", _PEERS),
+    "stream_single_peers": ("grounding_single", "main_seeds", _PEERS),
 }
 LONG_GROUPS = (
     "stream_long",
