@@ -736,6 +736,13 @@ def test_a_moved_snapshot_resumes_only_with_the_same_files(data_dir, tmp_path):
   assert checks.check_resumable(moved, workdir) == [
       ("pretrained", config.pretrained, moved.pretrained)
   ]
+  # Moved and another field changed: refused for that field alone.
+  moved.seed += 1
+  with pytest.raises(errors.ConfigError) as refused:
+    checks.check_resumable(moved, workdir)
+  assert "seed" in str(refused.value)
+  assert "pretrained" not in str(refused.value)
+  moved.seed -= 1
   weights = pathlib.Path(moved.pretrained, "model.safetensors")
   data = bytearray(weights.read_bytes())
   data[-1] ^= 1  # one bit of one weight

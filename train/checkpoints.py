@@ -417,14 +417,14 @@ def _saved_without_digest(manager) -> set:
 
 def _list_saved_without_digest(manager, steps) -> None:
   """Adds the ``steps`` that have no digest to the list (process 0)."""
+  if jax.process_index() != 0:
+    return
   directory = str(manager.directory)
   legacy = _saved_without_digest(manager) | {
       step
       for step in steps
       if not os.path.exists(os.path.join(directory, str(step), "digest"))
   }
-  if jax.process_index() != 0:
-    return
   path = os.path.join(directory, SAVED_WITHOUT_DIGEST)
   with open(path + ".tmp", "w") as f:
     json.dump(sorted(legacy), f)

@@ -327,7 +327,7 @@ def check_resumable(config, workdir) -> list:
     return resumable
   shown = "; ".join(f"{n}: {_show(o)} -> {_show(v)}" for n, o, v in refused)
   why = ""
-  if moved:
+  if moved and moved[0] in refused:
     why = (
         " (the snapshot at the new --config.pretrained path has other files "
         "than the one the run recorded)"

@@ -218,9 +218,23 @@ def contents_sha256(path: str) -> str:
 
   The same wherever the folder lies: a run records it, and resumes from the
   same snapshot moved elsewhere (``--pretrained`` changed) when it matches.
-  Reads every weight file once.
+  Reads every weight file once a process, while no file changes (the
+  resume check and the record it writes share one reading).
   """
-  digest = hashlib.sha256()
-  for name in identity_files(path):
-    digest.update(f"{name}:{file_sha256(os.path.join(path, name))}\n".encode())
-  return digest.hexdigest()
+  names = identity_files(path)
+  stats = []
+  for name in names:
+    stat = os.stat(os.path.join(path, name))
+    stats.append((name, stat.st_size, stat.st_mtime_ns))
+  key = (os.path.abspath(path), tuple(stats))
+  if key not in _CONTENTS:
+    digest = hashlib.sha256()
+    for name in names:
+      sha = file_sha256(os.path.join(path, name))
+      digest.update(f"{name}:{sha}\n".encode())
+    _CONTENTS[key] = digest.hexdigest()
+  return _CONTENTS[key]
+
+
+# contents_sha256 by folder and its files' sizes and times.
+_CONTENTS = {}
