@@ -139,12 +139,17 @@ STREAM_GROUPS = {
     # one object.
     "stream_peers": ("grounding", "main_seeds", _PEERS),
     "stream_single_peers": ("grounding_single", "main_seeds", _PEERS),
+    # And at LONG_FACTOR x the steps, where CE's curve has flattened.
+    "stream_long_peers": ("grounding", "main_seeds", _PEERS),
+    "stream_single_long_peers": ("grounding_single", "main_seeds", _PEERS),
 }
 LONG_GROUPS = (
     "stream_long",
     "stream_long_control",
     "stream_single_long",
     "stream_single_long_control",
+    "stream_long_peers",
+    "stream_single_long_peers",
 )
 LONG_FACTOR = 2
 GROUPS.update(STREAM_GROUPS)

@@ -32,7 +32,11 @@ runs of one seed differ only by their loss (paired). Groups, in run order
 * ``stream_long``, ``stream_long_control``, ``stream_single_long`` and
   ``stream_single_long_control`` (not run unless named): the five methods
   and the control streamed on ``grounding`` and ``grounding_single`` at
-  twice the steps (CE's streamed curves still rise at the fixed-set budget).
+  twice the steps (CE's streamed curves still rise at the fixed-set budget);
+* ``peers``, ``single_peers``, ``multi_peers``, ``stream_peers``,
+  ``stream_single_peers``, ``stream_long_peers`` and
+  ``stream_single_long_peers`` (not run unless named): NTIL's peers (DEL,
+  SMMD) in the cells of those groups, paired by seed with CE's runs there.
 
 Each finished run is appended to ``results.json`` at once (with its test
 predictions and curves), so an interrupted grid resumes where it stopped (a
