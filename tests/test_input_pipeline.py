@@ -766,8 +766,11 @@ def test_empty_data_dir_argument_raises():
 def test_several_configs_need_a_name(data_dir, tmp_path):
   arithmetic_data.prepare(str(tmp_path), 6, 3, seed=0)
   arithmetic_data.prepare(str(tmp_path), 6, 3, seed=1)
-  with pytest.raises(ValueError, match="pass config_name"):
+  with pytest.raises(ValueError, match="--config.dataset_config=NAME"):
     input_pipeline.find_dataset_dir(str(tmp_path))
+  assert sorted(
+      input_pipeline.prepared_configs(str(tmp_path), "arithmetic_mix")
+  ) == ["train6_test3_seed0", "train6_test3_seed1"]
   chosen = input_pipeline.find_dataset_dir(
       str(tmp_path), config_name="train6_test3_seed1"
   )

@@ -8,6 +8,7 @@ resumed from.
 """
 
 import hashlib
+import json
 import logging
 import pathlib
 import shutil
@@ -116,6 +117,65 @@ def test_data_moved_elsewhere_resumes(data_dir, finished_run, tmp_path):
   result = train.train_and_evaluate(config, str(workdir))
   assert not result["stopped_early"]
   assert result["step"] == 6
+
+
+def _data_beside(data_dir, tmp_path) -> str:
+  """A data folder holding ``data_dir``'s dataset and another beside it."""
+  beside = tmp_path / "data"
+  (beside / "arithmetic_mix").mkdir(parents=True)
+  (beside / "arithmetic_mix" / "train400_test40_seed0").symlink_to(
+      pathlib.Path(data_dir) / "arithmetic_mix" / "train400_test40_seed0",
+      target_is_directory=True,
+  )
+  arithmetic_data.prepare(str(beside), train_size=6, test_size=3, seed=1)
+  return str(beside)
+
+
+def test_another_dataset_beside_the_data_still_resumes(
+    data_dir, finished_run, tmp_path, caplog
+):
+  # The run named no dataset: it read the only one and recorded its name,
+  # so the same command resumes once another was prepared beside it.
+  caplog.set_level(logging.INFO, logger="absl")
+  recorded = rundir.read_config_record(str(finished_run))
+  assert recorded["dataset_config"] == "train400_test40_seed0"
+  workdir = tmp_path / "run"
+  shutil.copytree(finished_run, workdir)
+  beside = _data_beside(data_dir, tmp_path)
+  config = make_config(beside, train_steps=6, lr_decay_steps=9)
+  assert config.dataset_config == ""
+  assert train.train_and_evaluate(config, str(workdir))["step"] == 6
+  assert "restored checkpoint 6" in caplog.text
+  assert config.dataset_config == ""  # the caller's config is not changed
+  # A new run there must name one; the error says how.
+  with pytest.raises(train.ConfigError, match="holds several") as raised:
+    train.train_and_evaluate(config, str(tmp_path / "new"))
+  assert "--config.dataset_config=NAME" in str(raised.value)
+  assert not (tmp_path / "new").exists()
+
+
+def test_a_run_recorded_without_its_dataset_resumes_when_it_is_named(
+    data_dir, finished_run, tmp_path, caplog
+):
+  # Versions before runs named their dataset recorded "": naming the one
+  # it read resumes it (one line lists the change) instead of refusing it.
+  caplog.set_level(logging.INFO, logger="absl")
+  workdir = tmp_path / "run"
+  shutil.copytree(finished_run, workdir)
+  record = rundir.read_record(str(workdir))
+  record["config"]["dataset_config"] = ""
+  (workdir / rundir.CONFIG_RECORD).write_text(json.dumps(record))
+  beside = _data_beside(data_dir, tmp_path)
+  config = make_config(beside, train_steps=6, lr_decay_steps=9)
+  with pytest.raises(train.ConfigError, match="holds several"):
+    train.train_and_evaluate(config, str(workdir))
+  config.dataset_config = "train400_test40_seed0"
+  assert train.train_and_evaluate(config, str(workdir))["step"] == 6
+  (line,) = [m for m in caplog.messages if m.startswith("resuming with")]
+  assert "dataset_config '' -> 'train400_test40_seed0'" in line
+  assert "restored checkpoint 6" in caplog.text
+  recorded = rundir.read_config_record(str(workdir))
+  assert recorded["dataset_config"] == "train400_test40_seed0"
 
 
 def test_longer_schedule_resumes_and_extends(

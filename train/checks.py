@@ -3,6 +3,7 @@
 Each check raises `errors.ConfigError` with one line that says what to do.
 """
 
+import copy
 import math
 import os
 
@@ -11,6 +12,7 @@ import jax
 from configs import common
 import ntil_jax
 from train import errors
+from train import input_pipeline
 from train import models
 from train import rundir
 from train import snapshots
@@ -106,6 +108,35 @@ def check_directory(path: str, what: str) -> None:
   """ConfigError if ``path`` exists but is not a directory."""
   if os.path.exists(path) and not os.path.isdir(path):
     raise errors.ConfigError(f"{what} {path} is a file, not a directory.")
+
+
+def name_dataset(config, workdir, *, start_over: bool = False):
+  """``config`` with ``dataset_config`` named where it was left empty.
+
+  A run that names no dataset reads the one prepared in ``data_dir``; it
+  is recorded by name, so that the run still resumes after another dataset
+  of its task was prepared beside it. Left empty, the name is the one the
+  run in ``workdir`` recorded (not with ``start_over``), else that of the
+  only dataset of the task in ``data_dir``; with several and no record,
+  it stays empty and `check_config` says to name one. Returns a copy where
+  it names one, ``config`` itself otherwise; reads only.
+  """
+  if config.get("dataset_config") or not config.get("data_dir"):
+    return config
+  name = ""
+  if workdir and not start_over and os.path.isdir(workdir):
+    if rundir.saved_steps(workdir):
+      record = rundir.read_record(workdir) or {"config": {}}
+      name = record["config"].get("dataset_config") or ""
+  if not name:
+    task = get_task(config)
+    prepared = input_pipeline.prepared_configs(config.data_dir, task.NAME)
+    if len(prepared) != 1:
+      return config  # none (check_data says how to prepare it) or several
+    (name,) = prepared
+  config = copy.deepcopy(config)
+  config.dataset_config = name
+  return config
 
 
 def check_config(config, *, data: bool = True):
@@ -263,7 +294,10 @@ def config_changes(recorded: dict, config) -> tuple[list, list]:
     old, new = recorded.get(name, _ABSENT), now.get(name, _ABSENT)
     if old == new:
       continue
-    (resumable if name in RESUMABLE_FIELDS else refused).append(
+    # A run recorded before runs named their dataset read the only one
+    # in its data_dir: naming it now resumes that run.
+    legacy = name == "dataset_config" and old == ""
+    (resumable if name in RESUMABLE_FIELDS or legacy else refused).append(
         (name, old, new)
     )
   return resumable, refused

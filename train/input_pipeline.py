@@ -313,12 +313,7 @@ def find_dataset_dir(
     raise FileNotFoundError(
         f"data_dir {data_dir} does not exist; create the dataset with `{command}`."
     )
-  prepared = {
-      info_file.parent.parent.name: info_file.parent
-      for info_file in sorted(
-          root.glob(f"{dataset_name}/*/{DATASET_VERSION}/dataset_info.json")
-      )
-  }
+  prepared = prepared_configs(data_dir, dataset_name)
   if config_name is not None:
     if config_name not in prepared:
       raise FileNotFoundError(
@@ -332,9 +327,25 @@ def find_dataset_dir(
     )
   if len(prepared) > 1:
     raise ValueError(
-        f"{data_dir} holds several {dataset_name} configs {sorted(prepared)}; pass config_name."
+        f"{data_dir} holds several {dataset_name} datasets {sorted(prepared)};"
+        " name the one to read with --config.dataset_config=NAME (config_name)."
     )
   return next(iter(prepared.values()))
+
+
+def prepared_configs(data_dir: str, dataset_name: str) -> dict:
+  """``{config name: directory}`` of the datasets prepared in ``data_dir``.
+
+  Empty where ``data_dir`` or its ``dataset_name`` folder does not exist.
+  """
+  return {
+      info_file.parent.parent.name: info_file.parent
+      for info_file in sorted(
+          epath.Path(data_dir).glob(
+              f"{dataset_name}/*/{DATASET_VERSION}/dataset_info.json"
+          )
+      )
+  }
 
 
 def load_split(

@@ -74,6 +74,7 @@ def train_and_evaluate(config, workdir: str, *, start_over=False) -> dict:
       the last good checkpoints are kept.
     Interrupted: a signal where the run could not stop cleanly.
   """
+  config = checks.name_dataset(config, workdir, start_over=start_over)
   task = checks.check_config(config)
   workdir = checks.check_workdir(workdir)
   changes = [] if start_over else checks.check_resumable(config, workdir)
