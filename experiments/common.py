@@ -591,6 +591,14 @@ def _kept_record(results_path, runs_dir, digest):
   return kept[1]
 
 
+def check_results(results_path) -> None:
+  """`errors.ConfigError` unless ``results_path``, its predictions and its
+  ``failed.json`` read as a grid writes them: a grid calls it before it
+  prepares data or starts workers (it would refuse them after that work)."""
+  load_results(results_path)
+  load_failures(results_path)
+
+
 def failures_path(results_path) -> str:
   """``failed.json`` beside results.json: the cells whose run diverged."""
   return os.path.join(os.path.dirname(results_path), "failed.json")

@@ -907,15 +907,31 @@ def test_a_results_file_that_is_not_json_is_named(tmp_path, capsys):
     _grid(tmp_path, [])
 
 
-def test_grid_refuses_a_negative_count_before_any_work(tmp_path):
-  """--max_runs=-1 used to prepare the data and run nothing, exit 0."""
+@pytest.mark.parametrize(
+    "module, refused",
+    [
+        ("experiments.clock_time.run", "max_runs"),
+        ("experiments.clock_time.run", "results"),
+        ("experiments.grounding.run", "results"),
+        ("experiments.arithmetic_mix.run", "results"),
+    ],
+)
+def test_grid_refuses_bad_input_before_any_work(tmp_path, module, refused):
+  """--max_runs=-1 used to prepare the data and run nothing, exit 0; a
+  results.json that is not JSON was refused after the data was made."""
+  results = tmp_path / "results.json"
+  args = ["--max_runs=-1"] if refused == "max_runs" else []
+  if refused == "results":
+    results.write_text("{bad")
+  if module.endswith("arithmetic_mix.run"):
+    args.append("--profile=smoke")
   result = launch.run(
       [
           sys.executable,
           "-m",
-          "experiments.clock_time.run",
-          "--max_runs=-1",
-          f"--results={tmp_path / 'results.json'}",
+          module,
+          *args,
+          f"--results={results}",
           f"--runs_dir={tmp_path / 'runs'}",
           f"--data_dir={tmp_path / 'data'}",
       ],
@@ -927,8 +943,11 @@ def test_grid_refuses_a_negative_count_before_any_work(tmp_path):
   assert result.returncode == 2, result.stderr[-3000:]
   assert "Traceback" not in result.stderr
   (line,) = [l for l in result.stderr.splitlines() if l.startswith("error:")]
-  assert "--max_runs=-1" in line
-  assert not list(tmp_path.iterdir())  # no data prepared, nothing written
+  assert ("--max_runs=-1" if refused == "max_runs" else str(results)) in line
+  # No data prepared, nothing written.
+  assert [p.name for p in tmp_path.iterdir()] == (
+      ["results.json"] if refused == "results" else []
+  )
   with pytest.raises(ValueError, match="max_runs must be >= 0"):
     _grid_with_max_runs(tmp_path, -1)
 

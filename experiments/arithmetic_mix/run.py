@@ -915,6 +915,7 @@ def run_llm(profile) -> None:
   methods = chosen_methods()
   check_llm_cells(settings, methods)
   results = llm_results_path(settings)
+  common.check_results(results)
   check_one_schedule(results, settings)
   cache = os.path.join(FLAGS.runs_dir, ".snapshot_digests.json")
   files = snapshot_files(settings["pretrained"], cache)
@@ -1016,6 +1017,7 @@ def main(argv):
   groups = selected_groups(cells, FLAGS.profile)  # before the data is made
   methods = chosen_methods(METHODS + PEER_METHODS)
   results = results_path(FLAGS.profile)
+  common.check_results(results)
   os.makedirs(os.path.dirname(results), exist_ok=True)
   arithmetic_data.prepare(
       FLAGS.data_dir,

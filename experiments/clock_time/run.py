@@ -108,6 +108,7 @@ def main(argv):
     raise app.UsageError(
         f"unknown groups {unknown}; use some of {list(cells)}."
     )
+  common.check_results(FLAGS.results)
   streamed = [g for g in FLAGS.groups if g in grid_lib.STREAM_GROUPS]
   if len(streamed) < len(FLAGS.groups):
     task.prepare(FLAGS.data_dir, settings["train_size"], settings["test_size"])

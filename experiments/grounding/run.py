@@ -94,6 +94,7 @@ def main(argv):
     raise app.UsageError(
         f"unknown groups {unknown}; use some of {list(grid_lib.GROUPS)}."
     )
+  common.check_results(FLAGS.results)
   for group in FLAGS.groups:  # streamed groups: the test split alone
     task = grid_lib.GROUPS[group][0]
     train_size = (
