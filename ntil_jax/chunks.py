@@ -238,7 +238,9 @@ def slot_digit_logits(number_logits, spec: Spec):
     lead = strings.ndim - 1
     for j in range(width):
       others = tuple(lead + i for i in range(width) if i != j)
-      pairs.append(jax.nn.logsumexp(grid, axis=others) if others else grid)
+      # Safe: a digit no token of the width gives a finite logit (-inf on
+      # a width's tokens) would turn the pair's zero cotangent into NaN.
+      pairs.append(_safe_logsumexp(grid, others) if others else grid)
   return jnp.stack(pairs, axis=-2)
 
 
@@ -329,7 +331,12 @@ def token_cells(labels, mask, ids, spec: Spec) -> TokenCells:
 
 def cell_digit_logits(number_logits, cells: TokenCells, spec: Spec):
   """``[B, T, C, 10]``: each digit cell's digit logits (0 elsewhere), from
-  the ``[B, T, K]`` number-token logits."""
+  the ``[B, T, K]`` number-token logits.
+
+  Positions that hold no scored number token read zeros (before any
+  reduction, so NaN or inf logits there get a zero gradient).
+  """
+  number_logits = jnp.where(cells.is_number[..., None], number_logits, 0.0)
   pairs = slot_digit_logits(number_logits, spec)
   offsets = _pair_offsets(spec)
   first = sum(
@@ -440,7 +447,10 @@ def components_to_tokens(components, slots: Slots):
   token; ``emd`` the token's digits' EMDs, each weighted by
   :math:`(1+\\sigma)` to the power of the digits to its right within the
   token, so that ``weights * emd`` is the token's weighted EMD as it is for
-  single digits. ``relative`` and ``magnitude`` stand on the number's last
+  single digits (in a number so long that a weight is capped at 1e30, or
+  one underflows, ``emd`` is that product divided by the last digit's
+  weight as it stands, and the product stays the loss's).
+  ``relative`` and ``magnitude`` stand on the number's last
   token; ``predicted_digits`` is the straight-through prediction as the
   token's value (``[1, 2, 3]`` in a 3-digit token: 123).
   """

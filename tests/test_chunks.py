@@ -14,6 +14,15 @@ from tests import oracle
 
 OTHERS = ["+", ".", "x", "=", " "]
 METHODS = ("emd", "ntl_mse", "soft_label", "ntil", "del", "smmd")
+# Each method's stand-alone loss function.
+LOSSES = {
+    "emd": ntil_jax.emd_loss,
+    "ntl_mse": ntil_jax.ntl_mse_loss,
+    "soft_label": ntil_jax.soft_label_cross_entropy,
+    "ntil": ntil_jax.ntil_loss,
+    "del": ntil_jax.del_loss,
+    "smmd": ntil_jax.smmd_loss,
+}
 
 
 def llama_pieces(word_starts=()):
@@ -373,18 +382,9 @@ def test_fused_path_equals_the_logits_path(implementation):
   assert np.abs(np.asarray(got_grads[1])[:, number_columns]).sum() > 0
 
 
-@pytest.mark.parametrize(
-    "method, loss",
-    [
-        ("emd", ntil_jax.emd_loss),
-        ("ntl_mse", ntil_jax.ntl_mse_loss),
-        ("soft_label", ntil_jax.soft_label_cross_entropy),
-        ("ntil", ntil_jax.ntil_loss),
-        ("del", ntil_jax.del_loss),
-        ("smmd", ntil_jax.smmd_loss),
-    ],
-)
-def test_each_loss_function_takes_number_tokens(method, loss):
+@pytest.mark.parametrize("method", METHODS)
+def test_each_loss_function_takes_number_tokens(method):
+  loss = LOSSES[method]
   _, logits, labels, mask, decimal, tokens, want, _ = oracle_case(method)
   kwargs = dict(eta=0.1, width=1.0) if method == "soft_label" else {}
   if method in ("ntil", "del"):
@@ -397,3 +397,47 @@ def test_each_loss_function_takes_number_tokens(method, loss):
         got, aux(method, logits, labels, mask, tokens, None), atol=2e-5
     )
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_non_finite_logits_off_numbers_get_zero_gradient(method):
+  """NaN and inf logits where the label is no number token (another token,
+  an ignore id) score 0 with a zero gradient, as with ten digit ids; and a
+  -inf on every token of one width (a logit bias) keeps the gradient
+  finite, equal to the single-digit one where no such token is scored."""
+  pieces = (
+      OTHERS + [str(d) for d in range(10)] + [f"{v:02d}" for v in range(100)]
+  )
+  tokens = ntil_jax.number_tokens(pieces)
+  digits = ntil_jax.digit_token_ids(pieces)
+  labels = jnp.array(
+      [[pieces.index("12"), pieces.index("+"), -100, pieces.index("3")]]
+  )
+  rng = np.random.default_rng(0)
+  logits = rng.normal(size=(1, 4, len(pieces))).astype(np.float32)
+  logits[0, 1] = np.nan
+  logits[0, 2] = np.inf
+  loss = LOSSES[method]
+
+  def total(z, ids):
+    return loss(z, labels, digit_token_ids=ids).sum()
+
+  value, grad = jax.value_and_grad(total)(jnp.asarray(logits), tokens)
+  assert np.isfinite(float(value))
+  assert np.isfinite(np.asarray(grad)).all()
+  np.testing.assert_array_equal(np.asarray(grad)[0, 1:3], 0.0)
+  assert np.abs(np.asarray(grad)[0, 0]).sum() > 0  # '12' is scored
+  # -inf on every 2-digit token: the one-digit number '3' is scored as
+  # with the ten digit ids, gradient included.
+  wide = np.array([len(p) == 2 and p.isdigit() for p in pieces])
+  biased = np.where(wide, -np.inf, logits[:, 3:]).astype(np.float32)
+  only = labels[:, 3:]
+  got = jax.value_and_grad(
+      lambda z: loss(z, only, digit_token_ids=tokens).sum()
+  )(jnp.asarray(biased))
+  want = jax.value_and_grad(
+      lambda z: loss(z, only, digit_token_ids=digits).sum()
+  )(jnp.asarray(biased))
+  assert np.isfinite(np.asarray(got[1])).all()
+  np.testing.assert_allclose(float(got[0]), float(want[0]), rtol=1e-5)
+  np.testing.assert_allclose(got[1], want[1], rtol=1e-5, atol=1e-7)
