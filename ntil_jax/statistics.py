@@ -55,8 +55,10 @@ class TokenStatistics(NamedTuple):
 
   Attributes:
     log_norm: ``logsumexp`` of the logits over the vocabulary.
-    label_logits: the logit of each label (0 where the label is not in
-      ``[0, V)``).
+    label_logits: the logit of each label; a label outside ``[0, V)``
+      (an ignore id) reads the column it is clipped to (0 for ``-100``),
+      and a position outside the ``mask`` given reads 0. The losses never
+      read either.
     digit_logits: ``[..., T, 10]`` logits of the digit tokens.
   """
 

@@ -14,6 +14,7 @@ import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 import numpy as np
+import optax
 
 import ntil_jax
 from tests.test_fused import hidden_case
@@ -98,7 +99,52 @@ def main():
     # rounding of the largest entries' size.
     scale = np.abs(w_).max()
     np.testing.assert_allclose(g, w_, rtol=1e-5, atol=1e-6 * scale)
+  check_each_implementation(mesh, put, replicate)
   print("OK")
+
+
+def check_each_implementation(mesh, put, replicate):
+  """Every implementation on a batch split over the mesh, numbers in
+  digits and in tokens of 1-2 digits: a kernel written for one device runs
+  on each device's tokens; the chunked backward's digit columns get an
+  output sharding."""
+  pieces = [str(d) for d in range(10)] + [f"{v:02d}" for v in range(100)]
+  pieces += ["+", "=", "x"] + [f"<{i}>" for i in range(15)]
+  rng = np.random.default_rng(3)
+  hidden = jnp.asarray(rng.normal(size=(8, 12, 16)), jnp.float32)
+  unembedding = jnp.asarray(rng.normal(size=(16, len(pieces))), jnp.float32)
+  labels = jnp.asarray(rng.integers(-1, len(pieces), (8, 12)), jnp.int32)
+  implementations = ["chunked", optax_ce]
+  if ntil_jax.kernels.tokamax_ce.available():
+    implementations.append("tokamax")
+  for implementation in implementations:
+    for ids in (None, ntil_jax.number_tokens(pieces)):
+
+      def total(h, w, implementation=implementation, ids=ids):
+        return ntil_jax.fused_numeric_loss(
+            h,
+            w,
+            labels,
+            loss_mask=labels >= 0,
+            digit_token_ids=ids,
+            implementation=implementation,
+        ).sum()
+
+      step = jax.jit(jax.value_and_grad(total, argnums=(0, 1)))
+      want, want_grads = step(hidden, unembedding)
+      with jax.set_mesh(mesh):
+        got, got_grads = step(put(hidden), replicate(unembedding))
+      np.testing.assert_allclose(got, want, rtol=1e-5)
+      for g, w_ in zip(got_grads, want_grads):
+        scale = np.abs(w_).max()
+        np.testing.assert_allclose(g, w_, rtol=1e-5, atol=1e-6 * scale)
+
+
+def optax_ce(hidden, labels, unembedding):
+  """A user's per-token CE kernel: optax on the logits."""
+  return optax.softmax_cross_entropy_with_integer_labels(
+      hidden @ unembedding, labels
+  )
 
 
 if __name__ == "__main__":

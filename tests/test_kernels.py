@@ -161,6 +161,28 @@ class ImplementationsTest(parameterized.TestCase):
     np.testing.assert_array_equal(np.asarray(d_hidden)[labels < 0], 0.0)
 
   @parameterized.parameters(*IMPLEMENTATIONS)
+  def test_no_tokens_give_an_empty_loss(self, implementation):
+    # A CE kernel is never called on zero tokens (it crashed reshaping).
+    unembedding = jnp.ones(
+        (8, VOCAB_BY_IMPLEMENTATION.get(implementation, VOCAB))
+    )
+    for batch, length in ((2, 0), (0, 5)):
+      hidden = jnp.zeros((batch, length, 8))
+      labels = jnp.zeros((batch, length), jnp.int32)
+
+      def total(h, w, labels=labels):
+        return ntil_jax.fused_numeric_loss(
+            h, w, labels, implementation=IMPLEMENTATIONS[implementation]
+        ).sum()
+
+      value, grads = jax.value_and_grad(total, argnums=(0, 1))(
+          hidden, unembedding
+      )
+      self.assertEqual(float(value), 0.0)
+      self.assertEqual(grads[0].shape, hidden.shape)
+      np.testing.assert_array_equal(grads[1], 0.0)
+
+  @parameterized.parameters(*IMPLEMENTATIONS)
   def test_traced_invalid_digit_ids_give_nan(self, implementation):
     hidden, unembedding, labels, _, _ = case(
         2, vocab=VOCAB_BY_IMPLEMENTATION.get(implementation, VOCAB)

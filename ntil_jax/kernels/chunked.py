@@ -334,7 +334,11 @@ def _statistics_bwd(columns, rows, tile, residuals, cotangents):
         out_sharding=hidden_sharding,
     )
     d_digits = jnp.einsum(
-        "btd,btk->dk", hidden, g_digits, preferred_element_type=jnp.float32
+        "btd,btk->dk",
+        hidden,
+        g_digits,
+        preferred_element_type=jnp.float32,
+        out_sharding=jax.typeof(w_digits).sharding,
     )
     d_unembedding = d_unembedding.at[:, jnp.asarray(digit_columns)].add(
         d_digits.astype(d_unembedding.dtype)

@@ -13,6 +13,7 @@ So every loss of :mod:`ntil_jax` rides the kernel: the vocabulary-wide work
 (and its memory) is the kernel's alone.
 """
 
+import math
 from typing import Callable
 
 import chex
@@ -48,6 +49,50 @@ def _grads_in_dtype(ce_fn: PerTokenCE, dtype) -> PerTokenCE:
 
   ce.defvjp(fwd, bwd)
   return ce
+
+
+def _split_like(x):
+  """``x``'s sharding where it is split over a mesh, else None."""
+  sharding = getattr(jax.typeof(x), "sharding", None)
+  spec = getattr(sharding, "spec", None)
+  return sharding if spec is not None and any(spec) else None
+
+
+def _on_each_shard(ce_fn: PerTokenCE, flat) -> tuple[PerTokenCE, int]:
+  """``(kernel, tokens it sees)``: ``ce_fn`` run on each device's tokens
+  where ``flat`` is split over a mesh's Explicit axes, else ``ce_fn``.
+
+  A kernel written for one device (tokamax's backward among them) has no
+  output sharding for a contraction over tokens split across devices; each
+  device runs it on its own tokens with the whole unembedding, whose
+  gradient autodiff sums over them.
+  """
+  sharding = _split_like(flat)
+  rows = None if sharding is None else sharding.spec[0]
+  if rows is None:
+    return ce_fn, flat.shape[0]
+  axes = rows if isinstance(rows, tuple) else (rows,)
+  shards = math.prod(sharding.mesh.shape[axis] for axis in axes)
+
+  def local(hidden, labels, unembedding):
+    # Varying like the tokens before the kernel sees it (a kernel's own
+    # custom VJP returns a varying gradient); the cast's transpose sums it.
+    return ce_fn(hidden, labels, jax.lax.pcast(unembedding, axes, to="varying"))
+
+  per_device = jax.shard_map(
+      local,
+      mesh=sharding.mesh,
+      in_specs=(jax.P(rows, None), jax.P(rows), jax.P()),
+      out_specs=jax.P(rows),
+  )
+
+  def ce(hidden, labels, unembedding):
+    hidden = jax.sharding.reshard(hidden, jax.P(rows, None))
+    return per_device(
+        hidden, labels, jax.sharding.reshard(unembedding, jax.P())
+    )
+
+  return ce, flat.shape[0] // shards
 
 
 def _checked(ce_fn: PerTokenCE, num_tokens: int) -> PerTokenCE:
@@ -110,16 +155,27 @@ def token_statistics(
   """
   batch, length, dim = hidden.shape
   vocab_size = unembedding.shape[-1]
+  count = 0 if columns is None else len(columns)
+  if batch * length == 0:  # nothing to give the kernel
+    per_token = jnp.zeros((batch, length), jnp.float32)
+    return statistics.TokenStatistics(
+        per_token,
+        per_token,
+        jnp.zeros((batch, length, count or traced_ids.shape[0]), jnp.float32),
+    )
   dtype = jnp.result_type(hidden.dtype, unembedding.dtype)
   flat = hidden.reshape(batch * length, dim).astype(dtype)
   unembedding = unembedding.astype(dtype)
   valid = (labels >= 0) & (labels < vocab_size)
   safe = jnp.where(valid, labels, 0).astype(jnp.int32).reshape(-1)
-  ce_fn = _checked(ce_fn, batch * length)
-  ce = _grads_in_dtype(ce_fn, dtype)(flat, safe, unembedding)
-  label_columns = jnp.take(unembedding, safe, axis=1)  # [D, N]
+  ce_fn = _checked(ce_fn, _on_each_shard(ce_fn, flat)[1])
+  ce = _grads_in_dtype(_on_each_shard(ce_fn, flat)[0], dtype)(
+      flat, safe, unembedding
+  )
+  # Each label's row of W^T, split over a mesh as the tokens are.
+  label_rows = unembedding.T.at[safe].get(out_sharding=_split_like(flat))
   label_logit = jnp.einsum(
-      "nd,dn->n", flat, label_columns, preferred_element_type=jnp.float32
+      "nd,nd->n", flat, label_rows, preferred_element_type=jnp.float32
   )
   if columns is not None:
     digit_columns = jnp.take(unembedding, np.asarray(columns), axis=1)
