@@ -58,21 +58,30 @@ def _split_like(x):
   return sharding if spec is not None and any(spec) else None
 
 
-def _on_each_shard(ce_fn: PerTokenCE, flat) -> tuple[PerTokenCE, int]:
-  """``(kernel, tokens it sees)``: ``ce_fn`` run on each device's tokens
-  where ``flat`` is split over a mesh's Explicit axes, else ``ce_fn``.
+def _token_axes(flat) -> tuple:
+  """``(mesh axes, devices)`` the tokens of ``flat [N, D]`` are split over
+  on an Explicit mesh; ``(None, 1)`` where they are not."""
+  sharding = _split_like(flat)
+  rows = None if sharding is None else sharding.spec[0]
+  if rows is None:
+    return None, 1
+  axes = rows if isinstance(rows, tuple) else (rows,)
+  return rows, math.prod(sharding.mesh.shape[axis] for axis in axes)
+
+
+def _on_each_shard(ce_fn: PerTokenCE, flat) -> PerTokenCE:
+  """``ce_fn`` run on each device's tokens where ``flat`` is split over a
+  mesh's Explicit axes (`_token_axes`), else ``ce_fn``.
 
   A kernel written for one device (tokamax's backward among them) has no
   output sharding for a contraction over tokens split across devices; each
   device runs it on its own tokens with the whole unembedding, whose
   gradient autodiff sums over them.
   """
-  sharding = _split_like(flat)
-  rows = None if sharding is None else sharding.spec[0]
+  rows, _ = _token_axes(flat)
   if rows is None:
-    return ce_fn, flat.shape[0]
+    return ce_fn
   axes = rows if isinstance(rows, tuple) else (rows,)
-  shards = math.prod(sharding.mesh.shape[axis] for axis in axes)
 
   def local(hidden, labels, unembedding):
     # Varying like the tokens before the kernel sees it (a kernel's own
@@ -81,7 +90,7 @@ def _on_each_shard(ce_fn: PerTokenCE, flat) -> tuple[PerTokenCE, int]:
 
   per_device = jax.shard_map(
       local,
-      mesh=sharding.mesh,
+      mesh=_split_like(flat).mesh,
       in_specs=(jax.P(rows, None), jax.P(rows), jax.P()),
       out_specs=jax.P(rows),
   )
@@ -92,7 +101,7 @@ def _on_each_shard(ce_fn: PerTokenCE, flat) -> tuple[PerTokenCE, int]:
         hidden, labels, jax.sharding.reshard(unembedding, jax.P())
     )
 
-  return ce, flat.shape[0] // shards
+  return ce
 
 
 def _checked(ce_fn: PerTokenCE, num_tokens: int) -> PerTokenCE:
@@ -168,8 +177,9 @@ def token_statistics(
   unembedding = unembedding.astype(dtype)
   valid = (labels >= 0) & (labels < vocab_size)
   safe = jnp.where(valid, labels, 0).astype(jnp.int32).reshape(-1)
-  ce_fn = _checked(ce_fn, _on_each_shard(ce_fn, flat)[1])
-  ce = _grads_in_dtype(_on_each_shard(ce_fn, flat)[0], dtype)(
+  # Checked on the tokens each device gives it.
+  ce_fn = _checked(ce_fn, batch * length // _token_axes(flat)[1])
+  ce = _grads_in_dtype(_on_each_shard(ce_fn, flat), dtype)(
       flat, safe, unembedding
   )
   # Each label's row of W^T, split over a mesh as the tokens are.
