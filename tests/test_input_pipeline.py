@@ -1,13 +1,16 @@
 """Tests for train/tokenizer.py, train/arithmetic_data.py and train/input_pipeline.py."""
 
 import collections
+import logging
 import os
 import random
 import re
 import string
 import sys
+import types
 
 import grain
+import ml_collections
 import ntil_jax
 import numpy as np
 import orbax.checkpoint as ocp
@@ -15,7 +18,8 @@ import pytest
 import tensorflow_datasets as tfds
 from absl import flags
 
-from train import arithmetic_data, input_pipeline, tokenizer
+from train import arithmetic_data, evaluate, input_pipeline, tokenizer
+from train.tasks import arithmetic_mix, clock_time
 
 from tests import launch
 
@@ -118,6 +122,72 @@ def test_round_trip_and_decode_rules():
       tokenizer.PAD_ID,
   ]
   assert tokenizer.decode(framed) == "1+1\t2"
+
+
+def test_strict_decode_keeps_what_is_no_answer_text():
+  # A model's answer holding PAD, BOS or SEP is not the answer: decoded
+  # for scoring, each shows as a character no answer or parser has.
+  bad = tokenizer.UNEXPECTED_TEXT
+  ids = tokenizer.encode("2_") + [tokenizer.PAD_ID] + tokenizer.encode("05")
+  assert tokenizer.decode(ids + [tokenizer.EOS_ID]) == "2_05"
+  assert tokenizer.decode(ids, strict=True) == f"2_{bad}05"
+  for special in (tokenizer.BOS_ID, tokenizer.SEP_ID):
+    row = [1, special, 2, tokenizer.EOS_ID, tokenizer.PAD_ID]
+    assert tokenizer.decode(row, strict=True) == f"1{bad}2"
+  assert (
+      clock_time.summarize(
+          clock_time.score_answers([f"2_{bad}05"], ["2_05"], None)
+      )["exact_match"]
+      == 0.0
+  )
+
+
+def test_arithmetic_errors_are_exact_for_any_answer():
+  config = ml_collections.ConfigDict(dict(max_answer_len=12))
+
+  def scored(prediction, answer):
+    sums = arithmetic_mix.score_answers([prediction], [answer], config)
+    return arithmetic_mix.summarize(sums)
+
+  # Exactly 1% off counts (in floats 0.707 vs 0.7 did not); just over not.
+  for prediction, answer in (("0.707", "0.7"), ("101", "100"), ("-1.01", "-1")):
+    assert scored(prediction, answer)["within_1_percent"] == 1.0
+  assert scored("0.70701", "0.7")["within_1_percent"] == 0.0
+  # A prediction past float64's range parses: an infinite error, a finite
+  # log error (10**400 - 3 + 1 has 400 digits), no crash.
+  huge = scored("9" * 400, "3")
+  assert huge["parsed_rate"] == 1.0 and huge["exact_match"] == 0.0
+  assert huge["mean_abs_error"] == float("inf")
+  assert abs(huge["mean_log10_abs_error"] - 400.0) < 1e-9
+  assert huge["within_1_percent"] == 0.0
+
+
+def test_evaluation_with_no_example_left_scores_none(caplog):
+  # Every test example skipped (too long): metrics of nothing and a
+  # warning, not a crash.
+  class Model:
+
+    def eval(self):
+      pass
+
+    def train(self):
+      pass
+
+  task = types.SimpleNamespace(
+      score_answers=arithmetic_mix.score_answers,
+      summarize=arithmetic_mix.summarize,
+      eval_batches=lambda config: iter([]),
+  )
+  config = ml_collections.ConfigDict(
+      dict(max_answer_len=12, max_question_len=64)
+  )
+  with caplog.at_level(logging.WARNING, logger="absl"):
+    metrics, samples, predictions = evaluate.evaluate(
+        Model(), config, lambda x: x, task
+    )
+  assert metrics["num_examples"] == 0 and metrics["exact_match"] == 0.0
+  assert samples == [] and predictions == []
+  assert "scored no test example" in caplog.text
 
 
 @pytest.mark.parametrize("char", ["é", "\n", "\t", "→"])

@@ -50,7 +50,8 @@ class _CharCodec:
 
   eos_id = tokenizer.EOS_ID
   pad_id = tokenizer.PAD_ID
-  decode = staticmethod(tokenizer.decode)
+  # An answer holding PAD, BOS or SEP is not the answer without them.
+  decode = staticmethod(functools.partial(tokenizer.decode, strict=True))
 
 
 def evaluate(
@@ -113,6 +114,14 @@ def evaluate(
         zip([i for i, ok in zip(indices, valid) if ok], answers, predictions)
     )
   model.train()
+  if sums is None:  # every test example skipped: nothing was decoded
+    logging.warning(
+        "evaluation scored no test example: every one was skipped (too long"
+        " for max_question_len=%s / max_answer_len=%s, or eval_examples).",
+        config.get("max_question_len"),
+        config.get("max_answer_len"),
+    )
+    sums = task.score_answers([], [], config)
   metrics = task.summarize(_sum_over_hosts(sums))
   if test_examples is not None:
     metrics["test_examples"] = int(test_examples)

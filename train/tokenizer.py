@@ -190,11 +190,18 @@ def _chunk_text(token_id: int) -> str:
   return f"{token_id - _CHUNK_FIRST_ID[width]:0{width}d}"
 
 
-def decode(ids: Iterable[int]) -> str:
+# What ``decode(..., strict=True)`` shows for PAD, BOS and SEP: no answer
+# holds it, and no parser reads it.
+UNEXPECTED_TEXT = "\ufffd"
+
+
+def decode(ids: Iterable[int], *, strict: bool = False) -> str:
   """Decodes ids back to text.
 
   Stops at the first EOS, skips PAD and BOS, and shows SEP as ``SEP_TEXT``
-  (a tab). Raises ValueError for an id outside ``[0, VOCAB_SIZE)``.
+  (a tab). With ``strict`` (a model's answer, scored), PAD, BOS and SEP
+  each show as ``UNEXPECTED_TEXT`` instead: ``2 _ PAD 0 5`` is not the
+  answer ``2_05``. Raises ValueError for an id outside ``[0, VOCAB_SIZE)``.
   """
   pieces = []
   for token_id in ids:
@@ -209,6 +216,9 @@ def decode(ids: Iterable[int]) -> str:
       continue
     if token_id == EOS_ID:
       break
+    if strict and token_id in (PAD_ID, BOS_ID, SEP_ID):
+      pieces.append(UNEXPECTED_TEXT)
+      continue
     if token_id in (PAD_ID, BOS_ID):
       continue
     pieces.append(SEP_TEXT if token_id == SEP_ID else _ID_TO_CHAR[token_id])

@@ -9,7 +9,6 @@ beside its results (`read_test_problems`).
 import collections
 import glob
 import json
-import math
 import os
 import pathlib
 import re
@@ -86,7 +85,7 @@ def log10_error(prediction: str, answer: str) -> float | None:
   predicted, true = task.parse_number(prediction), task.parse_number(answer)
   if predicted is None or true is None:
     return None
-  return math.log10(1.0 + abs(float(predicted - true)))
+  return task.log10_error(predicted, true)
 
 
 def within_1_percent(prediction: str, answer: str) -> bool:
@@ -94,7 +93,7 @@ def within_1_percent(prediction: str, answer: str) -> bool:
   predicted, true = task.parse_number(prediction), task.parse_number(answer)
   if predicted is None or true is None:
     return False
-  return abs(float(predicted - true)) <= 0.01 * abs(float(true))
+  return task.within_1_percent(predicted, true)
 
 
 def is_exact(prediction: str, answer: str) -> bool:

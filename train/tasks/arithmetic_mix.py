@@ -108,6 +108,28 @@ def parse_number(text: str):
     return None
 
 
+def absolute_error(predicted: Fraction, true: Fraction) -> float:
+  """``|predicted - true|`` as a float; ``inf`` past float64's range (a
+  prediction of 309 or more digits)."""
+  try:
+    return float(abs(predicted - true))
+  except OverflowError:
+    return math.inf
+
+
+def log10_error(predicted: Fraction, true: Fraction) -> float:
+  """``log10(1 + |predicted - true|)``, finite for any length: the log of
+  the exact fraction's numerator and denominator (integers of any size)."""
+  error = 1 + abs(predicted - true)
+  return math.log10(error.numerator) - math.log10(error.denominator)
+
+
+def within_1_percent(predicted: Fraction, true: Fraction) -> bool:
+  """``|predicted - true| <= |true| / 100``, exactly: an answer exactly 1%
+  off counts (in floats, 0.707 against 0.7 did not)."""
+  return abs(predicted - true) * 100 <= abs(true)
+
+
 def score_answers(predictions, answers, config) -> dict:
   """Sums over one host's examples, as float64 arrays that hosts can add.
 
@@ -133,11 +155,10 @@ def score_answers(predictions, answers, config) -> dict:
     sums["correct_by_length"][length] += correct
     predicted_value, true_value = parse_number(predicted), parse_number(answer)
     if predicted_value is not None and true_value is not None:
-      error = abs(float(predicted_value - true_value))
       sums["parsed"] += 1
-      sums["abs_error"] += error
-      sums["log_abs_error"] += math.log10(1.0 + error)
-      sums["within_1_percent"] += error <= 0.01 * abs(float(true_value))
+      sums["abs_error"] += absolute_error(predicted_value, true_value)
+      sums["log_abs_error"] += log10_error(predicted_value, true_value)
+      sums["within_1_percent"] += within_1_percent(predicted_value, true_value)
   return sums
 
 
