@@ -61,8 +61,10 @@ def main_key(run):
 
 
 def value(run, metric):
-  """A recorded metric (a key) or one derived from the run (a function)."""
-  return metric(run) if callable(metric) else run[metric]
+  """A recorded metric (a key) or one derived from the run (a function);
+  NaN where it was recorded as None (a median of no example scored)."""
+  got = metric(run) if callable(metric) else run[metric]
+  return float("nan") if got is None else got
 
 
 def at_step(run, metric, step=None) -> float:

@@ -10,6 +10,7 @@ import pytest
 
 from experiments import common as results_io
 from experiments import stats
+from experiments import tables
 from train import errors
 
 from tests import launch
@@ -950,6 +951,19 @@ def test_grid_refuses_bad_input_before_any_work(tmp_path, module, refused):
   )
   with pytest.raises(ValueError, match="max_runs must be >= 0"):
     _grid_with_max_runs(tmp_path, -1)
+
+
+def test_a_metric_recorded_as_none_is_left_out_like_nan():
+  # A run that scored no example records None for a median: the tables
+  # pass it over instead of crashing.
+  ours = {0: dict(m=0.5), 1: dict(m=None), 2: dict(m=0.7)}
+  theirs = {0: dict(m=0.4), 1: dict(m=0.3), 2: dict(m=0.4)}
+  d = stats.paired(ours, theirs, "m", 100, True)
+  assert d["n"] == 2 and math.isclose(d["mean"], 20.0)
+  metric = stats.Metric("m", "m", 100, 1, True)
+  assert tables.fmt_metric(list(ours.values()), metric) == tables.fmt_metric(
+      [ours[0], ours[2]], metric
+  )
 
 
 def test_paired_differences_equal_but_for_rounding_have_no_t_test():
