@@ -236,19 +236,22 @@ def _nearest(starts, ends, kind=None, backward=()):
   return first, -last, before[0], -after[0], extra
 
 
+def split_sharding(x):
+  """``x``'s sharding where it is split over a mesh, else None (an output
+  sharding to give an op whose operands are split, or JAX's default)."""
+  sharding = getattr(jax.typeof(x), "sharding", None)
+  spec = getattr(sharding, "spec", None)
+  return sharding if spec is not None and any(spec) else None
+
+
 def _positions(like):
   """int32 ``[..., T]``: each position's index along the last axis.
 
   Split over a mesh as ``like`` is (on an explicit mesh, a replicated iota
   cannot meet sharded arrays in one ``where``).
   """
-  sharding = getattr(jax.typeof(like), "sharding", None)
-  spec = getattr(sharding, "spec", None)
   return jax.lax.broadcasted_iota(
-      jnp.int32,
-      like.shape,
-      like.ndim - 1,
-      out_sharding=sharding if spec is not None and any(spec) else None,
+      jnp.int32, like.shape, like.ndim - 1, out_sharding=split_sharding(like)
   )
 
 

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ntil_jax import numbers
 from ntil_jax import statistics
 
 # (hidden [N, D], labels [N], unembedding [D, V]) -> per-token CE [N].
@@ -51,22 +52,16 @@ def _grads_in_dtype(ce_fn: PerTokenCE, dtype) -> PerTokenCE:
   return ce
 
 
-def _split_like(x):
-  """``x``'s sharding where it is split over a mesh, else None."""
-  sharding = getattr(jax.typeof(x), "sharding", None)
-  spec = getattr(sharding, "spec", None)
-  return sharding if spec is not None and any(spec) else None
-
-
 def _token_axes(flat) -> tuple:
-  """``(mesh axes, devices)`` the tokens of ``flat [N, D]`` are split over
-  on an Explicit mesh; ``(None, 1)`` where they are not."""
-  sharding = _split_like(flat)
+  """``(spec, axes, devices)``: the mesh axes the tokens of ``flat [N, D]``
+  are split over on an Explicit mesh (as its spec's entry, and as a tuple)
+  and how many devices that is; ``(None, (), 1)`` where they are not."""
+  sharding = numbers.split_sharding(flat)
   rows = None if sharding is None else sharding.spec[0]
   if rows is None:
-    return None, 1
+    return None, (), 1
   axes = rows if isinstance(rows, tuple) else (rows,)
-  return rows, math.prod(sharding.mesh.shape[axis] for axis in axes)
+  return rows, axes, math.prod(sharding.mesh.shape[axis] for axis in axes)
 
 
 def _on_each_shard(ce_fn: PerTokenCE, flat) -> PerTokenCE:
@@ -78,10 +73,9 @@ def _on_each_shard(ce_fn: PerTokenCE, flat) -> PerTokenCE:
   device runs it on its own tokens with the whole unembedding, whose
   gradient autodiff sums over them.
   """
-  rows, _ = _token_axes(flat)
+  rows, axes, _ = _token_axes(flat)
   if rows is None:
     return ce_fn
-  axes = rows if isinstance(rows, tuple) else (rows,)
 
   def local(hidden, labels, unembedding):
     # Varying like the tokens before the kernel sees it (a kernel's own
@@ -90,7 +84,7 @@ def _on_each_shard(ce_fn: PerTokenCE, flat) -> PerTokenCE:
 
   per_device = jax.shard_map(
       local,
-      mesh=_split_like(flat).mesh,
+      mesh=numbers.split_sharding(flat).mesh,
       in_specs=(jax.P(rows, None), jax.P(rows), jax.P()),
       out_specs=jax.P(rows),
   )
@@ -164,13 +158,11 @@ def token_statistics(
   """
   batch, length, dim = hidden.shape
   vocab_size = unembedding.shape[-1]
-  count = 0 if columns is None else len(columns)
   if batch * length == 0:  # nothing to give the kernel
+    count = traced_ids.shape[0] if columns is None else len(columns)
     per_token = jnp.zeros((batch, length), jnp.float32)
     return statistics.TokenStatistics(
-        per_token,
-        per_token,
-        jnp.zeros((batch, length, count or traced_ids.shape[0]), jnp.float32),
+        per_token, per_token, jnp.zeros((batch, length, count), jnp.float32)
     )
   dtype = jnp.result_type(hidden.dtype, unembedding.dtype)
   flat = hidden.reshape(batch * length, dim).astype(dtype)
@@ -178,12 +170,14 @@ def token_statistics(
   valid = (labels >= 0) & (labels < vocab_size)
   safe = jnp.where(valid, labels, 0).astype(jnp.int32).reshape(-1)
   # Checked on the tokens each device gives it.
-  ce_fn = _checked(ce_fn, batch * length // _token_axes(flat)[1])
+  ce_fn = _checked(ce_fn, batch * length // _token_axes(flat)[2])
   ce = _grads_in_dtype(_on_each_shard(ce_fn, flat), dtype)(
       flat, safe, unembedding
   )
   # Each label's row of W^T, split over a mesh as the tokens are.
-  label_rows = unembedding.T.at[safe].get(out_sharding=_split_like(flat))
+  label_rows = unembedding.T.at[safe].get(
+      out_sharding=numbers.split_sharding(flat)
+  )
   label_logit = jnp.einsum(
       "nd,nd->n", flat, label_rows, preferred_element_type=jnp.float32
   )
