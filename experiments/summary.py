@@ -134,7 +134,7 @@ def key(run) -> str | None:
   if "variant" not in run:  # arithmetic: the control is CE, group "control"
     if run.get("group") == "control":
       return CONTROL if run["overrides"].get("digit_ce_weight") else None
-    in_row = run.get("group") in ("main", "peers", "chunks")
+    in_row = run.get("group") in ("main", "peers", "chunks", "chunks_peers")
     return run["method"] if in_row else None
   key = stats.main_key(run)  # a variant or, in the main grid, the method
   return key if key in (run["method"], CONTROL) else None

@@ -1,7 +1,8 @@
 #!/bin/bash
 # Runs the digits grid's groups that have no GPU record yet on a lent GPU
-# machine: NTIL's peers (DEL, SMMD x 5 seeds) and the chunk group (CE, EMD,
-# NTIL x 5 seeds on numbers in tokens of 1-3 digits): 25 cells of 800 steps
+# machine: NTIL's peers (DEL, SMMD x 5 seeds), the chunk group (CE, EMD,
+# NTIL x 5 seeds on numbers in tokens of 1-3 digits) and NTIL's peers in
+# those tokens (chunks_peers, DEL, SMMD x 5 seeds): 35 cells of 800 steps
 # of 128, each paired by seed with the H100 records of the main group.
 # From what scripts/device_kit.sh prepared (its .devkit/whl wheels and the
 # digits data in .devkit/data): one call,
@@ -15,12 +16,12 @@
 # report (`python -m experiments.arithmetic_mix.report --profile=digits`)
 # and the summary (`python -m experiments.summary --readme`), and commit.
 # Environment: WORKERS (8), BUDGET_S (seconds for the grid, 420), GRID_GROUPS
-# ("peers,chunks"), SIGNAL (INT: unfinished cells save a checkpoint).
+# ("peers,chunks,chunks_peers"), SIGNAL (INT: unfinished cells save a checkpoint).
 set -uo pipefail
 KIT=.devkit
 WORKERS=${WORKERS:-8}
 BUDGET_S=${BUDGET_S:-420}
-GRID_GROUPS=${GRID_GROUPS:-peers,chunks}
+GRID_GROUPS=${GRID_GROUPS:-peers,chunks,chunks_peers}
 SIGNAL=${SIGNAL:-INT}
 OUT=${OUT:-/tmp/out}
 RESULTS=experiments/arithmetic_mix/digits

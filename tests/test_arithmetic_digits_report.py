@@ -622,6 +622,11 @@ CHUNK_CELLS = {
     "ntil-chunks-s0": ("chunks", "ntil", 0, {6: "999"}, [0.1, 0.2, 0.3]),
     "ntil-chunks-s1": ("chunks", "ntil", 1, {}, [0.1, 0.2, 0.3]),
 }
+# DEL in chunks (group chunks_peers): s0 4/6, s1 5/6.
+PEER_CHUNK_CELLS = {
+    "del-chunks-s0": ("chunks_peers", "del", 0, {1: "41", 6: "x"}, [0.1]),
+    "del-chunks-s1": ("chunks_peers", "del", 1, {2: "-2"}, [0.1]),
+}
 # DEL: s0 5/6 (CE s0 3/6), s1 4/6 (CE s1 3/6).
 PEER_CELLS = {
     "del-s0": ("peers", "del", 0, {4: "4.2"}, [0.1, 0.2, 0.3]),
@@ -633,7 +638,7 @@ def test_chunk_cells_are_paired_with_their_single_digit_runs(tmp_path):
   cells = {**CELLS, **CHUNK_CELLS}
   report = write(tmp_path, list(cells), cells=cells)
   part = sections(report)["Numbers in tokens of 1-3 digits"]
-  assert "4 of the 15 cells recorded" in part
+  assert "4 of the 25 cells recorded" in part
   assert "hardware alone" not in part  # every cell on one device
   assert row(part, "CE, 1-3 digit tokens")[:3] == [
       "2 (0,1)",
@@ -660,7 +665,7 @@ def test_chunk_cells_are_paired_with_their_single_digit_runs(tmp_path):
   ]
   # Without chunk cells the section says so.
   plain = write(tmp_path, list(CELLS))
-  assert "Not run yet (group `chunks`, 15 cells)." in plain
+  assert "Not run yet (groups `chunks` and `chunks_peers`, 25 cells)." in plain
 
 
 def test_peer_cells_are_rows_of_the_main_tables(tmp_path):
@@ -686,9 +691,11 @@ def test_peer_cells_are_rows_of_the_main_tables(tmp_path):
 
 def test_cells_of_another_device_are_shown_apart(tmp_path):
   # The CPU's records: CE s0 and s1 on single digits (3/6 each), CE s0 in
-  # chunks (2/6), DEL s0 (5/6) and s1 (4/6).
-  cells = {**CELLS, **CHUNK_CELLS, **PEER_CELLS}
+  # chunks (2/6), DEL s0 (5/6) and s1 (4/6), and DEL in chunks s0 (4/6)
+  # and s1 (5/6).
+  cells = {**CELLS, **CHUNK_CELLS, **PEER_CELLS, **PEER_CHUNK_CELLS}
   names = ["ce-s0", "ce-s1", "ce-chunks-s0", "del-s0", "del-s1"]
+  names += ["ce-chunks-s1", "del-chunks-s0", "del-chunks-s1"]
   other = [record(n, cells) for n in names]
   for run in other:
     run["device"] = "cpu:other x1"
@@ -697,7 +704,11 @@ def test_cells_of_another_device_are_shown_apart(tmp_path):
   parts = sections((tmp_path / "results.md").read_text())
   part = parts["Cells run on cpu:other x1"]
   assert row(part, "CE")[:3] == ["2 (0,1)", "10.00 ± 0.00", "50.00 ± 0.00"]
-  assert row(part, "CE, 1-3 digit tokens")[:3] == ["1 (0)", "10.00", "33.33"]
+  assert row(part, "CE, 1-3 digit tokens")[:3] == [
+      "2 (0,1)",
+      "10.00 ± 0.00",
+      "41.67 ± 11.79",  # 2/6 and 3/6
+  ]
   assert row(part, "CE + DEL")[:3] == [
       "2 (0,1)",
       "10.00 ± 0.00",
@@ -705,8 +716,24 @@ def test_cells_of_another_device_are_shown_apart(tmp_path):
   ]
   # DEL against that device's CE: +2/6 and +1/6, t = 3 on 1 df, p = 0.205.
   assert row(part, "CE + DEL − CE")[:3] == ["+25.00 ± 11.79", "2/2", "0.205"]
-  # One seed: no paired test.
-  assert row(part, "CE, 1-3 digit tokens − CE")[:3] == ["-", "-", "-"]
+  # CE in chunks against CE: -1/6 and 0 (t = -1 on 1 df, p = 0.5).
+  assert row(part, "CE, 1-3 digit tokens − CE")[:3] == [
+      "-8.33 ± 11.79",
+      "0/2",
+      "0.500",
+  ]
+  # DEL in chunks against DEL on digits: -1/6 and +1/6 (t = 0, p = 1);
+  # against CE in chunks: +2/6 on both seeds (no spread: no t-test).
+  assert row(part, "CE + DEL, 1-3 digit tokens − CE + DEL")[:3] == [
+      "+0.00 ± 23.57",
+      "1/2",
+      "1.000",
+  ]
+  assert row(part, "CE + DEL, 1-3 digit tokens − CE, both in chunks")[:3] == [
+      "+33.33 ± 0.00",
+      "2/2",
+      "-",
+  ]
   # This report's own hardware has no chunk or peer cell yet: the chunk
   # section points to the device that ran them.
   chunks = parts["Numbers in tokens of 1-3 digits"]

@@ -305,6 +305,27 @@ def test_grounding_grid_runs_a_streamed_cell(tmp_path):
   assert prepared.name == "train0_test16_seed0"
 
 
+def test_digits_grid_runs_ntils_peers_on_numbers_in_chunks_too():
+  from experiments.arithmetic_mix import run as arithmetic  # pylint: disable=g-import-not-at-top
+
+  cells = arithmetic.grid("digits")
+  assert [c[1] for c in cells["chunks_peers"][:2]] == [
+      "del-chunks-s0",
+      "smmd-chunks-s0",
+  ]
+  assert len(cells["chunks_peers"]) == 10 and len(cells["chunks"]) == 15
+  hashes = set()
+  for group in ("peers", "chunks", "chunks_peers"):
+    for _, name, method, seed, overrides in cells[group]:
+      config = arithmetic.cell_config("digits", method, seed, overrides, "d")
+      assert config.digit_chunks == (group != "peers")
+      hashes.add((name, arithmetic.config_hash(config, "digits")))
+  # No two cells share a name or a configuration.
+  assert len({n for n, _ in hashes}) == len({h for _, h in hashes}) == 35
+  # The 3,200-step grid has neither.
+  assert "chunks_peers" not in arithmetic.grid("digits_long")
+
+
 def test_grounding_long_stream_cells_double_the_steps_in_their_own_dirs():
   from experiments.grounding import grid  # pylint: disable=g-import-not-at-top
 

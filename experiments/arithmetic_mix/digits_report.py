@@ -79,7 +79,9 @@ UNPARSED = Metric("unparsed", "unparsed (all seeds)", 1, 0)
 CURVE = Metric("exact_match", "exact match")  # the plots' learning curve
 # How the report names its cells (methods: `labels.LABELS`): the control,
 # the ablations and the methods on numbers in tokens of 1-3 digits.
-CHUNKED = {m + CHUNKS: f"{labels.LABELS[m]}, 1-3 digit tokens" for m in METHODS}
+CHUNKED = {
+    m + CHUNKS: f"{labels.LABELS[m]}, 1-3 digit tokens" for m in METHODS + PEERS
+}
 NAMES = {CONTROL: "CE, digit tokens weighted 1.3", **ABLATIONS, **CHUNKED}
 SPEC = report_engine.Spec(VALUES, PAIRED, NAMES)
 label = SPEC.label
@@ -470,26 +472,30 @@ def chunk_pairs(methods) -> list[tuple]:
 
 def chunk_section(grid, elsewhere) -> list[str]:
   """Numbers in tokens of 1-3 digits (``--config.digit_chunks``): each
-  method against itself on single digits, NTIL and EMD against CE in
-  chunks; without such cells, where they ran instead (``elsewhere``, the
+  method against itself on single digits, the others (NTIL, EMD and NTIL's
+  peers) against CE in chunks; without such cells, where they ran instead (``elsewhere``, the
   cells of other devices), if anywhere."""
   grouped = grid.grouped
-  keys = grid.present(m + CHUNKS for m in CHUNK_METHODS)
+  kinds = [m + CHUNKS for m in CHUNK_METHODS + PEERS]
+  keys = grid.present(kinds)
   single = [k.removesuffix(CHUNKS) for k in keys]
+  groups = (
+      f"groups `chunks` and `chunks_peers`, {len(kinds) * len(SEEDS)} cells"
+  )
   if not keys:
-    ran = elsewhere.present(m + CHUNKS for m in CHUNK_METHODS)
+    ran = elsewhere.present(kinds)
     if not ran:
-      return ["Not run yet (group `chunks`, 15 cells)."]
+      return [f"Not run yet ({groups})."]
     device = devices(elsewhere.grouped, ran)
     return [
-        "Not run on this report's hardware (group `chunks`, 15 cells): the"
-        f" cells run on {device} are in their own section below."
+        f"Not run on this report's hardware ({groups}): the cells run on"
+        f" {device} are in their own section below."
     ]
   mine, theirs = devices(grouped, keys), devices(grouped, single)
   across = prose.text(__file__, "across", mine=mine, theirs=theirs)
   across = " " + across if mine != theirs else ""
   count = sum(len(grouped[k]) for k in keys)
-  cells = len(CHUNK_METHODS) * len(SEEDS)
+  cells = len(kinds) * len(SEEDS)
   fields = dict(count=count, cells=cells, across=across)
   return grid.compared("chunks", keys, chunk_pairs(single), **fields)
 
@@ -503,7 +509,7 @@ def elsewhere_section(elsewhere) -> list[str]:
   keys = [k for m in METHODS + PEERS for k in (m, m + CHUNKS) if k in grouped]
   if not keys:
     return []
-  chunked = [m for m in CHUNK_METHODS if m + CHUNKS in grouped]
+  chunked = [m for m in CHUNK_METHODS + PEERS if m + CHUNKS in grouped]
   pairs = [(k, "ce") for k in single if k != "ce"] + chunk_pairs(chunked)
   device = devices(grouped, keys)
   return ["", *elsewhere.compared("elsewhere", keys, pairs, device=device)]

@@ -286,9 +286,17 @@ PEER_METHODS = arithmetic_mix.PEER_METHODS
 
 def digits_grid(seeds, extra=True):
   """The multi-digit grid: every method, the control, the ablations and,
-  with ``extra``, NTIL's peers (group ``peers``) and the same problems with
-  numbers in tokens of 1-3 digits (group ``chunks``)."""
-  cells = {"main": [], "control": [], "ablation": [], "peers": [], "chunks": []}
+  with ``extra``, NTIL's peers (group ``peers``), the same problems with
+  numbers in tokens of 1-3 digits (group ``chunks``) and NTIL's peers on
+  them (group ``chunks_peers``)."""
+  cells = {
+      "main": [],
+      "control": [],
+      "ablation": [],
+      "peers": [],
+      "chunks": [],
+      "chunks_peers": [],
+  }
   for seed in seeds:  # seed-major: a partial grid still covers every method
     for method in METHODS:
       cells["main"].append(("main", f"{method}-s{seed}", method, seed, {}))
@@ -311,10 +319,14 @@ def digits_grid(seeds, extra=True):
       )
     for method in PEER_METHODS if extra else ():
       cells["peers"].append(("peers", f"{method}-s{seed}", method, seed, {}))
-    for method in CHUNK_METHODS if extra else ():
-      cells["chunks"].append(
-          ("chunks", f"{method}-chunks-s{seed}", method, seed, _CHUNKS)
-      )
+    for group, methods in (
+        ("chunks", CHUNK_METHODS),
+        ("chunks_peers", PEER_METHODS),
+    ):
+      for method in methods if extra else ():
+        cells[group].append(
+            (group, f"{method}-chunks-s{seed}", method, seed, _CHUNKS)
+        )
   return cells
 
 
