@@ -37,6 +37,12 @@ def get_config(method: str = "ntil") -> ml_collections.ConfigDict:
   # Score numbers in the tokenizer's own 1-3 digit tokens (Llama 3) as one
   # number each (ntil_jax.number_tokens); exclusive with split_digits.
   config.number_tokens = False
+  # Tokenize the prompt and the answer as one text, as the tokenizer writes
+  # it: a space the template ends with joins the answer's first token where
+  # the tokenizer joins them ('Answer: -5' ends with 'Ġ-', '5'), and
+  # evaluation prompts end before it. False: each apart, the space a prompt
+  # token ('Ġ', then '-', '5'), as the recorded SmolLM2 grid trained.
+  config.tokenize_joined = True
   config.max_question_len = 80  # characters; longer ones (~0.5%) skipped
   config.max_answer_len = 12
   # Prompt tokens (BOS, template, question) to pad to; 0: a bound from

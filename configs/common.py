@@ -27,6 +27,8 @@ ADDED_FIELDS = {
     # of 1-3 digits.
     "digit_chunks": False,
     "number_tokens": False,
+    # arithmetic_mix_llm: the prompt and the answer tokenized as one text.
+    "tokenize_joined": False,
 }
 # When and how much the trainer logs, evaluates and saves: fields that
 # reach no traced program (the step's and the resume checks' business).

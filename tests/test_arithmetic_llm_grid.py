@@ -128,7 +128,11 @@ def test_unknown_groups_are_refused_before_the_data_is_made(tmp_path):
   one error: line and exit 2, not a KeyError after the data is generated."""
   for profile, groups, grid_groups in (
       ("smoke", "main,peers", "main, ablation, sweep"),
-      ("digits_smoke", "main,sweep", "main, control, ablation, peers, chunks"),
+      (
+          "digits_smoke",
+          "main,sweep",
+          "main, control, ablation, peers, chunks, chunks_peers",
+      ),
   ):
     result = run(
         f"--profile={profile}",

@@ -277,9 +277,10 @@ def test_number_tokens_make_the_model_and_batches_score_whole_numbers(
   assert lm.digit_token_ids == tokens  # the model's, not an array of them
   batch = task.encode_examples(config, ["What is 1234 + 5?"], ["1239"])
   scored = batch["targets"][0][batch["loss_mask"][0]].tolist()
-  assert lm.tokenizer.decode(scored[:1]) == "123"  # 123|9, then EOS
+  # ' ' (the prompt's last space, the answer's in joined text), 123|9, EOS.
+  assert [lm.tokenizer.decode([t]) for t in scored[:3]] == [" ", "123", "9"]
   digits = batch["targets"][0][batch["digit_mask"][0]].tolist()
-  assert digits == scored[:2]
+  assert digits == scored[1:3]
   with pytest.raises(ValueError, match="exclusive"):
     task.check_config(
         make_config(
@@ -541,7 +542,11 @@ def make_config(data_dir, name="qwen2_tiny", method="ntil", **overrides):
 @pytest.mark.parametrize("split_digits", [False, True])
 def test_batches_score_the_answer_and_its_digits(data_dir, split_digits):
   config = make_config(
-      data_dir, "llama3_tiny", split_digits=split_digits, max_answer_len=12
+      data_dir,
+      "llama3_tiny",
+      split_digits=split_digits,
+      max_answer_len=12,
+      tokenize_joined=False,
   )
   lm = pretrained.load(config.pretrained)
   questions = ["What is 1234 + 5?", "Calculate -3/7."]
@@ -580,8 +585,70 @@ def test_batches_score_the_answer_and_its_digits(data_dir, split_digits):
     assert batch["digit_mask"][0].sum() == 1  # "123" + "9": only 9 alone
 
 
+@pytest.mark.parametrize("name", ["qwen2_tiny", "llama3_tiny"])
+@pytest.mark.parametrize("split_digits", [False, True])
+def test_joined_tokenization_is_the_tokenizers_own(
+    data_dir, name, split_digits
+):
+  """With tokenize_joined (the default), the prompt and its answer are the
+  tokenizer's tokens of the whole text: the template's last space goes
+  with the answer ('Ġ-' of a negative one), and evaluation prompts end
+  before it, where training's do."""
+  config = make_config(data_dir, name, split_digits=split_digits)
+  assert config.tokenize_joined and task.separator(config) == " "
+  lm = pretrained.load(config.pretrained)
+  bos = [lm.bos_id] if name == "llama3_tiny" else []
+  questions = ["What is 1234 + 5?", "Calculate 0.5 - 2."]
+  answers = ["1239", "-1.5"]
+  batch = task.encode_examples(config, questions, answers)
+  prompts, lengths = task.encode_prompts(config, questions)
+  for row, (question, answer) in enumerate(zip(questions, answers)):
+    text = config.prompt_template.format(question=question) + answer
+    whole = lm.encode(text, split_digits=split_digits)
+    prompt = prompts[row, : lengths[row]].tolist()
+    assert prompt == bos + lm.encode(
+        text[: -len(answer) - 1], split_digits=split_digits
+    )
+    scored = batch["targets"][row][batch["loss_mask"][row]].tolist()
+    assert scored[-1] == lm.eos_id
+    # The prompt's tokens and the scored ones are the whole text's.
+    assert prompt[len(bos) :] + scored[:-1] == whole
+    assert lm.tokenizer.decode(scored[:-1]) == " " + answer
+    # The inputs are the prompt then the answer, as evaluation continues.
+    assert batch["inputs"][row][: lengths[row]].tolist() == prompt
+    digits = batch["targets"][row][batch["digit_mask"][row]].tolist()
+    assert digits == [t for t in scored if t in lm.digit_token_ids.tolist()]
+  # The negative answer's sign takes the space, as the tokenizer writes it.
+  first = batch["targets"][1][batch["loss_mask"][1]][0]
+  assert lm.tokenizer.decode([first]) == " -"
+  assert task.answer_tokens(config) == config.max_answer_len + 1
+  assert batch["score_positions"].shape[1] == config.max_answer_len + 2
+  # Apart, the space ends the prompt and the answer is encoded alone.
+  apart = make_config(
+      data_dir, name, split_digits=split_digits, tokenize_joined=False
+  )
+  batch = task.encode_examples(apart, questions[1:], answers[1:])
+  scored = batch["targets"][0][batch["loss_mask"][0]].tolist()
+  assert scored[:-1] == lm.encode("-1.5", split_digits=split_digits)
+  prompts, lengths = task.encode_prompts(apart, questions[1:])
+  assert lm.tokenizer.decode(prompts[0, : lengths[0]].tolist()).endswith(
+      "Answer: "
+  )
+
+
+def test_a_token_across_the_prompts_end_is_refused_joined(data_dir):
+  # The template ends in ' i' (no space to leave to the answer): with an
+  # answer 's' the tokenizer writes ' is' as one token, and no evaluation
+  # prompt ends where that training row's prompt would.
+  config = make_config(data_dir, prompt_template="Q: {question} i")
+  assert task.separator(config) == ""
+  assert task.encode_examples(config, ["2 + 2"], ["4"])["inputs"].size
+  with pytest.raises(ValueError, match="tokenize_joined=False"):
+    task.encode_examples(config, ["2 + 2"], ["s"])
+
+
 def test_qwen_prompts_have_no_bos(data_dir):
-  config = make_config(data_dir)
+  config = make_config(data_dir, tokenize_joined=False)
   lm = pretrained.load(config.pretrained)
   prompts, lengths = task.encode_prompts(config, ["What is 2 + 2?"])
   text = config.prompt_template.format(question="What is 2 + 2?")
@@ -598,7 +665,8 @@ def test_prompts_padded_to_the_longest_in_tokens(data_dir):
     source, usable = task._usable(config, split)
     for record in source.__getitems__([int(i) for i in usable]):
       question, _ = input_pipeline.decode_record(record)
-      text = config.prompt_template.format(question=question)
+      # Joined (the default), the template's last space is the answer's.
+      text = config.prompt_template.format(question=question)[:-1]
       longest = max(longest, 1 + len(lm.encode(text)))  # BOS + prompt
   measured = task.longest_prompt_tokens(config)
   assert measured == -(-longest // 8) * 8
@@ -607,7 +675,8 @@ def test_prompts_padded_to_the_longest_in_tokens(data_dir):
       data_dir, "llama3_tiny", max_question_len=80, max_prompt_tokens=measured
   )
   assert task.prompt_length(tight) == measured
-  assert task.sequence_length(tight) == measured + tight.max_answer_len
+  assert task.answer_tokens(tight) == tight.max_answer_len + 1  # the space
+  assert task.sequence_length(tight) == measured + tight.max_answer_len + 1
   # Nothing is skipped at the measured bound; below it, the longer prompts.
   for split in ("train", "test"):
     assert len(task._usable(tight, split)[1]) == len(
@@ -998,3 +1067,16 @@ def test_trainer_computes_in_dtype_and_keeps_param_dtype(data_dir):
       for a, b in zip(jax.tree.leaves(after), jax.tree.leaves(before))
   ]
   assert max(moved) > 0
+
+
+def test_a_run_recorded_before_joined_tokenization_resumes_apart(data_dir):
+  """A record without ``tokenize_joined`` was trained apart: resuming it
+  with the new default is refused (both values named), with False it is
+  the same run."""
+  config = make_config(data_dir)
+  recorded = rundir.config_record(config)
+  del recorded["tokenize_joined"]
+  resumable, refused = checks.config_changes(recorded, config)
+  assert refused == [("tokenize_joined", False, True)] and not resumable
+  config.tokenize_joined = False
+  assert checks.config_changes(recorded, config) == ([], [])

@@ -557,6 +557,7 @@ def test_recorded_cells_keep_their_config_hash(which, results):
       "param_dtype": "float32",
       "digit_chunks": False,
       "number_tokens": False,
+      "tokenize_joined": False,
   }
   hashes = _grid_hashes(which)
   for path in results:

@@ -22,6 +22,13 @@ def _sum_over_hosts(sums: dict) -> dict:
   return jax.tree.unflatten(tree, [np.asarray(g).sum(0) for g in gathered])
 
 
+def answer_tokens(task, config) -> int:
+  """The task's bound on an answer's tokens (its EOS not counted)."""
+  if hasattr(task, "answer_tokens"):
+    return task.answer_tokens(config)
+  return config.max_answer_len
+
+
 def host_rows(array: jax.Array) -> np.ndarray:
   """This host's rows of a batch-sharded global array, in order."""
   if jax.process_count() == 1:
@@ -92,7 +99,7 @@ def evaluate(
         model,
         to_global(batch["prompts"]),
         to_global(batch["prompt_lengths"]),
-        config.max_answer_len + 1,
+        answer_tokens(task, config) + 1,
         codec.eos_id,
         codec.pad_id,
         None if images is None else to_global(images),

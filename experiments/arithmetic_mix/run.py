@@ -539,6 +539,10 @@ def llm_cell_config(settings, method, seed, data_dir):
   )
   config.pretrained = settings["pretrained"]
   config.split_digits = settings["split_digits"]
+  # The prompt and the answer tokenized apart, as the recorded cells were
+  # (configs/arithmetic_mix_llm.py's default joins them): rerunning the
+  # grid joined is a new grid, its own records.
+  config.tokenize_joined = settings.get("tokenize_joined", False)
   config.train_steps = steps
   config.batch_size = settings["batch_size"]
   config.learning_rate = settings["learning_rate"]

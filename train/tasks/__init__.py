@@ -50,6 +50,8 @@ Optional hooks, for tasks that bring their own model (arithmetic_mix_llm):
   digits), or None for the digits 0..9 (arithmetic_mix's chunk mode).
 * ``codec(config)``: ``eos_id``, ``pad_id`` and ``decode(ids) -> str`` for
   evaluation (default: `train.tokenizer`).
+* ``answer_tokens(config)``: the most tokens of an answer, its EOS not
+  counted (default: ``config.max_answer_len``); evaluation decodes one more.
 
 A new task is a module here, an entry in `TASKS` and a config.
 """

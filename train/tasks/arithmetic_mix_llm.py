@@ -7,6 +7,14 @@ prompt is ``config.prompt_template`` with the question in place of
 ``{question}``, and only the answer and its EOS are scored. BOS is prepended
 for Llama (which was trained with it), not for Qwen2.
 
+With ``config.tokenize_joined`` (the default) the prompt and the answer are
+one text, tokenized as the tokenizer writes it: the whitespace the template
+ends with (``'Answer: '``) belongs to the answer's tokens (``'Ġ-'`` of
+``' -5'``, or a ``'Ġ'`` before digits), and evaluation prompts end before
+it, so the model writes it. Without, the two are tokenized apart, that
+whitespace a prompt token of its own (``'Ġ'``, then ``'-'``, ``'5'``): what
+the recorded SmolLM2 grid trained on.
+
 Llama 3 writes numbers in 1-3 digit tokens. With ``config.number_tokens``
 the losses score them as the tokenizer writes them (each token's digits
 apart, `ntil_jax.chunks`); with ``config.split_digits`` every digit of the
@@ -153,6 +161,33 @@ def _bos(config) -> list[int]:
   return []
 
 
+def _joined(config) -> bool:
+  return bool(config.get("tokenize_joined", False))
+
+
+def separator(config) -> str:
+  """The whitespace the prompt template ends with that a joined
+  tokenization gives the answer (``config.tokenize_joined``), else ''."""
+  if not _joined(config):
+    return ""
+  template = config.prompt_template
+  return template[len(template.rstrip()) :]
+
+
+def answer_tokens(config) -> int:
+  """The most tokens of an answer, its EOS not counted: one a character of
+  ``max_answer_len`` (byte-level BPE gives at most one a byte, and the text
+  is ASCII), and tokenized joined, one a byte of the `separator`."""
+  return config.max_answer_len + len(separator(config).encode())
+
+
+def _prompt_texts(config, questions) -> list[str]:
+  """Each question's prompt, the `separator` left to its answer."""
+  cut = len(separator(config))
+  texts = [config.prompt_template.format(question=q) for q in questions]
+  return [text[: len(text) - cut] for text in texts]
+
+
 def prompt_length(config) -> int:
   """P, the padded prompt length: an upper bound on its tokens.
 
@@ -166,12 +201,13 @@ def prompt_length(config) -> int:
   if config.get("max_prompt_tokens", 0):
     return config.max_prompt_tokens
   template = config.prompt_template.replace("{question}", "")
+  template = template[: len(template) - len(separator(config))]
   return len(_bos(config)) + len(template.encode()) + config.max_question_len
 
 
 def prompt_tokens(config, questions) -> np.ndarray:
   """int [B]: the tokens of each question's prompt (BOS, template, question)."""
-  texts = [config.prompt_template.format(question=q) for q in questions]
+  texts = _prompt_texts(config, questions)
   rows = _tokenizer(config).encode_batch(
       texts, split_digits=config.split_digits
   )
@@ -199,13 +235,13 @@ def longest_prompt_tokens(config, multiple: int = 8) -> int:
 
 def sequence_length(config) -> int:
   """L, the length of ``inputs`` and ``targets`` (prompt, answer, EOS - 1)."""
-  return prompt_length(config) + config.max_answer_len
+  return prompt_length(config) + answer_tokens(config)
 
 
 def encode_prompts(config, questions):
   """int32 [B, P] right-padded prompts and their lengths [B]."""
   tokenizer = _tokenizer(config)
-  texts = [config.prompt_template.format(question=q) for q in questions]
+  texts = _prompt_texts(config, questions)
   rows = tokenizer.encode_batch(texts, split_digits=config.split_digits)
   rows = [_bos(config) + row for row in rows]
   return _pad(rows, prompt_length(config), Codec(config).pad_id, "prompt")
@@ -229,7 +265,7 @@ def encode_examples(config, questions, answers) -> dict:
 
   Each [B, L]; the loss mask covers the answer tokens and the EOS after
   them, the digit mask the answer tokens that are single digits. And
-  ``score_positions``, int32 [B, K] with K = ``max_answer_len`` + 1: the
+  ``score_positions``, int32 [B, K] with K = `answer_tokens` + 1: the
   window of each row that holds its scored positions, the only ones the
   step unembeds (``train.step.scored_window``; 13 of 44 positions on
   add_or_sub with SmolLM2).
@@ -237,9 +273,14 @@ def encode_examples(config, questions, answers) -> dict:
   tokenizer = _tokenizer(config)
   eos = Codec(config).eos_id
   prompts, prompt_lengths = encode_prompts(config, questions)
-  answer_rows = tokenizer.encode_batch(
-      list(answers), split_digits=config.split_digits
-  )
+  if _joined(config):
+    answer_rows = _joined_answers(
+        config, questions, answers, prompts, prompt_lengths
+    )
+  else:
+    answer_rows = tokenizer.encode_batch(
+        list(answers), split_digits=config.split_digits
+    )
   width = sequence_length(config) + 1
   rows = [
       list(prompt[:length]) + answer + [eos]
@@ -248,10 +289,13 @@ def encode_examples(config, questions, answers) -> dict:
   sequences, _ = _pad(rows, width, eos, "question and answer")
   columns = np.arange(width)
   answer_lengths = np.asarray([len(a) for a in answer_rows])
-  if answer_lengths.size and answer_lengths.max() > config.max_answer_len:
+  if answer_lengths.size and answer_lengths.max() > answer_tokens(config):
+    joined = separator(config)
     raise ValueError(
         f"an answer has {answer_lengths.max()} tokens, more than "
-        f"max_answer_len={config.max_answer_len}."
+        f"max_answer_len={config.max_answer_len}"
+        + (f" and the {joined!r} before it" if joined else "")
+        + "."
     )
   start = prompt_lengths[:, None]
   end = start + answer_lengths[:, None]  # the EOS column
@@ -266,13 +310,47 @@ def encode_examples(config, questions, answers) -> dict:
   }
 
 
+def _joined_answers(config, questions, answers, prompts, prompt_lengths):
+  """Each answer's tokens in its prompt and answer tokenized as one text:
+  those after the prompt's (`encode_prompts`' ``prompts`` and
+  ``prompt_lengths``).
+
+  Raises:
+    ValueError: where the joined text does not start with the prompt's
+      tokens (a tokenizer that writes the prompt's end and the answer's
+      start in one token): its evaluation prompt could not end there.
+  """
+  texts = [
+      config.prompt_template.format(question=q) + a
+      for q, a in zip(questions, answers)
+  ]
+  rows = _tokenizer(config).encode_batch(
+      texts, split_digits=config.split_digits
+  )
+  skip = len(_bos(config))
+  out = []
+  for row, prompt, length, text, prompt_text in zip(
+      rows, prompts, prompt_lengths, texts, _prompt_texts(config, questions)
+  ):
+    prompt = prompt[skip:length].tolist()
+    if row[: len(prompt)] != prompt:
+      raise ValueError(
+          f"the tokenizer writes {text!r} with a token across the end of its"
+          f" prompt {prompt_text!r}: evaluation prompts cannot end where"
+          " training's do; pass --config.tokenize_joined=False to tokenize"
+          " the prompt and the answer apart."
+      )
+    out.append(row[len(prompt) :])
+  return out
+
+
 def score_positions(prompt_lengths, config) -> np.ndarray:
-  """int32 [B, K]: each row's K = max_answer_len + 1 positions from its
+  """int32 [B, K]: each row's K = `answer_tokens` + 1 positions from its
   first scored target (the prediction of the answer's first token). They
   hold the answer and its EOS, at most K targets, so every scored position,
   and end by the row's end: a prompt has at most P tokens and a row
-  P + max_answer_len."""
-  window = config.max_answer_len + 1
+  P + `answer_tokens`."""
+  window = answer_tokens(config) + 1
   first = np.asarray(prompt_lengths) - 1
   return (first[:, None] + np.arange(window)).astype(np.int32)
 
