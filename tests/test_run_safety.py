@@ -223,6 +223,33 @@ def test_start_over_moves_the_old_run_aside(data_dir, finished_run, tmp_path):
   assert rundir.saved_steps(str(workdir)) == [2]
 
 
+def test_start_over_moves_the_runs_files_and_leaves_the_users(tmp_path):
+  """--start_over used to move everything in the workdir: data kept there
+  went too, and the new run then died on a missing data_dir."""
+  run_files = [
+      "checkpoints/3/state",
+      "tensorboard/events",
+      "metrics.jsonl",
+      "metrics.jsonl.tmp",
+      "predictions.jsonl",
+      "config.json",
+      "train.log",
+      "train.1.log",
+  ]
+  users = ["data/arithmetic_mix/x", "notes.txt", "train.log.bak", ".lock"]
+  for name in run_files + users:
+    (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / name).write_text(name)
+  moved = pathlib.Path(rundir.move_run_aside(str(tmp_path)))
+  assert moved.parent == tmp_path / rundir.PREVIOUS_RUNS
+  for name in run_files:
+    assert (moved / name).read_text() == name and not (tmp_path / name).exists()
+  for name in users:
+    assert (tmp_path / name).read_text() == name
+  # Again: nothing of a run is left, so nothing moves.
+  assert rundir.move_run_aside(str(tmp_path)) is None
+
+
 def test_unrecorded_checkpoint_of_another_model_is_refused_untouched(
     data_dir, finished_run, tmp_path
 ):
@@ -565,3 +592,68 @@ def test_digest_is_its_definition_for_every_dtype():
       for name, value in tree.items()
   }
   assert got == want
+
+
+def test_a_seal_left_half_written_does_not_condemn_its_checkpoint(
+    data_dir, finished_run, tmp_path
+):
+  """A crash between writing files.sha256.tmp and renaming it left the
+  temporary file in the checkpoint: the next seal listed it and then
+  renamed it away, so the good checkpoint was moved aside as damaged (with
+  one kept, the run restarted from step 0)."""
+  config = make_config(data_dir, train_steps=6, lr_decay_steps=9)
+  restore = _Restorer(config)
+  workdir = tmp_path / "run"
+  shutil.copytree(finished_run / "checkpoints", workdir / "checkpoints")
+  checkpoint = workdir / "checkpoints" / "6"
+  seal = checkpoint / checkpoints.FILE_DIGESTS
+  half = checkpoint / (checkpoints.FILE_DIGESTS + ".tmp")
+  half.write_text(seal.read_text()[:50])  # the crash, mid-seal
+  seal.unlink()
+  with jax.set_mesh(restore.mesh):
+    manager = checkpoints.checkpoint_manager(str(workdir), config)
+    checkpoints.seal_finished(manager)  # the rerun's seal
+    manager.close()
+  assert ".tmp" not in seal.read_text() and not half.exists()
+  assert restore(str(workdir)) == 6
+  # A checkpoint an older version sealed that way lists the file it then
+  # renamed away: that entry is no file of the checkpoint.
+  digest = hashlib.sha256(b"half a seal").hexdigest()
+  with open(seal, "a") as f:
+    f.write(f"{digest}  {checkpoints.FILE_DIGESTS}.tmp\n")
+  assert restore(str(workdir)) == 6
+  assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == [
+      "3",
+      "6",
+  ]
+
+
+def test_a_step_damaged_again_is_moved_aside_beside_the_first(
+    data_dir, finished_run, tmp_path, caplog
+):
+  """The same step found damaged three times (rerun, damaged again) used to
+  nest the second copy inside the first and crash the third restore."""
+  config = make_config(data_dir, train_steps=6, lr_decay_steps=9)
+  restore = _Restorer(config)
+  workdir = tmp_path / "run"
+  checkpoints_dir = workdir / "checkpoints"
+  for attempt in range(3):
+    shutil.copytree(finished_run / "checkpoints" / "6", checkpoints_dir / "6")
+    if attempt == 0:
+      shutil.copytree(finished_run / "checkpoints" / "3", checkpoints_dir / "3")
+    (array,) = _array_files(checkpoints_dir / "6")[:1]
+    data = bytearray(array.read_bytes())
+    data[0] ^= 1
+    array.write_bytes(bytes(data))
+    assert restore(str(workdir)) == 3
+  assert sorted(p.name for p in checkpoints_dir.iterdir()) == [
+      "3",
+      "corrupt-6",
+      "corrupt-6-2",
+      "corrupt-6-3",
+  ]
+  assert all(
+      (checkpoints_dir / name / "state").is_dir()
+      for name in ("corrupt-6", "corrupt-6-2", "corrupt-6-3")
+  )
+  assert "moved aside to corrupt-6-3" in caplog.text

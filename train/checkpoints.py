@@ -98,16 +98,20 @@ def save_checkpoint(manager, step, model, optimizer, train_iter, *, wait=False):
 
 
 FILE_DIGESTS = "files.sha256"
+# Where the seal is written before its rename: left behind by a crash
+# between the two, it is no file of the checkpoint.
+_SEAL_IN_PROGRESS = FILE_DIGESTS + ".tmp"
 
 
 def _file_digests(checkpoint: str) -> dict:
-  """``{relative path: SHA-256}`` of every file under ``checkpoint``."""
+  """``{relative path: SHA-256}`` of every file under ``checkpoint``, its
+  seal (and a seal left half written) left out."""
   found = {}
   for root, _, names in os.walk(checkpoint):
     for name in names:
       path = os.path.join(root, name)
       relative = os.path.relpath(path, checkpoint)
-      if relative == FILE_DIGESTS:
+      if relative in (FILE_DIGESTS, _SEAL_IN_PROGRESS):
         continue
       sha = hashlib.sha256()
       with open(path, "rb") as f:
@@ -136,9 +140,9 @@ def seal_finished(manager) -> None:
         f"{sha}  {name}\n"
         for name, sha in sorted(_file_digests(checkpoint).items())
     ]
-    with open(path + ".tmp", "w") as f:
+    with open(os.path.join(checkpoint, _SEAL_IN_PROGRESS), "w") as f:
       f.writelines(lines)
-    os.replace(path + ".tmp", path)
+    os.replace(os.path.join(checkpoint, _SEAL_IN_PROGRESS), path)
 
 
 def _check_files(manager, step) -> bool:
@@ -157,6 +161,9 @@ def _check_files(manager, step) -> bool:
       )
   except (OSError, ValueError, UnicodeDecodeError) as error:
     raise Damaged(f"its {FILE_DIGESTS} is unreadable") from error
+  # Sealed by an older version beside a seal a crash left half written
+  # (then renamed over this one): that file was never the checkpoint's.
+  want.pop(_SEAL_IN_PROGRESS, None)
   got = _file_digests(checkpoint)
   bad = sorted(n for n in want if got.get(n) != want[n])
   if bad:
@@ -432,19 +439,19 @@ def _list_saved_without_digest(manager, steps) -> None:
 
 
 def _move_aside(manager, workdir, step, reason):
+  directory = os.path.join(workdir, "checkpoints")
+  # A step found damaged again (a rerun wrote it anew) keeps the first
+  # copies: corrupt-<step>-2, -3, ...
+  target = rundir.free_path(os.path.join(directory, f"corrupt-{step}"))
   logging.warning(
-      "checkpoint %d is unreadable (%s); moved aside to corrupt-%d, falling "
-      "back to the previous one.",
+      "checkpoint %d is unreadable (%s); moved aside to %s, falling back to"
+      " the previous one.",
       step,
       reason,
-      step,
+      os.path.basename(target),
   )
   if jax.process_index() == 0:
-    directory = os.path.join(workdir, "checkpoints")
-    shutil.move(
-        os.path.join(directory, str(step)),
-        os.path.join(directory, f"corrupt-{step}"),
-    )
+    shutil.move(os.path.join(directory, str(step)), target)
   if jax.process_count() > 1:  # moved before any host lists the steps
     multihost_utils.sync_global_devices(f"moved aside {step}")
   manager.reload()

@@ -160,14 +160,20 @@ def keep_metrics_aside(workdir, step) -> str | None:
   source = os.path.join(workdir, "metrics.jsonl")
   if jax.process_index() != 0 or not os.path.exists(source):
     return None
-  target = os.path.join(workdir, "checkpoints", f"metrics.jsonl.corrupt-{step}")
-  suffix = 1
+  target = free_path(
+      os.path.join(workdir, "checkpoints", f"metrics.jsonl.corrupt-{step}")
+  )
+  shutil.copyfile(source, target)
+  return target
+
+
+def free_path(path: str) -> str:
+  """``path`` if nothing is there, else the first free ``path-2``,
+  ``path-3``, ..."""
+  target, suffix = path, 1
   while os.path.exists(target):
     suffix += 1
-    target = os.path.join(
-        workdir, "checkpoints", f"metrics.jsonl.corrupt-{step}-{suffix}"
-    )
-  shutil.copyfile(source, target)
+    target = f"{path}-{suffix}"
   return target
 
 
@@ -268,24 +274,28 @@ def saved_steps(workdir) -> list[int]:
   return sorted(int(n) for n in os.listdir(directory) if _STEP_DIR.match(n))
 
 
-def move_run_aside(workdir) -> str | None:
-  """Moves everything of the run in ``workdir`` to a dated folder.
+# What a run writes in its workdir (and their temporary copies): what
+# `move_run_aside` moves. Anything else there (data, notes) is the user's.
+_RUN_FILES = re.compile(
+    r"^(checkpoints|tensorboard|metrics\.jsonl|predictions\.jsonl"
+    r"|config\.json|train(\.\d+)?\.log)(\.tmp)?$"
+)
 
-  Everything but the lock and earlier moved-aside runs goes to
-  ``workdir/previous-runs/<YYYYmmdd-HHMMSS>``; nothing is deleted. Returns
-  that folder, or None if the workdir held nothing to move.
+
+def move_run_aside(workdir) -> str | None:
+  """Moves the run in ``workdir`` to a dated folder.
+
+  Its checkpoints, metrics, predictions, config record, logs and
+  TensorBoard files go to ``workdir/previous-runs/<YYYYmmdd-HHMMSS>``;
+  nothing is deleted, and what else the workdir holds (the data, say)
+  stays. Returns that folder, or None if the workdir held nothing to move.
   """
-  names = sorted(
-      n for n in os.listdir(workdir) if n not in (".lock", PREVIOUS_RUNS)
-  )
+  names = sorted(n for n in os.listdir(workdir) if _RUN_FILES.match(n))
   if not names or jax.process_index() != 0:
     return None
-  stamp = time.strftime("%Y%m%d-%H%M%S")
-  target = os.path.join(workdir, PREVIOUS_RUNS, stamp)
-  suffix = 1
-  while os.path.exists(target):
-    suffix += 1
-    target = os.path.join(workdir, PREVIOUS_RUNS, f"{stamp}-{suffix}")
+  target = free_path(
+      os.path.join(workdir, PREVIOUS_RUNS, time.strftime("%Y%m%d-%H%M%S"))
+  )
   os.makedirs(target)
   for name in names:
     os.replace(os.path.join(workdir, name), os.path.join(target, name))

@@ -257,7 +257,19 @@ def _train(config, task, workdir, mesh):
     agreement = signals.StopAgreement(
         to_global, config.batch_size // jax.process_count()
     )
-    while step < config.train_steps:
+
+    def stop_requested():
+      return agreement.poll(stop.signum) is not None
+
+    if _eval_cut_short(config, workdir, start_step):
+      # A signal stopped the run in this step's evaluation (or in the step
+      # before it): the evaluation the uninterrupted run made, made now.
+      evaluated = run_eval(False, stop_requested=stop_requested)
+      if evaluated is None:
+        agreed = agreement.agreed
+      else:
+        last_eval = evaluated
+    while agreed is None and step < config.train_steps:
       agreed = agreement.poll(stop.signum)
       if agreed is not None:
         break
@@ -286,10 +298,7 @@ def _train(config, task, workdir, mesh):
           step % config.eval_every_steps == 0 or is_last
       ):
         # A signal during the eval stops it, and the run, at this step.
-        evaluated = run_eval(
-            is_last,
-            stop_requested=lambda: agreement.poll(stop.signum) is not None,
-        )
+        evaluated = run_eval(is_last, stop_requested=stop_requested)
         if evaluated is None:
           agreed = agreement.agreed
           break
@@ -341,6 +350,17 @@ def _train(config, task, workdir, mesh):
       eval=last_eval,
       stopped_early=agreed is not None,
       signal=agreed,
+  )
+
+
+def _eval_cut_short(config, workdir, step) -> bool:
+  """Whether the run resumes at an intermediate eval step that it saved
+  without that evaluation (a signal during it or the step before)."""
+  return (
+      0 < step < config.train_steps
+      and config.eval_every_steps > 0
+      and step % config.eval_every_steps == 0
+      and not _eval_logged(workdir, step)
   )
 
 
