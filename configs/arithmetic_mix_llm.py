@@ -43,7 +43,12 @@ def get_config(method: str = "ntil") -> ml_collections.ConfigDict:
   # evaluation prompts end before it. False: each apart, the space a prompt
   # token ('Ġ', then '-', '5'), as the recorded SmolLM2 grid trained.
   config.tokenize_joined = True
-  config.max_question_len = 80  # characters; longer ones (~0.5%) skipped
+  # A prompt starts with the BOS the snapshot's tokenizer adds (Llama 3's;
+  # none for Qwen2 and SmolLM2). "llama": config.json's BOS for every
+  # llama-family model (SmolLM2's is its chat marker '<|im_start|>'), as
+  # the recorded SmolLM2 grid ran.
+  config.prompt_bos = "tokenizer"
+  config.max_question_len = 80  # characters; longer ones are skipped
   config.max_answer_len = 12
   # Prompt tokens (BOS, template, question) to pad to; 0: a bound from
   # max_question_len's characters. Longer prompts are skipped.

@@ -29,6 +29,9 @@ ADDED_FIELDS = {
     "number_tokens": False,
     # arithmetic_mix_llm: the prompt and the answer tokenized as one text.
     "tokenize_joined": False,
+    # arithmetic_mix_llm: a prompt's BOS by model family ("llama"), or the
+    # one the snapshot's tokenizer adds ("tokenizer").
+    "prompt_bos": "llama",
 }
 # When and how much the trainer logs, evaluates and saves: fields that
 # reach no traced program (the step's and the resume checks' business).

@@ -35,6 +35,7 @@ import tokenizers
 from tokenizers import decoders
 from tokenizers import models
 from tokenizers import pre_tokenizers
+from tokenizers import processors
 import torch
 import transformers
 
@@ -167,6 +168,13 @@ def build_llama3(directory):
       _LLAMA3_PATTERN,
       digit_chunks=True,
       special_tokens=["<|begin_of_text|>", "<|end_of_text|>"],
+  )
+  # Llama 3's tokenizer.json adds its BOS to every text.
+  bos = tokenizer.token_to_id("<|begin_of_text|>")
+  tokenizer.post_processor = processors.TemplateProcessing(
+      single="<|begin_of_text|> $A",
+      pair="<|begin_of_text|> $A <|begin_of_text|> $B",
+      special_tokens=[("<|begin_of_text|>", bos)],
   )
   config = transformers.LlamaConfig(
       vocab_size=1408,

@@ -1070,13 +1070,83 @@ def test_trainer_computes_in_dtype_and_keeps_param_dtype(data_dir):
 
 
 def test_a_run_recorded_before_joined_tokenization_resumes_apart(data_dir):
-  """A record without ``tokenize_joined`` was trained apart: resuming it
-  with the new default is refused (both values named), with False it is
-  the same run."""
+  """A record without ``tokenize_joined`` and ``prompt_bos`` was trained
+  apart, with the family's BOS: resuming it with the new defaults is
+  refused (both values named); with the old ones it is the same run."""
   config = make_config(data_dir)
   recorded = rundir.config_record(config)
-  del recorded["tokenize_joined"]
+  del recorded["tokenize_joined"], recorded["prompt_bos"]
   resumable, refused = checks.config_changes(recorded, config)
-  assert refused == [("tokenize_joined", False, True)] and not resumable
-  config.tokenize_joined = False
+  assert not resumable and refused == [
+      ("prompt_bos", "llama", "tokenizer"),
+      ("tokenize_joined", False, True),
+  ]
+  config.tokenize_joined, config.prompt_bos = False, "llama"
   assert checks.config_changes(recorded, config) == ([], [])
+
+
+def test_a_special_token_in_a_prediction_is_not_dropped(data_dir, tmp_path):
+  """Decoding skipped special tokens: '1', <|begin_of_text|>, '5' scored as
+  the answer 15. Now they stay as text, and the answer ends at the first
+  of config.json's end tokens (Llama 3.1 Instruct lists several)."""
+  config = make_config(data_dir, "llama3_tiny")
+  codec = task.codec(config)
+  one, five = codec.tokenizer.encode("1"), codec.tokenizer.encode("5")
+  special = 1366  # llama3_tiny's BOS, a special token
+  eos = codec.eos_id
+  assert codec.tokenizer.decode([special]) == ""  # skipped by default
+  prediction = codec.decode(one + [special] + five + [eos, eos])
+  assert (
+      prediction
+      == "1" + codec.tokenizer.decode([special], keep_special=True) + "5"
+  )
+  assert prediction != "15"
+  assert task.score_answers([prediction], ["15"], config)["correct"] == 0
+  assert codec.decode(one + five + [eos, special]) == "15"
+  # Two end tokens: the answer ends at the first of either.
+  snapshot = tmp_path / "snapshot"
+  shutil.copytree(config.pretrained, snapshot)
+  hf_config = json.loads((snapshot / "config.json").read_text())
+  hf_config["eos_token_id"] = [eos, special]
+  (snapshot / "config.json").write_text(json.dumps(hf_config))
+  config.pretrained = str(snapshot)
+  both = task.codec(config)
+  assert both.eos_id == eos and both.end_ids == [eos, special]
+  assert both.decode(one + five + [special] + one + [eos]) == "15"
+
+
+def test_prompts_start_with_the_bos_the_tokenizer_adds(data_dir, tmp_path):
+  """The BOS used to be config.json's for every llama-family model, so
+  SmolLM2's prompts began with its chat marker '<|im_start|>', which its
+  tokenizer never adds (its GGUF: add_bos_token false)."""
+  question = ["What is 2 + 2?"]
+
+  def prompt(config):
+    prompts, lengths = task.encode_prompts(config, question)
+    return prompts[0, : lengths[0]].tolist()
+
+  llama = make_config(data_dir, "llama3_tiny")
+  lm = pretrained.load(llama.pretrained)
+  text = lm.encode("Question: What is 2 + 2?\nAnswer:")
+  assert prompt(llama) == [lm.bos_id] + text  # its post-processor's
+  qwen = make_config(data_dir, "qwen2_tiny")
+  assert prompt(qwen) == pretrained.load(qwen.pretrained).encode(
+      "Question: What is 2 + 2?\nAnswer:"
+  )  # none
+  # tokenizer_config.json's add_bos_token decides where it is set.
+  for add, want in ((False, text), (True, [lm.bos_id] + text)):
+    snapshot = tmp_path / f"add{add}"
+    shutil.copytree(llama.pretrained, snapshot)
+    tokenizer = json.loads((snapshot / "tokenizer.json").read_text())
+    tokenizer["post_processor"] = None
+    (snapshot / "tokenizer.json").write_text(json.dumps(tokenizer))
+    (snapshot / "tokenizer_config.json").write_text(
+        json.dumps(dict(add_bos_token=add))
+    )
+    config = make_config(data_dir, "llama3_tiny", pretrained=str(snapshot))
+    assert prompt(config) == want
+    # "llama", as the recorded SmolLM2 grid ran: the family's BOS.
+    config.prompt_bos = "llama"
+    assert prompt(config) == [lm.bos_id] + text
+  with pytest.raises(ValueError, match="prompt_bos must be one of"):
+    task.check_config(make_config(data_dir, prompt_bos="always"))

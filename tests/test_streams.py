@@ -558,6 +558,7 @@ def test_recorded_cells_keep_their_config_hash(which, results):
       "digit_chunks": False,
       "number_tokens": False,
       "tokenize_joined": False,
+      "prompt_bos": "llama",
   }
   hashes = _grid_hashes(which)
   for path in results:

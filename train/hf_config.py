@@ -183,7 +183,18 @@ def model_config(
 
 def token_id(hf_config: dict, name: str):
   """``bos_token_id`` / ``eos_token_id`` of config.json (first of a list)."""
+  ids = token_ids(hf_config, name)
+  return ids[0] if ids else None
+
+
+def token_ids(hf_config: dict, name: str) -> list[int]:
+  """Every id of ``name`` in config.json (Llama 3.1 Instruct lists three
+  end tokens); [] without one."""
   value = hf_config.get(name)
-  if isinstance(value, (list, tuple)):
-    value = value[0] if value else None
-  return value
+  if value is None:
+    return []
+  return (
+      [int(v) for v in value]
+      if isinstance(value, (list, tuple))
+      else [int(value)]
+  )

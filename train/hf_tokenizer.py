@@ -33,6 +33,17 @@ class Tokenizer:
           f"{file} is not a readable tokenizer ({error})."
       ) from error
 
+  @functools.cached_property
+  def added_prefix(self) -> list[int]:
+    """The ids the tokenizer writes before a text when it adds its special
+    tokens (a Llama 3 snapshot's ``<|begin_of_text|>``); [] for none."""
+    bare = self.tokenizer.encode("0", add_special_tokens=False).ids
+    full = self.tokenizer.encode("0", add_special_tokens=True).ids
+    for start in range(len(full) - len(bare) + 1):
+      if full[start : start + len(bare)] == bare:
+        return full[:start]
+    return []
+
   def vocab(self) -> dict:
     return self.tokenizer.get_vocab(with_added_tokens=True)
 
@@ -80,7 +91,9 @@ class Tokenizer:
     )
     return [[i for _ in row for i in next(encoded).ids] for row in pieces]
 
-  def decode(self, ids) -> str:
+  def decode(self, ids, *, keep_special: bool = False) -> str:
+    """The text of ``ids``; special tokens left out, or with
+    ``keep_special`` written as their text (``<|endoftext|>``)."""
     return self.tokenizer.decode(
-        [int(i) for i in ids], skip_special_tokens=True
+        [int(i) for i in ids], skip_special_tokens=not keep_special
     )

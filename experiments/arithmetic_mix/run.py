@@ -543,6 +543,7 @@ def llm_cell_config(settings, method, seed, data_dir):
   # (configs/arithmetic_mix_llm.py's default joins them): rerunning the
   # grid joined is a new grid, its own records.
   config.tokenize_joined = settings.get("tokenize_joined", False)
+  config.prompt_bos = settings.get("prompt_bos", "llama")  # as recorded
   config.train_steps = steps
   config.batch_size = settings["batch_size"]
   config.learning_rate = settings["learning_rate"]

@@ -4,8 +4,9 @@ The same data as `train.tasks.arithmetic_mix` (prepared by
 ``python -m train.prepare_data``), encoded with the snapshot's own tokenizer
 (``config.pretrained``) into ``[BOS] template(question) answer EOS``: the
 prompt is ``config.prompt_template`` with the question in place of
-``{question}``, and only the answer and its EOS are scored. BOS is prepended
-for Llama (which was trained with it), not for Qwen2.
+``{question}``, and only the answer and its EOS are scored. A prompt starts
+with the BOS the snapshot's tokenizer adds (``config.prompt_bos``): Llama 3's,
+none for Qwen2 and SmolLM2.
 
 With ``config.tokenize_joined`` (the default) the prompt and the answer are
 one text, tokenized as the tokenizer writes it: the whitespace the template
@@ -29,6 +30,7 @@ optional hooks ``make_mesh``, ``create_model`` and ``codec``.
 """
 
 import functools
+import json
 import os
 
 from absl import logging
@@ -74,6 +76,11 @@ def check_config(config) -> None:
     raise ValueError(
         f"max_prompt_tokens must be >= 0 (0: from max_question_len), got "
         f"{config.max_prompt_tokens}."
+    )
+  if config.get("prompt_bos", "llama") not in PROMPT_BOS:
+    raise ValueError(
+        f"prompt_bos must be one of {', '.join(PROMPT_BOS)}, got "
+        f"{config.prompt_bos!r}."
     )
   if config.prompt_template.count("{question}") != 1:
     raise ValueError(
@@ -131,14 +138,22 @@ class Codec:
   def __init__(self, config):
     hf_config = pretrained.cached_config(config.pretrained)
     self.tokenizer = _tokenizer(config)
-    self.eos_id = int(hf_config_lib.token_id(hf_config, "eos_token_id"))
+    # Generation stops at the first; any of them ends an answer.
+    self.end_ids = hf_config_lib.token_ids(hf_config, "eos_token_id")
+    self.eos_id = self.end_ids[0]
     self.pad_id = self.eos_id
 
   def decode(self, ids) -> str:
+    """The text before the first end token, without the spaces around it.
+
+    Any other special token stays in it as its text (``<|endoftext|>``): a
+    prediction holding one is not the answer without it.
+    """
     ids = [int(i) for i in ids]
-    if self.eos_id in ids:
-      ids = ids[: ids.index(self.eos_id)]
-    return self.tokenizer.decode(ids).strip()
+    ends = [k for k, i in enumerate(ids) if i in self.end_ids]
+    if ends:
+      ids = ids[: ends[0]]
+    return self.tokenizer.decode(ids, keep_special=True).strip()
 
 
 def codec(config) -> Codec:
@@ -153,12 +168,41 @@ def _tokenizer(config) -> hf_tokenizer.Tokenizer:
   return pretrained.cached_tokenizer(os.path.abspath(config.pretrained))
 
 
+PROMPT_BOS = ("tokenizer", "llama")
+
+
 def _bos(config) -> list[int]:
+  """What a prompt starts with (``config.prompt_bos``): with "tokenizer"
+  (the default), the BOS the snapshot's tokenizer adds (`tokenizer_bos`);
+  with "llama", config.json's BOS for a llama-family model and nothing for
+  Qwen2, as the recorded SmolLM2 grid ran (SmolLM2 adds none: its BOS id
+  is the chat marker ``<|im_start|>``)."""
+  if config.get("prompt_bos", "llama") == "tokenizer":
+    return tokenizer_bos(config.pretrained)
   hf_config = pretrained.cached_config(config.pretrained)
   bos = hf_config_lib.token_id(hf_config, "bos_token_id")
   if hf_config_lib.family(hf_config) == "llama" and bos is not None:
     return [int(bos)]
   return []
+
+
+@functools.cache
+def tokenizer_bos(path) -> list[int]:
+  """The BOS the snapshot at ``path`` adds to a text, as transformers'
+  tokenizer does: config.json's ``bos_token_id`` where
+  tokenizer_config.json sets ``add_bos_token`` (a GGUF conversion writes
+  it: false for SmolLM2, true for Llama 3), nothing where it clears it,
+  and without that field what tokenizer.json's post-processor adds (Llama
+  3's ``<|begin_of_text|>``; Qwen2 adds none)."""
+  settings = os.path.join(path, "tokenizer_config.json")
+  add = None
+  if os.path.isfile(settings):
+    with open(settings) as f:
+      add = json.load(f).get("add_bos_token")
+  if add is None:
+    return list(pretrained.cached_tokenizer(os.path.abspath(path)).added_prefix)
+  bos = hf_config_lib.token_id(pretrained.cached_config(path), "bos_token_id")
+  return [int(bos)] if add and bos is not None else []
 
 
 def _joined(config) -> bool:
