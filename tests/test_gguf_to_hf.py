@@ -454,6 +454,9 @@ def test_fixture_gguf_converts_to_transformers_logits(tmp_path):
   assert len(lm.encode("12345")) == 5
   loss, continuation = gguf_to_hf.check(str(tmp_path / "snapshot"))
   assert 0 < loss < 2 * np.log(lm.vocab_size) and isinstance(continuation, str)
+  # The same tokens' loss after a prefix (the BOS a tokenizer may not add).
+  after, _ = gguf_to_hf.check(str(tmp_path / "snapshot"), prefix=[lm.bos_id])
+  assert 0 < after < 2 * np.log(lm.vocab_size) and after != loss
   assert (
       lm.eos_id
       == json.loads((FIXTURES / "llama3_tiny" / "config.json").read_text())[

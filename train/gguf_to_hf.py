@@ -776,11 +776,15 @@ def convert(
   return config
 
 
-def check(out_dir: str, *, text: str = CHECK_TEXT, prompt=CHECK_PROMPT):
+def check(
+    out_dir: str, *, text: str = CHECK_TEXT, prompt=CHECK_PROMPT, prefix=()
+):
   """(mean next-token loss in nats on ``text``, greedy continuation).
 
   Loads the snapshot with `train.pretrained` (the `llm` extra), as training
-  does. No BOS is prepended: llama.cpp adds none for SmolLM2.
+  does. No BOS is prepended (llama.cpp adds none for SmolLM2) unless given
+  as ``prefix`` ids, read before the text: the loss is of the same tokens,
+  the text's second on.
   """
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
@@ -789,7 +793,8 @@ def check(out_dir: str, *, text: str = CHECK_TEXT, prompt=CHECK_PROMPT):
 
   lm = pretrained.load(out_dir)
   ids = lm.encode(text)
-  logits = lm.logits(jnp.asarray([ids]))[0, :-1]
+  prefix = [int(i) for i in prefix]
+  logits = lm.logits(jnp.asarray([prefix + ids]))[0, len(prefix) : -1]
   targets = jnp.asarray(ids[1:])
   log_probs = jax.nn.log_softmax(logits, axis=-1)
   loss = -jnp.take_along_axis(log_probs, targets[:, None], axis=-1).mean()
@@ -802,6 +807,19 @@ def check(out_dir: str, *, text: str = CHECK_TEXT, prompt=CHECK_PROMPT):
       lm.eos_id,
   )
   return float(loss), lm.tokenizer.decode(np.asarray(tokens[0]).tolist())
+
+
+def _unadded_bos(out_dir: str):
+  """config.json's BOS id where the snapshot's tokenizer does not add it
+  (SmolLM2's ``<|im_start|>``), else None."""
+  from train import hf_config  # pylint: disable=g-import-not-at-top
+  from train import pretrained  # pylint: disable=g-import-not-at-top
+  from train.tasks import arithmetic_mix_llm  # pylint: disable=g-import-not-at-top
+
+  bos = hf_config.token_id(pretrained.cached_config(out_dir), "bos_token_id")
+  if bos is None or arithmetic_mix_llm.tokenizer_bos(out_dir):
+    return None
+  return int(bos)
 
 
 # ----------------------------------------------------------------------------
@@ -871,6 +889,13 @@ def main(argv):
         "1.97; 3.71 with its Q/K rows in llama.cpp's order); "
         f"{CHECK_PROMPT!r} -> {continuation!r}"
     )
+    bos = _unadded_bos(out)
+    if bos is not None:
+      with_bos, _ = check(out, prefix=[bos])
+      print(
+          f"check: {with_bos:.3f} nats/token on it after config.json's BOS"
+          f" (id {bos}), which the tokenizer does not add (SmolLM2: 2.12)"
+      )
   print(f"snapshot: {out}")
 
 
