@@ -355,13 +355,20 @@ def _train(config, task, workdir, mesh):
 
 def _eval_cut_short(config, workdir, step) -> bool:
   """Whether the run resumes at an intermediate eval step that it saved
-  without that evaluation (a signal during it or the step before)."""
-  return (
+  without that evaluation (a signal during it or the step before).
+
+  Process 0's answer on every process (the evaluation is collective; only
+  process 0 writes metrics.jsonl).
+  """
+  cut_short = (
       0 < step < config.train_steps
       and config.eval_every_steps > 0
       and step % config.eval_every_steps == 0
       and not _eval_logged(workdir, step)
   )
+  if jax.process_count() > 1:
+    cut_short = multihost_utils.broadcast_one_to_all(np.asarray(cut_short))
+  return bool(cut_short)
 
 
 def _eval_logged(workdir, step) -> bool:
