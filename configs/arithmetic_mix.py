@@ -23,7 +23,7 @@ def get_config(method: str = "ntil") -> ml_collections.ConfigDict:
   """Returns the config for one loss ``method``."""
   config = common.base_config(common.check_method(method))
   config.task = "arithmetic_mix"
-  config.max_question_len = 80  # longer ones are skipped (none in 11k)
+  config.max_question_len = 80  # longer ones are skipped
   config.max_answer_len = 12
   # Numbers in tokens of 1-3 digits, greedily from the left as Llama 3 and
   # GPT-4o write them (train/tokenizer.py); the losses score each as one

@@ -473,8 +473,8 @@ def chunk_pairs(methods) -> list[tuple]:
 def chunk_section(grid, elsewhere) -> list[str]:
   """Numbers in tokens of 1-3 digits (``--config.digit_chunks``): each
   method against itself on single digits, the others (NTIL, EMD and NTIL's
-  peers) against CE in chunks; without such cells, where they ran instead (``elsewhere``, the
-  cells of other devices), if anywhere."""
+  peers) against CE in chunks; without such cells, where they ran instead
+  (``elsewhere``, the cells of other devices), if anywhere."""
   grouped = grid.grouped
   kinds = [m + CHUNKS for m in CHUNK_METHODS + PEERS]
   keys = grid.present(kinds)
