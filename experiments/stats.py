@@ -92,8 +92,10 @@ def paired(runs, reference, metric, scale=100, higher_better=True):
   ``metric`` (`value`; a `Metric`: its field, scale and direction) times
   ``scale``, or None without a seed where both are finite: dict(n, mean,
   std, better, t, p), the seeds, mean and sd of the differences, the seeds
-  where ``runs`` is better, and a two-sided paired t-test (nan with one
-  seed or identical differences)."""
+  where ``runs`` is better, and a two-sided paired t-test (t and p nan with
+  one seed). Where every seed's difference is the same there is no spread
+  for a t-test: t is nan and p the exact two-sided sign test's (1 where the
+  differences are all 0). A mean that is 0 but for float rounding is 0."""
   if isinstance(metric, Metric):
     metric, scale, higher_better = metric.field, metric.scale, metric.higher
   seeds = [
@@ -111,11 +113,15 @@ def paired(runs, reference, metric, scale=100, higher_better=True):
   # Differences equal but for rounding (one problem out of 1,000 on every
   # seed: 0.4 - 0.3 and 0.5 - 0.4 in float) have no spread to test against:
   # t would be 1e16 and p 0.
-  scale_of_values = max(np.abs(ours).max(), np.abs(theirs).max(), 1e-300)
-  if len(seeds) > 1 and np.ptp(diffs) > 1e-9 * scale_of_values:
+  rounding = 1e-9 * max(np.abs(ours).max(), np.abs(theirs).max(), 1e-300)
+  mean, std = mean_std(diffs)
+  if abs(mean) <= rounding:  # 0.3 - 0.5 + 0.2 is -2.8e-17, not "worse"
+    mean = 0.0
+  t = p = float("nan")
+  if len(seeds) > 1 and np.ptp(diffs) > rounding:
     result = stats.ttest_rel(ours, theirs)
     t, p = float(result.statistic), float(result.pvalue)
-  else:
-    t = p = float("nan")
-  mean, std = mean_std(diffs)
+    t = 0.0 if mean == 0 else t
+  elif len(seeds) > 1:  # every seed on one side (or all level)
+    p = 1.0 if mean == 0 else min(1.0, 2 * 0.5 ** len(seeds))
   return dict(n=len(seeds), mean=mean, std=std, better=better, t=t, p=p)

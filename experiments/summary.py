@@ -169,10 +169,11 @@ def _delta(grouped, key, read) -> str:
 
 
 def p_text(p) -> str:
-  """``p < 0.001``, ``p = 0.003`` or ``p = 0.42``."""
+  """``p < 0.001``, ``p = 0.003``, ``p = 0.048`` or ``p = 0.42``: three
+  decimals below 0.1, so that the side of 0.05 shows."""
   if p < 0.001:
     return "p < 0.001"
-  return f"p = {p:.3f}" if p < 0.01 else f"p = {p:.2f}"
+  return f"p = {p:.3f}" if p < 0.1 else f"p = {p:.2f}"
 
 
 def steps(grouped) -> int:
@@ -246,10 +247,11 @@ TITLES = (
     "at the end of the budget",
 )
 DOTS = dict(fmt="o", markersize=4, capsize=2, linewidth=1)
+SINGLE = dict(marker="o", markersize=4, markerfacecolor="none", linestyle="")
 LEGEND = dict(fontsize=7, loc="lower center", bbox_to_anchor=(-0.05, 1.04))
 LEGEND.update(ncol=len(LOSSES), frameon=False)
 XLABEL = """paired difference to CE, points (mean over seeds;
-bars: 95% paired t interval)"""
+bars: 95% paired t interval; hollow: one seed, no interval)"""
 
 
 def figure(out_path, root=ROOT) -> str:
@@ -274,8 +276,17 @@ def figure(out_path, root=ROOT) -> str:
         if d := versus_ce(grouped, k, read):
           points.append((y + offset, d["mean"], interval(d)))
       ys, means, bars = np.array(points).reshape(-1, 3).T
-      xerr, color = np.nan_to_num(bars), labels.color(k)
-      ax.errorbar(means, ys, xerr=xerr, color=color, label=label, **DOTS)
+      color, tested = labels.color(k), ~np.isnan(bars)
+      ax.errorbar(
+          means[tested],
+          ys[tested],
+          xerr=bars[tested],
+          color=color,
+          label=label,
+          **DOTS,
+      )
+      # One seed: no interval, a hollow marker (not a certain difference).
+      ax.plot(means[~tested], ys[~tested], color=color, **SINGLE)
     ax.axvline(0, color="black", linewidth=0.8)
     for position in range(1, len(cells)):
       ax.axhline(position - 0.5, color="0.85", linewidth=0.5)

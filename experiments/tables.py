@@ -22,13 +22,15 @@ def row(cells) -> str:
 
 def paired_cells(runs, reference, metric, short=False):
   """Three table cells of a `stats.Metric`: ``Δ ± sd``, ``better/n`` and
-  ``t (p = ...)`` (``short``: ``p``, and '-' below two paired seeds)."""
+  ``t (p = ...)`` (``short``: ``p``, and '-' below two paired seeds;
+  ``sign (p = ...)`` where the seeds' differences have no spread)."""
   d, digits = stats.paired(runs, reference, metric), metric.digits
   none = "-" if short else "–"
   if d is None or (short and d["n"] < 2):
     return [none] * 3
   std = "" if np.isnan(d["std"]) else f" ± {d['std']:.{digits}f}"
-  test = f"{d['t']:+.2f} (p = {d['p']:.3f})"
+  statistic = "sign" if np.isnan(d["t"]) else f"{d['t']:+.2f}"
+  test = f"{statistic} (p = {d['p']:.3f})"
   test = none if np.isnan(d["p"]) else f"{d['p']:.3f}" if short else test
   return [f"{d['mean']:+.{digits}f}{std}", f"{d['better']}/{d['n']}", test]
 
@@ -172,10 +174,16 @@ def values_table(
 
 def fmt_metric(runs, metric, missing="–"):
   """``mean ± sd`` of a `stats.Metric` over the finite values of ``runs`` (a
-  list), ``missing`` without one."""
+  list), ``missing`` without one; ``(k of n)`` after it where only k of the
+  n runs have one (a seed that never reached a threshold)."""
   values = [metric.scale * stats.value(r, metric.field) for r in runs]
-  values = [v for v in values if np.isfinite(v)]
-  return stats.fmt(values, metric.digits) if values else missing
+  finite = [v for v in values if np.isfinite(v)]
+  if not finite:
+    return missing
+  text = stats.fmt(finite, metric.digits)
+  if len(finite) < len(values):
+    text += f" ({len(finite)} of {len(values)})"
+  return text
 
 
 def delta(d, digits=2, p=None) -> str:

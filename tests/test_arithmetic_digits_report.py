@@ -340,7 +340,7 @@ def test_report_numbers_by_hand(tmp_path):
   # The control has one seed: no paired figures.
   control = parts["Control: digit-weighted CE"]
   assert row(control, "CE, digit tokens weighted 1.3 − CE") == ["-"] * 12
-  assert row(control, "CE + NTIL − CE, digit tokens weighted 1.3") == (
+  assert row(control, "CE + NTIL − (CE, digit tokens weighted 1.3)") == (
       ["-"] * 12
   )
   assert row(control, "CE, digit tokens weighted 1.3")[2] == "83.33"
@@ -652,17 +652,15 @@ def test_chunk_cells_are_paired_with_their_single_digit_runs(tmp_path):
       "0.500",
   ]
   # NTIL: +1/6 on both seeds against itself on digits; +3/6 on both
-  # against CE in chunks (no spread: no t-test).
+  # against CE in chunks (no spread: no t-test; the sign test's 2 / 2**2).
   assert row(part, "CE + NTIL, 1-3 digit tokens − CE + NTIL")[:3] == [
       "+16.67 ± 0.00",
       "2/2",
-      "-",
+      "0.500",
   ]
-  assert row(part, "CE + NTIL, 1-3 digit tokens − CE, both in chunks")[:3] == [
-      "+50.00 ± 0.00",
-      "2/2",
-      "-",
-  ]
+  assert row(part, "CE + NTIL, 1-3 digit tokens − (CE, both in chunks)")[
+      :3
+  ] == ["+50.00 ± 0.00", "2/2", "0.500"]
   # Without chunk cells the section says so.
   plain = write(tmp_path, list(CELLS))
   assert "Not run yet (groups `chunks` and `chunks_peers`, 25 cells)." in plain
@@ -723,16 +721,16 @@ def test_cells_of_another_device_are_shown_apart(tmp_path):
       "0.500",
   ]
   # DEL in chunks against DEL on digits: -1/6 and +1/6 (t = 0, p = 1);
-  # against CE in chunks: +2/6 on both seeds (no spread: no t-test).
+  # against CE in chunks: +2/6 on both seeds (no spread: the sign test).
   assert row(part, "CE + DEL, 1-3 digit tokens − CE + DEL")[:3] == [
       "+0.00 ± 23.57",
       "1/2",
       "1.000",
   ]
-  assert row(part, "CE + DEL, 1-3 digit tokens − CE, both in chunks")[:3] == [
+  assert row(part, "CE + DEL, 1-3 digit tokens − (CE, both in chunks)")[:3] == [
       "+33.33 ± 0.00",
       "2/2",
-      "-",
+      "0.500",
   ]
   # This report's own hardware has no chunk or peer cell yet: the chunk
   # section points to the device that ran them.

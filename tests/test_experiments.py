@@ -386,7 +386,8 @@ def test_grounding_stream_section_keeps_budgets_apart(tmp_path):
   assert short < long
   # 1,200 steps: both regimes; NTIL is +5 points on both streamed seeds.
   assert "| CE | 10.0 ± 0.0 | 20.0 ± 0.0 | 10.0 ± 0.0 | 35.0 ± 7.1 |" in text
-  assert "| 40.0 ± 7.1 (+5.0: 2/2) |" in text[short:long]
+  # The same +5 on both seeds: no t, the sign test (2 / 2**2).
+  assert "| 40.0 ± 7.1 (+5.0: 2/2, p = 0.500) |" in text[short:long]
   # CE's last interval: +20 and +30 points at 1,200; +20 and +10 at 2,400.
   assert "+20.0 to +30.0 points (mean +25.0, 2 seeds)" in text[short:long]
   assert (
@@ -982,12 +983,14 @@ def test_a_metric_recorded_as_none_is_left_out_like_nan():
   d = stats.paired(ours, theirs, "m", 100, True)
   assert d["n"] == 2 and math.isclose(d["mean"], 20.0)
   metric = stats.Metric("m", "m", 100, 1, True)
-  assert tables.fmt_metric(list(ours.values()), metric) == tables.fmt_metric(
-      [ours[0], ours[2]], metric
+  # The mean of the two that have one, and how many of the three that is.
+  assert (
+      tables.fmt_metric(list(ours.values()), metric) == "60.0 ± 14.1 (2 of 3)"
   )
+  assert tables.fmt_metric([ours[0], ours[2]], metric) == "60.0 ± 14.1"
 
 
-def test_paired_differences_equal_but_for_rounding_have_no_t_test():
+def test_paired_differences_equal_but_for_rounding_take_the_sign_test():
   # Exact match 0.3/0.4 and 0.4/0.5 of 1,000 problems: +0.1 points on both
   # seeds, apart by 1e-14 in float; a t-test there said p = 0.000.
   ours = {0: dict(m=0.004), 1: dict(m=0.005)}
@@ -995,10 +998,31 @@ def test_paired_differences_equal_but_for_rounding_have_no_t_test():
   d = stats.paired(ours, theirs, "m", 100, True)
   assert (d["n"], d["better"]) == (2, 2)
   assert math.isclose(d["mean"], 0.1)
-  assert math.isnan(d["t"]) and math.isnan(d["p"])
+  # No t; the exact two-sided sign test: both seeds on one side, 2 / 2**2.
+  assert math.isnan(d["t"]) and d["p"] == 0.5
+  ours[2], theirs[2] = dict(m=0.0065), dict(m=0.0055)  # +0.1 on a third
+  assert stats.paired(ours, theirs, "m", 100, True)["p"] == 0.25
   # A real spread is still tested.
   ours[1] = dict(m=0.006)
-  assert 0 < stats.paired(ours, theirs, "m", 100, True)["p"] < 1
+  d = stats.paired(ours, theirs, "m", 100, True)
+  assert 0 < d["p"] < 1 and not math.isnan(d["t"])
+
+
+def test_a_difference_that_is_zero_but_for_rounding_is_level():
+  # +0.3, -0.5, +0.3, -0.4, +0.3 points sum to 0, as -2.8e-17 in float: the
+  # table printed -0.0 and called it worse.
+  theirs = {s: dict(m=0.5) for s in range(5)}
+  ours = {
+      s: dict(m=0.5 + x / 100)
+      for s, x in enumerate([0.3, -0.5, 0.3, -0.4, 0.3])
+  }
+  d = stats.paired(ours, theirs, "m", 100, True)
+  assert d["mean"] == 0.0 and d["t"] == 0.0 and math.isclose(d["p"], 1.0)
+  assert tables.direction(d) == "level"
+  assert tables.delta(d, 1).startswith("+0.0 (3/5")
+  # Every seed level: nothing to test, p = 1.
+  d = stats.paired(theirs, dict(theirs), "m", 100, True)
+  assert (d["mean"], d["better"], d["p"]) == (0.0, 0, 1.0)
 
 
 def _grid_with_max_runs(tmp_path, max_runs):

@@ -94,6 +94,15 @@ def test_interval_and_figure(tmp_path):
   assert pathlib.Path(out).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_p_shows_which_side_of_005_it_is():
+  # 0.048 and 0.052 both printed "p = 0.05", one bold and one not.
+  assert summary.p_text(0.048) == "p = 0.048"
+  assert summary.p_text(0.052) == "p = 0.052"
+  assert summary.p_text(0.0061) == "p = 0.006"
+  assert summary.p_text(0.42) == "p = 0.42"
+  assert summary.p_text(0.0004) == "p < 0.001"
+
+
 def test_readme_shows_the_figure():
   text = (ROOT / "README.md").read_text()
   assert f"]({summary.FIGURE})" in text

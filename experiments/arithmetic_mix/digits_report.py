@@ -131,6 +131,12 @@ def bucket_metric(name, bucket):
   return lambda run: run["breakdowns"].get(name, {}).get(bucket, np.nan)
 
 
+def _term(name: str) -> str:
+  """``name`` as the subtracted term of a difference: in parentheses where
+  it holds a comma ("NTIL − (CE, digit tokens weighted 1.3)")."""
+  return f"({name})" if ", " in name else name
+
+
 class Grid:
   """A grid's cells as its tables read them: ``grouped``, {cell kind: {seed:
   `run_view`}} (a later record of a cell replacing one before it), the
@@ -166,7 +172,8 @@ class Grid:
     """Per ``(key, reference[, the reference's name])`` with a paired seed:
     `tables.paired_table`'s short cells of each `PAIRED` metric."""
     rows = [
-        (k, f"{label(k)} − {n[0] if n else label(r)}", r) for k, r, *n in pairs
+        (k, f"{label(k)} − {_term(n[0] if n else label(r))}", r)
+        for k, r, *n in pairs
     ]
     return tables.paired_table(self.grouped, rows, "ce", self.metrics, True)
 
