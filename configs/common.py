@@ -114,7 +114,9 @@ def base_config(method: str) -> ml_collections.ConfigDict:
   )
   config.max_question_len = 80
   config.max_answer_len = 12
-  config.worker_count = 0  # grain reading processes (0: threads)
+  # grain reading processes (0: threads); each exits with the trainer, even
+  # one killed outright (SIGKILL, the out-of-memory killer).
+  config.worker_count = 0
   # Render each train example as it is read, never one twice, instead of
   # reading a prepared train split (tasks that render their data; see
   # train/streams.py; worker_count does not apply). The test split stays

@@ -5,8 +5,11 @@ import logging
 import os
 import random
 import re
+import signal
 import string
+import subprocess
 import sys
+import time
 import types
 
 import grain
@@ -659,6 +662,68 @@ def test_worker_processes_give_same_batches_and_restore(data_dir, parsed_flags):
   for want, have in zip(expected, got, strict=True):
     for key in want:
       np.testing.assert_array_equal(have[key], want[key], err_msg=key)
+
+
+def _children(pid):
+  """The live processes whose parent is ``pid`` (from /proc)."""
+  return {p for p in _live() if _stat(p)[1] == str(pid)}
+
+
+def _stat(pid):
+  """``(state, parent pid)`` of ``pid``, or None once it is gone."""
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      fields = f.read().rsplit(")", 1)[1].split()
+  except (FileNotFoundError, ProcessLookupError):
+    return None
+  return fields[0], fields[1]
+
+
+def _live(pids=None):
+  """Those of ``pids`` (every process without) that run: not gone, no
+  zombie waiting for a parent that does not reap."""
+  if pids is None:
+    pids = [p for p in os.listdir("/proc") if p.isdigit()]
+  return {p for p in pids if (stat := _stat(p)) and stat[0] != "Z"}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+def test_worker_processes_end_with_a_trainer_killed_outright(data_dir):
+  # SIGKILL (as the out-of-memory killer sends) left grain's workers
+  # running, idle, each holding its memory, with no parent.
+  code = f"""
+import os, time
+from absl import flags
+flags.FLAGS.mark_as_parsed()
+from train import input_pipeline
+batches = input_pipeline.train_iterator(
+    {data_dir!r}, global_batch_size=8, worker_count=2, process_index=0,
+    process_count=1)
+next(batches)
+print("ready", flush=True)
+time.sleep(600)
+"""
+  trainer = subprocess.Popen(
+      [sys.executable, "-c", code],
+      cwd=REPO_ROOT,
+      stdout=subprocess.PIPE,
+      text=True,
+  )
+  try:
+    assert trainer.stdout.readline().strip() == "ready"
+    workers = _children(trainer.pid)
+    assert len(workers) >= 2  # the two workers (and multiprocessing's own)
+  finally:
+    trainer.kill()
+    trainer.wait()
+  deadline = time.monotonic() + 30
+  while _live(workers) and time.monotonic() < deadline:
+    time.sleep(0.2)
+  left = _live(workers)
+  for pid in left:  # not to leave them to the next test
+    os.kill(int(pid), signal.SIGKILL)
+  assert not left, f"still running after the trainer: {left}"
 
 
 def test_worker_processes_need_parsed_flags(data_dir):

@@ -38,6 +38,9 @@ model's prediction after it.
 """
 
 import functools
+import os
+import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 
 import grain
@@ -570,9 +573,28 @@ def iterate(
   batches = dataset.to_iter_dataset(read_options)
   if worker_count:
     batches = batches.mp_prefetch(
-        grain.MultiprocessingOptions(num_workers=worker_count)
+        grain.MultiprocessingOptions(num_workers=worker_count),
+        worker_init_fn=exit_with_parent,
     )
   return iter(batches)
+
+
+def exit_with_parent(worker_index: int, worker_count: int) -> None:
+  """Ends a grain worker process when the process that started it is gone.
+
+  grain's workers outlive a trainer killed outright (SIGKILL, the
+  out-of-memory killer), each idle and holding its memory; this watch, run
+  in each worker as it starts, exits it within a second of the trainer.
+  """
+  del worker_index, worker_count
+  parent = os.getppid()
+
+  def watch():
+    while os.getppid() == parent:
+      time.sleep(0.5)
+    os._exit(1)  # pylint: disable=protected-access
+
+  threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
 def train_iterator(
