@@ -46,7 +46,7 @@ import numpy as np
 from ntil_jax import numbers
 from ntil_jax import vocab
 
-MAX_WIDTH = 4
+MAX_WIDTH = vocab.MAX_WIDTH
 # The synthetic label of a slot that is no digit.
 _OTHER = numbers.NUM_DIGITS
 
@@ -205,7 +205,13 @@ def _check_every_digit_in_every_slot(spec: Spec) -> None:
 
 
 def _safe_logsumexp(x, axis):
-  """``logsumexp``, ``-inf`` with a zero gradient where all of x is."""
+  """``logsumexp``, ``-inf`` with a zero gradient where all of x is.
+
+  ``+inf`` counts as float32's largest number: the result stays finite, so
+  that a width the loss does not read at a position passes back a zero
+  gradient there, not ``0 * inf`` = NaN.
+  """
+  x = jnp.minimum(x, jnp.finfo(jnp.float32).max)
   top = jax.lax.stop_gradient(jnp.max(x, axis=axis, keepdims=True))
   top = jnp.where(jnp.isfinite(top), top, 0.0)
   total = jnp.sum(jnp.exp(x - top), axis=axis)
@@ -374,7 +380,7 @@ def digit_slots(stats, labels, mask, ids, spec, decimal_point_mask) -> Slots:
   """The :class:`Slots` of ``[..., T]`` labels and their statistics."""
   shape = labels.shape
   rows, length = int(np.prod(shape[:-1], dtype=np.int64)), shape[-1]
-  flat = lambda x: x.reshape((rows, -1) + x.shape[len(shape) :])
+  flat = lambda x: x.reshape((rows, length) + x.shape[len(shape) :])
   labels = flat(labels)
   mask = jnp.ones_like(labels, bool) if mask is None else flat(mask) != 0
   cells = token_cells(labels, mask, ids, spec)

@@ -153,6 +153,12 @@ def check_digit_token_ids(digit_token_ids, vocab_size=None):
     ValueError: for a shape other than ``[10]``, non-integer ids, negative or
       (with ``vocab_size``) too large ids, or an id given to two digits.
   """
+  if hasattr(digit_token_ids, "widths"):  # a vocab.NumberTokens
+    raise ValueError(
+        "digit_token_ids here must be the 10 ids of the digits 0..9; a "
+        "NumberTokens (numbers in tokens of several digits) is taken by the "
+        "losses (ntil_jax.chunks), not by this function."
+    )
   if tuple(np.shape(digit_token_ids)) != (NUM_DIGITS,):
     raise ValueError(
         "digit_token_ids must hold the 10 ids of the digits 0..9, "

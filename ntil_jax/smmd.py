@@ -229,8 +229,10 @@ def smmd_loss(
   single-token integers 0..999 (a restriction of the paper's Algorithm 1,
   which parses every token, as their docstring says); here it is the ten
   digit tokens, what their code builds for a digit-level tokenizer (Qwen2.5,
-  Llama-2 style): vocabularies with multi-digit number tokens are out of
-  scope. Their ablation kernels (``random_kernel``, ``shuffled_mapping``,
+  Llama-2 style); numbers in tokens of 1-3 digits (a
+  :class:`~ntil_jax.NumberTokens`) are scored digit by digit, as by every
+  loss here (:mod:`ntil_jax.chunks`), which their code does not do. Their
+  ablation kernels (``random_kernel``, ``shuffled_mapping``,
   drawn with torch's generator) are not implemented. Their code scores
   every position whose label is numeric; ``digit_mask`` restricts that
   here.

@@ -22,6 +22,10 @@ from ntil_jax import vocab
 def digit_logits(logits, digit_token_ids=None) -> chex.Array:
   """The logits of the ten digit tokens, ``[..., T, 10]``, in float32.
 
+  With a :class:`~ntil_jax.NumberTokens` as ``digit_token_ids``, the
+  logits of its ``K`` number tokens, ``[..., T, K]``, in the order
+  :mod:`ntil_jax.chunks` reads them (by width, then value, then id).
+
   Concrete ``digit_token_ids`` are checked (ValueError if repeated or out of
   ``[0, V)``, as are the default ids 0..9 when ``V < 10``, and logits that
   are not floating point). Traced ids cannot be checked before run time: if
@@ -59,7 +63,9 @@ class TokenStatistics(NamedTuple):
       (an ignore id) reads the column it is clipped to (0 for ``-100``),
       and a position outside the ``mask`` given reads 0. The losses never
       read either.
-    digit_logits: ``[..., T, 10]`` logits of the digit tokens.
+    digit_logits: ``[..., T, 10]`` logits of the digit tokens
+      (``[..., T, K]`` with a :class:`~ntil_jax.NumberTokens`, as
+      :func:`digit_logits`).
   """
 
   log_norm: chex.Array

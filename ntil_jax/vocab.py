@@ -6,6 +6,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+# The most digits a number token may write for the losses
+# (:mod:`ntil_jax.chunks`).
+MAX_WIDTH = 4
 # How tokenizers spell a lone digit, most specific first: plain, SentencePiece
 # word start, GPT-2 byte-level word start, WordPiece continuation, byte
 # fallback (Llama/Gemma), and the same with a space.
@@ -120,7 +123,8 @@ def number_tokens(vocab, *, max_width: int = 3) -> NumberTokens:
   Args:
     vocab: a ``str -> id`` mapping (a Hugging Face tokenizer's
       ``get_vocab()``) or a sequence of pieces whose index is the id.
-    max_width: the widest number token kept (``>= 1``). Wider digit strings
+    max_width: the widest number token kept (1 to :data:`MAX_WIDTH`,
+      what the losses score). Wider digit strings
       (some vocabularies hold years or ``'000000'``) are left out, as are
       numerals other than the ASCII digits (``'\u00b2'``, ``'\u0663'``).
 
@@ -133,7 +137,8 @@ def number_tokens(vocab, *, max_width: int = 3) -> NumberTokens:
 
   Raises:
     ValueError: naming the problem in one line: ``vocab`` neither a mapping
-      nor a sequence, ``max_width < 1``, a negative or non-integer id, one
+      nor a sequence, ``max_width`` out of range, pieces that are not str
+      (bytes: decode them first), a negative or non-integer id, one
       id given to two number pieces, or no number token at all.
 
   Example:
@@ -150,8 +155,11 @@ def number_tokens(vocab, *, max_width: int = 3) -> NumberTokens:
   """
   if isinstance(max_width, bool) or not isinstance(max_width, int):
     raise ValueError(f"max_width must be an integer, got {max_width!r}.")
-  if max_width < 1:
-    raise ValueError(f"max_width must be at least 1, got {max_width}.")
+  if not 1 <= max_width <= MAX_WIDTH:
+    raise ValueError(
+        f"max_width must be 1 to {MAX_WIDTH} (digits a number token may "
+        f"write), got {max_width}."
+    )
   lookup = _lookup(vocab)
   found = {}
   for piece, token_id in lookup.items():
@@ -187,9 +195,16 @@ def number_tokens(vocab, *, max_width: int = 3) -> NumberTokens:
         prefix in ("\u2581", "\u0120", " "),
     )
   if not found:
+    pieces = [p for p in lookup if not isinstance(p, str)][:1]
+    hint = (
+        f"; its pieces must be str, got {type(pieces[0]).__name__} "
+        f"({pieces[0]!r}): decode them first"
+        if pieces
+        else ""
+    )
     raise ValueError(
         f"no number tokens (1 to {max_width} digits) in a vocabulary of "
-        f"{len(lookup)} entries."
+        f"{len(lookup)} entries{hint}."
     )
   ids = sorted(found)
   return NumberTokens(

@@ -400,6 +400,40 @@ def test_each_loss_function_takes_number_tokens(method):
 
 
 @pytest.mark.parametrize("method", METHODS)
+def test_an_empty_batch_scores_nothing(method):
+  tokens = ntil_jax.number_tokens(llama_pieces())
+  logits = np.zeros((0, 5, len(tokens.ids) + len(OTHERS)), np.float32)
+  got = LOSSES[method](
+      logits, np.zeros((0, 5), np.int32), digit_token_ids=tokens
+  )
+  assert got.shape == (0, 5)
+
+
+@pytest.mark.parametrize("method", sorted(set(METHODS) - {"soft_label"}))
+def test_an_infinite_logit_of_a_width_not_scored_there_is_ignored(method):
+  # +inf on '12' where the target is '7' (one digit): the digit terms read
+  # only the one-digit tokens there; the gradient was NaN (0 * inf).
+  # Soft labels are left out: their log-normalizer reads every logit.
+  pieces = (
+      ["+"] + [str(d) for d in range(10)] + [f"{v:02d}" for v in range(100)]
+  )
+  tokens = ntil_jax.number_tokens(pieces)
+  labels = np.array([[pieces.index("7"), 0]])
+
+  def value_and_grad(logits):
+    total = lambda z: LOSSES[method](z, labels, digit_token_ids=tokens).sum()
+    return jax.value_and_grad(total)(jnp.asarray(logits))
+
+  logits = np.zeros((1, 2, len(pieces)), np.float32)
+  want, want_grad = value_and_grad(logits)
+  logits[0, 0, pieces.index("12")] = np.inf
+  got, grad = value_and_grad(logits)
+  assert float(got) == float(want)
+  np.testing.assert_array_equal(grad, want_grad)
+  assert np.asarray(grad)[0, 0, pieces.index("12")] == 0.0
+
+
+@pytest.mark.parametrize("method", METHODS)
 def test_non_finite_logits_off_numbers_get_zero_gradient(method):
   """NaN and inf logits where the label is no number token (another token,
   an ignore id) score 0 with a zero gradient, as with ten digit ids; and a

@@ -693,6 +693,11 @@ class BadInputTest(parameterized.TestCase):
       ntil_jax.ntil_loss(logits, labels, mask, digit_token_ids=np.arange(5, 15))
     with self.assertRaisesRegex(ValueError, r"10 ids"):
       ntil_jax.ntil_loss(logits, labels, mask, digit_token_ids=np.arange(9))
+    # number_layout finds numbers of single digits: a NumberTokens is named
+    # (it read as an array of shape (4, M)).
+    tokens = ntil_jax.number_tokens([str(d) for d in range(10)] + ["12"])
+    with self.assertRaisesRegex(ValueError, r"a NumberTokens .* losses"):
+      ntil_jax.number_layout(labels, mask, digit_token_ids=tokens)
     with self.assertRaisesRegex(ValueError, r"V=8"):
       ntil_jax.ntil_loss(np.zeros((2, 5, 8)), labels, mask)
     with self.assertRaisesRegex(ValueError, r"unknown method 'mse'"):

@@ -89,12 +89,16 @@ def test_values_widths_and_word_starts_by_spelling():
     "vocab, kwargs, message",
     [
         ("0123456789", {}, "vocab must be a str->id mapping"),
-        ({"1": 1}, dict(max_width=0), "max_width must be at least 1"),
+        ({"1": 1}, dict(max_width=0), "max_width must be 1 to 4"),
+        # Wider tokens than the losses score: refused here, not at the loss.
+        ({"1": 1}, dict(max_width=5), "max_width must be 1 to 4.*got 5"),
         ({"1": 1}, dict(max_width=2.0), "max_width must be an integer"),
         ({"1": -1}, {}, "token '1' has a negative id -1"),
         ({"1": 1.0}, {}, "ids must be integers"),
         ({"1": 4, "12": 4}, {}, "share the id 4"),
         ({"a": 0, "b": 1}, {}, r"no number tokens \(1 to 3 digits\)"),
+        # tiktoken's ranks are bytes: said, not skipped in silence.
+        ({b"1": 0, b"12": 1}, {}, "pieces must be str, got bytes"),
     ],
 )
 def test_a_bad_vocabulary_is_named_in_one_line(vocab, kwargs, message):
