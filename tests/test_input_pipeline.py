@@ -726,6 +726,41 @@ time.sleep(600)
   assert not left, f"still running after the trainer: {left}"
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+def test_a_worker_starting_after_the_trainer_died_exits():
+  # Under load a worker can still be importing when the trainer is killed;
+  # its init then ran with the new parent (init, a subreaper) as the one to
+  # watch, and it waited forever (seen in CI).
+  code = """
+import os, time
+trainer = os.getpid()
+if os.fork():
+  os._exit(0)
+while os.getppid() == trainer:
+  time.sleep(0.01)
+from train import input_pipeline
+print(os.getpid(), flush=True)
+input_pipeline.exit_with_parent(0, 2, parent=trainer)
+time.sleep(600)
+"""
+  trainer = subprocess.Popen(
+      [sys.executable, "-c", code],
+      cwd=REPO_ROOT,
+      stdout=subprocess.PIPE,
+      text=True,
+  )
+  trainer.wait()
+  worker = trainer.stdout.readline().strip()
+  assert worker.isdigit()
+  deadline = time.monotonic() + 30
+  while _live([worker]) and time.monotonic() < deadline:
+    time.sleep(0.1)
+  left = _live([worker])
+  for pid in left:
+    os.kill(int(pid), signal.SIGKILL)
+  assert not left, "a worker orphaned before its init kept running"
+
+
 def test_worker_processes_need_parsed_flags(data_dir):
   if flags.FLAGS.is_parsed():
     pytest.skip("absl flags already parsed in this process")

@@ -574,20 +574,22 @@ def iterate(
   if worker_count:
     batches = batches.mp_prefetch(
         grain.MultiprocessingOptions(num_workers=worker_count),
-        worker_init_fn=exit_with_parent,
+        worker_init_fn=functools.partial(exit_with_parent, parent=os.getpid()),
     )
   return iter(batches)
 
 
-def exit_with_parent(worker_index: int, worker_count: int) -> None:
-  """Ends a grain worker process when the process that started it is gone.
+def exit_with_parent(worker_index: int, worker_count: int, *, parent: int) -> None:
+  """Ends a grain worker process once its parent is no longer ``parent``.
 
   grain's workers outlive a trainer killed outright (SIGKILL, the
   out-of-memory killer), each idle and holding its memory; this watch, run
   in each worker as it starts, exits it within a second of the trainer.
+  ``parent`` is the trainer's pid, taken in the trainer: a worker still
+  starting when the trainer dies sees its new parent from the first and
+  exits at once (read in the worker, that new parent would be watched).
   """
   del worker_index, worker_count
-  parent = os.getppid()
 
   def watch():
     while os.getppid() == parent:
