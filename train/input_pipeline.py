@@ -579,7 +579,9 @@ def iterate(
   return iter(batches)
 
 
-def exit_with_parent(worker_index: int, worker_count: int, *, parent: int) -> None:
+def exit_with_parent(
+    worker_index: int, worker_count: int, *, parent: int
+) -> None:
   """Ends a grain worker process once its parent is no longer ``parent``.
 
   grain's workers outlive a trainer killed outright (SIGKILL, the
