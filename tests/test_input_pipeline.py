@@ -717,7 +717,9 @@ time.sleep(600)
   finally:
     trainer.kill()
     trainer.wait()
-  deadline = time.monotonic() + 30
+  # Within a second of its init; a worker still importing under a loaded
+  # machine (CI) runs its init later, so the bound is generous.
+  deadline = time.monotonic() + 120
   while _live(workers) and time.monotonic() < deadline:
     time.sleep(0.2)
   left = _live(workers)
