@@ -1,22 +1,30 @@
 """Streamed training (``train_stream``): rendered as read, never twice, exact.
 
-A streamed run resumes bit for bit, never repeats an example (a forced
-repeat is drawn again), splits each global batch across hosts as one host
-would render it, and cannot be resumed with ``train_stream`` changed; the
-test split alone is prepared with ``--train_size=0``; the clock renderer
-paints what the full-image painter painted; and adding ``train_stream`` to
-the config leaves every recorded experiment cell's hash as it was.
+A streamed run (clocks, grounding scenes) resumes bit for bit, whether a
+shorter schedule, a SIGTERM (in an evaluation, after a checkpoint) or a
+SIGKILL stopped it; it never repeats an example (a forced repeat is drawn
+again), splits each global batch across hosts as one host would render
+it, and cannot be resumed with ``train_stream`` changed; the test split
+alone is prepared with ``--train_size=0``; the clock renderer paints what
+the full-image painter painted; and adding ``train_stream`` to the config
+leaves every recorded experiment cell's hash as it was.
 """
 
 import base64
+import functools
 import hashlib
 import json
+import logging
+import os
 import pathlib
+import signal
 import sys
+import threading
 
 import jax
 from jax.experimental.compilation_cache import compilation_cache
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 import tensorflow_datasets as tfds
 
@@ -25,12 +33,15 @@ from configs import common as common_config
 from configs import grounding as grounding_config
 from tests.test_train import logged
 from tests.test_train import ROOT
+from train import checkpoints
 from train import checks
+from train import evaluate
 from train import input_pipeline
 from train import rundir
 from train import streams
 from train import train
 from train.tasks import clock_time
+from train.tasks import grounding
 from train.tasks import grounding_scenes as scenes
 from train.tasks import grounding_single
 
@@ -39,10 +50,12 @@ from tests import launch
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-  """Test splits alone (train_size=0): 16 clocks, 16 one-object scenes."""
+  """Test splits alone (train_size=0): 16 clocks, 16 scenes of one object
+  and 16 of two to four."""
   directory = tmp_path_factory.mktemp("streamed")
   clock_time.prepare(str(directory), train_size=0, test_size=16, seed=0)
   grounding_single.prepare(str(directory), train_size=0, test_size=16)
+  grounding.prepare(str(directory), train_size=0, test_size=16)
   return str(directory)
 
 
@@ -74,8 +87,33 @@ def single_stream_config(data_dir, **overrides):
   return config
 
 
+def grounding_stream_config(data_dir, **overrides):
+  """Streamed grounding scenes, evaluated every 2 steps, saved every 3."""
+  config = grounding_config.get_config("ntil", task="grounding")
+  config.data_dir = data_dir
+  config.train_stream = True
+  config.batch_size = 8
+  config.train_steps = 6
+  config.lr_decay_steps = 6
+  config.warmup_steps = 2
+  config.log_every_steps = 1
+  config.eval_every_steps = 2
+  config.checkpoint_every_steps = 3
+  config.eval_batch_size = 8  # the 16 test scenes in two batches
+  config.eval_examples = 16
+  for name, value in overrides.items():
+    config[name] = value
+  return config
+
+
 # ----------------------------------------------------------------------------
-# (a) A streamed run stopped at step k and resumed is the uninterrupted run.
+# (a) A streamed run stopped at step k and resumed is the uninterrupted run:
+# stopped by a shorter schedule, by SIGTERM (in an evaluation; just after a
+# checkpoint) or killed outright (SIGKILL: from the last periodic checkpoint).
+
+STREAM_CONFIGS = dict(
+    clock_time=clock_stream_config, grounding=grounding_stream_config
+)
 
 
 @pytest.fixture
@@ -89,28 +127,204 @@ def shared_compilation(tmp_path):
   compilation_cache.reset_cache()
 
 
+@pytest.fixture(scope="module")
+def straight_run(data_dir, tmp_path_factory):
+  """``straight_run(task)``: (workdir, result) of the task's streamed run,
+  uninterrupted; made once for the module."""
+  runs = {}
+
+  def straight(task):
+    if task not in runs:
+      workdir = tmp_path_factory.mktemp(f"straight_{task}")
+      config = STREAM_CONFIGS[task](data_dir)
+      runs[task] = workdir, train.train_and_evaluate(config, str(workdir))
+    return runs[task]
+
+  return straight
+
+
+def stream_state(workdir, step):
+  """(next batch, digests seen) of the stream in checkpoint ``step``."""
+  (saved,) = (workdir / "checkpoints" / str(step) / "train_iter").glob("*.json")
+  state = json.loads(saved.read_text())
+  seen = np.frombuffer(base64.b64decode(state["seen"]), "<u8").tolist()
+  assert len(seen) == len(set(seen))
+  return state["next_batch"], set(seen)
+
+
+def final_state(workdir):
+  """``{path: array}``: the parameters and optimizer state last saved."""
+  step = rundir.saved_steps(str(workdir))[-1]
+  with ocp.StandardCheckpointer() as checkpointer:
+    state = checkpointer.restore(workdir / "checkpoints" / str(step) / "state")
+  flat = jax.tree_util.tree_flatten_with_path(state)[0]
+  return {jax.tree_util.keystr(path): np.asarray(x) for path, x in flat}
+
+
+def what_a_run_left(workdir):
+  """Its records but their speed, its predictions, its stream's state."""
+  records = [
+      {k: v for k, v in record.items() if k != "steps_per_second"}
+      for record in rundir.read_metrics(workdir / "metrics.jsonl")
+  ]
+  predictions = workdir / "predictions.jsonl"
+  last = rundir.saved_steps(str(workdir))[-1]
+  return dict(
+      records=records,
+      predictions=predictions.read_text() if predictions.exists() else None,
+      last_checkpoint=last,
+      stream=stream_state(workdir, last),
+  )
+
+
+def evaluated_steps(workdir):
+  """The steps of the evaluations in ``metrics.jsonl``, in its order."""
+  records = rundir.read_metrics(workdir / "metrics.jsonl")
+  return [r["step"] for r in records if "loss" not in r]
+
+
+# The trainer's command line in a child, killed outright (SIGKILL: the
+# out-of-memory killer, a lost machine) in the evaluation at step 4, before
+# its second batch, once checkpoint 3 is committed: nothing more is saved.
+_KILLED_IN_AN_EVALUATION = """
+import os, runpy, signal, sys, time
+from train import evaluate, rundir
+workdir = sys.argv[1]
+decode, calls = evaluate._decode, []
+
+def decode_then_die(*args):
+  calls.append(1)
+  if len(calls) == 4:  # two batches at step 2, then the second at step 4
+    while 3 not in rundir.saved_steps(workdir):
+      time.sleep(0.05)
+    os.kill(os.getpid(), signal.SIGKILL)
+  return decode(*args)
+
+evaluate._decode = decode_then_die
+sys.argv = ["train.main", f"--workdir={workdir}", *sys.argv[2:]]
+runpy.run_module("train.main", run_name="__main__")
+"""
+
+
+def _stop_early(how, make, workdir, monkeypatch):
+  """Runs ``make()`` into ``workdir``, stopped ``how``; the step it resumes."""
+  if how == "train_steps":  # a shorter schedule
+    first = train.train_and_evaluate(make(train_steps=3), str(workdir))
+    assert first["step"] == 3 and not first["stopped_early"]
+    return 3
+  if how == "sigkill_in_an_evaluation":
+    config = make()
+    defaults = grounding_config.get_config("ntil", task=config.task)
+    flags = [f"--config.{k}={v}" for k, v in config.items() if v != defaults[k]]
+    result = launch.run(
+        [
+            sys.executable,
+            "-c",
+            _KILLED_IN_AN_EVALUATION,
+            workdir,
+            f"--config={ROOT}/configs/grounding.py:ntil",
+            *flags,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == -signal.SIGKILL, result.stderr[-3000:]
+    assert rundir.saved_steps(str(workdir)) == [3]
+    # Past the checkpoint: step 4's record, dropped when the run resumes.
+    assert sorted(logged(str(workdir))) == [1, 2, 3, 4]
+    assert evaluated_steps(workdir) == [2]
+    return 3
+  if threading.current_thread() is not threading.main_thread():
+    pytest.skip("signal handlers need the main thread")
+  with monkeypatch.context() as patch:
+    if how == "sigterm_after_a_checkpoint":
+      save = checkpoints.save_checkpoint
+
+      def save_then_signal(manager, step, *args, **kwargs):
+        save(manager, step, *args, **kwargs)
+        if step == 3:
+          os.kill(os.getpid(), signal.SIGTERM)
+
+      patch.setattr(checkpoints, "save_checkpoint", save_then_signal)
+      stopped_at = 3
+    else:  # saved without its evaluation, made when the run resumes
+      stopped_at = dict(
+          sigterm_in_an_evaluation=4, sigterm_in_the_last_evaluation=6
+      )[how]
+      decode, calls = evaluate._decode, []  # pylint: disable=protected-access
+
+      def decode_then_signal(*args):
+        calls.append(1)
+        if len(calls) == stopped_at - 1:  # two batches at each even step
+          os.kill(os.getpid(), signal.SIGTERM)
+        return decode(*args)
+
+      patch.setattr(evaluate, "_decode", decode_then_signal)
+    first = train.train_and_evaluate(make(), str(workdir))
+  assert first["stopped_early"] and first["signal"] == signal.SIGTERM
+  assert first["step"] == stopped_at
+  assert rundir.saved_steps(str(workdir))[-1] == stopped_at
+  assert max(logged(str(workdir))) == stopped_at
+  assert evaluated_steps(workdir) == list(range(2, stopped_at, 2))
+  return stopped_at
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    "task, how",
+    [
+        ("clock_time", "train_steps"),
+        ("grounding", "sigterm_in_an_evaluation"),
+        ("grounding", "sigterm_after_a_checkpoint"),
+        ("grounding", "sigterm_in_the_last_evaluation"),
+        ("grounding", "sigkill_in_an_evaluation"),
+    ],
+)
 def test_stopped_and_resumed_stream_is_bitwise_the_straight_run(
-    data_dir, tmp_path, shared_compilation
+    task,
+    how,
+    data_dir,
+    straight_run,
+    tmp_path,
+    monkeypatch,
+    caplog,
+    shared_compilation,
 ):
   del shared_compilation
-  straight = tmp_path / "straight"
-  train.train_and_evaluate(clock_stream_config(data_dir), str(straight))
+  make = functools.partial(STREAM_CONFIGS[task], data_dir)
+  straight, straight_result = straight_run(task)
   resumed = tmp_path / "resumed"
-  first = train.train_and_evaluate(
-      clock_stream_config(data_dir, train_steps=3), str(resumed)
-  )
-  assert first["step"] == 3
+  step = _stop_early(how, make, resumed, monkeypatch)
   # The stream's position and digests are saved beside the train state.
-  (saved,) = (resumed / "checkpoints" / "3" / "train_iter").glob("*.json")
-  state = json.loads(saved.read_text())
-  assert state["next_batch"] == 3
-  seen = np.frombuffer(base64.b64decode(state["seen"]), "<u8")
-  assert len(seen) == len(set(seen.tolist())) == 3 * 8
-  again = train.train_and_evaluate(clock_stream_config(data_dir), str(resumed))
-  assert again["step"] == 6
+  next_batch, seen = stream_state(resumed, step)
+  assert next_batch == step and len(seen) == step * 8
+  assert seen <= stream_state(straight, 6)[1]
+  caplog.set_level(logging.INFO, logger="absl")
+  caplog.clear()
+  again = train.train_and_evaluate(make(), str(resumed))
+  assert again["step"] == 6 and not again["stopped_early"]
+  # From that checkpoint, not from step 0 (where one found damaged sends
+  # the run, which would end as the straight run too).
+  assert f"resumed from step {step}\n" in caplog.text
+  assert not list((resumed / "checkpoints").glob("corrupt-*"))
   assert logged(str(resumed)) == logged(str(straight))  # bitwise: floats
   assert sorted(logged(str(resumed))) == [1, 2, 3, 4, 5, 6]
+  # Every record (evaluations included, once each), every prediction, and
+  # the stream's 48 examples: none repeated, none skipped.
+  left = what_a_run_left(resumed)
+  assert left == what_a_run_left(straight)
+  assert left["stream"][0] == 6 and len(left["stream"][1]) == 6 * 8
+  assert {k: again[k] for k in ("train", "eval")} == {
+      k: straight_result[k] for k in ("train", "eval")
+  }
+  # The parameters and the optimizer's state, to the bit.
+  want, got = final_state(straight), final_state(resumed)
+  assert want and want.keys() == got.keys()
+  for path, array in want.items():
+    assert got[path].dtype == array.dtype, path
+    assert got[path].tobytes() == array.tobytes(), path
 
 
 # ----------------------------------------------------------------------------
