@@ -493,6 +493,125 @@ def test_a_signal_to_one_process_stops_both_at_one_step(data_dir, tmp_path):
     assert f"at step {saved}" in lines[-1], lines
 
 
+def _kill_config(data_dir):
+  """A two-process run long enough to be killed mid-way: 16 steps, a
+  checkpoint every 4 (so 12 and 16 are kept, and a resume replays steps),
+  an evaluation at 8 and 16."""
+  return make_config(
+      data_dir,
+      train_steps=16,
+      lr_decay_steps=16,
+      log_every_steps=1,
+      eval_every_steps=8,
+      checkpoint_every_steps=4,
+  )
+
+
+@pytest.fixture(scope="module")
+def straight_two_processes(data_dir, tmp_path_factory):
+  """The workdir of a two-process `_kill_config` run never killed."""
+  workdir = tmp_path_factory.mktemp("straight")
+  _finish(_two_processes(_kill_config(data_dir), workdir))
+  return workdir
+
+
+def _records(workdir):
+  """metrics.jsonl's records, without their speed."""
+  with open(workdir / "metrics.jsonl") as f:
+    records = [json.loads(line) for line in f]
+  return [
+      {k: v for k, v in r.items() if k != "steps_per_second"} for r in records
+  ]
+
+
+def _gist(stderr):
+  """A process's stderr without its info lines and its thread dumps."""
+  lines = [
+      l
+      for l in stderr.splitlines()
+      if l.startswith(("error:", "E", "F", "Traceback", "jax.errors"))
+      and not l.startswith("Extension modules")
+  ]
+  return "\n".join(lines)[-3000:]
+
+
+def _saving(workdir, step):
+  """Whether orbax is writing a checkpoint of ``step`` or later."""
+  folder = workdir / "checkpoints"
+  names = os.listdir(folder) if folder.is_dir() else []
+  return any(
+      n.endswith(".orbax-checkpoint-tmp") and int(n.split(".")[0]) >= step
+      for n in names
+  )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("killed", ["process1", "process0", "both_saving"])
+def test_a_two_process_run_killed_resumes_as_if_never_killed(
+    data_dir, tmp_path, straight_two_processes, killed
+):
+  """SIGKILL (the out-of-memory killer's) to one process of two mid-run,
+  or to both while they save a checkpoint: the other process exits by
+  itself within seconds, and the same command on both then resumes and
+  ends with the straight run's losses, evaluations, predictions and final
+  parameters, bit for bit. Process 0 used to take JAX's 100 s heartbeat
+  timeout to notice its peer's death (a traceback, then a SIGABRT), its
+  workdir lock and coordinator port held all the while."""
+  config = _kill_config(data_dir)
+  workdir = tmp_path / "killed"
+  processes = _two_processes(config, workdir)
+  metrics = workdir / "metrics.jsonl"
+  try:
+    deadline = time.time() + 300
+    while not (
+        _saving(workdir, 8)
+        if killed == "both_saving"
+        else metrics.exists() and len(metrics.read_text().splitlines()) >= 5
+    ):
+      assert time.time() < deadline, "no training steps logged"
+      assert all(p.poll() is None for p in processes)
+      time.sleep(0.005)
+    victims = {"process0": [0], "process1": [1], "both_saving": [0, 1]}
+    victims = victims[killed]
+    for i in victims:
+      processes[i].kill()
+    start = time.time()
+    survivors = [i for i in range(2) if i not in victims]
+    outputs = [p.communicate(timeout=120)[1] for p in processes]
+    waited = time.time() - start
+  finally:
+    for process in processes:
+      process.kill()
+  for i in victims:
+    assert processes[i].returncode == -signal.SIGKILL
+  assert "16" not in os.listdir(workdir / "checkpoints")  # killed mid-way
+  for i in survivors:  # the killed peer's collectives fail at once
+    assert processes[i].returncode != 0, _gist(outputs[i])
+    assert waited < 30, (waited, _gist(outputs[i]))
+    if i == 0:  # it sees the failure: one line says what to do
+      lines = [l for l in outputs[i].splitlines() if l.startswith("error:")]
+      assert processes[i].returncode == 1, _gist(outputs[i])
+      assert len(lines) == 1 and "rerun" in lines[0], _gist(outputs[i])
+  _finish(_two_processes(config, workdir), timeout=300)
+  straight = straight_two_processes
+  # Every loss, gradient norm and evaluation, bit for bit.
+  records = [_records(run) for run in (workdir, straight)]
+  assert records[0] == records[1]
+  assert sorted(logged(str(workdir))) == list(range(1, 17))
+  assert sorted(logged(str(workdir), "exact_match")) == [8, 16]
+  assert train.read_predictions(str(workdir)) == train.read_predictions(
+      str(straight)
+  )
+  names = os.listdir(workdir / "checkpoints")
+  assert not [n for n in names if "corrupt" in n or "tmp" in n], names
+  assert sorted(n for n in names if n.isdigit()) == ["12", "16", "8"]
+  for run in (workdir, straight):  # every checkpoint now sealed
+    assert (run / "checkpoints" / "16" / checkpoints.FILE_DIGESTS).exists()
+  # The final parameters, optimizer state and data positions, bit for bit.
+  digest = "checkpoints/16/digest/metadata"
+  assert (workdir / digest).read_text() == (straight / digest).read_text()
+
+
 @pytest.mark.parametrize(
     "case, overrides, env, message",
     [

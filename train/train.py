@@ -326,6 +326,22 @@ def _train(config, task, workdir, mesh):
   except (errors.Interrupted, errors.TrainingError):
     interrupted = True
     raise
+  except Exception as error:  # pylint: disable=broad-except
+    if jax.process_count() == 1 or not _peer_failed(error):
+      raise
+    # Another process died (SIGKILL, out of memory) and a computation
+    # shared with it failed. This one used to end in jax.distributed's
+    # shutdown barrier, waiting out the dead peer's heartbeat timeout
+    # (100 s) with the workdir's lock and the coordinator's port held, and
+    # then abort: it stops now, its saves left to the exit (a save under
+    # way waits at a barrier for the dead process).
+    interrupted = True
+    raise errors.TrainingError(
+        f"a computation across the {jax.process_count()} processes failed "
+        f"at step {step} ({errors.first_line(error)}); another process has "
+        "probably died (its log says why). Stop every process, then rerun "
+        "the same command on all of them to resume from the last checkpoint."
+    ) from error
   finally:
     watch.__exit__(None, None, None)
     stop.restore()
@@ -351,6 +367,19 @@ def _train(config, task, workdir, mesh):
       stopped_early=agreed is not None,
       signal=agreed,
   )
+
+
+# What a computation shared with the other processes raises when one of them
+# has died: its connections closed (Gloo's on CPUs, NCCL's on GPUs), or the
+# dead process's heartbeats missed. JAX raises some as JaxRuntimeError, some
+# (a dispatch after the failure) as ValueError.
+_PEER_FAILURE_MARKERS = ("Gloo", "NCCL", "by peer", "heartbeat timeout")
+
+
+def _peer_failed(error: BaseException) -> bool:
+  """Whether ``error`` says a collective with another process failed."""
+  text = str(error)
+  return any(marker in text for marker in _PEER_FAILURE_MARKERS)
 
 
 def _eval_cut_short(config, workdir, step) -> bool:
