@@ -687,6 +687,28 @@ def _live(pids=None):
   return {p for p in pids if (stat := _stat(p)) and stat[0] != "Z"}
 
 
+def _python(code):
+  """A Python process running ``code`` in the repository, stdout piped."""
+  return subprocess.Popen(
+      [sys.executable, "-c", code],
+      cwd=REPO_ROOT,
+      stdout=subprocess.PIPE,
+      text=True,
+  )
+
+
+def _still_running_after(pids, seconds):
+  """Those of ``pids`` still running ``seconds`` on (or once none is),
+  killed then, not to be left to the next test."""
+  deadline = time.monotonic() + seconds
+  while _live(pids) and time.monotonic() < deadline:
+    time.sleep(0.1)
+  left = _live(pids)
+  for pid in left:
+    os.kill(int(pid), signal.SIGKILL)
+  return left
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
 def test_worker_processes_end_with_a_trainer_killed_outright(data_dir):
@@ -704,12 +726,7 @@ next(batches)
 print("ready", flush=True)
 time.sleep(600)
 """
-  trainer = subprocess.Popen(
-      [sys.executable, "-c", code],
-      cwd=REPO_ROOT,
-      stdout=subprocess.PIPE,
-      text=True,
-  )
+  trainer = _python(code)
   try:
     assert trainer.stdout.readline().strip() == "ready"
     workers = _children(trainer.pid)
@@ -719,12 +736,7 @@ time.sleep(600)
     trainer.wait()
   # Within a second of its init; a worker still importing under a loaded
   # machine (CI) runs its init later, so the bound is generous.
-  deadline = time.monotonic() + 120
-  while _live(workers) and time.monotonic() < deadline:
-    time.sleep(0.2)
-  left = _live(workers)
-  for pid in left:  # not to leave them to the next test
-    os.kill(int(pid), signal.SIGKILL)
+  left = _still_running_after(workers, 120)
   assert not left, f"still running after the trainer: {left}"
 
 
@@ -745,21 +757,11 @@ print(os.getpid(), flush=True)
 input_pipeline.exit_with_parent(0, 2, parent=trainer)
 time.sleep(600)
 """
-  trainer = subprocess.Popen(
-      [sys.executable, "-c", code],
-      cwd=REPO_ROOT,
-      stdout=subprocess.PIPE,
-      text=True,
-  )
+  trainer = _python(code)
   trainer.wait()
   worker = trainer.stdout.readline().strip()
   assert worker.isdigit()
-  deadline = time.monotonic() + 30
-  while _live([worker]) and time.monotonic() < deadline:
-    time.sleep(0.1)
-  left = _live([worker])
-  for pid in left:
-    os.kill(int(pid), signal.SIGKILL)
+  left = _still_running_after([worker], 30)
   assert not left, "a worker orphaned before its init kept running"
 
 

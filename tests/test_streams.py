@@ -59,51 +59,48 @@ def data_dir(tmp_path_factory):
   return str(directory)
 
 
-def clock_stream_config(data_dir, **overrides):
-  config = clock_config.get_config("ntil")
+def _streamed(config, data_dir, overrides, **settings):
+  """``config`` streamed from ``data_dir`` in batches of 8, with
+  ``settings`` and then ``overrides``."""
   config.data_dir = data_dir
   config.train_stream = True
   config.batch_size = 8
-  config.train_steps = 6
-  config.lr_decay_steps = 6
-  config.warmup_steps = 2
-  config.log_every_steps = 1
-  config.eval_every_steps = 0
-  config.checkpoint_every_steps = 3
-  config.eval_batch_size = 8
-  config.eval_examples = 16
-  for name, value in overrides.items():
+  for name, value in {**settings, **overrides}.items():
     config[name] = value
   return config
+
+
+# Six steps, a checkpoint every 3, the 16 test examples in two batches.
+_SHORT_RUN = dict(
+    train_steps=6,
+    lr_decay_steps=6,
+    warmup_steps=2,
+    log_every_steps=1,
+    checkpoint_every_steps=3,
+    eval_batch_size=8,
+    eval_examples=16,
+)
+
+
+def clock_stream_config(data_dir, **overrides):
+  """Streamed clocks, never evaluated but at the end."""
+  config = clock_config.get_config("ntil")
+  return _streamed(
+      config, data_dir, overrides, eval_every_steps=0, **_SHORT_RUN
+  )
 
 
 def single_stream_config(data_dir, **overrides):
   config = grounding_config.get_config("ntil", task="grounding_single")
-  config.data_dir = data_dir
-  config.train_stream = True
-  config.batch_size = 8
-  for name, value in overrides.items():
-    config[name] = value
-  return config
+  return _streamed(config, data_dir, overrides)
 
 
 def grounding_stream_config(data_dir, **overrides):
-  """Streamed grounding scenes, evaluated every 2 steps, saved every 3."""
+  """Streamed grounding scenes, evaluated every 2 steps."""
   config = grounding_config.get_config("ntil", task="grounding")
-  config.data_dir = data_dir
-  config.train_stream = True
-  config.batch_size = 8
-  config.train_steps = 6
-  config.lr_decay_steps = 6
-  config.warmup_steps = 2
-  config.log_every_steps = 1
-  config.eval_every_steps = 2
-  config.checkpoint_every_steps = 3
-  config.eval_batch_size = 8  # the 16 test scenes in two batches
-  config.eval_examples = 16
-  for name, value in overrides.items():
-    config[name] = value
-  return config
+  return _streamed(
+      config, data_dir, overrides, eval_every_steps=2, **_SHORT_RUN
+  )
 
 
 # ----------------------------------------------------------------------------
