@@ -53,14 +53,21 @@ def table(run, results):
     lines += [f"Fused path: chunks of {chunk} tokens ({source}).", ""]
   fits = run.get("largest_tokens_in_budget")
   if fits:
+    how = (
+        "searched: XLA's plan of arguments + temp + output, compiled at "
+        "each N"
+        if fits.get("method")
+        else "this size's temp + output scaled linearly in N, which the "
+        "plan is not: an underestimate for the fused path, whose chunk "
+        "buffers and [D, V] gradient do not grow with N"
+    )
     lines += [
-        f"Largest N in {fits['budget_bytes'] / 2**30:.0f} GiB (from the "
-        f"plan, linear in N): hidden @ W + optax CE "
-        f"{fits['hidden @ W + optax CE']:,}, fused "
+        f"Largest N in {fits['budget_bytes'] / 2**30:.0f} GiB ({how}): "
+        f"hidden @ W + optax CE {fits['hidden @ W + optax CE']:,}, fused "
         f"{fits['fused_numeric_loss ntil']:,} tokens.",
         "",
     ]
-  else:
+  elif "from_hidden" not in run:
     lines += [
         "Only the core rows at this size; the from-hidden family is not "
         "measured here.",
@@ -155,15 +162,16 @@ def compile_section(results, name):
       "",
       "Value + gradient of the mean loss, compiled after "
       "`jax.clear_caches()`, best of "
-      f"{results['repeats']}; ops are the optimized program's instructions "
-      "that compute (fused computations included; parameters, constants, "
-      "bitcasts and tuples left out). Ratios to optax CE on the logits, or "
+      f"{results['repeats']}; instructions are the optimized program's "
+      "instructions that compute (fused computations included; parameters, "
+      "constants, bitcasts and tuples left out), not the entry's ops "
+      "(kernels) of the tables above. Ratios to optax CE on the logits, or "
       "to `hidden @ W` + optax CE for the fused path "
       f"(D = {results['hidden_dim']}), and to the same path's EMD, "
       "measured in the same process.",
       "",
-      "| B x T x V | program | compile | x CE | x EMD | ops | x CE "
-      "| x EMD | fusions by kind |",
+      "| B x T x V | program | compile | x CE | x EMD | instructions "
+      "| x CE | x EMD | fusions by kind |",
       "|---|---|---|---|---|---|---|---|---|",
   ]
   ratio = lambda row, key: f"{row[key]:.2f}" if key in row else "-"
@@ -227,7 +235,8 @@ def step_markdown(results) -> str:
   return "\n".join(lines)
 
 
-def main():
+def markdown() -> str:
+  """benchmarks/results.md's text, from the JSON files beside it."""
   lines = [
       "# Benchmark results",
       "",
@@ -281,8 +290,12 @@ def main():
           step_markdown(json.load(f)),
           "",
       ]
+  return "\n".join(lines) + "\n"
+
+
+def main():
   with open(os.path.join(HERE, "results.md"), "w") as f:
-    f.write("\n".join(lines) + "\n")
+    f.write(markdown())
   print(f"wrote {os.path.join(HERE, 'results.md')}")
 
 

@@ -21,9 +21,10 @@ downloaded; needs the ``llm`` extra).
 
 Reported per variant: steps/s and tokens/s (median over ``--blocks`` blocks
 of each variant's best of ``--per_block`` steps, variants taking turns in
-every block, the order rotated), XLA's planned temporary memory of the
-compiled step (``memory_analysis().temp_size_in_bytes``) and, on a GPU, the
-allocator's peak. Ratios: NTIL step time over CE step time on each path
+every block, the order rotated) and XLA's planned temporary memory of the
+compiled step (``memory_analysis().temp_size_in_bytes``); once for the
+whole run, on a GPU, the allocator's peak (``peak_bytes_in_use``: the
+largest variant's, not each one's). Ratios: NTIL step time over CE step time on each path
 (target: at most 1.02), and the fused and window paths over the logits
 path.
 

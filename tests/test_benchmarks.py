@@ -8,7 +8,9 @@ report renders the file.
 
 import json
 import os
+import statistics
 import tempfile
+from unittest import mock
 
 from absl.testing import absltest
 import jax
@@ -42,6 +44,7 @@ class BenchmarkTest(absltest.TestCase):
         "--hidden_blocks=1",
         "--chunk_size=8",
         f"--full_max_elements={64 * 256}",
+        "--memory_budget_gib=0.01",
     )
     self.assertIn("median over 2 blocks", results["estimators"]["logits_path"])
     self.assertEqual(
@@ -71,6 +74,11 @@ class BenchmarkTest(absltest.TestCase):
           self.assertLen(
               row["block_minima"], 2 if family == "logits_path" else 1
           )
+          # The estimate is the median of the recorded per-block minima
+          # (rounded to 1 us in the file).
+          self.assertAlmostEqual(
+              row["seconds"], statistics.median(row["block_minima"]), places=5
+          )
           self.assertAlmostEqual(
               row["time_ratio"], row["seconds"] / rows[0]["seconds"]
           )
@@ -99,6 +107,14 @@ class BenchmarkTest(absltest.TestCase):
     # counts once: no bytes-accessed figure for it.
     self.assertIsNone(fused["fused_numeric_loss ntil"]["bytes_accessed"])
     self.assertIsNone(fused["fused_numeric_loss ntil"]["ops"])
+    # The largest N is searched for, whole rows of T = 32, and never less
+    # than the size measured (which fits in 10 MiB).
+    fits = small["largest_tokens_in_budget"]
+    self.assertEqual(fits["budget_bytes"], int(0.01 * 2**30))
+    self.assertIn("compiled at that size", fits["method"])
+    for name in ("hidden @ W + optax CE", "fused_numeric_loss ntil"):
+      self.assertEqual(fits[name] % 32, 0)
+      self.assertGreaterEqual(fits[name], 64)
     lines = (
         report.targets(results)
         + report.table(small, results)
@@ -121,6 +137,7 @@ class BenchmarkTest(absltest.TestCase):
         "--blocks=1",
         "--per_block=1",
         "--hidden_blocks=1",
+        "--nolargest_n",
     )
     device = jax.devices()[0]
     self.assertEqual(results["dtype"], "bfloat16")
@@ -142,6 +159,11 @@ class BenchmarkTest(absltest.TestCase):
     self.assertIn(f"### N=64, V=256 ({setting})", text)
     chunk = results["default_chunk_sizes"]["64:256"]
     self.assertIn(f"chunks of {chunk} tokens (the default)", text)
+    # --nolargest_n: no search, and the from-hidden rows still reported
+    # as measured.
+    self.assertNotIn("largest_tokens_in_budget", run)
+    self.assertNotIn("Largest N", text)
+    self.assertNotIn("not measured here", text)
 
   @pytest.mark.slow
   def test_implementations_side_by_side(self):
@@ -184,6 +206,89 @@ class BenchmarkTest(absltest.TestCase):
     text = "\n".join(report.implementations_section(results, "x.json"))
     self.assertIn("### bfloat16, N=64, D=16, V=1000", text)
     self.assertIn("| fused ntil, tokamax:chunked_xla | not run: V=1000", text)
+
+  def test_interleaved_seconds_is_the_median_of_block_minima(self):
+    from benchmarks import run  # pylint: disable=g-import-not-at-top
+
+    # Scripted durations of each function's timed calls, two a block over
+    # three blocks; the first call of each (the warm-up) takes 100 s.
+    durations = {
+        "a": [100, 5, 3, 4, 4, 9, 8],
+        "b": [100, 1, 2, 7, 6, 2, 2],
+        "c": [100, 3, 3, 3, 1, 5, 9],
+    }
+    clock, calls = [0.0], []
+
+    def timed(name):
+      def fn():
+        clock[0] += durations[name][sum(c == name for c in calls)]
+        calls.append(name)
+        return name
+
+      return fn
+
+    with mock.patch.object(run.time, "perf_counter", lambda: clock[0]):
+      estimates = run.interleaved_seconds(
+          {name: timed(name) for name in durations}, (), 3, 2
+      )
+    # Minima a: 3, 4, 8; b: 1, 6, 2; c: 3, 1, 5. Medians 4, 2, 3.
+    self.assertEqual(
+        estimates,
+        {"a": (4, [3, 4, 8]), "b": (2, [1, 6, 2]), "c": (3, [3, 1, 5])},
+    )
+    # Warm-up in order, then each block starts one function later.
+    self.assertEqual("".join(calls), "abc" + "aabbcc" + "bbccaa" + "ccaabb")
+
+  @pytest.mark.slow
+  def test_largest_batch_is_the_most_rows_the_plan_fits(self):
+    from benchmarks import run  # pylint: disable=g-import-not-at-top
+    import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+    def plan(fn, batch):  # arguments + temp + output, read here directly
+      shapes = (
+          jax.ShapeDtypeStruct((batch, 32, 16), jnp.float32),
+          jax.ShapeDtypeStruct((16, 256), jnp.float32),
+          jax.ShapeDtypeStruct((batch, 32), jnp.int32),
+          jax.ShapeDtypeStruct((batch, 32), jnp.bool_),
+      )
+      stats = fn.lower(*shapes).compile().memory_analysis()
+      return (
+          stats.argument_size_in_bytes
+          + stats.temp_size_in_bytes
+          + stats.output_size_in_bytes
+      )
+
+    fns = run.hidden_family(8)
+    budget = 2**21
+    for name in ("hidden @ W + optax CE", "fused_numeric_loss ntil"):
+      fn = fns[name]
+      args = (
+          jnp.zeros((2, 32, 16)),
+          jnp.zeros((16, 256)),
+          jnp.zeros((2, 32), jnp.int32),
+          jnp.zeros((2, 32), bool),
+      )
+      batch = run.largest_batch(fn, args, budget, start=2)
+      self.assertLessEqual(plan(fn, batch), budget)
+      self.assertGreater(plan(fn, batch + 1), budget)
+      # Where the search starts does not matter.
+      self.assertEqual(run.largest_batch(fn, args, budget, start=16), batch)
+    # The fused path's chunk buffers and [D, V] gradient do not grow with
+    # N: one size's plan scaled linearly (the old estimate) falls short.
+    fused = fns["fused_numeric_loss ntil"]
+    linear = int(budget / plan(fused, 2) * 2)
+    self.assertGreater(
+        run.largest_batch(fused, args, budget, start=2), 1.5 * linear
+    )
+
+  def test_committed_report_is_what_the_committed_json_makes(self):
+    with open(os.path.join(report.HERE, "results.md")) as f:
+      committed = f.read()
+    self.assertEqual(
+        report.markdown(),
+        committed,
+        "benchmarks/results.md is stale: run `python -m benchmarks.report`.",
+    )
 
   def test_number_tokens_against_digit_ids(self):
     stdout = run_module(

@@ -53,6 +53,21 @@ def test_step_benchmark_smoke(tmp_path, model, variants):
       "window/logits time, ntil",
   }
   assert set(results["ratios"]) == (all_ratios if model == "tiny" else set())
+  rows = results["rows"]
+  for name, ratio in results["ratios"].items():
+    # "ntil/ce time, X path" and "X/logits time, M": the first over the
+    # second, each the row's own seconds.
+    if name.startswith("ntil/ce"):
+      path = name.split(", ")[1].split()[0]
+      over, under = f"ntil:{path}", f"ce:{path}"
+    else:
+      path, method = name.split("/")[0], name.split(", ")[1]
+      over, under = f"{method}:{path}", f"{method}:logits"
+    assert ratio == pytest.approx(
+        rows[over]["seconds"] / rows[under]["seconds"]
+    )
+  for row in rows.values():
+    assert row["planned_temp_bytes"] > 0
   assert results["scored_len"] == 5
   assert results["device"].startswith("cpu")
   assert f"| {variants[-1]} |" in output
