@@ -25,6 +25,12 @@ import numpy as np
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("task", "clock_time", ["clock_time", "grounding"], "Task.")
 flags.DEFINE_integer("steps", 300, "Train steps a run.")
+flags.register_validator(
+    "steps",
+    lambda steps: steps >= 50,
+    "--steps must be at least 50: steps/s is the median of the rates logged "
+    "every 25 steps after the first (which holds the compile).",
+)
 flags.DEFINE_list("modes", ["fixed", "stream"], "fixed and/or stream.")
 flags.DEFINE_string("data_dir", "data", "Where the data is (or goes).")
 flags.DEFINE_string("workdir", None, "Runs go here (default: a temp dir).")

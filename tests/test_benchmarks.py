@@ -9,6 +9,8 @@ report renders the file.
 import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 from unittest import mock
 
@@ -280,6 +282,19 @@ class BenchmarkTest(absltest.TestCase):
     self.assertGreater(
         run.largest_batch(fused, args, budget, start=2), 1.5 * linear
     )
+
+  def test_stream_refuses_too_few_steps_to_time(self):
+    # Under 50 steps no rate is left after the first record's (the
+    # compile's): the median of none was printed as NaN.
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.stream", "--steps=49"],
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    self.assertNotEqual(result.returncode, 0)
+    self.assertIn("--steps must be at least 50", result.stderr)
 
   def test_committed_report_is_what_the_committed_json_makes(self):
     with open(os.path.join(report.HERE, "results.md")) as f:
