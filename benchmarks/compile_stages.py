@@ -1,6 +1,6 @@
 """Where NTIL's compile time goes: its logits program cut after each stage.
 
-    python -m benchmarks.compile_stages [--repeats=6]
+    python -m benchmarks.compile_stages [--repeats=6] [--out=benchmarks/compile_stages.json]
 
 The value + gradient of `benchmarks.compile`'s logits program, compiled
 with NTIL's number logic cut after a stage (the cut programs compute
@@ -16,9 +16,12 @@ of ``--repeats`` rounds of compiles after ``jax.clear_caches()``:
 """
 
 import contextlib
+import datetime
+import json
 
 from absl import app
 from absl import flags
+import jax
 import jax.numpy as jnp
 
 from benchmarks import compile as compile_bench
@@ -94,13 +97,33 @@ def measure(shape, repeats):
 
 def main(argv):
   del argv
+  shapes = {}
   for shape in SHAPES:
+    name = "x".join(map(str, shape))
+    shapes[name] = {}
     for stage, (ratio, loops) in measure(shape, _REPEATS.value).items():
+      shapes[name][stage] = dict(
+          ntil_over_emd=round(ratio, 3), loop_kernels=loops
+      )
       print(
-          f"{'x'.join(map(str, shape)):>12}  {stage:<10}  {ratio:5.2f}x EMD's"
+          f"{name:>12}  {stage:<10}  {ratio:5.2f}x EMD's"
           f" compile  {loops} loop kernels",
           flush=True,
       )
+  # --out is benchmarks.run's flag (imported with benchmarks.compile):
+  # written only where given.
+  out = flags.FLAGS.out if flags.FLAGS["out"].present else None
+  if out:
+    result = dict(
+        device=str(jax.devices()[0].device_kind),
+        jax=jax.__version__,
+        date=datetime.date.today().isoformat(),
+        repeats=_REPEATS.value,
+        shapes=shapes,
+    )
+    with open(out, "w") as f:
+      json.dump(result, f, indent=1)
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -200,6 +200,46 @@ def compile_section(results, name):
   return lines
 
 
+# benchmarks/compile_stages.py's files (beside compile.py's).
+STAGES = "compile_stages"
+_STAGE_NAMES = {
+    "place": "EMD weighted by place (the number layout its weights need)",
+    "digits": "and the straight-through digits, their deviations zero",
+    "comparison": "and the comparison of the two numbers",
+    "ntil": "and the sums, the deviations and their gradient (all of NTIL)",
+}
+
+
+def stages_section(results, name):
+  """The table of benchmarks/compile_stages.py's JSON: a row per stage."""
+  shapes = list(results["shapes"])
+  lines = [
+      f"## {name}: NTIL's compile, stage by stage ({results['device']}, "
+      f"jax {results['jax']}, {results['date']})",
+      "",
+      "NTIL's logits program (value + gradient) with its number logic cut "
+      "after each stage, against EMD's, best of "
+      f"{results['repeats']} rounds of compiles after `jax.clear_caches()` "
+      "in one process (the cut programs compute something else: they exist "
+      "only to be timed).",
+      "",
+      "| NTIL up to | "
+      + " | ".join(f"{s}: x EMD, loop kernels" for s in shapes)
+      + " |",
+      "|---|" + "---|" * len(shapes),
+  ]
+  for stage, title in _STAGE_NAMES.items():
+    cells = [results["shapes"][s][stage] for s in shapes]
+    lines.append(
+        f"| {title} | "
+        + " | ".join(
+            f"{c['ntil_over_emd']:.2f}x, {c['loop_kernels']}" for c in cells
+        )
+        + " |"
+    )
+  return lines + [""]
+
+
 def _kinds(kinds):
   if not kinds:
     return "-"
@@ -280,8 +320,10 @@ def markdown() -> str:
     with open(path) as f:
       lines += implementations_section(json.load(f), os.path.basename(path))
   for path in sorted(glob.glob(os.path.join(HERE, "compile*.json"))):
+    name = os.path.basename(path)
+    section = stages_section if name.startswith(STAGES) else compile_section
     with open(path) as f:
-      lines += compile_section(json.load(f), os.path.basename(path))
+      lines += section(json.load(f), name)
   for path in sorted(glob.glob(os.path.join(HERE, "step_*.json"))):
     with open(path) as f:
       lines += [
