@@ -240,6 +240,28 @@ def stages_section(results, name):
   return lines + [""]
 
 
+def largest_section(results, name):
+  """The table of benchmarks/largest_batch.py's JSON: a row per V."""
+  ref, fused = "hidden @ W + optax CE", "fused_numeric_loss ntil"
+  lines = [
+      f"## {name}: the most tokens in {results['budget_bytes'] / 2**30:.3g} "
+      f"GiB ({results['device']}, {results['dtype']}, "
+      f"D={results['hidden_dim']}, T={results['seq_len']}, jax "
+      f"{results['jax']}, {results['date']})",
+      "",
+      f"Value + gradient from hidden states: {results['method']}.",
+      "",
+      f"| V | {ref} | {fused} | x {ref} |",
+      "|---|---|---|---|",
+  ]
+  for row in results["runs"]:
+    times = f"{row[fused] / row[ref]:.0f}" if row[ref] else "-"
+    lines.append(
+        f"| {row['vocab']:,} | {row[ref]:,} | {row[fused]:,} | {times} |"
+    )
+  return lines + [""]
+
+
 def _kinds(kinds):
   if not kinds:
     return "-"
@@ -324,6 +346,9 @@ def markdown() -> str:
     section = stages_section if name.startswith(STAGES) else compile_section
     with open(path) as f:
       lines += section(json.load(f), name)
+  for path in sorted(glob.glob(os.path.join(HERE, "largest_batch*.json"))):
+    with open(path) as f:
+      lines += largest_section(json.load(f), os.path.basename(path))
   for path in sorted(glob.glob(os.path.join(HERE, "step_*.json"))):
     with open(path) as f:
       lines += [

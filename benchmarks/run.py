@@ -29,10 +29,8 @@ so do XLA's count of the bytes the compiled function reads and writes
 (kernels, on a GPU) of the optimized program (``ops``), both for programs
 without a loop (XLA counts a loop's body once; the fused path gets none).
 Ratios are to the first row of each family. Beyond ``--full_max_elements``
-logits only the core rows are timed. The largest N in ``--memory_budget_gib``
-of each from-hidden function is searched for by compiling it (not running
-it) at larger sizes: XLA's plan of arguments + temp + output, which is not
-linear in N (``largest_batch``).
+logits only the core rows are timed. The largest N a memory budget holds is
+``benchmarks.largest_batch``'s.
 """
 
 import json
@@ -88,19 +86,6 @@ flags.DEFINE_float(
     0.3,
     "Fraction of label positions that are digits of numbers.",
 )
-flags.DEFINE_float(
-    "memory_budget_gib",
-    0.0,
-    "Budget for the largest-batch estimate (default: the "
-    "device's memory, or 16 GiB on CPU).",
-)
-flags.DEFINE_boolean(
-    "largest_n",
-    True,
-    "Search for the largest N in the budget of hidden @ W + optax CE and of "
-    "the fused path (a few dozen compiles a size; off in the time-limited "
-    "device script).",
-)
 flags.DEFINE_integer(
     "full_max_elements",
     2**30,
@@ -123,12 +108,6 @@ CORE_ROWS = ("optax CE", "numeric_token_loss ce", "numeric_token_loss ntil")
 TARGET_ROW = "numeric_token_loss ntil"
 TIME_TARGET = 1.03
 MEMORY_TARGET = 1.01
-# How largest_tokens_in_budget is found (recorded with it; older files
-# scaled one size's temp + output linearly and carry no "method").
-LARGEST_N_METHOD = (
-    "the most whole rows whose XLA plan (arguments + temp + output, "
-    "compiled at that size, not run) fits the budget, to within 0.1%"
-)
 
 
 def text_with_numbers(seed, batch, length, vocab, digit_fraction):
@@ -308,13 +287,6 @@ def measure(fns, args, blocks, per_block):
   ]
 
 
-def memory_budget_bytes():
-  if FLAGS.memory_budget_gib > 0:
-    return FLAGS.memory_budget_gib * 2**30
-  stats = jax.devices()[0].memory_stats() or {}
-  return stats.get("bytes_limit", 16 * 2**30)
-
-
 def available_host_bytes():
   """MemAvailable of /proc/meminfo (None where there is none)."""
   try:
@@ -325,64 +297,6 @@ def available_host_bytes():
   except OSError:
     pass
   return None
-
-
-def held_bytes(compiled):
-  """XLA's plan for everything a call holds at once: arguments + temp +
-  output bytes (no argument is donated here)."""
-  stats = compiled.memory_analysis()
-  return int(
-      stats.argument_size_in_bytes
-      + stats.temp_size_in_bytes
-      + stats.output_size_in_bytes
-  )
-
-
-def largest_batch(fn, args, budget, start=1, max_batch=2**24):
-  """The most rows ``B`` for which ``fn``'s plan fits in ``budget`` bytes.
-
-  ``fn`` is compiled, never run, at abstract shapes (``jax.ShapeDtypeStruct``:
-  nothing is allocated) with ``args``' leading axis of every argument but
-  the second (the unembedding) set to ``B``; a doubling from ``start`` then
-  a bisection to within 0.1%. The plan is not linear in N: the fused path's
-  chunk buffers and the ``[D, V]`` gradient do not grow with it, so scaling
-  one size's plan understates how far it goes. 0 if one row does not fit;
-  ``max_batch`` if that does.
-  """
-
-  def fits(batch):
-    shapes = [
-        jax.ShapeDtypeStruct(
-            a.shape if i == 1 else (batch, *a.shape[1:]), a.dtype
-        )
-        for i, a in enumerate(args)
-    ]
-    return held_bytes(fn.lower(*shapes).compile()) <= budget
-
-  if not fits(1):
-    return 0
-  lo = 1
-  hi = max(2, start)
-  while fits(hi):
-    lo = hi
-    if hi >= max_batch:
-      return max_batch
-    hi = min(2 * hi, max_batch)
-  while hi - lo > max(1, lo // 1000):
-    mid = (lo + hi) // 2
-    lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-  return lo
-
-
-def largest_tokens(fns, args, budget):
-  """``{name: tokens}``: the most tokens (whole rows of ``args``' length)
-  whose plan (arguments + temp + output) fits ``budget``; see
-  :func:`largest_batch`."""
-  length = args[0].shape[1]
-  return {
-      name: largest_batch(fn, args, budget, start=args[0].shape[0]) * length
-      for name, fn in fns.items()
-  }
 
 
 def target_check(rows):
@@ -455,7 +369,6 @@ def main(argv):
       skipped=[],
       runs=[],
   )
-  budget = memory_budget_bytes()
   print(
       f"device: {results['device']}, jax {jax.__version__}, {FLAGS.dtype}; "
       f"time: {estimators['logits_path']} "
@@ -529,25 +442,6 @@ def main(argv):
       )
       run["from_hidden"] = hidden_rows
       print_rows(hidden_rows)
-      if FLAGS.largest_n:
-        searched = {
-            name: fn
-            for name, fn in hidden_family(FLAGS.chunk_size).items()
-            if name in ("hidden @ W + optax CE", "fused_numeric_loss ntil")
-        }
-        run["largest_tokens_in_budget"] = dict(
-            budget_bytes=int(budget),
-            method=LARGEST_N_METHOD,
-            **largest_tokens(searched, hidden_args, budget),
-        )
-        fits = run["largest_tokens_in_budget"]
-        print(
-            f"  largest N in {budget / 2**30:.0f} GiB (searched, XLA's plan "
-            "of arguments + temp + output): "
-            f"hidden @ W + optax CE {fits['hidden @ W + optax CE']}, fused "
-            f"{fits['fused_numeric_loss ntil']}",
-            flush=True,
-        )
       del hidden, unembedding, hidden_args
     else:
       print(

@@ -51,10 +51,7 @@ bench() {  # name, seconds, module and flags
   echo "rc $? after $(( $(date +%s) - start )) s"
   grep -v "^I[0-9]\|^W[0-9]" "$OUT/bench/$name.log" | tail -40
 }
-# --nolargest_n: its search compiles each from-hidden function a few dozen
-# times a size, more than RUN_S allows.
-bench run "$RUN_S" benchmarks.run --dtype=bfloat16 --hidden_dim=1536 \
-  --nolargest_n
+bench run "$RUN_S" benchmarks.run --dtype=bfloat16 --hidden_dim=1536
 bench step "$STEP_S" benchmarks.step --model=qwen2.5-1.5b --dtype=bfloat16 \
   --batch_size=64 --seq_len=128 --blocks=3 --per_block=2 \
   --variants=ce:logits,ntil:logits,ce:fused,ntil:fused

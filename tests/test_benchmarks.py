@@ -46,7 +46,6 @@ class BenchmarkTest(absltest.TestCase):
         "--hidden_blocks=1",
         "--chunk_size=8",
         f"--full_max_elements={64 * 256}",
-        "--memory_budget_gib=0.01",
     )
     self.assertIn("median over 2 blocks", results["estimators"]["logits_path"])
     self.assertEqual(
@@ -109,14 +108,8 @@ class BenchmarkTest(absltest.TestCase):
     # counts once: no bytes-accessed figure for it.
     self.assertIsNone(fused["fused_numeric_loss ntil"]["bytes_accessed"])
     self.assertIsNone(fused["fused_numeric_loss ntil"]["ops"])
-    # The largest N is searched for, whole rows of T = 32, and never less
-    # than the size measured (which fits in 10 MiB).
-    fits = small["largest_tokens_in_budget"]
-    self.assertEqual(fits["budget_bytes"], int(0.01 * 2**30))
-    self.assertIn("compiled at that size", fits["method"])
-    for name in ("hidden @ W + optax CE", "fused_numeric_loss ntil"):
-      self.assertEqual(fits[name] % 32, 0)
-      self.assertGreaterEqual(fits[name], 64)
+    # The largest N is benchmarks.largest_batch's, not searched here.
+    self.assertNotIn("largest_tokens_in_budget", small)
     lines = (
         report.targets(results)
         + report.table(small, results)
@@ -139,7 +132,6 @@ class BenchmarkTest(absltest.TestCase):
         "--blocks=1",
         "--per_block=1",
         "--hidden_blocks=1",
-        "--nolargest_n",
     )
     device = jax.devices()[0]
     self.assertEqual(results["dtype"], "bfloat16")
@@ -161,9 +153,7 @@ class BenchmarkTest(absltest.TestCase):
     self.assertIn(f"### N=64, V=256 ({setting})", text)
     chunk = results["default_chunk_sizes"]["64:256"]
     self.assertIn(f"chunks of {chunk} tokens (the default)", text)
-    # --nolargest_n: no search, and the from-hidden rows still reported
-    # as measured.
-    self.assertNotIn("largest_tokens_in_budget", run)
+    # The from-hidden rows reported as measured.
     self.assertNotIn("Largest N", text)
     self.assertNotIn("not measured here", text)
 
@@ -243,6 +233,7 @@ class BenchmarkTest(absltest.TestCase):
 
   @pytest.mark.slow
   def test_largest_batch_is_the_most_rows_the_plan_fits(self):
+    from benchmarks import largest_batch  # pylint: disable=g-import-not-at-top
     from benchmarks import run  # pylint: disable=g-import-not-at-top
     import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
@@ -270,18 +261,53 @@ class BenchmarkTest(absltest.TestCase):
           jnp.zeros((2, 32), jnp.int32),
           jnp.zeros((2, 32), bool),
       )
-      batch = run.largest_batch(fn, args, budget, start=2)
+      batch = largest_batch.largest_batch(fn, args, budget, start=2)
       self.assertLessEqual(plan(fn, batch), budget)
       self.assertGreater(plan(fn, batch + 1), budget)
       # Where the search starts does not matter.
-      self.assertEqual(run.largest_batch(fn, args, budget, start=16), batch)
+      self.assertEqual(
+          largest_batch.largest_batch(fn, args, budget, start=16), batch
+      )
     # The fused path's chunk buffers and [D, V] gradient do not grow with
     # N: one size's plan scaled linearly (the old estimate) falls short.
     fused = fns["fused_numeric_loss ntil"]
     linear = int(budget / plan(fused, 2) * 2)
     self.assertGreater(
-        run.largest_batch(fused, args, budget, start=2), 1.5 * linear
+        largest_batch.largest_batch(fused, args, budget, start=2), 1.5 * linear
     )
+
+  @pytest.mark.slow
+  def test_largest_batch_writes_each_vocabulary_and_the_report_renders_it(
+      self,
+  ):
+    stdout, results = run_with_json(
+        "benchmarks.largest_batch",
+        "--vocabs=256",
+        "--seq_len=32",
+        "--hidden_dim=16",
+        "--chunk_size=8",
+        "--memory_budget_gib=0.001",
+    )
+    self.assertEqual(results["budget_bytes"], int(0.001 * 2**30))
+    self.assertEqual((results["seq_len"], results["hidden_dim"]), (32, 16))
+    self.assertIn("compiled at that size", results["method"])
+    self.assertEqual([r["vocab"] for r in results["runs"]], [256])
+    ref, fused = "hidden @ W + optax CE", "fused_numeric_loss ntil"
+    for row in results["runs"]:
+      for name in (ref, fused):
+        self.assertGreater(row[name], 0)
+        self.assertEqual(row[name] % 32, 0)  # whole rows of T = 32
+      # In chunks of 8 tokens the fused path never holds the [N, V] logits.
+      self.assertGreater(row[fused], row[ref])
+    self.assertIn("fused_numeric_loss ntil", stdout)
+    text = "\n".join(report.largest_section(results, "largest_batch.json"))
+    first = results["runs"][0]
+    self.assertIn(
+        f"| 256 | {first[ref]:,} | {first[fused]:,} "
+        f"| {first[fused] / first[ref]:.0f} |",
+        text,
+    )
+    self.assertIn("in 0.001 GiB", text.splitlines()[0])
 
   def test_stream_refuses_too_few_steps_to_time(self):
     # Under 50 steps no rate is left after the first record's (the
