@@ -22,7 +22,6 @@ and for a row reduction (each kernel a different computation: a backend
 compiles identical kernels once).
 """
 
-import json
 import re
 import time
 
@@ -307,15 +306,9 @@ def main(argv):
   }
   # Written before the kernel costs too: a run cut at its time limit (the
   # device scripts') keeps the programs' figures.
-  _write(out, result)
+  run.write_json(out, result)
   result["kernel_costs"] = kernel_costs(FLAGS.repeats)
-  _write(out, result)
-
-
-def _write(path, result):
-  with open(path, "w") as f:
-    json.dump(result, f, indent=1)
-  print(f"wrote {path}")
+  run.write_json(out, result)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ of ``--repeats`` rounds of compiles after ``jax.clear_caches()``:
 
 import contextlib
 import datetime
-import json
 
 from absl import app
 from absl import flags
@@ -121,9 +120,7 @@ def main(argv):
         repeats=_REPEATS.value,
         shapes=shapes,
     )
-    with open(out, "w") as f:
-      json.dump(result, f, indent=1)
-    print(f"wrote {out}")
+    compile_bench.run.write_json(out, result)
 
 
 if __name__ == "__main__":

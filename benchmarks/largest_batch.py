@@ -15,7 +15,6 @@ plan scaled up understates how far the fused path goes.
 """
 
 import datetime
-import json
 
 from absl import app
 from absl import flags
@@ -161,9 +160,7 @@ def main(argv):
       runs=runs,
   )
   out = FLAGS.out if FLAGS["out"].present else OUT
-  with open(out, "w") as f:
-    json.dump(result, f, indent=1)
-  print(f"wrote {out}")
+  run.write_json(out, result)
 
 
 if __name__ == "__main__":

@@ -326,6 +326,13 @@ def print_rows(rows):
     )
 
 
+def write_json(path, result):
+  """Writes ``result`` to ``path`` as indented JSON, and says so."""
+  with open(path, "w") as f:
+    json.dump(result, f, indent=1)
+  print(f"wrote {path}")
+
+
 def write_results(results, path, complete):
   """Writes ``results`` as JSON; ``complete`` False after each size, so a
   run cut at its time limit keeps the sizes it finished."""
