@@ -155,6 +155,7 @@ def logits_family(core_only=False):
       "numeric_token_loss soft_label": numeric("soft_label"),
       "numeric_token_loss del": numeric("del"),
       "numeric_token_loss smmd": numeric("smmd"),
+      "numeric_token_loss nl_ntl": numeric("nl_ntl"),
       "optax CE + 0.3 ntil_loss by hand": lambda z, labels, mask: (
           _optax_ce(z, labels) + LAM * ntil_jax.ntil_loss(z, labels, mask)
       ).mean(),

@@ -9,13 +9,17 @@ import ml_collections
 from ml_collections import config_flags
 
 from ntil_jax import kernels
+from ntil_jax import losses
 
 # The paper's methods: the experiment grids iterate over these.
 METHODS = ("ce", "emd", "ntl_mse", "soft_label", "ntil")
-# NTIL's peers (DEL, SMMD; ntil_jax.losses.PEER_LOSSES): the trainer takes
-# them (--config=FILE:del); the grids run them in their peers groups, by
-# name.
+# NTIL's peers that the grids run, in their peers groups, by name (DEL,
+# SMMD).
 PEER_METHODS = ("del", "smmd")
+# Every method the trainer takes (--config=FILE:METHOD): the paper's and
+# every peer of ntil_jax.losses.PEER_LOSSES, the number-level NTL too,
+# which no grid runs yet.
+TRAINER_METHODS = METHODS + losses.PEER_LOSSES
 # Fields added to `base_config` after runs were recorded, with the default
 # that every earlier run had: a run recorded without one resumes as if it
 # held its default, and an experiment's config hash leaves it out while it
@@ -94,10 +98,10 @@ config_flags.register_flag_parser_for_type(object, _FusedLossParser())
 def check_method(method: str) -> str:
   """The method named after the colon in --config=FILE:METHOD ('ntil' if '')."""
   method = method or "ntil"
-  if method not in METHODS + PEER_METHODS:
+  if method not in TRAINER_METHODS:
     raise ValueError(
         f"unknown method {method!r} in --config=...:{method}; "
-        f"choose one of {', '.join(METHODS + PEER_METHODS)}."
+        f"choose one of {', '.join(TRAINER_METHODS)}."
     )
   return method
 

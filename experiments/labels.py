@@ -11,6 +11,7 @@ LABELS = {
     # NTIL's peers (configs.common.PEER_METHODS).
     "del": "CE + DEL",
     "smmd": "CE + SMMD",
+    "nl_ntl": "CE + NL-NTL",
 }
 # The controls of every grid: digit-weighted CE and NTIL with the authors'
 # scaling.
@@ -43,6 +44,7 @@ COLORS = {
     "ntil_reference": "C5",
     "del": "saddlebrown",
     "smmd": "teal",
+    "nl_ntl": "darkgoldenrod",
 }
 
 

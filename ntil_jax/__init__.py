@@ -1,7 +1,7 @@
 """ntil_jax: numeric token losses for JAX.
 
 Numerical Token Integrity Loss (NTIL, ACL 2025), its baselines and its peers
-(DEL, SMMD) as pure, jit-able functions that return unreduced per-token
+(DEL, SMMD, number-level NTL) as pure, jit-able functions that return unreduced per-token
 losses::
 
   loss = ce + 0.3 * ntil_jax.ntil_loss(logits, labels, digit_mask)
@@ -23,6 +23,7 @@ from ntil_jax.losses import numeric_token_loss
 from ntil_jax.ntil import NTILComponents
 from ntil_jax.ntil import ntil_components
 from ntil_jax.ntil import ntil_loss
+from ntil_jax.number_level import nl_ntl_loss
 from ntil_jax.numbers import number_layout
 from ntil_jax.numbers import NumberLayout
 from ntil_jax.smmd import smmd_loss
@@ -49,6 +50,7 @@ __all__ = [
     "NTILComponents",
     "ntil_components",
     "ntil_loss",
+    "nl_ntl_loss",
     "ntl_mse_loss",
     "NUMERIC_LOSSES",
     "number_layout",

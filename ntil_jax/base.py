@@ -192,6 +192,21 @@ def prepare(
   )
 
 
+def log_norm_in_numbers(logits, labels, digit_mask, digit_token_ids):
+  """The log-normalizer of ``logits`` over the whole vocabulary, ``[..., T]``
+  float32, at the positions whose label is a digit (or number) token that
+  ``digit_mask`` allows; that of zero logits elsewhere, so that NaN or inf
+  logits there give no NaN gradient through it."""
+  ids = digit_token_ids
+  if isinstance(ids, vocab.NumberTokens):  # any number token's position
+    ids = ids.ids
+  is_digit, _ = numbers.match_digits(labels, ids)
+  if digit_mask is not None:
+    is_digit = is_digit & digit_mask.astype(bool)
+  in_numbers = jnp.where(is_digit[..., None], logits, 0)
+  return jax.nn.logsumexp(in_numbers.astype(jnp.float32), -1)
+
+
 def digit_distance(layout) -> chex.Array:
   """``|k - y|`` for every digit k, ``[..., T, 10]``."""
   target = layout.digit_values.astype(jnp.float32)[..., None]

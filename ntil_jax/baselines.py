@@ -15,7 +15,6 @@ from ntil_jax import base
 from ntil_jax import numbers
 from ntil_jax import statistics
 from ntil_jax import validation
-from ntil_jax import vocab
 
 
 def emd_from_layout(stats: statistics.TokenStatistics, layout):
@@ -171,16 +170,9 @@ def soft_label_cross_entropy(
   logits, labels, digit_mask, _, digit_logits_ = base.prepare(
       logits, labels, digit_mask, digit_token_ids
   )
-  ids = digit_token_ids
-  if isinstance(ids, vocab.NumberTokens):  # any number token's position
-    ids = ids.ids
-  is_digit, _ = numbers.match_digits(labels, ids)
-  if digit_mask is not None:
-    is_digit = is_digit & digit_mask.astype(bool)
-  # Logits outside numbers are zeroed so that NaN/inf there gives no NaN
-  # gradient through the log-normalizer.
-  in_numbers = jnp.where(is_digit[..., None], logits, 0)
-  log_norm = jax.nn.logsumexp(in_numbers.astype(jnp.float32), -1)
+  log_norm = base.log_norm_in_numbers(
+      logits, labels, digit_mask, digit_token_ids
+  )
   return base.number_loss(
       soft_label_from_layout,
       base.digit_statistics(digit_logits_, log_norm),

@@ -30,6 +30,7 @@ from ntil_jax import base
 from ntil_jax import baselines
 from ntil_jax import digit_entropy
 from ntil_jax import ntil
+from ntil_jax import number_level
 from ntil_jax import numbers
 from ntil_jax import smmd
 from ntil_jax import validation
@@ -42,6 +43,7 @@ from ntil_jax.digit_entropy import del_loss
 from ntil_jax.ntil import NTILComponents
 from ntil_jax.ntil import ntil_components
 from ntil_jax.ntil import ntil_loss
+from ntil_jax.number_level import nl_ntl_loss
 from ntil_jax.smmd import smmd_loss
 from ntil_jax.statistics import digit_logits
 from ntil_jax.statistics import token_statistics
@@ -59,6 +61,7 @@ __all__ = [
     "loss_from_statistics",
     "LOSS_KEYWORDS",
     "LossArgumentError",
+    "nl_ntl_loss",
     "ntil_components",
     "ntil_loss",
     "NTILComponents",
@@ -89,10 +92,12 @@ NUMERIC_LOSSES = {
     "ntil": ntil_loss,
     "del": del_loss,
     "smmd": smmd_loss,
+    "nl_ntl": nl_ntl_loss,
 }
-# The losses of NTIL's peers, published after it (not in the paper's
-# tables): DEL (arXiv:2605.20369) and SMMD (ICML 2026, arXiv:2606.27731).
-PEER_LOSSES = ("del", "smmd")
+# The losses of NTIL's peers, not in the paper's tables: DEL
+# (arXiv:2605.20369), SMMD (ICML 2026, arXiv:2606.27731) and the
+# number-level NTL of ntloss 0.2.3.
+PEER_LOSSES = ("del", "smmd", "nl_ntl")
 _FROM_STATISTICS = {
     "ce": None,
     "emd": baselines.emd_from_layout,
@@ -101,8 +106,11 @@ _FROM_STATISTICS = {
     "ntil": ntil.ntil_from_layout,
     "del": digit_entropy.del_from_layout,
     "smmd": smmd.smmd_from_layout,
+    "nl_ntl": number_level.nl_ntl_from_layout,
 }
 WEIGHTINGS = ("sum", "reference", "authors")
+# Methods whose loss is a term per number, not per digit.
+_NUMBER_LEVEL = ("nl_ntl",)
 # The keyword arguments each method's loss takes through numeric_token_loss.
 LOSS_KEYWORDS = {
     "ce": (),
@@ -112,9 +120,13 @@ LOSS_KEYWORDS = {
     "ntil": ("sigma", "alpha", "beta", "tau", "key", "noise_scale"),
     "del": (),
     "smmd": ("mode", "kernel", "sigmas", "squash_factor", "smooth_weight"),
+    "nl_ntl": ("reweigh",),
 }
 # Checks of the settings that check_parameters does not know.
-_METHOD_CHECKS = {"smmd": smmd.check_smmd_parameters}
+_METHOD_CHECKS = {
+    "smmd": smmd.check_smmd_parameters,
+    "nl_ntl": number_level.check_nl_ntl_parameters,
+}
 
 
 def numeric_token_loss(
@@ -136,7 +148,8 @@ def numeric_token_loss(
 
   with :math:`\mathrm{aux}` the loss named by ``method`` (``"ntil"``,
   ``"emd"``, ``"ntl_mse"``, ``"soft_label"``, the peers ``"del"``
-  (:func:`del_loss`) and ``"smmd"`` (:func:`smmd_loss`); ``"ce"`` for none)
+  (:func:`del_loss`), ``"smmd"`` (:func:`smmd_loss`) and ``"nl_ntl"``
+  (:func:`nl_ntl_loss`); ``"ce"`` for none)
   on the digit tokens of scored positions (``digit_mask & loss_mask``).
 
   ``weighting="sum"`` (default) uses :math:`w = 1`. ``weighting="reference"``
@@ -163,10 +176,11 @@ def numeric_token_loss(
   CE. Their code splits numbers at every non-digit, '.' included: for their
   loss exactly, pass no ``decimal_point_mask``.
 
-  For the peers (``"del"``, ``"smmd"``), ``"reference"`` and ``"authors"``
-  are still the NTIL authors' scaling and aggregation; DEL's and SMMD's own
-  reductions (means over the batch's digits) are described in
-  :func:`del_loss` and :func:`smmd_loss`.
+  For the peers (``"del"``, ``"smmd"``, ``"nl_ntl"``), ``"reference"`` and
+  ``"authors"`` are still the NTIL authors' scaling and aggregation; the
+  peers' own reductions (DEL's and SMMD's means over the batch's digits,
+  NL-NTL's over its numbers) are described in :func:`del_loss`,
+  :func:`smmd_loss` and :func:`nl_ntl_loss`.
 
   With ``method="soft_label"`` and ``w = 1``, ``CE + lam * CE_soft`` equals
   ``(1 + lam)`` times a soft-label CE with ``eta' = lam * eta / (1 + lam)``.
@@ -269,8 +283,8 @@ def _per_sample_means(method, stats, layout, **loss_kwargs):
   """The NTIL authors' aggregation of ``method``'s loss, per token.
 
   Each sample's (each ``[T]`` row's) digit terms divided by its digit
-  count, and NTIL's number terms by its number count, so that a row sums
-  to the authors' per-sample loss.
+  count, and the number terms (NTIL's deviations, the number-level NTL) by
+  its number count, so that a row sums to the authors' per-sample loss.
   """
   if method == "ntil":
     alpha = loss_kwargs.pop("alpha", 0.2)
@@ -278,6 +292,9 @@ def _per_sample_means(method, stats, layout, **loss_kwargs):
     parts = ntil.ntil_parts_from_layout(stats, layout, **loss_kwargs)
     digit_terms = parts.weights * parts.emd
     number_terms = alpha * parts.relative + beta * parts.magnitude
+  elif method in _NUMBER_LEVEL:  # a term per number, on its first digit
+    number_terms = _FROM_STATISTICS[method](stats, layout, **loss_kwargs)
+    digit_terms = jnp.zeros_like(number_terms)
   else:
     digit_terms = _FROM_STATISTICS[method](stats, layout, **loss_kwargs)
     number_terms = jnp.zeros_like(digit_terms)

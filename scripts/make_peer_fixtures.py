@@ -1,19 +1,22 @@
-r"""Parity fixtures for DEL and SMMD, from their authors' PyTorch code.
+r"""Parity fixtures for NTIL's peers, from their authors' PyTorch code.
 
 Needs PyTorch, which the project itself does not install; run it by hand in
-a separate environment, on checkouts of the two reference repositories
-outside this one, then commit the output (about 100 KB), so that CI needs
-neither torch nor their code::
+a separate environment, on checkouts of the reference repositories outside
+this one and the ``ntloss`` package, then commit the output (about 150 KB),
+so that CI needs neither torch nor their code::
 
   python3.12 -m venv /tmp/torchenv
-  /tmp/torchenv/bin/pip install torch numpy
+  /tmp/torchenv/bin/pip install torch numpy ntloss==0.2.3
   git clone https://github.com/PolyU-VCLab/DEL /tmp/peers/DEL
   git -C /tmp/peers/DEL checkout 68c3d4dcc74e7f1918b9e41c4630adac9ffc2f56
   git clone https://github.com/Zuozhuo/smmd-loss /tmp/peers/smmd-loss
   git -C /tmp/peers/smmd-loss checkout 581fde6a38a07e75a3c7102e126bd702733df299
   /tmp/torchenv/bin/python scripts/make_peer_fixtures.py \
       --del_repo=/tmp/peers/DEL --smmd_repo=/tmp/peers/smmd-loss \
-      --out=tests/fixtures/peers
+      --ntloss --out=tests/fixtures/peers
+
+Each peer's file is written where its source is given (``--del_repo``,
+``--smmd_repo``, ``--ntloss``), so one can be remade alone.
 
 The authors' code is run as it is, never copied into this repository:
 
@@ -39,6 +42,13 @@ The authors' code is run as it is, never copied into this repository:
   digit-level tokenizer's are), for each setting in ``SMMD_SETTINGS``.
   Recorded: ``SMMDLoss(...)(logits, labels)`` (the mean over numeric
   targets) and its gradient w.r.t. the logits.
+* NL-NTL (``ntloss`` 0.2.3 from PyPI, MIT, the package of "Regress, Don't
+  Guess", ICML 2025): ``ntloss.NumberLevelLoss`` built with a stand-in
+  tokenizer (the ten digits and '.' at this fixture's ids, every other id a
+  word) for each setting in ``NL_NTL_SETTINGS``. Recorded: its
+  ``reduction="none"`` output (each number's loss on its first digit) and
+  the gradient of its ``"sum"`` w.r.t. the logits. No row starts with a
+  number or holds one with a leading point (see ``ntil_jax.nl_ntl_loss``).
 
 The files used are checked against their git blob ids at those commits.
 Everything is seeded: rerunning gives the same arrays.
@@ -68,6 +78,11 @@ SMMD_FILES = {
     "smmd/kernels.py": "363ae1c7ed36d2b4660106fed6acd9ec23572f00",
     "smmd/loss.py": "601c1f9d7c5457aad28c7fbf7747883905cef965",
 }
+NTLOSS_VERSION = "0.2.3"
+NTLOSS_FILES = {
+    "ntloss/core.py": "7efa2c43a08d20eca2d846709ad1955f482819bf",
+    "ntloss/utils.py": "977d022358d991c298a9d054b9842d95ec96bd4b",
+}
 
 VOCAB = 24
 # Digit ids as a tokenizer might have them: not 0..9, not in order.
@@ -88,6 +103,14 @@ SMMD_SETTINGS = {
         sigmas=(1.5,), squash_factor=5.0, tau_mode="fixed", tau_fixed=0.5
     ),
     "no_squash": dict(sigmas=(0.7, 2.5), squash_factor=1.0),
+}
+
+# NumberLevelLoss keyword arguments, each recorded separately.
+NL_NTL_SETTINGS = {
+    "integer": dict(float_level=False, reweigh=False),
+    "float_level": dict(float_level=True, reweigh=False),
+    "reweigh": dict(float_level=False, reweigh=True),
+    "float_level_reweigh": dict(float_level=True, reweigh=True),
 }
 
 
@@ -203,14 +226,14 @@ KINDS = (
 )
 
 
-def del_row(rng, length, touching):
+def del_row(rng, length, touching, kinds=KINDS):
   """One row of labels: a prompt of -100, numbers between other tokens, an
   end token, padding. ``touching``: numbers also right at the row's ends
   and around an ignored position (where the authors' runs continue)."""
   row = [-100] * int(rng.integers(1, 4))
   row += [] if touching else [int(rng.choice(OTHER_IDS))]
   while True:
-    kind = KINDS[rng.integers(len(KINDS))]
+    kind = kinds[rng.integers(len(kinds))]
     piece = number_tokens(rng, kind)
     # Not after "3.14.": their run "3.14.7" would have two points.
     if touching and kind != "decimal_end" and rng.random() < 0.3:
@@ -283,19 +306,106 @@ def run_smmd(loss_module, logits, labels):
   return float(loss.detach()), z.grad.numpy().copy()
 
 
+class NTLTokenizer:
+  """What ntloss asks of a tokenizer, for this fixture's ids."""
+
+  def __init__(self):
+    self._vocab = {f"<w{i}>": i for i in range(VOCAB)}
+    for token, i in Tokenizer._ids.items():  # pylint: disable=protected-access
+      del self._vocab[f"<w{i}>"]
+      self._vocab[token] = i
+
+  def __len__(self):
+    return VOCAB
+
+  def add_tokens(self, tokens):
+    assert all(t in self._vocab for t in tokens), tokens
+    return 0
+
+  def get_vocab(self):
+    return dict(self._vocab)
+
+  def convert_tokens_to_ids(self, token):
+    return self._vocab[token]
+
+
+def nl_ntl_cases(rng):
+  """(logits, labels): rows as DEL's, without leading points."""
+  kinds = tuple(k for k in KINDS if k != "leading_point")
+  specs = [
+      (2, 24, 2.0, False),
+      (3, 40, 3.0, False),
+      (2, 30, 1.0, True),
+      (1, 48, 6.0, True),
+  ]
+  for batch, length, scale, touching in specs:
+    labels = np.array(
+        [del_row(rng, length, touching, kinds) for _ in range(batch)],
+        np.int64,
+    )
+    logits = (scale * rng.standard_normal((batch, length, VOCAB))).astype(
+        np.float32
+    )
+    yield logits, labels
+
+
+def run_nl_ntl(loss_module, logits, labels):
+  """Their ``"none"`` output and the gradient of their ``"sum"``."""
+  z = torch.tensor(logits, requires_grad=True)
+  y = torch.tensor(labels)
+  per_token = loss_module(z, y, reduction="none").detach().numpy().copy()
+  loss_module(z, y, reduction="sum").backward()
+  return per_token, z.grad.numpy().copy()
+
+
+def ntloss_fixtures(out):
+  import ntloss  # pylint: disable=g-import-not-at-top
+
+  if ntloss.__version__ != NTLOSS_VERSION:
+    raise SystemExit(f"ntloss {ntloss.__version__}, expected {NTLOSS_VERSION}")
+  check_files(os.path.dirname(os.path.dirname(ntloss.__file__)), NTLOSS_FILES)
+  modules = {
+      name: ntloss.NumberLevelLoss(NTLTokenizer(), vocab_size=VOCAB, **kwargs)
+      for name, kwargs in NL_NTL_SETTINGS.items()
+  }
+  arrays = dict(
+      digit_ids=np.asarray(DIGIT_IDS),
+      point_id=np.asarray(POINT_ID),
+      settings=np.asarray(json.dumps(NL_NTL_SETTINGS)),
+  )
+  for i, (logits, labels) in enumerate(nl_ntl_cases(np.random.default_rng(2))):
+    assert (labels[:, 0] == -100).all()  # no number starts a row
+    arrays[f"case{i}_logits"] = logits
+    arrays[f"case{i}_labels"] = labels
+    for name, module in modules.items():
+      per_token, grad = run_nl_ntl(module, logits, labels)
+      arrays[f"case{i}_{name}_per_token"] = per_token
+      arrays[f"case{i}_{name}_grad"] = grad
+      print(f"NL-NTL case {i} {name}: sum {per_token.sum():.7g}")
+  np.savez_compressed(os.path.join(out, "nl_ntl.npz"), **arrays)
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--del_repo", required=True)
-  parser.add_argument("--smmd_repo", required=True)
+  parser.add_argument("--del_repo")
+  parser.add_argument("--smmd_repo")
+  parser.add_argument("--ntloss", action="store_true")
   parser.add_argument("--out", default="tests/fixtures/peers")
   args = parser.parse_args()
-  check_files(args.del_repo, DEL_FILES)
-  check_files(args.smmd_repo, SMMD_FILES)
   os.makedirs(args.out, exist_ok=True)
   torch.use_deterministic_algorithms(True)
+  if args.del_repo:
+    del_fixtures(args.del_repo, args.out)
+  if args.smmd_repo:
+    smmd_fixtures(args.smmd_repo, args.out)
+  if args.ntloss:
+    ntloss_fixtures(args.out)
 
+
+def del_fixtures(repo, out):
+  check_files(repo, DEL_FILES)
   del_fn, generate_place = load_del(
-      os.path.join(args.del_repo, "train-qwen-deepseek.py")
+      os.path.join(repo, "train-qwen-deepseek.py")
   )
   arrays = dict(digit_ids=np.asarray(DIGIT_IDS), point_id=np.asarray(POINT_ID))
   for i, (logits, labels, touching) in enumerate(
@@ -310,9 +420,12 @@ def main():
     arrays[f"case{i}_value"] = np.asarray(value, np.float32)
     arrays[f"case{i}_grad"] = grad
     print(f"DEL case {i}: {value:.7g}")
-  np.savez_compressed(os.path.join(args.out, "del.npz"), **arrays)
+  np.savez_compressed(os.path.join(out, "del.npz"), **arrays)
 
-  sys.path.insert(0, args.smmd_repo)
+
+def smmd_fixtures(repo, out):
+  check_files(repo, SMMD_FILES)
+  sys.path.insert(0, repo)
   from smmd import SMMDLoss  # pylint: disable=g-import-not-at-top
 
   modules = {
@@ -333,7 +446,7 @@ def main():
       arrays[f"case{i}_{name}_value"] = np.asarray(value, np.float32)
       arrays[f"case{i}_{name}_grad"] = grad
       print(f"SMMD case {i} {name}: {value:.7g}")
-  np.savez_compressed(os.path.join(args.out, "smmd.npz"), **arrays)
+  np.savez_compressed(os.path.join(out, "smmd.npz"), **arrays)
 
 
 if __name__ == "__main__":

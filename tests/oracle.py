@@ -230,6 +230,69 @@ def del_loss(
   return loss, grad
 
 
+def nl_ntl(
+    logits,
+    labels,
+    digit_mask,
+    digit_ids=range(10),
+    decimal_mask=None,
+    reweigh=False,
+):
+  """The number-level NTL per token and its gradient, float64, the values
+  exact in fractions of the expected digits (ntloss's ``NumberLevelLoss``).
+
+  A number's digits ``y_j`` and expected digits ``e_j = sum_k k p_jk``
+  (``p`` the softmax of the ten digit logits) make ``Y`` and ``X`` with
+  digit ``j`` weighing ``10**o_j``, ``o_j`` the digits to its right in the
+  number (the point skipped); the loss ``|X - Y| / (|X| + |Y| + eps)``,
+  ``eps`` float32's, stands on the number's first digit. With
+  ``reweigh``, ``l m + 1.01 (1 - m)``, ``m`` the whole vocabulary's
+  softmax mass on the ten digit tokens there.
+
+  Returns:
+    loss [B, T] and grad [B, T, V] (of the loss's sum), float64.
+  """
+  logits = np.asarray(logits, np.float64)
+  ids = [int(i) for i in digit_ids]
+  eps = Fraction(float(np.finfo(np.float32).eps))
+  loss = np.zeros(labels.shape)
+  grad = np.zeros(logits.shape)
+  for b in range(labels.shape[0]):
+    row_decimal = None if decimal_mask is None else decimal_mask[b]
+    for number in find_numbers(labels[b], digit_mask[b], ids, row_decimal):
+      if not number:
+        continue
+      n = len(number)
+      x = y = Fraction(0)
+      probs = []
+      for j, (t, digit, _) in enumerate(number):
+        p = softmax(logits[b, t, ids])
+        probs.append(p)
+        x += Fraction(float(p @ np.arange(10.0))) * 10 ** (n - 1 - j)
+        y += digit * Fraction(10) ** (n - 1 - j)
+      total = abs(x) + abs(y) + eps
+      value = abs(x - y) / total
+      # d value / d X (X, Y >= 0), then X's by each digit logit.
+      sign = (x > y) - (x < y)
+      by_x = float(Fraction(sign) / total - value / total)
+      value = float(value)
+      first = number[0][0]
+      scale = 1.0
+      if reweigh:
+        full = softmax(logits[b, first])
+        mass = full[ids].sum()
+        in_digits = np.zeros(len(full))
+        in_digits[ids] = 1.0
+        grad[b, first] += (value - 1.01) * full * (in_digits - mass)
+        scale = mass
+        value = value * mass + 1.01 * (1.0 - mass)
+      for j, ((t, _, _), p) in enumerate(zip(number, probs)):
+        slope = p * (np.arange(10.0) - p @ np.arange(10.0))
+        grad[b, t, ids] += scale * by_x * 10.0 ** (n - 1 - j) * slope
+      loss[b, first] = value
+  return loss, grad
+
+
 def smmd_kernel(kernel="gaussian", sigmas=(2.0,), squash_factor=9.0):
   """The SMMD kernel over the digit values 0..9, float64."""
   d = np.abs(np.arange(10.0)[:, None] - np.arange(10.0)[None, :])

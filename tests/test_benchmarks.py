@@ -55,7 +55,7 @@ class BenchmarkTest(absltest.TestCase):
     small, large = results["runs"]
     # Within --full_max_elements every row of both families; beyond, only
     # the core rows.
-    self.assertLen(small["logits_path"], 11)
+    self.assertLen(small["logits_path"], 12)
     self.assertContainsSubset(
         {"numeric_token_loss del", "numeric_token_loss smmd"},
         {r["name"] for r in small["logits_path"]},
@@ -145,7 +145,7 @@ class BenchmarkTest(absltest.TestCase):
     )
     self.assertIn("bfloat16", stdout)
     (run,) = results["runs"]
-    self.assertLen(run["logits_path"], 11)
+    self.assertLen(run["logits_path"], 12)
     self.assertLen(run["from_hidden"], 3)
     text = "\n".join(report.targets(results) + report.table(run, results))
     setting = f"{results['device']}, bfloat16, D=24, jax {jax.__version__}"

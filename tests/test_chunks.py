@@ -13,7 +13,7 @@ import ntil_jax
 from tests import oracle
 
 OTHERS = ["+", ".", "x", "=", " "]
-METHODS = ("emd", "ntl_mse", "soft_label", "ntil", "del", "smmd")
+METHODS = ("emd", "ntl_mse", "soft_label", "ntil", "del", "smmd", "nl_ntl")
 # Each method's stand-alone loss function.
 LOSSES = {
     "emd": ntil_jax.emd_loss,
@@ -22,6 +22,7 @@ LOSSES = {
     "ntil": ntil_jax.ntil_loss,
     "del": ntil_jax.del_loss,
     "smmd": ntil_jax.smmd_loss,
+    "nl_ntl": ntil_jax.nl_ntl_loss,
 }
 
 
@@ -114,6 +115,11 @@ def oracle_loss(method, logits, labels, mask, tokens, decimal):
   elif method == "smmd":
     loss, slot_grad = oracle.smmd(slot_logits, slot_labels, slot_mask)
     grad = chain(slot_grad)
+  elif method == "nl_ntl":
+    loss, slot_grad = oracle.nl_ntl(
+        slot_logits, slot_labels, slot_mask, range(10), slot_decimal
+    )
+    grad = chain(slot_grad)
   elif method == "soft_label":
     loss = oracle.soft_label_ce(
         slot_logits, slot_labels, slot_mask, eta=0.1, width=1.0
@@ -157,8 +163,10 @@ def test_every_loss_equals_the_oracle_on_number_tokens(method):
   fn = jax.jit(lambda z: aux(method, z, labels, mask, tokens, decimal))
   np.testing.assert_allclose(fn(logits), want, rtol=2e-5, atol=2e-5)
   # 1234567 and 12005 are numbers of several tokens: a token's loss is the
-  # sum of its digits', so the first token of each scores.
-  assert (want[0, :3] > 0).all() and (want[1, :2] > 0).all()
+  # sum of its digits', so the first token of each scores (the number-level
+  # NTL's on the number's first digit alone).
+  first, second = (1, 1) if method == "nl_ntl" else (3, 2)
+  assert (want[0, :first] > 0).all() and (want[1, :second] > 0).all()
   assert (want[1, 5:8] == 0).all()  # not scored
   if want_grad is not None:
     grad = jax.jit(jax.grad(lambda z: fn(z).sum()))(logits)
@@ -387,10 +395,10 @@ def test_each_loss_function_takes_number_tokens(method):
   loss = LOSSES[method]
   _, logits, labels, mask, decimal, tokens, want, _ = oracle_case(method)
   kwargs = dict(eta=0.1, width=1.0) if method == "soft_label" else {}
-  if method in ("ntil", "del"):
+  if method in ("ntil", "del", "nl_ntl"):
     kwargs["decimal_point_mask"] = decimal
   got = loss(logits, labels, mask, digit_token_ids=tokens, **kwargs)
-  if method in ("ntil", "del"):
+  if method in ("ntil", "del", "nl_ntl"):
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
   else:  # their per-digit losses do not depend on the decimal points
     np.testing.assert_allclose(

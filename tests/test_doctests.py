@@ -17,6 +17,7 @@ MODULES = (
     "ntil_jax.kernels.chunked",
     "ntil_jax.digit_entropy",
     "ntil_jax.smmd",
+    "ntil_jax.number_level",
     "train.tokenizer",
     "train.models",
 )

@@ -1,4 +1,5 @@
-"""DEL and SMMD, NTIL's peers: against their authors' code and an oracle.
+"""NTIL's peers (DEL, SMMD, the number-level NTL): against their authors'
+code and an oracle.
 
 Parity: ``tests/fixtures/peers/*.npz`` hold the authors' PyTorch losses and
 gradients on random inputs (``scripts/make_peer_fixtures.py``, run by hand
@@ -39,7 +40,11 @@ FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "peers"
 # Their DEL's weight in their total (train-qwen-deepseek.py).
 DEL_WEIGHT = 0.01
 RTOL, ATOL = 1e-5, 1e-6
-LOSSES = dict(del_loss=ntil_jax.del_loss, smmd_loss=ntil_jax.smmd_loss)
+LOSSES = dict(
+    del_loss=ntil_jax.del_loss,
+    smmd_loss=ntil_jax.smmd_loss,
+    nl_ntl_loss=ntil_jax.nl_ntl_loss,
+)
 
 
 def smmd_kwargs(authors):
@@ -54,12 +59,20 @@ def smmd_kwargs(authors):
   )
 
 
-def assert_gradient_close(got, want):
-  """``RTOL`` per element, ``ATOL`` relative to the largest: the authors'
+def assert_gradient_close(got, want, atol=ATOL):
+  """``RTOL`` per element, ``atol`` relative to the largest: the authors'
   means make gradients of 1e-3 and less, where 1e-6 would be no test."""
   np.testing.assert_allclose(
-      got, want, rtol=RTOL, atol=ATOL * np.abs(want).max()
+      got, want, rtol=RTOL, atol=atol * np.abs(want).max()
   )
+
+
+# With reweigh, NL-NTL's digit mass is exp(z - log Z) from the float32
+# log-normalizer of the statistics (log Z of 3 to 8 rounds by up to 5e-7):
+# against a float64 evaluation of their definition this code's gradient
+# was within 2.2e-7 (2e-6 of the largest element) on the fixture, theirs
+# (a softmax) within 5e-8.
+REWEIGH_ATOL = 4e-6
 
 
 class DELParityTest(parameterized.TestCase):
@@ -247,6 +260,66 @@ class SMMDParityTest(parameterized.TestCase):
         )
 
 
+class NLNTLParityTest(parameterized.TestCase):
+  """Against ``NumberLevelLoss`` of ntloss 0.2.3."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.data = np.load(FIXTURES / "nl_ntl.npz")
+    cls.ids = cls.data["digit_ids"]
+    cls.point = int(cls.data["point_id"])
+    cls.settings = json.loads(str(cls.data["settings"]))
+
+  def test_every_case_and_setting(self):
+    cases = sorted({k.split("_")[0] for k in self.data.files if "case" in k})
+    self.assertLen(cases, 4)
+
+    @functools.partial(jax.jit, static_argnames=("float_level", "reweigh"))
+    def run(z, labels, float_level, reweigh):
+      return value_and_grad_of_sum(
+          lambda z: ntil_jax.nl_ntl_loss(
+              z,
+              labels,
+              digit_token_ids=self.ids,
+              decimal_point_mask=(labels == self.point)
+              if float_level
+              else None,
+              reweigh=reweigh,
+          )
+      )(z)
+
+    for case in cases:
+      logits = self.data[f"{case}_logits"]
+      labels = self.data[f"{case}_labels"]
+      for name, kwargs in self.settings.items():
+        per_token, grad = run(logits, labels, **kwargs)
+        want = self.data[f"{case}_{name}_per_token"]
+        # Each number's loss on its first digit, as their "none" puts it.
+        np.testing.assert_allclose(
+            per_token, want, rtol=RTOL, atol=ATOL, err_msg=f"{case} {name}"
+        )
+        # Gradients: theirs and this code's, each against the float64
+        # oracle (two float32 computations differ by both their errors).
+        _, exact = oracle.nl_ntl(
+            logits,
+            labels,
+            np.ones(labels.shape, bool),
+            self.ids,
+            (labels == self.point) if kwargs["float_level"] else None,
+            kwargs["reweigh"],
+        )
+        assert_gradient_close(self.data[f"{case}_{name}_grad"], exact)
+        assert_gradient_close(
+            grad, exact, REWEIGH_ATOL if kwargs["reweigh"] else ATOL
+        )
+        self.assertGreater(np.count_nonzero(want), 3)
+    # float_level joins "3.14" into one number: fewer numbers scored.
+    integer = self.data["case1_integer_per_token"]
+    joined = self.data["case1_float_level_per_token"]
+    self.assertLess(np.count_nonzero(joined), np.count_nonzero(integer))
+
+
 def value_and_grad_of_sum(fn):
   """``fn(z, *args)`` and the gradient of its sum w.r.t. ``z``, jitted."""
 
@@ -333,6 +406,83 @@ class OracleTest(parameterized.TestCase):
           grad, want_grad, rtol=RTOL, atol=ATOL, err_msg=name
       )
       np.testing.assert_array_equal(value[2:], 0.0)
+
+  @parameterized.named_parameters(
+      ("integer", False, False),
+      ("decimals", True, False),
+      ("reweigh", False, True),
+      ("decimals_reweigh", True, True),
+  )
+  def test_nl_ntl(self, decimals, reweigh):
+    logits, labels, mask = edge_case(4, PERMUTED_IDS, vocab=32)
+    ids = np.asarray(PERMUTED_IDS)
+    point = None
+    if decimals:
+      point = ~np.isin(labels, ids) & (
+          np.random.default_rng(4).random(labels.shape) < 0.5
+      )
+    got = jax.jit(
+        lambda z: ntil_jax.nl_ntl_loss(
+            z,
+            labels,
+            mask,
+            digit_token_ids=ids,
+            decimal_point_mask=point,
+            reweigh=reweigh,
+        )
+    )(logits)
+    want, _ = oracle.nl_ntl(logits, labels, mask, ids, point, reweigh)
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+    np.testing.assert_array_equal(np.asarray(got)[2:], 0.0)
+    self.assertGreater(np.count_nonzero(want), 3)
+
+  def test_nl_ntl_by_hand(self):
+    # "12" then "305" with every digit logit 0 (expected digit 4.5): 49.5
+    # for 12, 499.5 for 305, each loss on the number's first digit.
+    labels = np.array([[11, 1, 2, 11, 3, 0, 5]])
+    got = ntil_jax.nl_ntl_loss(np.zeros((1, 7, 12), np.float32), labels)
+    eps = np.finfo(np.float32).eps
+    want = [0, 37.5 / (61.5 + eps), 0, 0, 194.5 / (804.5 + eps), 0, 0]
+    np.testing.assert_allclose(got[0], want, rtol=1e-6)
+
+  def test_nl_ntl_is_exact_for_long_numbers(self):
+    # 60 digits: 10**59 is beyond float32 (their sums overflow to inf and
+    # the loss is NaN); here the sums are at the first digit's scale.
+    rng = np.random.default_rng(5)
+    digits = rng.integers(0, 10, 60)
+    digits[0] = 7
+    labels = np.concatenate([[11], digits, [11]])[None]
+    logits = rng.normal(size=(1, 62, 12)).astype(np.float32)
+    logits[0, 1 : 1 + 59, :10] += 12.0 * np.eye(10)[digits[:59]]  # sure
+    value, grad = value_and_grad_of_sum(
+        lambda z: ntil_jax.nl_ntl_loss(z, labels)
+    )(logits)
+    want, want_grad = oracle.nl_ntl(logits, labels, np.ones(labels.shape, bool))
+    self.assertGreater(want[0, 1], 0.0)
+    np.testing.assert_allclose(value, want, rtol=1e-5, atol=1e-12)
+    assert_gradient_close(grad, want_grad)
+    # All zeros written and predicted beyond doubt: 0, and a finite
+    # gradient (the floored denominator).
+    zeros = np.array([[11] + [0] * 60 + [11]])
+    sure = np.zeros((1, 62, 12), np.float32)
+    sure[0, :, 0] = 200.0
+    value, grad = value_and_grad_of_sum(
+        lambda z: ntil_jax.nl_ntl_loss(z, zeros)
+    )(sure)
+    np.testing.assert_array_equal(value, 0.0)
+    self.assertTrue(np.isfinite(grad).all())
+
+  def test_nl_ntl_settings_checked(self):
+    logits, labels, mask = random_case(7, 1, 4)
+    for reweigh in (1, 1.0, "yes", None):
+      with self.assertRaisesRegex(ValueError, "reweigh must be True or False"):
+        ntil_jax.nl_ntl_loss(logits, labels, mask, reweigh=reweigh)
+      with self.assertRaisesRegex(ValueError, "reweigh must be True or False"):
+        ntil_jax.losses.check_method("nl_ntl", "sum", dict(reweigh=reweigh))
+    with self.assertRaisesRegex(
+        ntil_jax.losses.LossArgumentError, "nl_ntl_loss takes reweigh"
+    ):
+      ntil_jax.losses.check_method("nl_ntl", "sum", dict(sigma=0.2))
 
   def test_del_by_hand(self):
     #            3  2  5  _  3  .  1  4  _  5  .  _  .  2  5
@@ -470,15 +620,17 @@ class GuaranteesTest(parameterized.TestCase):
 class CombinedTest(parameterized.TestCase):
   """numeric_token_loss, loss_from_statistics, the fused path, the trainer."""
 
-  @parameterized.parameters("del", "smmd")
+  @parameterized.parameters("del", "smmd", "nl_ntl")
   def test_numeric_token_loss_and_statistics(self, method):
     logits, labels, mask = edge_case(9, PERMUTED_IDS, vocab=32)
     ids = np.asarray(PERMUTED_IDS)
     loss_mask = labels >= 0
     point = ~np.isin(labels, ids) & (labels % 2 == 0)
     kwargs = dict(digit_token_ids=ids)
-    if method == "del":
+    if method in ("del", "nl_ntl"):
       kwargs["decimal_point_mask"] = point
+    if method == "nl_ntl":  # the log-normalizer's mass too
+      kwargs["reweigh"] = True
 
     def combined(z):
       return ntil_jax.numeric_token_loss(
@@ -520,8 +672,26 @@ class CombinedTest(parameterized.TestCase):
     np.testing.assert_allclose(grad, want_grad, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(from_stats, value, rtol=1e-6, atol=1e-6)
 
+  def test_nl_ntl_authors_weighting_averages_over_numbers(self):
+    # Row 0 holds two numbers, row 1 one: the NTIL authors' aggregation
+    # takes each row's mean over its numbers (not its digits), scaled so
+    # that the numeric part sums to lam times the CE.
+    labels = np.array([[11, 1, 2, 11, 3, 0, 5, 11], [11, 4, 11] + [11] * 5])
+    logits = np.random.default_rng(3).normal(size=(2, 8, 12))
+    logits = logits.astype(np.float32)
+    full = ntil_jax.numeric_token_loss(
+        logits, labels, method="nl_ntl", weighting="authors", lam=0.3
+    )
+    ce = ntil_jax.cross_entropy(logits, labels)
+    aux = np.asarray(ntil_jax.nl_ntl_loss(logits, labels), np.float64)
+    per_sample = aux.sum(-1) / np.array([2, 1])
+    scale = 0.3 * float(ce.sum()) / per_sample.sum()
+    want = np.asarray(ce) + scale * aux / np.array([[2], [1]])
+    np.testing.assert_allclose(full, want, rtol=1e-5, atol=1e-6)
+
   @parameterized.product(
-      method=("del", "smmd"), implementation=tuple(test_kernels.IMPLEMENTATIONS)
+      method=("del", "smmd", "nl_ntl"),
+      implementation=tuple(test_kernels.IMPLEMENTATIONS),
   )
   def test_fused_equals_logits_path(self, method, implementation):
     # test_kernels' comparison: value, d hidden and d W, ignored positions,
@@ -531,7 +701,7 @@ class CombinedTest(parameterized.TestCase):
         self, implementation, method, jnp.float32, 1e-5
     )
 
-  @parameterized.parameters("del", "smmd")
+  @parameterized.parameters("del", "smmd", "nl_ntl")
   def test_trainer(self, method):
     config = arithmetic_mix.get_config(method)
     self.assertEqual(config.method, method)
@@ -539,7 +709,11 @@ class CombinedTest(parameterized.TestCase):
     self.assertEqual(
         common.METHODS, ("ce", "emd", "ntl_mse", "soft_label", "ntil")
     )
-    self.assertEqual(common.PEER_METHODS, ntil_jax.losses.PEER_LOSSES)
+    # The grids run DEL and SMMD; the trainer takes every peer.
+    self.assertEqual(common.PEER_METHODS, ("del", "smmd"))
+    self.assertEqual(
+        common.TRAINER_METHODS, common.METHODS + ntil_jax.losses.PEER_LOSSES
+    )
     # The trainer's loss: CE + lam * the method's loss over scored tokens,
     # '.' joining decimals.
     batch = test_batch_loss.make_batch(0)

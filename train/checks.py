@@ -146,7 +146,7 @@ def check_config(config, *, data: bool = True):
   config before it generates the data.
   """
   task = get_task(config)
-  methods = common.METHODS + common.PEER_METHODS
+  methods = common.TRAINER_METHODS
   if config.method not in methods:
     raise errors.ConfigError(
         f"unknown method {config.method!r}; use one of {', '.join(methods)}."
