@@ -250,6 +250,20 @@ def del_row(rng, length, touching, kinds=KINDS):
   return row + [-100] * (length - len(row))
 
 
+def row_cases(rng, specs, kinds=KINDS):
+  """(logits, labels, touching) of each ``(batch, length, scale,
+  touching)`` in ``specs``: rows of ``del_row``, random logits."""
+  for batch, length, scale, touching in specs:
+    labels = np.array(
+        [del_row(rng, length, touching, kinds) for _ in range(batch)],
+        np.int64,
+    )
+    logits = (scale * rng.standard_normal((batch, length, VOCAB))).astype(
+        np.float32
+    )
+    yield logits, labels, touching
+
+
 def del_cases(rng):
   """(logits, labels, touching) of each case: shapes, scales, rows."""
   specs = [
@@ -259,14 +273,7 @@ def del_cases(rng):
       (4, 16, 6.0, False),
       (2, 30, 2.0, True),
   ]
-  for batch, length, scale, touching in specs:
-    labels = np.array(
-        [del_row(rng, length, touching) for _ in range(batch)], np.int64
-    )
-    logits = (scale * rng.standard_normal((batch, length, VOCAB))).astype(
-        np.float32
-    )
-    yield logits, labels, touching
+  return row_cases(rng, specs)
 
 
 def run_del(fn, logits, labels):
@@ -338,14 +345,7 @@ def nl_ntl_cases(rng):
       (2, 30, 1.0, True),
       (1, 48, 6.0, True),
   ]
-  for batch, length, scale, touching in specs:
-    labels = np.array(
-        [del_row(rng, length, touching, kinds) for _ in range(batch)],
-        np.int64,
-    )
-    logits = (scale * rng.standard_normal((batch, length, VOCAB))).astype(
-        np.float32
-    )
+  for logits, labels, _ in row_cases(rng, specs, kinds):
     yield logits, labels
 
 

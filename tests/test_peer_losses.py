@@ -75,15 +75,24 @@ def assert_gradient_close(got, want, atol=ATOL):
 REWEIGH_ATOL = 4e-6
 
 
-class DELParityTest(parameterized.TestCase):
-  """Against ``DEL`` of PolyU-VCLab/DEL's train-qwen-deepseek.py."""
+class FixtureTest(parameterized.TestCase):
+  """Loads ``FIXTURE`` of tests/fixtures/peers: its arrays, digit ids and
+  decimal point id."""
+
+  FIXTURE = ""
 
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    cls.data = np.load(FIXTURES / "del.npz")
+    cls.data = np.load(FIXTURES / cls.FIXTURE)
     cls.ids = cls.data["digit_ids"]
     cls.point = int(cls.data["point_id"])
+
+
+class DELParityTest(FixtureTest):
+  """Against ``DEL`` of PolyU-VCLab/DEL's train-qwen-deepseek.py."""
+
+  FIXTURE = "del.npz"
 
   def _cases(self):
     for i in range(5):
@@ -260,18 +269,13 @@ class SMMDParityTest(parameterized.TestCase):
         )
 
 
-class NLNTLParityTest(parameterized.TestCase):
+class NLNTLParityTest(FixtureTest):
   """Against ``NumberLevelLoss`` of ntloss 0.2.3."""
 
-  @classmethod
-  def setUpClass(cls):
-    super().setUpClass()
-    cls.data = np.load(FIXTURES / "nl_ntl.npz")
-    cls.ids = cls.data["digit_ids"]
-    cls.point = int(cls.data["point_id"])
-    cls.settings = json.loads(str(cls.data["settings"]))
+  FIXTURE = "nl_ntl.npz"
 
   def test_every_case_and_setting(self):
+    settings = json.loads(str(self.data["settings"]))
     cases = sorted({k.split("_")[0] for k in self.data.files if "case" in k})
     self.assertLen(cases, 4)
 
@@ -292,7 +296,7 @@ class NLNTLParityTest(parameterized.TestCase):
     for case in cases:
       logits = self.data[f"{case}_logits"]
       labels = self.data[f"{case}_labels"]
-      for name, kwargs in self.settings.items():
+      for name, kwargs in settings.items():
         per_token, grad = run(logits, labels, **kwargs)
         want = self.data[f"{case}_{name}_per_token"]
         # Each number's loss on its first digit, as their "none" puts it.
