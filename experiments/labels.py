@@ -8,7 +8,7 @@ LABELS = {
     "ntl_mse": "CE + NTL-MSE",
     "soft_label": "CE + soft labels",
     "ntil": "CE + NTIL",
-    # NTIL's peers (configs.common.PEER_METHODS).
+    # NTIL's peers (ntil_jax.losses.PEER_LOSSES).
     "del": "CE + DEL",
     "smmd": "CE + SMMD",
     "nl_ntl": "CE + NL-NTL",

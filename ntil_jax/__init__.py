@@ -1,8 +1,8 @@
 """ntil_jax: numeric token losses for JAX.
 
 Numerical Token Integrity Loss (NTIL, ACL 2025), its baselines and its peers
-(DEL, SMMD, number-level NTL) as pure, jit-able functions that return unreduced per-token
-losses::
+(DEL, SMMD, the number-level NTL) as pure, jit-able functions that return
+unreduced per-token losses::
 
   loss = ce + 0.3 * ntil_jax.ntil_loss(logits, labels, digit_mask)
 """
