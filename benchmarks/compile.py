@@ -273,6 +273,7 @@ def define_flags():
           "soft_label",
           "del",
           "smmd",
+          "nl_ntl",
           "ntil",
           "ntil+points",
       ],
