@@ -114,8 +114,9 @@ def nl_ntl_loss(
   sum of this array, their ``"mean"`` that over the number of numbers).
   With ``reweigh``, :math:`\ell m + 1.01 (1 - m)`, :math:`m` the
   probability mass the whole vocabulary's softmax puts on the ten digit
-  tokens at that first digit (their class's default is ``reweigh=True``;
-  their docstring notes the ICML paper does not use it).
+  tokens at that first digit (with number tokens of several digits, on the
+  tokens of the target's width there; their class's default is
+  ``reweigh=True``; their docstring notes the ICML paper does not use it).
 
   A decimal point between two digits joins the number when
   ``decimal_point_mask`` marks it (their ``float_level=True``): "12.34" is
