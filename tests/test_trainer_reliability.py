@@ -296,9 +296,19 @@ def test_save_failing_mid_run_stops_at_once(data_dir, tmp_path):
       if (checkpoints / "4" / "commit_success.txt").exists():
         break
       time.sleep(0.1)
-    # The disk "goes away": the checkpoint directory becomes a file.
-    checkpoints.rename(tmp_path / "moved")
-    checkpoints.write_text("gone")
+    # The disk "goes away": the checkpoint directory becomes a file. A save
+    # under way may make the directory again between the two: moved again.
+    for attempt in range(100):
+      if checkpoints.is_dir():
+        checkpoints.rename(tmp_path / f"moved{attempt}")
+      try:
+        fd = os.open(checkpoints, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+      except FileExistsError:
+        continue
+      os.write(fd, b"gone")
+      os.close(fd)
+      break
+    assert checkpoints.is_file()
     started = time.time()
     _, stderr = process.communicate(timeout=240)
   assert time.time() - started < 60, "the failed save hung"
