@@ -14,11 +14,11 @@ from ntil_jax import losses
 # The paper's methods: the experiment grids iterate over these.
 METHODS = ("ce", "emd", "ntl_mse", "soft_label", "ntil")
 # NTIL's peers that the grids run, in their peers groups, by name (DEL,
-# SMMD).
-PEER_METHODS = ("del", "smmd")
+# SMMD, the number-level NTL); a peer's rows appear in a report once it has
+# a record.
+PEER_METHODS = ("del", "smmd", "nl_ntl")
 # Every method the trainer takes (--config=FILE:METHOD): the paper's and
-# every peer of ntil_jax.losses.PEER_LOSSES, the number-level NTL too,
-# which no grid runs yet.
+# every peer of ntil_jax.losses.PEER_LOSSES.
 TRAINER_METHODS = METHODS + losses.PEER_LOSSES
 # Fields added to `base_config` after runs were recorded, with the default
 # that every earlier run had: a run recorded without one resumes as if it

@@ -253,8 +253,8 @@ def test_report_numbers_by_hand(tmp_path):
 
   # Coverage: 3 CE + 3 NTIL + 1 control + 2 ablation cells.
   coverage = parts["Grid coverage"]
-  assert "9 of the 55 cells recorded" in coverage
-  assert "(main 6/25, control 1/5, ablation 2/15, peers 0/10)" in coverage
+  assert "9 of the 60 cells recorded" in coverage
+  assert "(main 6/25, control 1/5, ablation 2/15, peers 0/15)" in coverage
   assert "- CE: 3 of 5 seeds (0, 1, 2)" in coverage
   assert "- CE + EMD: 0 of 5 seeds" in coverage
   assert "- CE, digit tokens weighted 1.3: 1 of 5 seeds (0)" in coverage
@@ -400,9 +400,9 @@ def test_where_ntil_is_behind_is_named(tmp_path):
 def test_partial_grid_of_one_cell(tmp_path):
   report = write(tmp_path, ["ce-s0"])
   parts = sections(report)
-  assert "1 of the 55 cells recorded" in parts["Grid coverage"]
+  assert "1 of the 60 cells recorded" in parts["Grid coverage"]
   assert (
-      "(main 1/25, control 0/5, ablation 0/15, peers 0/10)"
+      "(main 1/25, control 0/5, ablation 0/15, peers 0/15)"
       in parts["Grid coverage"]
   )
   assert "No seed paired yet." in parts["Paired differences vs CE"]
@@ -442,7 +442,7 @@ def test_command_line_without_the_data(tmp_path):
   )
   assert result.returncode == 0, result.stderr[-3000:]
   report = (tmp_path / "results.md").read_text()
-  assert "4 of the 55 cells recorded" in report
+  assert "4 of the 60 cells recorded" in report
   assert "Not available: they need the test problems (not found:" in report
   # The terminal says so too, with the command that prepares them.
   assert "warning: no test problems under" in result.stderr
@@ -638,7 +638,7 @@ def test_chunk_cells_are_paired_with_their_single_digit_runs(tmp_path):
   cells = {**CELLS, **CHUNK_CELLS}
   report = write(tmp_path, list(cells), cells=cells)
   part = sections(report)["Numbers in tokens of 1-3 digits"]
-  assert "4 of the 25 cells recorded" in part
+  assert "4 of the 30 cells recorded" in part
   assert "hardware alone" not in part  # every cell on one device
   assert row(part, "CE, 1-3 digit tokens")[:3] == [
       "2 (0,1)",
@@ -663,14 +663,14 @@ def test_chunk_cells_are_paired_with_their_single_digit_runs(tmp_path):
   ] == ["+50.00 ± 0.00", "2/2", "0.500"]
   # Without chunk cells the section says so.
   plain = write(tmp_path, list(CELLS))
-  assert "Not run yet (groups `chunks` and `chunks_peers`, 25 cells)." in plain
+  assert "Not run yet (groups `chunks` and `chunks_peers`, 30 cells)." in plain
 
 
 def test_peer_cells_are_rows_of_the_main_tables(tmp_path):
   cells = {**CELLS, **PEER_CELLS}
   parts = sections(write(tmp_path, list(cells), cells=cells))
   assert (
-      "(main 6/25, control 1/5, ablation 2/15, peers 2/10)"
+      "(main 6/25, control 1/5, ablation 2/15, peers 2/15)"
       in parts["Grid coverage"]
   )
   assert "- CE + DEL: 2 of 5 seeds (0, 1)" in parts["Grid coverage"]
@@ -738,4 +738,4 @@ def test_cells_of_another_device_are_shown_apart(tmp_path):
   assert "Not run yet" not in chunks
   assert "the cells run on cpu:other x1 are in their own section" in chunks
   assert "CE + DEL" not in parts["Main table"]
-  assert "peers 0/10" in parts["Grid coverage"]
+  assert "peers 0/15" in parts["Grid coverage"]

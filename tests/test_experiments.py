@@ -313,7 +313,7 @@ def test_digits_grid_runs_ntils_peers_on_numbers_in_chunks_too():
       "del-chunks-s0",
       "smmd-chunks-s0",
   ]
-  assert len(cells["chunks_peers"]) == 10 and len(cells["chunks"]) == 15
+  assert len(cells["chunks_peers"]) == 15 and len(cells["chunks"]) == 15
   hashes = set()
   for group in ("peers", "chunks", "chunks_peers"):
     for _, name, method, seed, overrides in cells[group]:
@@ -321,7 +321,7 @@ def test_digits_grid_runs_ntils_peers_on_numbers_in_chunks_too():
       assert config.digit_chunks == (group != "peers")
       hashes.add((name, arithmetic.config_hash(config, "digits")))
   # No two cells share a name or a configuration.
-  assert len({n for n, _ in hashes}) == len({h for _, h in hashes}) == 35
+  assert len({n for n, _ in hashes}) == len({h for _, h in hashes}) == 45
   # The 3,200-step grid has neither.
   assert "chunks_peers" not in arithmetic.grid("digits_long")
 

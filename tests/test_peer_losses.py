@@ -703,8 +703,8 @@ class CombinedTest(parameterized.TestCase):
     self.assertEqual(
         common.METHODS, ("ce", "emd", "ntl_mse", "soft_label", "ntil")
     )
-    # The grids run DEL and SMMD; the trainer takes every peer.
-    self.assertEqual(common.PEER_METHODS, ("del", "smmd"))
+    # The grids and the trainer take every peer.
+    self.assertEqual(common.PEER_METHODS, ("del", "smmd", "nl_ntl"))
     self.assertEqual(
         common.TRAINER_METHODS, common.METHODS + ntil_jax.losses.PEER_LOSSES
     )

@@ -279,8 +279,8 @@ def _variant(settings) -> dict:
 # The chunk group: numbers in tokens of 1-3 digits (Llama 3's split), these
 # methods, paired by seed with the main group's single-digit runs.
 CHUNK_METHODS = ("ce", "emd", "ntil")
-# NTIL's peers (DEL, SMMD), their own group: paired by seed with the main
-# group's CE, rows of the main table.
+# NTIL's peers (DEL, SMMD, NL-NTL), their own group: paired by seed with the
+# main group's CE, rows of the main table.
 PEER_METHODS = arithmetic_mix.PEER_METHODS
 
 

@@ -84,7 +84,7 @@ STREAM_GROUPS = (
     "stream_converged_peers",
     "stream_peers",
 )
-# NTIL's peers (DEL, SMMD), run by name as the stream groups: ``peers`` and
+# NTIL's peers (DEL, SMMD, NL-NTL), run by name as the stream groups: ``peers`` and
 # ``converged_peers`` at the main grid's and the converged budget on the
 # fixed set, ``stream_peers`` and ``stream_converged_peers`` at the same
 # budgets on streamed clocks, 5 seeds each, recorded as the main and

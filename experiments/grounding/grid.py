@@ -97,7 +97,7 @@ GROUPS = {
 }
 # The groups the grid runs by default, in order.
 DEFAULT_GROUPS = tuple(GROUPS)
-# NTIL's peers (DEL, SMMD) at the main budget, 5 seeds, run by name: on
+# NTIL's peers (DEL, SMMD, NL-NTL) at the main budget, 5 seeds, run by name: on
 # one object (--groups=single_peers), on a query's object (peers) and on
 # every box of a colour (multi_peers); each paired by seed with CE's
 # recorded runs of its task.
