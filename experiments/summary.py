@@ -50,6 +50,7 @@ LOSSES = (
     # groups): "–" elsewhere.
     ("del", "DEL"),
     ("smmd", "SMMD"),
+    ("nl_ntl", "NL-NTL"),
 )
 CONTROL = "ce_digit_weighted"
 

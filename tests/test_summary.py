@@ -237,3 +237,4 @@ def test_single_digit_row_of_the_cpu_waits_for_two_ce_seeds(tmp_path):
   # t = -2 on 1 degree of freedom, p = 1 - 2 atan(2) / pi = 0.295.
   assert cells[6] == "-4.0 (0/2, p = 0.30)"
   assert cells[7] == "–"  # SMMD: not run
+  assert cells[8] == "–"  # NL-NTL: not run
