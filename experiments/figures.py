@@ -49,7 +49,16 @@ def seed_bars(grouped, keys, panels, path, title, key_label, rotation=15):
       runs = [grouped[key][s] for s in sorted(grouped[key])]
       values = [scale * stats.value(r, metric) for r in runs]
       plots.seed_bar(ax, i, values, labels.color(key))
-    ax.set_xticks(range(len(keys)), ticks, rotation=rotation, fontsize=8)
+    # Tilted labels end under their bar (anchored at their right end), so
+    # that long neighbours do not overlap.
+    ax.set_xticks(
+        range(len(keys)),
+        ticks,
+        rotation=rotation,
+        ha="right" if rotation else "center",
+        rotation_mode="anchor",
+        fontsize=8,
+    )
     ax.set_title(f"{name} {better(higher)}", fontsize=9)
     ax.grid(axis="y", alpha=0.3)
   fig.suptitle(f"{title}: mean ± sd over seeds (dots: seeds)")
