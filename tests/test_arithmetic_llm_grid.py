@@ -109,7 +109,7 @@ def test_llm_flags_are_refused_for_other_profiles(tmp_path):
   )
   assert result.returncode != 0
   assert "--methods=ntil,del,ntl: choose from ce, emd" in result.stderr
-  assert "ntil, del, smmd." in result.stderr
+  assert "ntil, del, smmd, nl_ntl." in result.stderr
   result = run(
       "--profile=llm_smoke",
       "--methods=ce,nitl",
