@@ -31,7 +31,8 @@ from experiments.arithmetic_mix import answers
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "digits")
 
 METHODS = arithmetic_mix.METHODS
-# NTIL's peers (DEL, SMMD, NL-NTL), run.py's group "peers": rows of the main table.
+# NTIL's peers (DEL, SMMD, NL-NTL), run.py's group "peers": rows of the main
+# table.
 PEERS = arithmetic_mix.PEER_METHODS
 SEEDS = (0, 1, 2, 3, 4)
 CONTROL = "ce-digit-weight"

@@ -84,12 +84,12 @@ STREAM_GROUPS = (
     "stream_converged_peers",
     "stream_peers",
 )
-# NTIL's peers (DEL, SMMD, NL-NTL), run by name as the stream groups: ``peers`` and
-# ``converged_peers`` at the main grid's and the converged budget on the
-# fixed set, ``stream_peers`` and ``stream_converged_peers`` at the same
-# budgets on streamed clocks, 5 seeds each, recorded as the main and
-# converged cells of their method (the same variant, paired by seed with
-# CE's recorded runs).
+# NTIL's peers (DEL, SMMD, NL-NTL), run by name as the stream groups:
+# ``peers`` and ``converged_peers`` at the main grid's and the converged
+# budget on the fixed set, ``stream_peers`` and ``stream_converged_peers`` at
+# the same budgets on streamed clocks, 5 seeds each, recorded as the main and
+# converged cells of their method (the same variant, paired by seed with CE's
+# recorded runs).
 PEER_GROUPS = (
     "peers",
     "converged_peers",

@@ -21,8 +21,8 @@ one seed differ only by their loss (paired). Groups, in run order:
 * ``long``: CE and NTIL with twice the steps;
 * ``peers``, ``converged_peers``, ``stream_peers`` and
   ``stream_converged_peers`` (not run unless named): NTIL's peers DEL,
-  SMMD and NL-NTL, 5 seeds, at the main and the converged budget on the fixed set and
-  on streamed clocks, paired with CE's recorded runs;
+  SMMD and NL-NTL, 5 seeds, at the main and the converged budget on the
+  fixed set and on streamed clocks, paired with CE's recorded runs;
 * ``stream`` and ``stream_control`` (not run unless named): the five losses
   and the digit-weighted control on clocks rendered as they are read
   (``train_stream``: every train clock new, none a test clock), at the main

@@ -36,7 +36,8 @@ runs of one seed differ only by their loss (paired). Groups, in run order
 * ``peers``, ``single_peers``, ``multi_peers``, ``stream_peers``,
   ``stream_single_peers``, ``stream_long_peers`` and
   ``stream_single_long_peers`` (not run unless named): NTIL's peers (DEL,
-  SMMD, NL-NTL) in the cells of those groups, paired by seed with CE's runs there.
+  SMMD, NL-NTL) in the cells of those groups, paired by seed with CE's runs
+  there.
 
 Each finished run is appended to ``results.json`` at once (with its test
 predictions and curves), so an interrupted grid resumes where it stopped (a
