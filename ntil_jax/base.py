@@ -9,6 +9,7 @@ import functools
 
 import chex
 import jax
+from jax.interpreters import partial_eval
 import jax.numpy as jnp
 import numpy as np
 
@@ -43,11 +44,15 @@ def number_loss(
   ``[..., T]`` and ``[..., T, 10]`` statistics, never ``[..., T, V]``
   logits) and the per-token result is split along T as ``labels`` are.
 
-  Without a mesh it runs as one compiled program (`_compiled_number_loss`):
-  called outside ``jit`` (eagerly, or under ``jax.grad`` alone) the number
-  logic would otherwise run op by op, each of its hundreds of operations
-  compiled on its own (12 s on a CPU for the first value and gradient of a
-  [2, 70] batch, 5 s compiled); inside a caller's ``jit`` it is inlined.
+  Called outside ``jit`` (eagerly, or under ``jax.grad`` or ``jax.vmap``
+  alone) and without a mesh, it runs as one compiled program
+  (`_compiled_number_loss`): the number logic would otherwise run op by op,
+  each of its hundreds of operations compiled on its own (12 s on a CPU for
+  the first value and gradient of a [2, 70] batch, 5 s compiled). Traced
+  into a caller's program (:func:`_staged`: ``jit``, ``scan``, ...) it is
+  traced in place, as XLA would inline that program anyway: a nested
+  ``jit`` there only adds tracing (it is traced on its own, then again by
+  ``jax.grad``'s linearization).
   Settings that are not arrays (floats, strings, ``None``) are compiled in
   as constants, as they are without the ``jit``; arrays (a traced weight, a
   PRNG key) are arguments. Under a mesh (``jax.set_mesh``) it is traced
@@ -68,6 +73,9 @@ def number_loss(
     hash((numeric_fn, settings))
     compiled = jax.sharding.get_abstract_mesh().empty
   except TypeError:  # a setting that cannot be a constant (a list)
+    compiled = False
+  inputs = (stats, labels, digit_mask, decimal_point_mask, arrays)
+  if compiled and any(_staged(x) for x in jax.tree.leaves(inputs)):
     compiled = False
   if not compiled:
     return _whole_sequence_loss(
@@ -95,6 +103,22 @@ def number_loss(
 
 def _is_array(value) -> bool:
   return isinstance(value, (jax.Array, np.ndarray, np.generic))
+
+
+def _staged(x) -> bool:
+  """Whether ``x`` is being traced into a program (``jit``, ``scan``, ...).
+
+  The tracers of ``jax.grad`` and ``jax.vmap`` are looked through (their
+  ``primal``, their ``val``): under ``jit(grad(f))`` the value inside is
+  staged, under ``grad(f)`` alone it is concrete. A tracer of another kind
+  counts as not staged (the number logic then runs as a program of its own,
+  as it always may).
+  """
+  while isinstance(x, jax.core.Tracer):
+    if isinstance(x, partial_eval.DynamicJaxprTracer):
+      return True
+    x = getattr(x, "primal", getattr(x, "val", None))
+  return False
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))
