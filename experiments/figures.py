@@ -18,11 +18,20 @@ from experiments import labels
 from experiments import stats
 from train import plots
 
+# Most lines a legend holds inside its panel; one of more goes below it,
+# where it hides no line (a figure's eight losses covered a quarter of it).
+LEGEND_INSIDE = 4
+
 
 def save(fig, path, dpi=100) -> None:
-  """Lays ``fig`` out, writes it to ``path`` and frees it."""
+  """Lays ``fig`` out, writes it to ``path`` and frees it (the canvas grown
+  to take in legends below their panels: :func:`finish`)."""
   fig.tight_layout()
-  fig.savefig(path, dpi=dpi)
+  legends = [ax.get_legend() for ax in fig.axes]
+  below = [x for x in legends if x is not None and not x.get_in_layout()]
+  for legend in below:  # left out of the layout, taken in by the canvas
+    legend.set_in_layout(True)
+  fig.savefig(path, dpi=dpi, bbox_inches="tight" if below else None)
   plt.close(fig)
 
 
@@ -43,6 +52,8 @@ def seed_bars(grouped, keys, panels, path, title, key_label, rotation=15):
   seed. Keys without runs are left out."""
   keys = [k for k in keys if grouped.get(k)]
   ticks = [key_label(k) for k in keys]
+  if len(keys) > 5:  # eight labels at 15 degrees overlapped
+    rotation = max(rotation, 35)
   fig, axes = panels_of(len(panels), 4.6, 3.8)
   for ax, (metric, name, scale, _, higher) in zip(axes, panels):
     for i, key in enumerate(keys):
@@ -61,7 +72,8 @@ def seed_bars(grouped, keys, panels, path, title, key_label, rotation=15):
     )
     ax.set_title(f"{name} {better(higher)}", fontsize=9)
     ax.grid(axis="y", alpha=0.3)
-  fig.suptitle(f"{title}: mean ± sd over seeds (dots: seeds)")
+  # Sized to fit over one panel (at 12 points it was cut at both ends).
+  fig.suptitle(f"{title}: mean ± sd over seeds (dots: seeds)", fontsize=9)
   save(fig, path)
 
 
@@ -182,7 +194,17 @@ def finish(ax, xlabel, empty="not run yet") -> None:
   it where no line has a label)."""
   ax.set_xlabel(xlabel)
   ax.grid(alpha=0.3)
-  if ax.get_legend_handles_labels()[0]:
+  lines = len(ax.get_legend_handles_labels()[0])
+  if 0 < lines <= LEGEND_INSIDE:
     ax.legend(fontsize=7)
+  elif lines:
+    legend = ax.legend(
+        fontsize=7,
+        ncol=2,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.2),
+        frameon=False,
+    )
+    legend.set_in_layout(False)  # the panel keeps its size
   else:
     ax.text(0.5, 0.5, empty, transform=ax.transAxes, ha="center")
