@@ -43,6 +43,7 @@ bench: install
 	$(PY) -m benchmarks.step --out=benchmarks/step_results.json
 	$(PY) -m benchmarks.implementations --out=benchmarks/implementations.json
 	$(PY) -m benchmarks.compile --out=benchmarks/compile.json
+	$(PY) -m benchmarks.tracing --out=benchmarks/tracing.json
 	$(PY) -m benchmarks.largest_batch --out=benchmarks/largest_batch.json
 	$(PY) -m benchmarks.number_tokens
 	$(PY) -m benchmarks.report

@@ -240,6 +240,42 @@ def stages_section(results, name):
   return lines + [""]
 
 
+def tracing_section(results, name):
+  """The tables of benchmarks/tracing.py's JSON: tracing, then eager calls."""
+  lines = [
+      f"## {name}: tracing and the first eager call ({results['device']}, "
+      f"jax {results['jax']}, {results['date']})",
+      "",
+      "Value + gradient of the mean of `numeric_token_loss`: traced and "
+      "lowered by `jax.jit` after `jax.clear_caches()` (best of "
+      f"{results['repeats']} rounds; Python calls counted by `cProfile` in "
+      "one more), then called eagerly by `jax.value_and_grad` alone, each "
+      "in a fresh process. `op by op` is a counterfactual, timed only: the "
+      "number logic run operation by operation, as the code did before "
+      "2026-11-27, instead of as one compiled program.",
+      "",
+      "| B x T x V | program | trace + lower | Python calls |",
+      "|---|---|---|---|",
+  ]
+  for row in results["tracing"]:
+    lines.append(
+        f"| {'x'.join(map(str, row['shape']))} | {row['row']} "
+        f"| {row['trace_lower_s']:.3f} s | {row['python_calls']:,} |"
+    )
+  lines += [
+      "",
+      "| B x T x V | first eager value + gradient | seconds "
+      "| programs compiled |",
+      "|---|---|---|---|",
+  ]
+  for row in results["eager"]:
+    lines.append(
+        f"| {'x'.join(map(str, row['shape']))} | {row['row']} "
+        f"| {row['seconds']:.2f} s | {row['programs']} |"
+    )
+  return lines + [""]
+
+
 def largest_section(results, name):
   """The table of benchmarks/largest_batch.py's JSON: a row per V."""
   ref, fused = "hidden @ W + optax CE", "fused_numeric_loss ntil"
@@ -346,6 +382,9 @@ def markdown() -> str:
     section = stages_section if name.startswith(STAGES) else compile_section
     with open(path) as f:
       lines += section(json.load(f), name)
+  for path in sorted(glob.glob(os.path.join(HERE, "tracing*.json"))):
+    with open(path) as f:
+      lines += tracing_section(json.load(f), os.path.basename(path))
   for path in sorted(glob.glob(os.path.join(HERE, "largest_batch*.json"))):
     with open(path) as f:
       lines += largest_section(json.load(f), os.path.basename(path))

@@ -395,6 +395,34 @@ class BenchmarkTest(absltest.TestCase):
     self.assertIn("| 1x32x32 | numeric_token_loss emd |", text)
     self.assertIn("One kernel's compile on this backend", text)
 
+  @pytest.mark.slow
+  def test_tracing_records_each_program_and_a_fresh_eager_call(self):
+    stdout, results = run_with_json(
+        "benchmarks.tracing",
+        "--shapes=1x32x32",
+        "--methods=emd,ntil",
+        "--repeats=1",
+        "--eager_rows=emd",
+    )
+    rows = {r["row"]: r for r in results["tracing"]}
+    self.assertEqual(
+        set(rows), {"numeric_token_loss emd", "numeric_token_loss ntil"}
+    )
+    emd, ntil = rows["numeric_token_loss emd"], rows["numeric_token_loss ntil"]
+    self.assertGreater(emd["trace_lower_s"], 0)
+    # NTIL's number logic is more to trace than EMD's one distance.
+    self.assertGreater(emd["python_calls"], 1000)
+    self.assertGreater(ntil["python_calls"], emd["python_calls"])
+    (eager,) = results["eager"]
+    self.assertEqual(eager["row"], "emd")
+    # A fresh process compiles at least one program for the first call.
+    self.assertGreaterEqual(eager["programs"], 1)
+    self.assertGreater(eager["seconds"], 0)
+    self.assertIn("first eager call, emd", stdout)
+    text = "\n".join(report.tracing_section(results, "t.json"))
+    self.assertIn("| 1x32x32 | numeric_token_loss ntil |", text)
+    self.assertIn("| emd |", text)
+
   def test_compile_ratios_are_to_the_same_paths_references(self):
     from benchmarks import compile as compile_bench  # pylint: disable=g-import-not-at-top
 
