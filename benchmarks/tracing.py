@@ -12,17 +12,16 @@ Two costs that ``benchmarks.compile`` does not separate:
   does not depend on the load).
 * **The first eager call**: value + gradient by ``jax.value_and_grad``
   alone, no ``jit``, on a small batch, each in a fresh process (nothing
-  cached): seconds and the programs it compiles (JAX's ``Compiling`` log
-  lines). The number logic then runs as one compiled program of its own
+  cached): seconds and the programs XLA compiles for it (JAX's compile
+  events). The number logic then runs as one compiled program of its own
   (``ntil_jax.base``); the row ``op by op`` runs it the other way, each
   operation compiled on its own (``ntil_jax.base._staged`` answering
-  "staged" everywhere, as the code did before 2026-11-27), to show what that program
-  saves. That row is a counterfactual, timed only.
+  "staged" everywhere, as the code did before 2026-11-27), to show what
+  that program saves. That row is a counterfactual, timed only.
 """
 
 import cProfile
 import json
-import logging
 import pstats
 import subprocess
 import sys
@@ -31,6 +30,7 @@ import time
 from absl import app
 from absl import flags
 import jax
+from jax import monitoring
 import jax.numpy as jnp
 import numpy as np
 
@@ -41,6 +41,7 @@ from benchmarks import run
 
 FLAGS = flags.FLAGS
 OUT = "benchmarks/tracing.json"
+_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 EAGER_SHAPE = (2, 70, 64)
 
 
@@ -117,27 +118,17 @@ def eager_first_call(row):
     ).mean()
 
   compiles = []
-
-  class Count(logging.Handler):
-
-    def emit(self, record):
-      compiles.append("Compiling" in record.getMessage())
-
-  logger = logging.getLogger("jax")
-  handler, level = Count(), logger.level
-  logger.addHandler(handler)
-  logger.setLevel(logging.DEBUG)
+  # Each program XLA compiles reports its compile time once.
+  monitoring.register_event_duration_secs_listener(
+      lambda event, seconds, **kw: compiles.append(event == _COMPILE_EVENT)
+  )
   logits = jnp.asarray(logits)
   jax.block_until_ready(logits)
-  try:
-    start = time.perf_counter()
-    with jax.log_compiles(True):
-      value, grad = jax.value_and_grad(loss)(logits)
-      jax.block_until_ready((value, grad))
-    seconds = time.perf_counter() - start
-  finally:
-    logger.removeHandler(handler)
-    logger.setLevel(level)
+  compiles.clear()
+  start = time.perf_counter()
+  value, grad = jax.value_and_grad(loss)(logits)
+  jax.block_until_ready((value, grad))
+  seconds = time.perf_counter() - start
   if not (np.isfinite(value) and np.isfinite(grad).all()):
     raise RuntimeError(f"{row}: a value or gradient is not finite")
   return {"row": row, "seconds": seconds, "programs": sum(compiles)}
