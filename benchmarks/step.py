@@ -8,7 +8,8 @@ The step is the trainer's own (`train.step.train_step_fn`: forward, loss,
 backward, clipping and the adamw update), compiled as a pure function of the
 model and optimizer state, on a synthetic batch (random tokens, the last
 ``--scored_len`` positions of each row scored, half the row by default, 30%
-of the scored labels digits). Variants: ``method`` ce or ntil, each on the
+of the scored labels digits). Variants: a trainer ``method`` (ce, ntil,
+emd, ... : ``configs.common.TRAINER_METHODS``), each on the
 logits path (``fused_loss=False``), the fused path from hidden states
 (``fused_loss=True``) or the window path (the logits of the scored
 positions only, the batch's ``score_positions``, as an LLM's answer after
@@ -46,6 +47,7 @@ import numpy as np
 
 from benchmarks import report
 from configs import arithmetic_mix
+from configs import common
 from train import models
 from train import tokenizer
 from train import step as step_lib
@@ -265,10 +267,11 @@ def run(
   )
   compiled, memory, compile_seconds = {}, {}, {}
   for variant in variants:
-    method, path = variant.split(":")
-    if method not in ("ce", "ntil") or path not in PATHS:
+    method, _, path = variant.partition(":")
+    if method not in common.TRAINER_METHODS or path not in PATHS:
       raise app.UsageError(
-          f"variant {variant!r}: use ce|ntil:{'|'.join(PATHS)}"
+          f"variant {variant!r}: use METHOD:{'|'.join(PATHS)}, METHOD one "
+          f"of {'|'.join(common.TRAINER_METHODS)}"
       )
     start = time.perf_counter()
     compiled[variant] = compile_variant(model, optimizer, batch, method, path)
@@ -293,12 +296,14 @@ def run(
       for variant in variants
   }
   ratios = {}
-  for path in PATHS:
-    if f"ce:{path}" in rows and f"ntil:{path}" in rows:
-      ratios[f"ntil/ce time, {path} path"] = (
-          seconds[f"ntil:{path}"] / seconds[f"ce:{path}"]
-      )
-  for method in ("ce", "ntil"):
+  methods = list(dict.fromkeys(v.partition(":")[0] for v in variants))
+  for method in methods:
+    for path in PATHS:
+      if method != "ce" and f"ce:{path}" in rows and f"{method}:{path}" in rows:
+        ratios[f"{method}/ce time, {path} path"] = (
+            seconds[f"{method}:{path}"] / seconds[f"ce:{path}"]
+        )
+  for method in methods:
     for path in ("fused", "window"):
       if f"{method}:logits" in rows and f"{method}:{path}" in rows:
         ratios[f"{path}/logits time, {method}"] = (

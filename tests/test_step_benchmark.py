@@ -13,6 +13,7 @@ VARIANTS = (
     "ntil:fused",
     "ce:window",
     "ntil:window",
+    "emd:logits",  # a peer of NTIL's, on one path
 )
 
 
@@ -51,15 +52,16 @@ def test_step_benchmark_smoke(tmp_path, model, variants):
       "ntil/ce time, window path",
       "window/logits time, ce",
       "window/logits time, ntil",
+      "emd/ce time, logits path",
   }
   assert set(results["ratios"]) == (all_ratios if model == "tiny" else set())
   rows = results["rows"]
   for name, ratio in results["ratios"].items():
-    # "ntil/ce time, X path" and "X/logits time, M": the first over the
+    # "M/ce time, X path" and "X/logits time, M": the first over the
     # second, each the row's own seconds.
-    if name.startswith("ntil/ce"):
-      path = name.split(", ")[1].split()[0]
-      over, under = f"ntil:{path}", f"ce:{path}"
+    if "/ce time" in name:
+      method, path = name.split("/")[0], name.split(", ")[1].split()[0]
+      over, under = f"{method}:{path}", f"ce:{path}"
     else:
       path, method = name.split("/")[0], name.split(", ")[1]
       over, under = f"{method}:{path}", f"{method}:logits"
