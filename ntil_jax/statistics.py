@@ -51,6 +51,11 @@ def digit_logits(logits, digit_token_ids=None) -> chex.Array:
   picked = picked.astype(jnp.float32)
   if valid_ids is not None:
     picked = jnp.where(valid_ids, picked, jnp.nan)
+  # Materialized, and so is its cotangent under autodiff (the barrier's
+  # transpose is a barrier): otherwise XLA fuses a loss's whole per-token
+  # gradient into the [..., V] add of `ce + lam * loss`, where it is
+  # recomputed for every column (1.16-1.22x CE's time instead of ~1.0x).
+  (picked,) = jax.lax.optimization_barrier((picked,))
   return picked
 
 
