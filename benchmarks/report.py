@@ -16,10 +16,11 @@ FAMILIES = (
 
 
 def setting(results):
-  """Device, dtype, D and jax version of a results file, for a heading."""
+  """Device, dtype, D, jax version (and date) of a results file."""
+  date = f", {results['date']}" if "date" in results else ""
   return (
       f"{results['device']}, {results.get('dtype', 'float32')}, "
-      f"D={results['hidden_dim']}, jax {results['jax']}"
+      f"D={results['hidden_dim']}, jax {results['jax']}{date}"
   )
 
 

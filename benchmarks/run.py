@@ -366,6 +366,7 @@ def main(argv):
       device_kind=device.device_kind,
       host=platform.node(),
       jax=jax.__version__,
+      date=time.strftime("%Y-%m-%d"),
       dtype=FLAGS.dtype,
       estimators=estimators,
       seq_len=FLAGS.seq_len,

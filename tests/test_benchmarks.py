@@ -120,6 +120,9 @@ class BenchmarkTest(absltest.TestCase):
     self.assertIn("<= 1.03 / <= 1.01: ", text)
     self.assertIn("not measured", text)
     self.assertIn("fused_numeric_loss ntil (w.r.t. hidden and W)", text)
+    # The day it ran, in the report's heading.
+    self.assertRegex(results["date"], r"^\d{4}-\d{2}-\d{2}$")
+    self.assertIn(results["date"], report.setting(results))
 
   @pytest.mark.slow
   def test_bfloat16_run_records_its_setting(self):
