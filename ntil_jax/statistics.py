@@ -164,10 +164,31 @@ def _pick_digits(logits, columns, traced_ids):
   if columns is not None:
     start = columns[0]
     if columns == tuple(range(start, start + len(columns))):
-      return logits[..., start : start + len(columns)], None
+      return _column_slice(logits, start, len(columns)), None
     return jnp.take(logits, np.asarray(columns), axis=-1), None
   picked = jnp.take(logits, traced_ids, axis=-1, mode="clip")
   return picked, ids_are_valid(traced_ids, logits.shape[-1])
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1, 2))
+def _column_slice(logits, start, size):
+  """``logits[..., start : start + size]``, differentiated as a gather.
+
+  The slice's transpose is a pad, which XLA fuses into the ``[..., V]``
+  addition of this cotangent to another (CE's, in ``ce + lam * loss``): a
+  pass with a bounds check per logit. A gather's is a scatter-add, which XLA
+  folds into that gradient in place (``size`` values a row).
+  """
+  return logits[..., start : start + size]
+
+
+@_column_slice.defjvp
+def _column_slice_jvp(start, size, primals, tangents):
+  (logits,), (tangent,) = primals, tangents
+  columns = np.arange(start, start + size)
+  return _column_slice(logits, start, size), jnp.take(
+      tangent, columns, axis=-1
+  )
 
 
 def ids_are_valid(traced_ids, vocab_size):

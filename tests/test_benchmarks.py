@@ -151,7 +151,10 @@ class BenchmarkTest(absltest.TestCase):
     self.assertLen(run["logits_path"], 12)
     self.assertLen(run["from_hidden"], 3)
     text = "\n".join(report.targets(results) + report.table(run, results))
-    setting = f"{results['device']}, bfloat16, D=24, jax {jax.__version__}"
+    setting = (
+        f"{results['device']}, bfloat16, D=24, jax {jax.__version__}, "
+        f"{results['date']}"
+    )
     self.assertIn(f"Targets on {setting}", text)
     self.assertIn(f"### N=64, V=256 ({setting})", text)
     chunk = results["default_chunk_sizes"]["64:256"]
