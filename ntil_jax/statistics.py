@@ -186,9 +186,7 @@ def _column_slice(logits, start, size):
 def _column_slice_jvp(start, size, primals, tangents):
   (logits,), (tangent,) = primals, tangents
   columns = np.arange(start, start + size)
-  return _column_slice(logits, start, size), jnp.take(
-      tangent, columns, axis=-1
-  )
+  return _column_slice(logits, start, size), jnp.take(tangent, columns, axis=-1)
 
 
 def ids_are_valid(traced_ids, vocab_size):
