@@ -30,10 +30,10 @@ writing (``JAX_COMPILATION_CACHE_MAX_SIZE`` turns on JAX's file lock), so two
 processes never read an entry half written; without ``filelock`` there is no
 shared cache. A cache the caller set up is kept, and left in place.
 
-One bytecode cache too. With ``PYTHONDONTWRITEBYTECODE`` set (as on the CI
-machines), every one of the session's several hundred processes would
-compile the project's modules from source again (0.4 s of CPU for all of
-them). The session's processes write their bytecode under a temporary
+One bytecode cache too. With ``PYTHONDONTWRITEBYTECODE`` set (as on the
+development machine), every one of the session's several hundred processes
+would compile the project's modules from source again (0.4 s of CPU for all
+of them). The session's processes write their bytecode under a temporary
 ``PYTHONPYCACHEPREFIX`` instead, removed at the end, so nothing is written
 beside the sources; a prefix the caller set is kept.
 """
