@@ -527,7 +527,17 @@ def test_checkpoint_saved_before_digests_restores_with_a_warning(
   ]
 
 
-def test_digest_sees_any_one_element_and_not_the_sharding():
+# Every array digested on the host (NumPy), or every one on the devices.
+_DIGEST_PATHS = pytest.mark.parametrize(
+    "host_max_elements", [digests.HOST_MAX_ELEMENTS, -1], ids=["host", "device"]
+)
+
+
+@_DIGEST_PATHS
+def test_digest_sees_any_one_element_and_not_the_sharding(
+    host_max_elements, monkeypatch
+):
+  monkeypatch.setattr(digests, "HOST_MAX_ELEMENTS", host_max_elements)
   x = jax.random.normal(jax.random.key(0), (8, 6), jnp.float32)
   tree = dict(w=x, b=x[0].astype(jnp.bfloat16), n=jnp.arange(5))
   want = digests.tree_digest(tree)
@@ -574,7 +584,11 @@ def _numpy_digest(x) -> str:
   return "".join(f"{lane:08x}" for lane in lanes)
 
 
-def test_digest_is_its_definition_for_every_dtype():
+@_DIGEST_PATHS
+def test_digest_is_its_definition_for_every_dtype(
+    host_max_elements, monkeypatch
+):
+  monkeypatch.setattr(digests, "HOST_MAX_ELEMENTS", host_max_elements)
   rng = np.random.default_rng(3)
   tree = dict(
       w=rng.standard_normal((3, 5)).astype(np.float32),
@@ -584,14 +598,35 @@ def test_digest_is_its_definition_for_every_dtype():
       mask=rng.random((2, 3)) < 0.5,
       small=rng.integers(0, 255, (6,)).astype(np.uint8),
       key=jax.random.key(5),
+      count=7,  # a Python int: digested as jnp.asarray makes it, int32
+      rate=0.5,  # float32
   )
   got = digests.tree_digest(tree)
   key_words = jax.random.key_data(tree["key"])
   want = {
-      f"[{name}]": _numpy_digest(key_words if name == "key" else value)
+      f"[{name}]": _numpy_digest(
+          key_words if name == "key" else jnp.asarray(value)
+      )
       for name, value in tree.items()
   }
   assert got == want
+
+
+def test_digest_of_a_large_array_on_the_devices_is_that_on_the_host(
+    monkeypatch,
+):
+  """Arrays above HOST_MAX_ELEMENTS are digested on the devices, sharded
+  or not; the same definition as the host's (the element-by-element one is
+  too slow at this size)."""
+  x = jax.random.normal(jax.random.key(1), (8, 4096), jnp.float32)
+  mesh = jax.make_mesh((1,), ("data",))
+  tree = dict(w=x, sharded=jax.device_put(x, NamedSharding(mesh, P("data"))))
+  monkeypatch.setattr(digests, "HOST_MAX_ELEMENTS", x.size - 1)
+  on_devices = digests.tree_digest(tree)
+  monkeypatch.setattr(digests, "HOST_MAX_ELEMENTS", x.size)
+  on_host = digests.tree_digest(tree)
+  assert on_devices == on_host
+  assert on_devices["[w]"] == on_devices["[sharded]"]
 
 
 def test_a_seal_left_half_written_does_not_condemn_its_checkpoint(
