@@ -15,6 +15,7 @@ plan scaled up understates how far the fused path goes.
 """
 
 import datetime
+import functools
 
 from absl import app
 from absl import flags
@@ -45,6 +46,14 @@ def held_bytes(compiled):
   )
 
 
+@functools.cache
+def _held_bytes_at(fn, shapes) -> int:
+  """:func:`held_bytes` of ``fn`` compiled at ``shapes`` (a tuple of
+  ``jax.ShapeDtypeStruct``), compiled once per process: a plan does not
+  change, and the searches of one function visit the same sizes."""
+  return held_bytes(fn.lower(*shapes).compile())
+
+
 def largest_batch(fn, args, budget, start=1, max_batch=2**24):
   """The most rows ``B`` for which ``fn``'s plan fits in ``budget`` bytes.
 
@@ -56,13 +65,13 @@ def largest_batch(fn, args, budget, start=1, max_batch=2**24):
   """
 
   def fits(batch):
-    shapes = [
+    shapes = tuple(
         jax.ShapeDtypeStruct(
             a.shape if i == 1 else (batch, *a.shape[1:]), a.dtype
         )
         for i, a in enumerate(args)
-    ]
-    return held_bytes(fn.lower(*shapes).compile()) <= budget
+    )
+    return _held_bytes_at(fn, shapes) <= budget
 
   if not fits(1):
     return 0
