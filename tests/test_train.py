@@ -22,15 +22,25 @@ from train import checkpoints
 from train import train
 
 from tests import launch
+from tests import shared
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-  directory = tmp_path_factory.mktemp("data")
-  arithmetic_data.prepare(str(directory), train_size=400, test_size=40, seed=0)
-  return str(directory)
+  """Made once for every worker: the two-process reference run below,
+  shared too, must read the data under the same path as the runs it is
+  compared with."""
+  return str(
+      shared.once(
+          tmp_path_factory,
+          "test_train_data",
+          lambda directory: arithmetic_data.prepare(
+              str(directory), train_size=400, test_size=40, seed=0
+          ),
+      )
+  )
 
 
 def make_config(data_dir, method="ntil", **overrides):
@@ -509,10 +519,13 @@ def _kill_config(data_dir):
 
 @pytest.fixture(scope="module")
 def straight_two_processes(data_dir, tmp_path_factory):
-  """The workdir of a two-process `_kill_config` run never killed."""
-  workdir = tmp_path_factory.mktemp("straight")
-  _finish(_two_processes(_kill_config(data_dir), workdir))
-  return workdir
+  """The workdir of a two-process `_kill_config` run never killed (made
+  once for every worker; tests only read it)."""
+  return shared.once(
+      tmp_path_factory,
+      "test_train_straight_two_processes",
+      lambda workdir: _finish(_two_processes(_kill_config(data_dir), workdir)),
+  )
 
 
 def _records(workdir):
