@@ -15,6 +15,7 @@ from absl import logging
 import jax
 
 from configs import common as common_config
+from train import compile_cache
 from train import errors
 from train import plots
 from train import train
@@ -706,11 +707,9 @@ def run_grid(
     runs_dir = os.path.join(os.path.dirname(results_path), "runs")
   # Runs of one shape share compiled steps across seeds and restarts (in
   # the cache the caller set, e.g. by JAX_COMPILATION_CACHE_DIR, if any).
-  if not jax.config.jax_compilation_cache_dir:
-    jax.config.update(
-        "jax_compilation_cache_dir",
-        os.path.join(os.path.dirname(results_path), ".jax_cache"),
-    )
+  compile_cache.use_persistent_cache(
+      os.path.join(os.path.dirname(results_path), ".jax_cache")
+  )
   # A claim guards a cell's work directory, which is under runs_dir: the
   # workers of one grid, or two grids sharing a runs folder, take turns on
   # a cell; a grid with runs of its own is never held up by another's.

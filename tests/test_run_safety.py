@@ -26,6 +26,7 @@ from tests.test_trainer_reliability import assert_one_error
 from train import arithmetic_data
 from train import checkpoints
 from train import checks
+from train import compile_cache
 from train import digests
 from train import errors
 from train import rundir
@@ -237,6 +238,8 @@ def test_start_over_moves_the_runs_files_and_leaves_the_users(tmp_path):
       "train.1.log",
   ]
   users = ["data/arithmetic_mix/x", "notes.txt", "train.log.bak", ".lock"]
+  # The compiled programs stay too: a run started over reuses them.
+  users.append(f"{compile_cache.WORKDIR_FOLDER}/jit_train_step-0123")
   for name in run_files + users:
     (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
     (tmp_path / name).write_text(name)

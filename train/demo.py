@@ -10,7 +10,8 @@ match and time gap. Writes into the workdir:
 * ``predictions.png``: test clocks with both runs' readings, errors marked;
 * ``curves.png``: exact match and time gap against step, both runs.
 
-Running it again resumes the runs (or, if they are done, re-evaluates).
+Running it again resumes the runs (or, if they are done, re-evaluates),
+loading the compiled programs kept in ``<workdir>/compilation_cache``.
 The full comparison (five losses, five seeds, controls, ablations) is
 ``python -m experiments.clock_time.run``.
 """
@@ -25,6 +26,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
 from configs import clock_time
+from train import compile_cache
 from train import logs
 from train import plots
 from train import train
@@ -91,6 +93,9 @@ def plot_curves(workdirs, path):
 def main(argv):
   del argv
   logs.quiet_terminal()
+  compile_cache.use_persistent_cache(
+      os.path.join(FLAGS.workdir, compile_cache.WORKDIR_FOLDER)
+  )
   print(
       f"rendering {FLAGS.train_size} + {FLAGS.test_size} clocks into "
       f"{FLAGS.data_dir} (skipped if there)",

@@ -12,11 +12,14 @@ r"""Train on a task (train/tasks: arithmetic_mix, clock_time, grounding, ...).
 Running the same command again resumes from the newest checkpoint in W; a
 changed config is refused (exit 2, W untouched) unless only the schedule's
 length or the cadence of logs, evals and saves changed. --start_over moves
-the old run aside to W/previous-runs/<date> and starts afresh.
+the old run aside to W/previous-runs/<date> and starts afresh. Compiled
+programs are kept in W/compilation_cache (--compilation_cache_dir), so a
+resumed run loads its steps instead of compiling them again.
 Several hosts: start one process per host with --coordinator_address,
 --num_processes and --process_id (jax.distributed).
 """
 
+import os
 import sys
 
 from absl import app
@@ -25,6 +28,7 @@ from absl import logging
 import jax
 from ml_collections import config_flags
 
+from train import compile_cache
 from train import logs
 from train import train
 
@@ -48,6 +52,14 @@ flags.DEFINE_bool(
     False,
     "Move the run in --workdir aside (to workdir/previous-runs/<date>) and "
     "start afresh, instead of resuming it.",
+)
+flags.DEFINE_string(
+    "compilation_cache_dir",
+    None,
+    "Where compiled programs are kept, so that a resumed run loads its "
+    "train and eval steps instead of compiling them again (JAX's persistent "
+    "compilation cache). Default: JAX_COMPILATION_CACHE_DIR if set, else "
+    "workdir/compilation_cache; an empty value turns it off.",
 )
 flags.mark_flags_as_required(["config", "workdir"])
 
@@ -82,6 +94,10 @@ def main(argv):
         num_processes=FLAGS.num_processes,
         process_id=FLAGS.process_id,
     )
+  compile_cache.use_persistent_cache(
+      os.path.join(FLAGS.workdir, compile_cache.WORKDIR_FOLDER),
+      FLAGS.compilation_cache_dir,
+  )
   logging.info(
       "JAX process %d/%d, %d local devices: %s",
       jax.process_index(),
