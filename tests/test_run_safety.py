@@ -537,6 +537,29 @@ _DIGEST_PATHS = pytest.mark.parametrize(
 
 
 @_DIGEST_PATHS
+def test_finite_check_sees_one_nan_or_inf_in_any_float_leaf(
+    host_max_elements, monkeypatch
+):
+  """A restored state with one NaN or inf anywhere is refused, read in
+  NumPy or on the devices; integer leaves and PRNG keys are not read."""
+  monkeypatch.setattr(digests, "HOST_MAX_ELEMENTS", host_max_elements)
+  x = jnp.linspace(-3.0, 3.0, 48).reshape(8, 6)
+  tree = dict(
+      w=x,
+      b=x[0].astype(jnp.bfloat16),
+      n=jnp.arange(5),
+      key=jax.random.key(0),
+      step=3,
+  )
+  assert checkpoints.all_finite(tree)
+  for bad in (np.nan, np.inf, -np.inf):
+    for name in ("w", "b"):
+      broken = dict(tree, **{name: tree[name].at[-1].set(bad)})
+      assert not checkpoints.all_finite(broken), (bad, name)
+  assert checkpoints.all_finite(dict(n=jnp.arange(3)))
+
+
+@_DIGEST_PATHS
 def test_digest_sees_any_one_element_and_not_the_sharding(
     host_max_elements, monkeypatch
 ):

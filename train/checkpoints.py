@@ -174,13 +174,29 @@ def _check_files(manager, step) -> bool:
 
 
 def all_finite(tree) -> bool:
-  """Whether every floating-point leaf of ``tree`` is finite."""
+  """Whether every floating-point leaf of ``tree`` is finite.
+
+  Small leaves held whole by this process are read in NumPy
+  (`digests.on_host`), the others in one compiled reduction: checked op by
+  op, each leaf's shape compiled two programs of its own (1.3 s of a
+  resumed clock run's start on the 2-core CPU).
+  """
   leaves = [
       x
       for x in jax.tree.leaves(tree)
       if jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating)
   ]
-  return all(bool(jnp.isfinite(x).all()) for x in leaves)
+  if not all(
+      np.isfinite(np.asarray(x)).all() for x in leaves if digests.on_host(x)
+  ):
+    return False
+  rest = [x for x in leaves if not digests.on_host(x)]
+  return not rest or bool(_all_finite_on_devices(rest))
+
+
+@jax.jit
+def _all_finite_on_devices(leaves):
+  return jnp.all(jnp.stack([jnp.isfinite(x).all() for x in leaves]))
 
 
 class Damaged(Exception):

@@ -111,8 +111,10 @@ def _host_digest(x: np.ndarray) -> np.ndarray:
   )
 
 
-def _on_host(x) -> bool:
-  """Whether ``x`` is digested in NumPy: small and whole in this process."""
+def on_host(x) -> bool:
+  """Whether ``x`` is small and whole in this process: then NumPy reads it
+  sooner than a program compiled for it runs (digests here, the finite
+  check of a restored checkpoint)."""
   return np.size(x) <= HOST_MAX_ELEMENTS and (
       not isinstance(x, jax.Array) or x.is_fully_addressable
   )
@@ -127,7 +129,7 @@ def _digests(leaves):
       else x
       for x in leaves
   ]
-  host = [i for i, x in enumerate(leaves) if _on_host(x)]
+  host = [i for i, x in enumerate(leaves) if on_host(x)]
   fetched = jax.device_get([leaves[i] for i in host])
   out = [None] * len(leaves)
   for i, x in zip(host, fetched):
