@@ -186,9 +186,8 @@ def all_finite(tree) -> bool:
       for x in jax.tree.leaves(tree)
       if jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating)
   ]
-  if not all(
-      np.isfinite(np.asarray(x)).all() for x in leaves if digests.on_host(x)
-  ):
+  held = jax.device_get([x for x in leaves if digests.on_host(x)])
+  if not all(np.isfinite(x).all() for x in held):
     return False
   rest = [x for x in leaves if not digests.on_host(x)]
   return not rest or bool(_all_finite_on_devices(rest))
