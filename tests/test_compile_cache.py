@@ -88,9 +88,10 @@ def test_a_cache_the_caller_turned_off_stays_off(jax_settings, tmp_path):
 def test_train_main_sets_the_cache_before_it_trains(
     jax_settings, tmp_path, monkeypatch, requested
 ):
-  """train.main keeps compiled programs in workdir/compilation_cache (left
-  in place by --start_over, below), or where --compilation_cache_dir says,
-  and the cache is set before anything is compiled (JAX opens it once)."""
+  """train.main keeps compiled programs in workdir/compilation_cache (which
+  --start_over leaves in place: tests/test_run_safety.py), or where
+  --compilation_cache_dir says, and sets the cache before anything is
+  compiled (JAX opens it once)."""
   del jax_settings
   from train import main as main_lib  # pylint: disable=g-import-not-at-top
 
