@@ -36,7 +36,8 @@ from benchmarks import run as bench
 from ntil_jax.kernels import tokamax_ce
 
 FLAGS = flags.FLAGS
-# --out, --blocks, --per_block, --seq_len and --digit_fraction are
+# --out, --blocks, --per_block, --calls_per_run, --seq_len and
+# --digit_fraction are
 # benchmarks.run's flags (imported with its helpers), with defaults for here.
 FLAGS.set_default("out", "benchmarks/implementations.json")
 FLAGS.set_default("blocks", 3)
@@ -134,8 +135,8 @@ def main(argv):
       host=platform.node(),
       jax=jax.__version__,
       tokamax=_tokamax_version(),
-      estimator=bench.ESTIMATOR.format(
-          blocks=FLAGS.blocks, per_block=FLAGS.per_block
+      estimator=bench.estimator(
+          FLAGS.blocks, FLAGS.per_block, FLAGS.calls_per_run
       ),
       digit_fraction=FLAGS.digit_fraction,
       runs=[],
@@ -163,6 +164,7 @@ def main(argv):
           (hidden, unembedding, jnp.asarray(labels), jnp.asarray(digit_mask)),
           FLAGS.blocks,
           FLAGS.per_block,
+          FLAGS.calls_per_run,
       )
       del hidden, unembedding
       run = dict(

@@ -19,7 +19,10 @@ bfloat16; the losses compute in float32 whatever it is). Labels and masks
 are arguments of the compiled functions (as in training), not constants XLA
 could fold. Time estimator: the median over ``--blocks``
 blocks of each function's minimum over ``--per_block`` consecutive runs
-(``--hidden_blocks`` and ``--hidden_per_block`` for the second family), the
+(``--hidden_blocks`` and ``--hidden_per_block`` for the second family; a
+run is ``--calls_per_run`` calls dispatched back to back, its time divided
+by them, which on a GPU keeps the host's latency out of figures under a
+millisecond), the
 functions taking turns within every block (the order rotated by one per
 block), so drifts in machine load hit all alike and a busy moment costs one
 block, not the estimate. Memory is XLA's plan for the compiled function
@@ -57,6 +60,13 @@ flags.DEFINE_integer(
     "per_block",
     3,
     "Logits path: runs of each function per block (the minimum is taken).",
+)
+flags.DEFINE_integer(
+    "calls_per_run",
+    1,
+    "Calls dispatched back to back in each timed run, its time divided by "
+    "them: above 1 an accelerator's queue stays full, so the host's "
+    "dispatch and synchronization stay out of sub-millisecond figures.",
 )
 flags.DEFINE_integer("hidden_blocks", 5, "From hidden states: blocks.")
 flags.DEFINE_integer(
@@ -101,6 +111,19 @@ ESTIMATOR = (
     "consecutive runs; in every block each function runs in turn, the "
     "order rotated by one per block"
 )
+PIPELINED = (
+    "; a run is {calls} calls dispatched back to back, its time / {calls}"
+)
+
+
+def estimator(blocks, per_block, calls_per_run=1):
+  """The time estimator's description, as results JSON records it."""
+  text = ESTIMATOR.format(blocks=blocks, per_block=per_block)
+  return text + (
+      PIPELINED.format(calls=calls_per_run) if calls_per_run > 1 else ""
+  )
+
+
 # Rows timed at every size; the others only up to --full_max_elements.
 CORE_ROWS = ("optax CE", "numeric_token_loss ce", "numeric_token_loss ntil")
 # The acceptance targets of numeric_token_loss(method="ntil") against optax
@@ -240,8 +263,8 @@ def accessed_bytes(compiled):
   return None if accessed is None else int(accessed)
 
 
-def interleaved_seconds(fns, args, blocks, per_block):
-  """Per function: (estimate, per-block minima); see ESTIMATOR."""
+def interleaved_seconds(fns, args, blocks, per_block, calls_per_run=1):
+  """Per function: (estimate, per-block minima); see `estimator`."""
   for fn in fns.values():  # warm up
     jax.block_until_ready(fn(*args))
   minima = {name: [] for name in fns}
@@ -254,18 +277,19 @@ def interleaved_seconds(fns, args, blocks, per_block):
       best = float("inf")
       for _ in range(per_block):
         start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        best = min(best, time.perf_counter() - start)
+        outs = [fn(*args) for _ in range(calls_per_run)]
+        jax.block_until_ready(outs)
+        best = min(best, (time.perf_counter() - start) / calls_per_run)
       minima[name].append(best)
   return {name: (statistics.median(m), m) for name, m in minima.items()}
 
 
-def measure(fns, args, blocks, per_block):
+def measure(fns, args, blocks, per_block, calls_per_run=1):
   fns = {name: fn.lower(*args).compile() for name, fn in fns.items()}
   memory = {name: planned_bytes(fn) for name, fn in fns.items()}
   accessed = {name: accessed_bytes(fn) for name, fn in fns.items()}
   ops = {name: launched_ops(fn) for name, fn in fns.items()}
-  seconds = interleaved_seconds(fns, args, blocks, per_block)
+  seconds = interleaved_seconds(fns, args, blocks, per_block, calls_per_run)
   reference = next(iter(fns))
   reference_accessed = accessed[reference]
   return [
@@ -353,11 +377,9 @@ def main(argv):
       else FULL_GRID
   )
   estimators = dict(
-      logits_path=ESTIMATOR.format(
-          blocks=FLAGS.blocks, per_block=FLAGS.per_block
-      ),
-      from_hidden=ESTIMATOR.format(
-          blocks=FLAGS.hidden_blocks, per_block=FLAGS.hidden_per_block
+      logits_path=estimator(FLAGS.blocks, FLAGS.per_block, FLAGS.calls_per_run),
+      from_hidden=estimator(
+          FLAGS.hidden_blocks, FLAGS.hidden_per_block, FLAGS.calls_per_run
       ),
   )
   results = dict(
@@ -412,6 +434,7 @@ def main(argv):
         (logits, labels, digit_mask),
         FLAGS.blocks,
         FLAGS.per_block,
+        FLAGS.calls_per_run,
     )
     del logits
     run = dict(
@@ -448,6 +471,7 @@ def main(argv):
           hidden_args,
           FLAGS.hidden_blocks,
           FLAGS.hidden_per_block,
+          FLAGS.calls_per_run,
       )
       run["from_hidden"] = hidden_rows
       print_rows(hidden_rows)

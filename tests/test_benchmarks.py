@@ -237,6 +237,31 @@ class BenchmarkTest(absltest.TestCase):
     # Warm-up in order, then each block starts one function later.
     self.assertEqual("".join(calls), "abc" + "aabbcc" + "bbccaa" + "ccaabb")
 
+  def test_a_run_of_calls_back_to_back_is_timed_as_their_mean(self):
+    from benchmarks import run  # pylint: disable=g-import-not-at-top
+
+    # Two blocks, one run a block of three calls each; warm-up first (50).
+    durations = {"a": [50, 1, 2, 6, 4, 4, 4], "b": [50, 3, 3, 3, 9, 0, 0]}
+    clock, calls = [0.0], []
+
+    def timed(name):
+      def fn():
+        clock[0] += durations[name][sum(c == name for c in calls)]
+        calls.append(name)
+        return name
+
+      return fn
+
+    with mock.patch.object(run.time, "perf_counter", lambda: clock[0]):
+      estimates = run.interleaved_seconds(
+          {name: timed(name) for name in durations}, (), 2, 1, 3
+      )
+    # a: runs of (1+2+6)/3 = 3 and 12/3 = 4; b: 9/3 = 3 and 9/3 = 3.
+    self.assertEqual(estimates, {"a": (3.5, [3, 4]), "b": (3, [3, 3])})
+    self.assertEqual("".join(calls), "ab" + "aaabbb" + "bbbaaa")
+    self.assertIn("a run is 3 calls", run.estimator(2, 1, 3))
+    self.assertNotIn("a run is", run.estimator(2, 1))
+
   @pytest.mark.slow
   def test_largest_batch_is_the_most_rows_the_plan_fits(self):
     from benchmarks import largest_batch  # pylint: disable=g-import-not-at-top
