@@ -96,16 +96,17 @@ DIGITS = ARITHMETIC + "digits/"
 CLOCKS = "experiments/clock_time/results.json"
 LLM = ARITHMETIC + "llm/SmolLM2-135M-Instruct/results.json"
 SUMS = "multi-digit sums (add_or_sub)"
-CHUNKED = SUMS + ", 1-3 digit tokens, CPU"
+CHUNKED = SUMS + ", 1-3 digit tokens"
 MIX = "arithmetic_mix"
 # A pretrained model, the paper's setting (each problem read once).
 SMOL = "SmolLM2-135M fine-tuned: "
 # Row order: task by task, fixed set before stream, shorter budget first.
 CELLS = (
     Cell(SUMS, DIGITS + "results.json", "main"),
-    # The same sums with numbers in tokens of 1-3 digits, on the 2-core CPU
-    # (the digits grid's group "chunks", kept apart from its H100 records).
-    Cell(CHUNKED, DIGITS + "results_cpu.json", "chunks"),
+    # The same sums with numbers in tokens of 1-3 digits (the digits grid's
+    # group "chunks"), on a GPU and on the 2-core CPU, kept apart.
+    Cell(CHUNKED, DIGITS + "results.json", "chunks"),
+    Cell(CHUNKED + ", CPU", DIGITS + "results_cpu.json", "chunks"),
     # The single-digit cells run there too (CE and NTIL's peers; EMD and
     # NTL-MSE on seed 0), from CE's second seed on.
     Cell(SUMS + ", CPU", DIGITS + "results_cpu.json", "main", min_seeds=2),
@@ -161,12 +162,27 @@ def versus_ce(grouped, key, read):
   return key in grouped and stats.paired(grouped[key], grouped["ce"], read)
 
 
+# After a difference whose runs and CE's ran on different devices.
+ACROSS = "†"
+ACROSS_NOTE = (
+    f"{ACROSS} the loss's runs and CE's ran on different devices (the"
+    " grid's report says which, and how far hardware alone moves a run)."
+)
+
+
+def devices(runs) -> set[str]:
+  """The devices that ran ``runs`` ({seed: run})."""
+  return {run.get("device") for run in runs.values()}
+
+
 def _delta(grouped, key, read) -> str:
   d = versus_ce(grouped, key, read)
   if not d:
     return "–"
   text = tables.delta(d, 1, p_text)
-  return f"**{text}**" if d["p"] < 0.05 else text
+  text = f"**{text}**" if d["p"] < 0.05 else text
+  across = devices(grouped[key]) != devices(grouped["ce"])
+  return text + ACROSS if across else text
 
 
 def p_text(p) -> str:
@@ -213,7 +229,11 @@ def table(root=ROOT) -> list[str]:
   left out)."""
   losses = [f"{label} Δ" for _, label in LOSSES] + ["NTIL Δ over the curve"]
   head = ["task", "training data", "steps", "CE at the end", *losses]
-  return tables.table(head, [row(c, grouped) for c, grouped in recorded(root)])
+  rows = [row(c, grouped) for c, grouped in recorded(root)]
+  lines = tables.table(head, rows)
+  if any(cell.endswith(ACROSS) for r in rows for cell in r):
+    lines += ["", ACROSS_NOTE]
+  return lines
 
 
 def recorded(root=ROOT):

@@ -687,6 +687,41 @@ def test_peer_cells_are_rows_of_the_main_tables(tmp_path):
   ]
 
 
+def test_peers_on_other_hardware_than_ce_are_named(tmp_path):
+  cells = {**CELLS, **PEER_CELLS}
+  runs = [record(n, cells) for n in cells]
+  for run in runs:
+    run["device"] = "gpu:B x1" if run["group"] == "peers" else "gpu:A x1"
+  twins = [  # each device's ce-s0 / del-s0 again on the CPU, 1 / 3 below
+      dict(r, device="cpu:cpu x1", exact_match=r["exact_match"] - d)
+      for r, d in ((runs[0], 0.01), (runs[-1], 0.03))
+  ]
+  for run, twin in zip((runs[0], runs[-1]), twins):
+    run["config_hash"] = twin["config_hash"] = run["name"]
+  dr.write_report(runs, PROBLEMS, str(tmp_path), "test problems", other=twins)
+  parts = sections((tmp_path / "results.md").read_text())
+  assert (
+      "Hardware: gpu:A x1 (groups main, control, ablation), gpu:B x1"
+      " (groups peers)." in parts["Regime"].replace("\n  ", " ")
+  )
+  assert (
+      "CE + DEL ran on gpu:B x1, CE on gpu:A x1: hardware alone moves a run"
+      in parts["Paired differences vs CE"].replace("\n", " ")
+  )
+  check = parts["The same cells on another device"].replace("\n", " ")
+  assert "| cell | this grid | other device | Δ (pts) |" in check
+  em = 100 * runs[-1]["exact_match"]
+  assert (
+      f"| {runs[-1]['name']} | {em:.2f} (gpu:B x1) | {em - 3:.2f} (cpu:cpu x1)"
+      " | +3.00 |" in check
+  )
+  assert (
+      "Mean absolute difference 2.00 points over 2 cells (1.00 over 1"
+      " between gpu:A x1 and cpu:cpu x1; 3.00 over 1 between gpu:B x1 and"
+      " cpu:cpu x1)" in check
+  )
+
+
 def test_cells_of_another_device_are_shown_apart(tmp_path):
   # The CPU's records: CE s0 and s1 on single digits (3/6 each), CE s0 in
   # chunks (2/6), DEL s0 (5/6) and s1 (4/6), and DEL in chunks s0 (4/6)

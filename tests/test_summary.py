@@ -152,12 +152,34 @@ def test_chunk_row_from_the_cpu_records(tmp_path):
   rows = parse(summary.table(str(tmp_path)))
   once = "each seen once (80,000 examples)"
   (cells,) = rows.values()
-  assert list(rows) == [(summary.CHUNKED, once, "800")]
+  assert list(rows) == [(summary.CHUNKED + ", CPU", once, "800")]
   assert cells[0] == "exact match 10.5 ± 0.7 (2 seeds)"
   # Paired differences 2 and 3 points: t = 5 with 1 degree of freedom,
   # p = 1 - 2 atan(5) / pi = 0.126.
   assert cells[1] == "+2.5 (2/2, p = 0.13)"
   assert cells[4] == "–"  # NTIL: only a single-digit run
+
+
+def test_a_difference_across_devices_is_marked_and_explained(tmp_path):
+  def run(method, seed, end, device, group="chunks"):
+    return dict(cpu_run(method, seed, end, group), device=device)
+
+  # CE and EMD on one GPU; DEL (chunks_peers) on another.
+  runs = [run("ce", s, 0.1 + 0.01 * s, "gpu:A") for s in range(2)]
+  runs += [run("emd", s, 0.12 + 0.02 * s, "gpu:A") for s in range(2)]
+  runs += [run("del", s, 0.1, "gpu:B", "chunks_peers") for s in range(2)]
+  write(tmp_path, "experiments/arithmetic_mix/digits/results.json", runs)
+  lines = summary.table(str(tmp_path))
+  assert lines[-2:] == ["", summary.ACROSS_NOTE]
+  (cells,) = parse(lines[:-2]).values()
+  assert cells[1] == "+2.5 (2/2, p = 0.13)"  # EMD: same device, no mark
+  # DEL: 0 and -1 point: t = -1 with 1 degree of freedom, p = 0.5.
+  assert cells[6] == "-0.5 (0/2, p = 0.50)" + summary.ACROSS
+  # One device throughout: no mark, no note.
+  write(tmp_path, "experiments/arithmetic_mix/digits/results.json", runs[:4])
+  lines = summary.table(str(tmp_path))
+  assert summary.ACROSS_NOTE not in lines
+  assert not any(summary.ACROSS in line for line in lines)
 
 
 def test_llm_rows_by_dataset(tmp_path):

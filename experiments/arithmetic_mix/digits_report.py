@@ -179,7 +179,21 @@ class Grid:
     return tables.paired_table(self.grouped, rows, "ce", self.metrics, True)
 
   def versus_ce(self) -> list[str]:
-    return self.paired([(k, "ce") for k in self.keys if k != "ce"])
+    """Each loss against CE, paired by seed; below the table, which losses
+    ran on other hardware than CE, if any."""
+    others = [k for k in self.keys if k != "ce"]
+    table = self.paired([(k, "ce") for k in others])
+    theirs = devices(self.grouped, ["ce"])
+    apart = [k for k in others if devices(self.grouped, [k]) != theirs]
+    if not apart or not theirs:
+      return table
+    names = [label(k) for k in apart]
+    runs = (
+        ", ".join(names[:-1]) + " and " + names[-1] if apart[1:] else names[0]
+    )
+    mine = devices(self.grouped, apart)
+    note = dict(runs=runs, mine=mine, theirs=theirs)
+    return [*table, "", *prose.section(__file__, "across_ce", **note)]
 
   def compared(self, name, keys, pairs, **values) -> list[str]:
     """Section ``name`` of digits_report.md with its blocks ``values`` (of
@@ -351,8 +365,20 @@ def regime(grid, source="") -> list[str]:
   # The test split is the same for every training size: only the runs' own
   # dataset (as many problems as they read) names how many it held.
   once = "once_counted" if answers.train_size(source) == seen else "once"
+  by_device = collections.defaultdict(list)  # device: its groups, in order
+  for runs in grouped.values():
+    for run in runs.values():
+      if run.get("group") not in by_device[run["device"]]:
+        by_device[run["device"]].append(run.get("group"))
+  hardware = f"{first['device']} ({first['host']})"
+  if len(by_device) > 1:
+    hardware = ", ".join(
+        f"{device} (groups {', '.join(map(str, groups))})"
+        for device, groups in sorted(by_device.items())
+    )
   fields = dict(
-      first,  # its model, steps, batch_size, num_test_examples, device, host
+      first,  # its model, steps, batch_size, num_test_examples
+      hardware=hardware,
       module=data.get("module", "?"),
       difficulty=data.get("difficulty", "?"),
       answers=test_answers,
@@ -400,13 +426,27 @@ def device_check(runs, other) -> list[str]:
   if not pairs:
     return []
   deltas = [100 * (r["exact_match"] - t["exact_match"]) for r, t in pairs]
+  mixed = len({run["device"] for run, _ in pairs}) > 1
   rows = [
-      f"| {run['name']} | {100 * run['exact_match']:.2f} | "
+      f"| {run['name']} | {100 * run['exact_match']:.2f}"
+      f"{f' ({run["device"]})' if mixed else ''} | "
       f"{100 * twin['exact_match']:.2f} ({twin['device']}) | {delta:+.2f} |"
       for (run, twin), delta in zip(pairs, deltas)
   ]
-  device, mean = pairs[0][0]["device"], np.mean(np.abs(deltas))
-  fields = dict(device=device, rows=rows, mean=mean, count=len(pairs))
+  by_pair = collections.defaultdict(list)  # (device, other's): |deltas|
+  for (run, twin), delta in zip(pairs, deltas):
+    by_pair[run["device"], twin["device"]].append(abs(delta))
+  apart = "; ".join(
+      f"{np.mean(d):.2f} over {len(d)} between {a} and {b}"
+      for (a, b), d in sorted(by_pair.items())
+  )
+  fields = dict(
+      device="this grid" if mixed else pairs[0][0]["device"],
+      rows=rows,
+      mean=np.mean(np.abs(deltas)),
+      count=len(pairs),
+      apart=f" ({apart})" if len(by_pair) > 1 else "",
+  )
   return prose.section(__file__, "device_check", **fields)
 
 
