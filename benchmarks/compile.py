@@ -22,6 +22,7 @@ and for a row reduction (each kernel a different computation: a backend
 compiles identical kernels once).
 """
 
+import contextlib
 import re
 import time
 
@@ -189,7 +190,9 @@ def programs(methods):
   return rows
 
 
-def measure(shape, methods, repeats, dim):
+def measure(shape, methods, repeats, dim, hlo=None):
+  """Each program's best compile time and size at ``shape``; with ``hlo``
+  (an open text file), its optimized program appended there too."""
   batch, length, vocab = shape
   logits, hidden, unembedding, labels, mask, point = inputs(
       batch, length, vocab, dim
@@ -221,6 +224,9 @@ def measure(shape, methods, repeats, dim):
             "fusion_kinds": kinds,
         }
     )
+    if hlo is not None:
+      hlo.write(f"# ===== {'x'.join(map(str, shape))} {row}\n")
+      hlo.write(compiled[row].as_text() + "\n")
     print(
         f"{'x'.join(map(str, shape)):>12}  {row:<40} {best[row]:6.2f} s"
         f"  {size:6d} instr  {ops} entry ops  {kinds}",
@@ -279,6 +285,12 @@ def define_flags():
       ],
       "Methods of numeric_token_loss; '+points' adds a decimal_point_mask.",
   )
+  flags.DEFINE_string(
+      "hlo_out",
+      None,
+      "If set, every program's optimized HLO (`compiled.as_text()`) is "
+      "written to this one text file, each after a '# =====' header.",
+  )
 
 
 def main(argv):
@@ -287,8 +299,10 @@ def main(argv):
   out = FLAGS.out if FLAGS["out"].present else OUT
   dim = FLAGS.hidden_dim if FLAGS["hidden_dim"].present else HIDDEN_DIM
   records = []
-  for shape in shapes:
-    records += measure(shape, FLAGS.methods, FLAGS.repeats, dim)
+  with contextlib.ExitStack() as stack:
+    hlo = FLAGS.hlo_out and stack.enter_context(open(FLAGS.hlo_out, "w"))
+    for shape in shapes:
+      records += measure(shape, FLAGS.methods, FLAGS.repeats, dim, hlo or None)
   records = ratio_rows(records)
   for r in records:
     if "time_vs_emd" in r:

@@ -11,7 +11,9 @@
 #   benchmarks.implementations the fused path's implementations side by side
 #   benchmarks.compile         each loss's compile time and program size
 # JSON and logs go to $OUT/bench/ (the logs hold every row printed, even of a
-# benchmark cut at its limit); copy the JSON over benchmarks/ and run
+# benchmark cut at its limit; joined into bench.log at the end), with each
+# compiled program's optimized HLO on the device in compile_hlo.txt (what
+# its kernels are); copy the JSON over benchmarks/ and run
 # `python -m benchmarks.report`. Environment: RUN_S, STEP_S, IMPL_S,
 # COMPILE_S (each benchmark's seconds: 120, 230, 130, 75; on one H100 they
 # took 82, more than 150 (four 30-35 s compiles before the first step),
@@ -59,5 +61,9 @@ bench step "$STEP_S" benchmarks.step --model=qwen2.5-1.5b --dtype=bfloat16 \
   --batch_size=64 --seq_len=128 --blocks=3 --per_block=2 \
   --variants=ce:logits,ntil:logits,ce:fused,ntil:fused
 bench implementations "$IMPL_S" benchmarks.implementations --calls_per_run=5
-bench compile "$COMPILE_S" benchmarks.compile --methods=ce,emd,ntil --repeats=1
+bench compile "$COMPILE_S" benchmarks.compile --methods=ce,emd,ntil --repeats=1 \
+  --hlo_out="$OUT/bench/compile_hlo.txt"
+# At most 8 files come back from a call: the four logs become one.
+(cd "$OUT/bench" && cat run.log step.log implementations.log compile.log \
+  >bench.log 2>/dev/null && rm -f run.log step.log implementations.log compile.log)
 echo "done in $(( $(date +%s) - start )) s"

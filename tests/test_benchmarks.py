@@ -8,6 +8,7 @@ report renders the file.
 
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -389,14 +390,24 @@ class BenchmarkTest(absltest.TestCase):
     self.assertIn("median over 2 blocks", stdout)
 
   def test_compile_records_each_program(self):
-    stdout, results = run_with_json(
-        "benchmarks.compile",
-        "--shapes=1x32x32",
-        "--methods=emd",
-        "--repeats=1",
-        "--hidden_dim=8",
-    )
+    with tempfile.TemporaryDirectory() as tmp:
+      hlo_path = os.path.join(tmp, "hlo.txt")
+      stdout, results = run_with_json(
+          "benchmarks.compile",
+          "--shapes=1x32x32",
+          "--methods=emd",
+          "--repeats=1",
+          "--hidden_dim=8",
+          f"--hlo_out={hlo_path}",
+      )
+      with open(hlo_path) as f:
+        hlo = f.read()
     rows = {r["row"]: r for r in results["records"]}
+    # Every program's optimized HLO, after its header, in --hlo_out.
+    headers = re.findall(r"^# ===== 1x32x32 (.+)$", hlo, re.M)
+    self.assertEqual(set(headers), set(rows))
+    for program in re.split(r"^# ===== .+$", hlo, flags=re.M)[1:]:
+      self.assertIn("ENTRY", program)
     self.assertEqual(
         set(rows),
         {
