@@ -33,6 +33,27 @@ def run_with_json(module, *args):
       return stdout, json.load(f)
 
 
+def scripted_interleaved_seconds(durations, *args):
+  """`run.interleaved_seconds(fns, (), *args)` on a fake clock: each call of
+  ``fns[name]`` takes the next of ``durations[name]``; its estimates and
+  the names called, in order."""
+  from benchmarks import run  # pylint: disable=g-import-not-at-top
+
+  clock, calls = [0.0], []
+
+  def timed(name):
+    def fn():
+      clock[0] += durations[name][sum(c == name for c in calls)]
+      calls.append(name)
+      return name
+
+    return fn
+
+  with mock.patch.object(run.time, "perf_counter", lambda: clock[0]):
+    fns = {name: timed(name) for name in durations}
+    return run.interleaved_seconds(fns, (), *args), calls
+
+
 class BenchmarkTest(absltest.TestCase):
 
   @pytest.mark.slow
@@ -207,8 +228,6 @@ class BenchmarkTest(absltest.TestCase):
     self.assertIn("| fused ntil, tokamax:chunked_xla | not run: V=1000", text)
 
   def test_interleaved_seconds_is_the_median_of_block_minima(self):
-    from benchmarks import run  # pylint: disable=g-import-not-at-top
-
     # Scripted durations of each function's timed calls, two a block over
     # three blocks; the first call of each (the warm-up) takes 100 s.
     durations = {
@@ -216,20 +235,7 @@ class BenchmarkTest(absltest.TestCase):
         "b": [100, 1, 2, 7, 6, 2, 2],
         "c": [100, 3, 3, 3, 1, 5, 9],
     }
-    clock, calls = [0.0], []
-
-    def timed(name):
-      def fn():
-        clock[0] += durations[name][sum(c == name for c in calls)]
-        calls.append(name)
-        return name
-
-      return fn
-
-    with mock.patch.object(run.time, "perf_counter", lambda: clock[0]):
-      estimates = run.interleaved_seconds(
-          {name: timed(name) for name in durations}, (), 3, 2
-      )
+    estimates, calls = scripted_interleaved_seconds(durations, 3, 2)
     # Minima a: 3, 4, 8; b: 1, 6, 2; c: 3, 1, 5. Medians 4, 2, 3.
     self.assertEqual(
         estimates,
@@ -243,20 +249,7 @@ class BenchmarkTest(absltest.TestCase):
 
     # Two blocks, one run a block of three calls each; warm-up first (50).
     durations = {"a": [50, 1, 2, 6, 4, 4, 4], "b": [50, 3, 3, 3, 9, 0, 0]}
-    clock, calls = [0.0], []
-
-    def timed(name):
-      def fn():
-        clock[0] += durations[name][sum(c == name for c in calls)]
-        calls.append(name)
-        return name
-
-      return fn
-
-    with mock.patch.object(run.time, "perf_counter", lambda: clock[0]):
-      estimates = run.interleaved_seconds(
-          {name: timed(name) for name in durations}, (), 2, 1, 3
-      )
+    estimates, calls = scripted_interleaved_seconds(durations, 2, 1, 3)
     # a: runs of (1+2+6)/3 = 3 and 12/3 = 4; b: 9/3 = 3 and 9/3 = 3.
     self.assertEqual(estimates, {"a": (3.5, [3, 4]), "b": (3, [3, 3])})
     self.assertEqual("".join(calls), "ab" + "aaabbb" + "bbbaaa")
