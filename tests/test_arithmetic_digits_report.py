@@ -666,6 +666,42 @@ def test_chunk_cells_are_paired_with_their_single_digit_runs(tmp_path):
   assert "Not run yet (groups `chunks` and `chunks_peers`, 30 cells)." in plain
 
 
+def test_what_it_shows_reads_the_chunk_cells_against_ce_in_chunks(tmp_path):
+  third = {
+      # CE in chunks s2: 2/6; DEL in chunks s2: 5/6.
+      "ce-chunks-s2": (
+          "chunks",
+          "ce",
+          2,
+          {1: "41", 2: "-2", 3: "1", 4: "4.2"},
+          [0.1, 0.2, 0.3],
+      ),
+      "del-chunks-s2": ("chunks_peers", "del", 2, {6: "x"}, [0.1]),
+  }
+  cells = {**CELLS, **CHUNK_CELLS, **PEER_CHUNK_CELLS, **third}
+  shows = sections(write(tmp_path, list(cells), cells=cells))["What it shows"]
+  shows = " ".join(shows.split())
+  # DEL - CE in chunks: +2/6, +2/6, +3/6 on seeds 0-2: 38.89 points, sd
+  # 9.62, t = 7 on 2 df, p = 1 - 7 / sqrt(51) = 0.020, better on every seed.
+  assert (
+      "CE + DEL, 1-3 digit tokens − CE in the same tokens, exact match at"
+      " the end: +38.89 points, better on 3/3 seeds" in shows
+  )
+  assert (
+      "CE + DEL, 1-3 digit tokens, exact match at the end (+38.89 pts,"
+      " better on every seed, p = 0.020)" in shows
+  )
+  # NTIL in chunks: +3/6 on both seeds, no spread: the sign test's 0.5.
+  assert (
+      "CE + NTIL, 1-3 digit tokens − CE in the same tokens, exact match at"
+      " the end: +50.00 points, better on 2/2 seeds" in shows
+  )
+  assert "CE + NTIL, 1-3 digit tokens, exact match at the end (" not in shows
+  # Without chunk cells nothing is said of them.
+  plain = sections(write(tmp_path, list(CELLS)))["What it shows"]
+  assert "1-3 digit tokens" not in plain
+
+
 def test_peer_cells_are_rows_of_the_main_tables(tmp_path):
   cells = {**CELLS, **PEER_CELLS}
   parts = sections(write(tmp_path, list(cells), cells=cells))

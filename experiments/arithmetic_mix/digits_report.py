@@ -271,6 +271,39 @@ class Grid:
       lines += prose.section(__file__, "partial", **few)
     return lines
 
+  def chunk_reading(self) -> list[str]:
+    """Each loss in tokens of 1-3 digits against CE in the same tokens: its
+    verdict at the end, then every paired metric on which a loss differs
+    from CE there beyond seed noise (p < 0.05, every seed the same way)."""
+    ce = self.grouped.get("ce" + CHUNKS)
+    kinds = [m + CHUNKS for m in CHUNK_METHODS + PEERS if m != "ce"]
+    keys = self.present(kinds)
+    if not ce or not keys:
+      return []
+    lines, apart, tested = [], [], 0
+    for k in keys:
+      d = stats.paired(self.grouped[k], ce, "em_end")
+      if d is None:
+        continue
+      text = prose.text(__file__, "versus_chunks", loss=label(k))
+      fields = dict(d, text=text, verdict=tables.verdict(d))
+      lines += prose.section(__file__, "versus", **fields)
+      for key, name, scale, digits, higher in self.metrics:
+        d = stats.paired(self.grouped[k], ce, key, scale, higher)
+        tested += d is not None and d["n"] > 1
+        if d is not None and tables.kind(d) == "unanimous":
+          unit = " pts" if scale == 100 else ""
+          way = tables.direction(d, higher)
+          apart.append(
+              f"{label(k)}, {name.replace(' (pts)', '')} "
+              f"({d['mean']:+.{digits}f}{unit}, {way} on every seed, "
+              f"p = {d['p']:.3f})"
+          )
+    fields = dict(apart="; ".join(apart) or "none", tested=tested)
+    return lines + prose.section(
+        __file__, "chunks_apart", **fields, chance=tested / 20
+    )
+
   def ntil_vs_ce(self) -> list[str]:
     """Where NTIL does not beat CE: metrics and breakdown buckets whose
     paired mean is not in NTIL's favour, and whether the rest beat noise."""
@@ -503,7 +536,7 @@ def write_report(
       ablations=ablations or ["Not run yet."],
       chunks=chunks,
       elsewhere=elsewhere,
-      reading=grid.reading(),
+      reading=grid.reading() + grid.chunk_reading(),
       device_check=check and ["", *check],
   )
   return report_engine.write(out_dir, lines, end="\n")
