@@ -8,7 +8,8 @@
 #   .devkit/data/       the grid's problems: STEPS x BATCH (each seen once)
 #                       and TEST_SIZE test problems, both datasets; with
 #                       DIGITS=1 (default) the digits grid's 102,400 + 2,000
-#                       (14 MB), for scripts/device_digits_grid.sh
+#                       (14 MB), also packed as .devkit/digits_data.tgz
+#                       (5 MB), for scripts/device_digits_grid.sh
 #   .devkit/gguf.sha256 to check the joined GGUF there
 #   .devgguf/a, b       the SmolLM2 GGUF (98 MB) in two halves, one a call
 # Then, with the device tool (calls back to back: the machine stays warm
@@ -70,5 +71,9 @@ done
 if [ "${DIGITS:-1}" = 1 ]; then  # the digits grid (device_digits_grid.sh)
   echo "== data: the digits grid's 102,400 + 2,000 problems"
   $PY -c "from train import arithmetic_data as d; print(d.prepare('$KIT/data', 800 * 128, 2000, module='arithmetic__add_or_sub', difficulty='easy', workers=2))"
+  # Packed (14 MB to 5): the tree, the wheels and the raw folder together
+  # pass the 64 MiB a call carries.
+  tar czf "$KIT/digits_data.tgz" -C "$KIT/data" \
+    arithmetic_mix/add_or_sub-easy_train102400_test2000_seed0
 fi
 du -sh "$KIT"/* .devgguf/*
