@@ -9,7 +9,10 @@
 #                       and TEST_SIZE test problems, both datasets; with
 #                       DIGITS=1 (default) the digits grid's 102,400 + 2,000
 #                       (14 MB), also packed as .devkit/digits_data.tgz
-#                       (5 MB), for scripts/device_digits_grid.sh
+#                       (5 MB), for scripts/device_digits_grid.sh, and
+#                       their problems' digest (.devkit/digits_data.digest)
+#   .devkit/whl_data/   those of scripts/device_data_wheels.txt (8 MB), to
+#                       generate the 3,200-step digits grid's data there
 #   .devkit/gguf.sha256 to check the joined GGUF there
 #   .devgguf/a, b       the SmolLM2 GGUF (98 MB) in two halves, one a call
 # Then, with the device tool (calls back to back: the machine stays warm
@@ -51,6 +54,7 @@ download() {  # folder, requirements file
 }
 download "$KIT/whl" scripts/device_wheels.txt
 download "$KIT/whl_bench" scripts/device_bench_wheels.txt
+download "$KIT/whl_data" scripts/device_data_wheels.txt
 # Published as a source archive alone (pure Python): built into a wheel here.
 python3 -m pip wheel -q --no-deps -w "$KIT/whl" promise==2.3
 
@@ -75,5 +79,9 @@ if [ "${DIGITS:-1}" = 1 ]; then  # the digits grid (device_digits_grid.sh)
   # pass the 64 MiB a call carries.
   tar czf "$KIT/digits_data.tgz" -C "$KIT/data" \
     arithmetic_mix/add_or_sub-easy_train102400_test2000_seed0
+  # What the machine there must draw too before it generates the 3,200-step
+  # grid's problems (PROFILE=digits_long bash scripts/device_digits_grid.sh).
+  $PY -c "import json; from train import arithmetic_data as d; print(json.dumps(d.problems_digest('$KIT/data/arithmetic_mix/add_or_sub-easy_train102400_test2000_seed0/1.0.0'), sort_keys=True))" \
+    >"$KIT/digits_data.digest"
 fi
 du -sh "$KIT"/* .devgguf/*

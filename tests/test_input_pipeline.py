@@ -323,6 +323,13 @@ def test_prepare_is_deterministic_and_seed_dependent(data_dir, tmp_path):
   for split in ("train", "test"):
     assert read_pairs(same, split) == read_pairs(original, split)
     assert read_pairs(other, split) != read_pairs(original, split)
+  # What a machine elsewhere checks before it generates data to pair with
+  # this machine's runs.
+  digest = arithmetic_data.problems_digest(str(original))
+  assert set(digest) == {"train", "test"}
+  assert arithmetic_data.problems_digest(same) == digest
+  other_digest = arithmetic_data.problems_digest(other)
+  assert all(other_digest[s] != digest[s] for s in digest)
 
 
 def test_test_split_does_not_depend_on_train_size(data_dir, tmp_path):

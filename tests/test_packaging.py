@@ -167,7 +167,11 @@ def test_device_wheels_satisfy_the_project_requirements():
   pinned = {}
   for line in "\n".join(
       (ROOT / "scripts" / name).read_text()
-      for name in ("device_wheels.txt", "device_bench_wheels.txt")
+      for name in (
+          "device_wheels.txt",
+          "device_bench_wheels.txt",
+          "device_data_wheels.txt",
+      )
   ).splitlines():
     if line.strip() and not line.startswith("#"):
       name, version = line.split("==")
@@ -180,6 +184,8 @@ def test_device_wheels_satisfy_the_project_requirements():
       "google-tunix",
       "gguf",
       "tokamax",
+      "mathematics-dataset",
+      "sympy",
   } <= set(checked)
   for name in checked:
     assert wanted[name].specifier.contains(pinned[name]), (name, pinned[name])

@@ -42,6 +42,7 @@ training and evaluation on data prepared elsewhere need neither, and the
 
 import contextlib
 import dataclasses
+import hashlib
 import importlib
 import multiprocessing
 import random
@@ -476,3 +477,22 @@ def prepare(
   )
   builder.workers = workers
   return generated_data.prepare(builder)
+
+
+def problems_digest(dataset_dir: str) -> dict[str, str]:
+  """``{split: MD5 of its problems in stored order}`` of a prepared dataset.
+
+  Equal where two preparations drew the same problems in the same order, on
+  any machine; the record files' bytes are not (the order in which each
+  record's serialized fields are written varies between processes).
+  """
+  builder = tfds.builder_from_directory(dataset_dir)
+  digests = {}
+  for split in sorted(builder.info.splits):
+    source = builder.as_data_source(split=split)
+    digest = hashlib.md5()
+    for i in range(len(source)):
+      question, answer = source[i]["question"], source[i]["answer"]
+      digest.update(question + b"\0" + answer + b"\n")
+    digests[split] = digest.hexdigest()
+  return digests
