@@ -181,8 +181,8 @@ def _delta(grouped, key, read) -> str:
     return "–"
   text = tables.delta(d, 1, p_text)
   text = f"**{text}**" if d["p"] < 0.05 else text
-  across = devices(grouped[key]) != devices(grouped["ce"])
-  return text + ACROSS if across else text
+  apart = devices(grouped[key]) != devices(grouped["ce"])
+  return text + ACROSS if apart else text
 
 
 def p_text(p) -> str:
@@ -325,11 +325,23 @@ def figure(out_path, root=ROOT) -> str:
   return out_path
 
 
+def across(grouped) -> list[str]:
+  """The losses of a row whose runs ran on other devices than CE's."""
+  ce = devices(grouped["ce"])
+  return [
+      name for k, name in LOSSES if k in grouped and devices(grouped[k]) != ce
+  ]
+
+
 def describe(cell, grouped, mid) -> str:
-  """A row's name in the figure: task, metric, training data and budget."""
+  """A row's name in the figure: task, metric, training data and budget,
+  and the losses paired with CE across devices (`ACROSS`)."""
   name = textwrap.fill(f"{cell.task} ({cell.metric_name})", 48)
   mid = "" if mid is None else f" (mid: {mid:,})"
-  return f"{name}\n{regime(cell, grouped)}, {steps(grouped):,} steps{mid}"
+  text = f"{name}\n{regime(cell, grouped)}, {steps(grouped):,} steps{mid}"
+  if apart := across(grouped):
+    text += f"\n{ACROSS} {', '.join(apart)}: other devices than CE's"
+  return text
 
 
 def replace_block(text, lines) -> str:

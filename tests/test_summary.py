@@ -175,11 +175,17 @@ def test_a_difference_across_devices_is_marked_and_explained(tmp_path):
   assert cells[1] == "+2.5 (2/2, p = 0.13)"  # EMD: same device, no mark
   # DEL: 0 and -1 point: t = -1 with 1 degree of freedom, p = 0.5.
   assert cells[6] == "-0.5 (0/2, p = 0.50)" + summary.ACROSS
+  grouped = summary.recorded(str(tmp_path))[0][1]
+  assert summary.across(grouped) == ["DEL"]
+  assert summary.describe(summary.CELLS[1], grouped, None).endswith(
+      "\n† DEL: other devices than CE's"
+  )
   # One device throughout: no mark, no note.
   write(tmp_path, "experiments/arithmetic_mix/digits/results.json", runs[:4])
   lines = summary.table(str(tmp_path))
   assert summary.ACROSS_NOTE not in lines
   assert not any(summary.ACROSS in line for line in lines)
+  assert not summary.across(summary.recorded(str(tmp_path))[0][1])
 
 
 def test_llm_rows_by_dataset(tmp_path):
