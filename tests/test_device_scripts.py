@@ -62,6 +62,12 @@ def test_invocations_are_read_across_continued_lines():
   ]
 
 
+def check_flags(module, passed):
+  """`CHECK` of ``module`` with the flags ``passed``: its completed process."""
+  args = [sys.executable, "-c", CHECK, module, *passed]
+  return launch.run(args, cwd=ROOT, capture_output=True, text=True)
+
+
 def test_every_script_parses():
   assert SCRIPTS
   for script in SCRIPTS:
@@ -81,23 +87,11 @@ def test_every_script_parses():
     ],
 )
 def test_device_scripts_pass_only_flags_their_modules_define(module, passed):
-  result = launch.run(
-      [sys.executable, "-c", CHECK, module, *passed],
-      cwd=ROOT,
-      capture_output=True,
-      text=True,
-      check=False,
-  )
+  result = check_flags(module, passed)
   assert result.returncode == 0, result.stderr[-2000:]
 
 
 def test_a_misspelt_flag_is_caught():
-  result = launch.run(
-      [sys.executable, "-c", CHECK, "benchmarks.run", "--calls_per_runs=10"],
-      cwd=ROOT,
-      capture_output=True,
-      text=True,
-      check=False,
-  )
+  result = check_flags("benchmarks.run", ["--calls_per_runs=10"])
   assert result.returncode != 0
   assert "calls_per_runs" in result.stderr
