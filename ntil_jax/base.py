@@ -27,6 +27,11 @@ def asarrays(*arrays):
   return tuple(None if x is None else jnp.asarray(x) for x in arrays)
 
 
+def asarrays_with_labels(labels, *arrays):
+  """:func:`numbers.label_array` of ``labels``, then :func:`asarrays`."""
+  return (numbers.label_array(labels),) + asarrays(*arrays)
+
+
 def number_loss(
     numeric_fn,
     stats: statistics.TokenStatistics,
@@ -194,8 +199,8 @@ def prepare(
     logits, labels, digit_mask, digit_token_ids, decimal_point_mask=None
 ):
   """Validates inputs; returns them as arrays, and the digit logits."""
-  logits, labels, digit_mask, decimal_point_mask = asarrays(
-      logits, labels, digit_mask, decimal_point_mask
+  labels, logits, digit_mask, decimal_point_mask = asarrays_with_labels(
+      labels, logits, digit_mask, decimal_point_mask
   )
   labels, digit_mask, decimal_point_mask = numbers.reshard_like(
       logits, labels, digit_mask, decimal_point_mask

@@ -40,7 +40,10 @@ def soft_label_from_layout(
 ):
   log_probs = stats.digit_logits - stats.log_norm[..., None]
   targets = soft_digit_targets(layout.digit_values, eta=eta, width=width)
-  return base.masked(-jnp.sum(targets * log_probs, -1), layout.is_digit)
+  # 0 log 0 = 0: a digit the model rules out (logit -inf) that the target
+  # gives no weight costs nothing, not a NaN.
+  terms = jnp.where(targets > 0, targets * log_probs, 0.0)
+  return base.masked(-jnp.sum(terms, -1), layout.is_digit)
 
 
 def emd_loss(
@@ -199,7 +202,7 @@ def cross_entropy(logits, labels, loss_mask=None) -> chex.Array:
     [2.4849, 0.0]
   """
   logits = jnp.asarray(logits)
-  labels = jnp.asarray(labels)
+  labels = numbers.label_array(labels)
   loss_mask = None if loss_mask is None else jnp.asarray(loss_mask)
   validation.check_inputs(
       logits, labels, None, None, (("loss_mask", loss_mask),)

@@ -148,7 +148,7 @@ def fused_token_statistics(
   kernels.check(implementation, chunk_size)
   hidden = jnp.asarray(hidden)
   unembedding = jnp.asarray(unembedding)
-  labels = jnp.asarray(labels)
+  labels = numbers.label_array(labels)
   if hidden.ndim != 3:
     raise ValueError(
         f"hidden must be [B, T, D] (rank 3), got shape {hidden.shape}."
@@ -277,7 +277,7 @@ def fused_numeric_loss(
   """
   hidden = jnp.asarray(hidden)
   unembedding = jnp.asarray(unembedding)
-  labels = jnp.asarray(labels)
+  labels = numbers.label_array(labels)
   masks = tuple(
       (n, None if m is None else jnp.asarray(m))
       for n, m in (

@@ -234,8 +234,8 @@ def numeric_token_loss(
     >>> bool(jnp.allclose(one_call, by_hand))
     True
   """
-  logits, labels, loss_mask, decimal_point_mask = base.asarrays(
-      logits, labels, loss_mask, decimal_point_mask
+  labels, logits, loss_mask, decimal_point_mask = base.asarrays_with_labels(
+      labels, logits, loss_mask, decimal_point_mask
   )
   labels, loss_mask, decimal_point_mask = numbers.reshard_like(
       logits, labels, loss_mask, decimal_point_mask
@@ -409,7 +409,7 @@ def loss_from_statistics(
     True
   """
   check_method(method, weighting, loss_kwargs, lam=lam)
-  labels, loss_mask, digit_mask, decimal_point_mask = base.asarrays(
+  labels, loss_mask, digit_mask, decimal_point_mask = base.asarrays_with_labels(
       labels, loss_mask, digit_mask, decimal_point_mask
   )
   validation.check_statistics(stats, labels, vocab_size, digit_token_ids)

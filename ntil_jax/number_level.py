@@ -81,8 +81,11 @@ def nl_ntl_from_layout(
           "reweigh needs the log-normalizer of the whole vocabulary "
           "(TokenStatistics.log_norm)."
       )
+    # Both zeroed away from first digits: a large logit there would make
+    # exp overflow, and the masked-out inf a NaN gradient.
     log_norm = jnp.where(first_digit, stats.log_norm, 0.0)
-    mass = jnp.sum(jnp.exp(logits - log_norm[..., None]), axis=-1)
+    at_first = jnp.where(first_digit[..., None], logits, 0.0)
+    mass = jnp.sum(jnp.exp(at_first - log_norm[..., None]), axis=-1)
     loss = loss * mass + REWEIGH_FACTOR * MAX_DISTANCE * (1.0 - mass)
   return base.masked(loss, first_digit)
 

@@ -186,6 +186,21 @@ def check_digit_token_ids(digit_token_ids, vocab_size=None):
   return ids
 
 
+def label_array(labels) -> chex.Array:
+  """``labels`` as an array, integers narrower than 32 bits widened to int32.
+
+  Every comparison of a label with a vocabulary size or a token id then
+  happens in at least 32 bits: in a uint8, int8 or int16 array, ``V =
+  300``, ``200`` or ``32768`` would wrap (``uint8(300) == 44``) and score
+  real tokens as ignored. Other dtypes (non-integers included, which the
+  validation refuses) are returned as they are.
+  """
+  labels = jnp.asarray(labels)
+  if jnp.issubdtype(labels.dtype, jnp.integer) and labels.dtype.itemsize < 4:
+    labels = labels.astype(jnp.int32)
+  return labels
+
+
 def match_digits(labels: chex.Array, digit_token_ids=None):
   """Returns ``(is_digit_label, digit_values)`` for integer ``labels``.
 
@@ -196,7 +211,7 @@ def match_digits(labels: chex.Array, digit_token_ids=None):
   not token 300). Traced ids are not checked: with a repeated id, the label
   matches the first digit that has it.
   """
-  labels = jnp.asarray(labels)
+  labels = label_array(labels)
   if digit_token_ids is None:
     is_digit = (labels >= 0) & (labels < NUM_DIGITS)
     return is_digit, jnp.where(is_digit, labels, 0).astype(jnp.int32)

@@ -120,7 +120,7 @@ def token_statistics(
     [2.6187, 2.4849]
   """
   logits = jnp.asarray(logits)
-  labels = jnp.asarray(labels)
+  labels = numbers.label_array(labels)
   mask = None if mask is None else jnp.asarray(mask)
   validation.check_inputs(
       logits, labels, None, digit_token_ids, (("mask", mask),)

@@ -544,6 +544,45 @@ class DigitIdTest(parameterized.TestCase):
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
 
 
+  @parameterized.parameters(
+      (np.uint8, 300, 200), (np.int8, 200, 100), (np.int16, 32768, 1000)
+  )
+  def test_narrow_labels_are_scored(self, dtype, vocab, label):
+    # In the label dtype, V wraps (uint8(300) == 44, int16(32768) < 0): the
+    # comparison with V must not score real tokens as ignored.
+    rng = np.random.default_rng(1)
+    logits = rng.standard_normal((1, 3, vocab)).astype(np.float32)
+    labels = np.array([[3, label, 7]])
+    log_probs = jax.nn.log_softmax(logits.astype(np.float64))
+    ce = -log_probs[0, [0, 1, 2], labels[0]]
+    narrow = labels.astype(dtype)
+    np.testing.assert_allclose(
+        ntil_jax.cross_entropy(logits, narrow)[0], ce, rtol=1e-5
+    )
+    for method in ("ce", "ntil"):
+      got = ntil_jax.numeric_token_loss(logits, narrow, method=method)
+      want = ntil_jax.numeric_token_loss(logits, labels, method=method)
+      np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=method)
+      self.assertGreater(float(got[0, 1]), 1.0)  # scored: about log V
+    stats = ntil_jax.token_statistics(logits, narrow)
+    np.testing.assert_allclose(
+        stats.label_logits[0], logits[0, [0, 1, 2], labels[0]], rtol=1e-6
+    )
+    np.testing.assert_allclose(
+        ntil_jax.loss_from_statistics(stats, narrow, vocab_size=vocab)[0],
+        ntil_jax.numeric_token_loss(logits, labels)[0],
+        rtol=1e-5,
+    )
+    hidden = rng.standard_normal((1, 3, 4)).astype(np.float32)
+    unembedding = rng.standard_normal((4, vocab)).astype(np.float32)
+    np.testing.assert_allclose(
+        ntil_jax.fused_numeric_loss(hidden, unembedding, narrow),
+        ntil_jax.numeric_token_loss(hidden @ unembedding, labels),
+        rtol=1e-4,
+        atol=1e-5,
+    )
+
+
 # ----------------------------------------------------------------------------
 # Item 4: the fused path's edge cases, logits given as lists.
 
@@ -1039,6 +1078,55 @@ def _bad_low_level_calls():
           r"disagree on D",
       ),
   )
+
+
+class ExtremeLogitTest(parameterized.TestCase):
+  """Logits of +-inf or far beyond exp's range where a loss is scored."""
+
+  @parameterized.parameters((0.0, 1.0), (0.5, 0.3))
+  def test_soft_labels_with_a_digit_ruled_out(self, eta, width):
+    # '9' impossible (logit -inf) and given no weight by the target (eta = 0,
+    # or a Gaussian that underflows 6 digits away): 0 log 0 = 0, and every
+    # other token of 12 is equally likely, so the loss is log 11.
+    logits = np.zeros((1, 2, 12), np.float32)
+    logits[0, :, 9] = -np.inf
+    labels = np.array([[3, 4]])
+    fn = lambda z: ntil_jax.soft_label_cross_entropy(
+        z, labels, eta=eta, width=width
+    )
+    np.testing.assert_allclose(fn(logits)[0], [np.log(11.0)] * 2, rtol=1e-6)
+    got = ntil_jax.numeric_token_loss(
+        logits, labels, method="soft_label", eta=eta, width=width
+    )
+    self.assertTrue(np.isfinite(got).all())
+    self.assertTrue(np.isfinite(jax.grad(lambda z: fn(z).sum())(logits)).all())
+
+  def test_nl_ntl_reweighed_with_a_sure_later_digit(self):
+    # "12": the first digit uniform over 12 tokens (expected digit 4.5, mass
+    # 10/12 on digits), the second '2' at logit 100 (exp overflows float32):
+    # X = 47, Y = 12, 35 / 59 reweighed.
+    labels = np.array([[1, 2, 11]])
+    logits = np.zeros((1, 3, 12), np.float32)
+    logits[0, 1, 2] = 100.0
+    mass = 10 / 12
+    want = 35 / 59 * mass + 1.01 * (1 - mass)
+    fns = (
+        lambda z: ntil_jax.nl_ntl_loss(z, labels, reweigh=True),
+        lambda z: ntil_jax.numeric_token_loss(
+            z, labels, method="nl_ntl", reweigh=True, lam=1.0
+        )
+        - ntil_jax.cross_entropy(z, labels),
+    )
+    for fn in fns:
+      np.testing.assert_allclose(fn(logits)[0, 0], want, rtol=1e-5)
+      grad = jax.grad(lambda z, f=fn: f(z).sum())(logits)
+      self.assertTrue(np.isfinite(grad).all())
+      # At logit 80 exp does not overflow; '2' is as sure.
+      below = logits.copy()
+      below[0, 1, 2] = 80.0
+      np.testing.assert_allclose(
+          grad, jax.grad(lambda z, f=fn: f(z).sum())(below), atol=1e-6
+      )
 
 
 class LowLevelInputTest(parameterized.TestCase):
