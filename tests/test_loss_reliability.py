@@ -543,7 +543,6 @@ class DigitIdTest(parameterized.TestCase):
     )
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
 
-
   @parameterized.parameters(
       (np.uint8, 300, 200), (np.int8, 200, 100), (np.int16, 32768, 1000)
   )
