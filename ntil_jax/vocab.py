@@ -30,6 +30,16 @@ def _lookup(vocab) -> dict:
   )
 
 
+def _check_token_id(piece, token_id) -> None:
+  """ValueError unless ``token_id``, ``piece``'s id, is an int >= 0."""
+  if isinstance(token_id, bool) or not isinstance(token_id, (int, np.integer)):
+    raise ValueError(
+        f"token {piece!r} has id {token_id!r}; ids must be integers."
+    )
+  if token_id < 0:
+    raise ValueError(f"token {piece!r} has a negative id {token_id}.")
+
+
 def digit_token_ids(vocab) -> np.ndarray:
   """The token ids of the digits 0..9 in ``vocab``.
 
@@ -44,8 +54,8 @@ def digit_token_ids(vocab) -> np.ndarray:
     ``"##k"``, ``"<0x3k>"``, ``" k"`` is used.
 
   Raises:
-    ValueError: if a digit has no token, listing the missing digits, or if two
-      digits share an id.
+    ValueError: if a digit has no token, listing the missing digits, if a
+      digit's id is not an integer >= 0, or if two digits share an id.
 
   The vocabulary may be smaller than the model's logits (padded embeddings):
   the losses take V from the logits, so these ids just have to be below it.
@@ -64,17 +74,15 @@ def digit_token_ids(vocab) -> np.ndarray:
   lookup = _lookup(vocab)
   ids, missing = [], []
   for digit in range(10):
-    found = next(
-        (
-            lookup[s.format(d=digit)]
-            for s in _SPELLINGS
-            if s.format(d=digit) in lookup
-        ),
+    piece = next(
+        (s.format(d=digit) for s in _SPELLINGS if s.format(d=digit) in lookup),
         None,
     )
-    if found is None:
+    if piece is None:
       missing.append(str(digit))
-    ids.append(found)
+    else:
+      _check_token_id(piece, lookup[piece])
+    ids.append(None if piece is None else lookup[piece])
   if missing:
     raise ValueError(
         f"no token for digit(s) {', '.join(missing)} in a vocabulary of "
@@ -175,14 +183,7 @@ def number_tokens(vocab, *, max_width: int = 3) -> NumberTokens:
       prefix, digits = None, byte.group(1)
     if len(digits) > max_width:
       continue
-    if isinstance(token_id, bool) or not isinstance(
-        token_id, (int, np.integer)
-    ):
-      raise ValueError(
-          f"token {piece!r} has id {token_id!r}; ids must be integers."
-      )
-    if token_id < 0:
-      raise ValueError(f"token {piece!r} has a negative id {token_id}.")
+    _check_token_id(piece, token_id)
     if token_id in found and found[token_id][0] != piece:
       raise ValueError(
           f"tokens {found[token_id][0]!r} and {piece!r} share the id "

@@ -105,3 +105,25 @@ def test_a_bad_vocabulary_is_named_in_one_line(vocab, kwargs, message):
   with pytest.raises(ValueError, match=message) as caught:
     ntil_jax.number_tokens(vocab, **kwargs)
   assert "\n" not in str(caught.value)
+
+
+DIGITS = {str(d): d + 3 for d in range(10)}
+
+
+@pytest.mark.parametrize(
+    "changed, message",
+    [
+        # Two floats that truncate to one id would pass a check for shared
+        # ids made before the cast: refused as floats.
+        ({"0": 4.2, "1": 4.7}, "token '0' has id 4.2; ids must be integers"),
+        ({"0": 3.9}, "ids must be integers"),
+        ({"0": True}, "ids must be integers"),
+        ({"0": -1}, "token '0' has a negative id -1"),
+        ({"0": 4}, r"digits share token ids: \[4, 4,"),
+        ({"0": "3"}, "ids must be integers"),
+    ],
+)
+def test_digit_token_ids_refuse_what_number_tokens_refuse(changed, message):
+  with pytest.raises(ValueError, match=message):
+    ntil_jax.digit_token_ids({**DIGITS, **changed})
+  assert ntil_jax.digit_token_ids(DIGITS).tolist() == list(range(3, 13))
