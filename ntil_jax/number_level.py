@@ -25,7 +25,7 @@ EPSILON = float(np.finfo(np.float32).eps)
 MAX_DISTANCE = 1.0
 REWEIGH_FACTOR = 1.01
 # The least denominator, at the scale of a number's first digit.
-SMALLEST_DENOMINATOR = 1e-18
+SMALLEST_DENOMINATOR = 1e-30
 
 
 def check_nl_ntl_parameters(*, reweigh: bool = False) -> None:
@@ -67,11 +67,15 @@ def nl_ntl_from_layout(
   # At each number's last digit, where its sums are whole; the scale there
   # is 10**-(n - 1).
   denominator = jnp.abs(predicted) + jnp.abs(written) + EPSILON * scale
-  # Floored (0 outside numbers): the gradient's |D| / denominator**2 stays
-  # finite. It binds only where both numbers are below 1e-18 of their
-  # first digit's place, 19 or more leading zeros written and predicted.
+  # Floored (0 outside numbers), and both sides divided by its value before
+  # the ratio: autodiff's |D| / denominator**2 would overflow float32 below
+  # 1e-19, while this gradient stays below about 1e31. The floor binds only
+  # where both numbers are below 1e-30 of their first digit's place, 30 or
+  # more leading zeros written and predicted.
   denominator = jnp.maximum(denominator, SMALLEST_DENOMINATOR)
-  per_number = jnp.where(layout.is_last, jnp.abs(difference) / denominator, 0.0)
+  unit = jax.lax.stop_gradient(1.0 / denominator)
+  ratio = (jnp.abs(difference) * unit) / (denominator * unit)
+  per_number = jnp.where(layout.is_last, ratio, 0.0)
   # On the number's first digit, as their "none" reduction places it.
   first_digit = layout.is_digit & layout.starts
   loss = segments.read_at(per_number[..., None], layout.last)[..., 0]
@@ -125,7 +129,10 @@ def nl_ntl_loss(
   ``decimal_point_mask`` marks it (their ``float_level=True``): "12.34" is
   one number, scored as their 1234 is (the same ratio). Values are exact
   for numbers of any length: each number's sums are taken at the scale of
-  its first digit, where their float32 sums overflow past 38 digits.
+  its first digit, where their float32 sums overflow past 38 digits. The
+  one limit: a number written with more than 30 leading zeros that the
+  model also predicts as zeros (both below 1e-30 of the first digit's
+  place) scores less than their ratio (its denominator is floored there).
 
   Where this differs from their code, by design: a number that starts a
   row is one number here; their loop never closes it, and scores each of

@@ -466,6 +466,23 @@ class OracleTest(parameterized.TestCase):
     np.testing.assert_array_equal(value, 0.0)
     self.assertTrue(np.isfinite(grad).all())
 
+  @parameterized.parameters(5, 19, 25, 30)
+  def test_nl_ntl_with_leading_zeros_predicted_beyond_doubt(self, zeros):
+    # "0...01" predicted as "0...02" with logits of 1000: X = 2, Y = 1 as
+    # integers (the leading zeros' other digits have probability 0), so
+    # the ratio is 1 / 3 however many zeros lead, up to the 30 documented.
+    target = [0] * zeros + [1]
+    labels = np.array([[11] + target + [11]])
+    logits = np.zeros((1, zeros + 3, 12), np.float32)
+    for t, digit in enumerate([0] * zeros + [2]):
+      logits[0, 1 + t, digit] = 1000.0
+    value, grad = value_and_grad_of_sum(
+        lambda z: ntil_jax.nl_ntl_loss(z, labels)
+    )(logits)
+    eps = np.finfo(np.float32).eps
+    np.testing.assert_allclose(value[0, 1], 1 / (3 + eps), rtol=1e-6)
+    self.assertTrue(np.isfinite(grad).all())
+
   def test_nl_ntl_settings_checked(self):
     logits, labels, mask = random_case(7, 1, 4)
     for reweigh in (1, 1.0, "yes", None):
