@@ -143,8 +143,8 @@ def check_parameters(**parameters) -> None:
   """Raises ValueError, naming the argument, for a loss parameter out of range.
 
   Checks the names in ``sigma, alpha, beta, lam, noise_scale, tau, width,
-  eta``; others are ignored. Every one must be finite (NaN and inf are
-  refused) and in its range. Traced values (inside ``jit``) cannot be
+  eta``; others are ignored. Every one must be a finite scalar (NaN, inf
+  and arrays of several values are refused) in its range. Traced values (inside ``jit``) cannot be
   checked and are skipped.
   """
   for name, value in parameters.items():
@@ -156,6 +156,10 @@ def check_parameters(**parameters) -> None:
       continue  # traced: cannot be checked before run time
     if not (np.issubdtype(array.dtype, np.number) and np.isrealobj(array)):
       raise ValueError(f"{name} must be a real number, got {value!r}.")
+    if array.ndim:
+      raise ValueError(
+          f"{name} must be a scalar, got shape {array.shape}: {value!r}."
+      )
     test, rule = _PARAMETER_RULES[name]
     values = array.astype(np.float64)
     with np.errstate(invalid="ignore"):

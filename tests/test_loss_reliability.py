@@ -361,6 +361,9 @@ BAD_PARAMETERS = (
     ("check_method", dict(method="ntil", tau=0.0), "tau"),
     ("check_method", dict(method="ntil", noise_scale=-1.0), "noise_scale"),
     ("check_method", dict(method="soft_label", eta=1.01), "eta"),
+    # Arrays of several values: refused by name, not a TypeError deep inside.
+    ("ntil_loss", dict(sigma=[0.2, 0.3]), "sigma must be a scalar"),
+    ("numeric_token_loss", dict(method="emd", lam=np.ones(2)), "lam"),
 )
 
 
