@@ -319,6 +319,30 @@ def test_save_failing_mid_run_stops_at_once(data_dir, tmp_path):
   assert "Traceback" not in stderr
 
 
+@pytest.mark.parametrize(
+    "error, is_failure",
+    [
+        (OSError(28, "No space left on device"), True),
+        # A second signal raised in orbax's wait, which logs it on the way
+        # out: the stop itself, reported as the signal (exit 128 + N), not
+        # as a failed write that tells the user to free the disk.
+        (train.Interrupted(signal.SIGTERM), False),
+        (KeyboardInterrupt(), False),
+    ],
+)
+def test_what_orbax_logs_counts_as_a_failed_write(error, is_failure):
+  failures = []
+  handler = signals._BackgroundFailures(
+      types.SimpleNamespace(fail=failures.append)
+  )
+  for path in (f"{os.sep}orbax{os.sep}checkpoint_manager.py", "elsewhere.py"):
+    record = logging.LogRecord(
+        "orbax", logging.ERROR, path, 1, "failed", (), (type(error), error, None)
+    )
+    handler.emit(record)
+  assert failures == ([error] if is_failure else [])
+
+
 def test_sigterm_during_a_hung_save_ends_at_once(
     data_dir, tmp_path, monkeypatch
 ):

@@ -135,8 +135,13 @@ class _BackgroundFailures(pylogging.Handler):
     self.stop = stop
 
   def emit(self, record):
-    if record.exc_info and f"{os.sep}orbax{os.sep}" in record.pathname:
-      self.stop.fail(record.exc_info[1])
+    if not record.exc_info or f"{os.sep}orbax{os.sep}" not in record.pathname:
+      return
+    error = record.exc_info[1]
+    # A second signal raised inside orbax's wait (which logs it on its way
+    # out) is the stop itself, not a failed write.
+    if not isinstance(error, (errors.Interrupted, KeyboardInterrupt)):
+      self.stop.fail(error)
 
 
 @contextlib.contextmanager
