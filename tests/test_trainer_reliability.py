@@ -337,7 +337,13 @@ def test_what_orbax_logs_counts_as_a_failed_write(error, is_failure):
   )
   for path in (f"{os.sep}orbax{os.sep}checkpoint_manager.py", "elsewhere.py"):
     record = logging.LogRecord(
-        "orbax", logging.ERROR, path, 1, "failed", (), (type(error), error, None)
+        "orbax",
+        logging.ERROR,
+        path,
+        1,
+        "failed",
+        (),
+        (type(error), error, None),
     )
     handler.emit(record)
   assert failures == ([error] if is_failure else [])
