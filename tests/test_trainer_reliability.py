@@ -6,6 +6,7 @@ non-zero exit, good checkpoints kept, no hang, no library noise.
 """
 
 import contextlib
+import errno
 import fcntl
 import json
 import logging
@@ -32,6 +33,8 @@ from tests.test_train import ROOT
 from tests.test_train import run_cli
 from train import arithmetic_data
 from train import checkpoints
+from train import checks
+from train import errors
 from train import evaluate
 from train import logs
 from train import rundir
@@ -347,6 +350,58 @@ def test_what_orbax_logs_counts_as_a_failed_write(error, is_failure):
     )
     handler.emit(record)
   assert failures == ([error] if is_failure else [])
+
+
+def _exit_on(error, monkeypatch):
+  """What ``errors.exit_on_error`` does with ``error``: (message, status)."""
+  exits = []
+
+  def record_exit(message, code):
+    exits.append((message, code))
+    raise SystemExit(code)
+
+  monkeypatch.setattr(errors, "_exit_now", record_exit)
+  with pytest.raises(SystemExit), errors.exit_on_error():
+    raise error
+  return exits[0]
+
+
+def test_a_full_disk_is_one_error_line(monkeypatch):
+  # The metrics write fails, then the clean-up's write fails again and
+  # hides it: the full disk is found in the chain.
+  full = OSError(errno.ENOSPC, "No space left on device", "/w/metrics.jsonl")
+  try:
+    try:
+      raise full
+    finally:
+      raise RuntimeError("sealing the last checkpoint failed")
+  except RuntimeError as chained:
+    message, code = _exit_on(chained, monkeypatch)
+  assert code == 1
+  assert message.startswith(
+      "error: writing /w/metrics.jsonl failed (No space left on device); "
+  )
+  assert "rerun the same command to resume" in message
+  read_only = OSError(errno.EROFS, "Read-only file system")
+  message, code = _exit_on(read_only, monkeypatch)
+  assert code == 1 and "a write failed (Read-only file system)" in message
+  # Any other error is not the disk's: it goes on up as it was.
+  with pytest.raises(FileNotFoundError), errors.exit_on_error():
+    raise FileNotFoundError(errno.ENOENT, "No such file", "/data")
+
+
+def test_the_workdir_probe_writes(tmp_path, monkeypatch):
+  # A full disk still makes empty files: only a write finds it full.
+  rundir.probe_writable(str(tmp_path))
+  assert not list(tmp_path.iterdir())
+
+  def full(fd, data):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+  monkeypatch.setattr(os, "write", full)
+  with pytest.raises(errors.ConfigError, match="No space left on device"):
+    checks.check_workdir(str(tmp_path / "run"))
+  assert not list((tmp_path / "run").iterdir())
 
 
 def test_sigterm_during_a_hung_save_ends_at_once(

@@ -5,8 +5,12 @@ N (130 for Ctrl-C, 143 for SIGTERM), as shells report them.
 """
 
 import contextlib
+import errno
 import os
 import sys
+
+# What a disk that takes no more says: full, over quota, read-only.
+_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 
 
 class ConfigError(ValueError):
@@ -38,9 +42,29 @@ def first_line(error, limit=200) -> str:
   return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def disk_error(error: BaseException) -> OSError | None:
+  """The OSError of a full or read-only disk in ``error``'s chain, or None.
+
+  A write that fails in the loop often fails again in its clean-up, which
+  then raises: the first such error is found through the chain.
+  """
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    if isinstance(error, OSError) and error.errno in _DISK_ERRNOS:
+      return error
+    error = error.__cause__ or error.__context__
+  return None
+
+
 @contextlib.contextmanager
 def exit_on_error():
-  """For command-line entry points: a known failure is one ``error:`` line."""
+  """For command-line entry points: a known failure is one ``error:`` line.
+
+  So is a disk that fills up (or turns read-only) under the run: whatever
+  was writing, the checkpoints written so far are whole, and the run
+  resumes from the last one.
+  """
   try:
     yield
   except ConfigError as error:
@@ -53,6 +77,17 @@ def exit_on_error():
         f"error: {error} before the run could checkpoint; rerun to "
         "resume from the last checkpoint.",
         128 + error.signum,
+    )
+  except Exception as error:  # pylint: disable=broad-exception-caught
+    disk = disk_error(error)
+    if disk is None:
+      raise
+    what = f"writing {disk.filename}" if disk.filename else "a write"
+    _exit_now(
+        f"error: {what} failed ({disk.strerror or disk}); free "
+        "space (or make it writable) and rerun the same command to resume "
+        "from the last checkpoint.",
+        1,
     )
 
 

@@ -22,10 +22,19 @@ from train import errors
 
 
 def probe_writable(directory: str) -> None:
-  """Creates and removes a file in ``directory``; OSError if it cannot."""
+  """Writes and removes a file in ``directory``; OSError if it cannot.
+
+  A byte is written, not just a file made: a full disk still makes empty
+  files.
+  """
   probe = os.path.join(directory, f".write-probe-{os.getpid()}")
-  os.close(os.open(probe, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644))
-  os.remove(probe)
+  fd = os.open(probe, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+  try:
+    os.write(fd, b"\n")
+    os.fsync(fd)
+  finally:
+    os.close(fd)
+    os.remove(probe)
 
 
 class WorkdirLock:
