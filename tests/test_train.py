@@ -3,6 +3,7 @@
 import collections
 import copy
 import json
+import logging
 import os
 import pathlib
 import signal
@@ -244,7 +245,9 @@ def test_seeds_and_weights_share_one_traced_step_and_keep_their_own_runs(
     assert key(changed) != key(first), name
 
 
-def test_rerun_of_a_finished_run_returns_what_it_did(data_dir, tmp_path):
+def test_rerun_of_a_finished_run_returns_what_it_did(
+    data_dir, tmp_path, caplog
+):
   """A grid reruns a finished workdir whose record was lost (a signal in
   its final eval): it must get the run's metrics, not a KeyError."""
   config = make_config(data_dir, train_steps=4, lr_decay_steps=4)
@@ -255,6 +258,12 @@ def test_rerun_of_a_finished_run_returns_what_it_did(data_dir, tmp_path):
   assert again["train"] == first["train"]
   assert again["eval"] == first["eval"]
   assert sorted(logged(str(tmp_path))) == [1, 2, 3, 4]  # nothing re-logged
+  # Rerun with a shorter schedule: the step-4 model, said in a warning.
+  config.train_steps = 2
+  with caplog.at_level(logging.WARNING):
+    shorter = train.train_and_evaluate(config, str(tmp_path))
+  assert shorter["step"] == 4 and shorter["eval"] == first["eval"]
+  assert "at step 4, past train_steps=2" in caplog.text
 
 
 def test_corrupt_newest_checkpoint_falls_back(data_dir, tmp_path, caplog):

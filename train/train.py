@@ -198,7 +198,16 @@ def _train(config, task, workdir, mesh):
   start_step = checkpoints.restore_latest(
       manager, model, optimizer, train_iter, workdir, require_digest=recorded
   )
-  if start_step:
+  if start_step > config.train_steps > 0:
+    logging.warning(
+        "the workdir's last checkpoint is at step %d, past train_steps=%d:"
+        " nothing is trained, and the step-%d model is evaluated and"
+        " reported.",
+        start_step,
+        config.train_steps,
+        start_step,
+    )
+  elif start_step:
     logging.info("resumed from step %d", start_step)
   rundir.write_config_record(
       workdir, config, checks.snapshot_record(config, workdir)
