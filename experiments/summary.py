@@ -162,17 +162,25 @@ def versus_ce(grouped, key, read):
   return key in grouped and stats.paired(grouped[key], grouped["ce"], read)
 
 
-# After a difference whose runs and CE's ran on different devices.
+# After a difference where a seed of the loss ran on another device than
+# CE's run of the same seed.
 ACROSS = "†"
 ACROSS_NOTE = (
-    f"{ACROSS} the loss's runs and CE's ran on different devices (the"
-    " grid's report says which, and how far hardware alone moves a run)."
+    f"{ACROSS} a seed of the loss and CE's run of that seed ran on different"
+    " devices (the grid's report says which, and how far hardware alone"
+    " moves a run)."
 )
 
 
-def devices(runs) -> set[str]:
-  """The devices that ran ``runs`` ({seed: run})."""
-  return {run.get("device") for run in runs.values()}
+def paired_across(runs, ce) -> bool:
+  """Whether a seed of ``runs`` ({seed: run}) ran on another device than
+  ``ce``'s run of that seed: the pairs are compared, not the devices' sets
+  (CPU and GPU on both sides can still pair a CPU run with a GPU one)."""
+  return any(
+      run.get("device") != ce[seed].get("device")
+      for seed, run in runs.items()
+      if seed in ce
+  )
 
 
 def _delta(grouped, key, read) -> str:
@@ -181,7 +189,7 @@ def _delta(grouped, key, read) -> str:
     return "–"
   text = tables.delta(d, 1, p_text)
   text = f"**{text}**" if d["p"] < 0.05 else text
-  apart = devices(grouped[key]) != devices(grouped["ce"])
+  apart = paired_across(grouped[key], grouped["ce"])
   return text + ACROSS if apart else text
 
 
@@ -326,10 +334,12 @@ def figure(out_path, root=ROOT) -> str:
 
 
 def across(grouped) -> list[str]:
-  """The losses of a row whose runs ran on other devices than CE's."""
-  ce = devices(grouped["ce"])
+  """The losses of a row with a seed run on another device than CE's."""
+  ce = grouped["ce"]
   return [
-      name for k, name in LOSSES if k in grouped and devices(grouped[k]) != ce
+      name
+      for k, name in LOSSES
+      if k in grouped and paired_across(grouped[k], ce)
   ]
 
 

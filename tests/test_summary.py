@@ -180,6 +180,14 @@ def test_a_difference_across_devices_is_marked_and_explained(tmp_path):
   assert summary.describe(summary.CELLS[1], grouped, None).endswith(
       "\n† DEL: other devices than CE's"
   )
+  # Both on the CPU and the GPU, but EMD's seed 1 on the CPU paired with
+  # CE's seed 1 on the GPU: the same sets of devices, marked all the same.
+  mixed = [run("ce", 0, 0.1, "cpu"), run("ce", 1, 0.11, "gpu:A")]
+  mixed += [run("emd", 0, 0.12, "gpu:A"), run("emd", 1, 0.14, "cpu")]
+  write(tmp_path, "experiments/arithmetic_mix/digits/results.json", mixed)
+  (cells,) = parse(summary.table(str(tmp_path))[:-2]).values()
+  assert cells[1] == "+2.5 (2/2, p = 0.13)" + summary.ACROSS
+  assert summary.across(summary.recorded(str(tmp_path))[0][1]) == ["EMD"]
   # One device throughout: no mark, no note.
   write(tmp_path, "experiments/arithmetic_mix/digits/results.json", runs[:4])
   lines = summary.table(str(tmp_path))
