@@ -1028,3 +1028,43 @@ def test_chunked_texts_of_a_batch_never_join_their_digits():
     answer = batch["targets"][row][batch["loss_mask"][row]][:-1]
     assert answer.tolist() == tokenizer.encode(text, chunks=True)
     assert tokenizer.decode(answer) == text
+
+
+def test_first_examples_count_what_they_pass_over():
+  # 10 examples, 3, 5 and 6 too long.
+  usable = np.array([0, 1, 2, 4, 7, 8, 9])
+  indices, skipped = input_pipeline.first_examples(usable, 4, 10)
+  assert indices.tolist() == [0, 1, 2, 4] and skipped == 1  # example 3
+  indices, skipped = input_pipeline.first_examples(usable, 5, 10)
+  assert indices.tolist() == [0, 1, 2, 4, 7] and skipped == 3
+  for limit in (0, 7, 20):  # every usable one: every long one skipped
+    indices, skipped = input_pipeline.first_examples(usable, limit, 10)
+    assert indices.tolist() == usable.tolist() and skipped == 3
+
+
+def test_eval_batches_say_how_many_long_questions_they_skip(data_dir):
+  test = read_pairs(input_pipeline.find_dataset_dir(data_dir), "test")
+  limit = sorted(len(q) for q, _ in test)[len(test) // 2]  # about half fit
+  fits = [len(q) <= limit for q, _ in test]
+  want = 10
+  passed_over = fits.index(True)  # the index of the 10th that fits, + 1
+  for _ in range(want - 1):
+    passed_over = fits.index(True, passed_over + 1)
+  for max_examples, skipped in (
+      (0, fits.count(False)),
+      (want, passed_over + 1 - want),
+  ):
+    batches = list(
+        input_pipeline.eval_batches(
+            data_dir,
+            global_batch_size=8,
+            max_question_len=limit,
+            max_examples=max_examples,
+            process_index=0,
+            process_count=1,
+        )
+    )
+    assert {b["skipped_examples"] for b in batches} == {skipped}
+    scored = sum(int(b["valid"].sum()) for b in batches)
+    assert scored == (max_examples or fits.count(True))
+  assert 0 < passed_over + 1 - want < fits.count(False)

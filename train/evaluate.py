@@ -88,9 +88,10 @@ def evaluate(
   model.eval()
   codec = task.codec(config) if hasattr(task, "codec") else _CharCodec()
   sums, samples, predictions_out = None, [], []
-  test_examples = None
+  test_examples, skipped = None, 0
   for batch in task.eval_batches(config):
     test_examples = batch.get("test_examples", test_examples)
+    skipped = batch.get("skipped_examples", skipped)
     if stop is not None and stop():
       model.train()
       return None
@@ -132,25 +133,25 @@ def evaluate(
   metrics = task.summarize(_sum_over_hosts(sums))
   if test_examples is not None:
     metrics["test_examples"] = int(test_examples)
-    _warn_if_dropped(metrics, config)
+    _warn_if_dropped(metrics, skipped, config)
   return metrics, samples, predictions_out
 
 
-def _warn_if_dropped(metrics, config) -> None:
-  """A warning if the task skipped test examples it was asked to score."""
-  total = metrics["test_examples"]
-  limit = config.get("eval_examples", 0)
-  wanted = min(limit, total) if limit else total
-  if metrics["num_examples"] >= wanted:
+def _warn_if_dropped(metrics, skipped, config) -> None:
+  """A warning if the task skipped ``skipped`` test examples as too long."""
+  if not skipped:
     return
+  limit = config.get("eval_examples", 0)
   logging.warning(
       "evaluation scored %d of the %d test examples%s: %d were skipped as "
       "too long for max_question_len=%s / max_answer_len=%s (or the "
       "prompt length); its metrics are of the rest only.",
       metrics["num_examples"],
-      total,
-      f" (eval_examples={limit} asked for {wanted})" if limit else "",
-      wanted - metrics["num_examples"],
+      metrics["test_examples"],
+      f" (eval_examples={limit}: the first that fit, at most {limit})"
+      if limit
+      else "",
+      skipped,
       config.get("max_question_len"),
       config.get("max_answer_len"),
   )

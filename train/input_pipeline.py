@@ -673,6 +673,17 @@ def num_eval_batches(
   return -(-examples_per_host // batch_size)
 
 
+def first_examples(usable: np.ndarray, max_examples: int, total: int):
+  """``(indices, skipped)``: the first ``max_examples`` of ``usable`` (every
+  one for 0), and how many of the split's ``total`` examples were passed
+  over to reach them, as too long: those before the last index taken, or
+  every one that does not fit when all the usable ones are taken."""
+  if max_examples and len(usable) > max_examples:
+    usable = usable[:max_examples]
+    return usable, int(usable[-1]) + 1 - max_examples
+  return usable, total - len(usable)
+
+
 def eval_batches(
     data_dir: str,
     *,
@@ -700,16 +711,22 @@ def eval_batches(
   * ``questions``, ``answers``: lists of B str (reference answers);
   * ``valid``          bool  [B]: False on padding rows, whose prompt is
     ``BOS SEP`` and whose question and answer are '';
-  * ``test_examples``  int: the size of ``split``, skipped examples too.
+  * ``test_examples``  int: the size of ``split``, skipped examples too;
+  * ``skipped_examples`` int: those skipped as too long
+    (:func:`first_examples`).
   """
   process_index, process_count = resolve_process(process_index, process_count)
   batch_size = per_host_batch_size(global_batch_size, process_count)
   source = load_split(data_dir, split, config_name=config_name)
-  usable = fitting_indices(
-      source, max_question_len=max_question_len, max_answer_len=max_answer_len
+  usable, skipped = first_examples(
+      fitting_indices(
+          source,
+          max_question_len=max_question_len,
+          max_answer_len=max_answer_len,
+      ),
+      max_examples,
+      len(source),
   )
-  if max_examples:
-    usable = usable[:max_examples]
   for records, _ in host_eval_records(
       source,
       usable,
@@ -731,6 +748,7 @@ def eval_batches(
         "answers": answers,
         "valid": np.arange(batch_size) < len(pairs),
         "test_examples": len(source),
+        "skipped_examples": skipped,
     }
 
 

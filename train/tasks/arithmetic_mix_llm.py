@@ -501,8 +501,9 @@ def eval_batches(config, *, process_index=None, process_count=None):
       config.eval_batch_size, process_count
   )
   source, usable = _usable(config, "test")
-  if config.eval_examples:
-    usable = usable[: config.eval_examples]
+  usable, skipped = input_pipeline.first_examples(
+      usable, config.eval_examples, len(source)
+  )
   for records, _ in input_pipeline.host_eval_records(
       source,
       usable,
@@ -522,4 +523,5 @@ def eval_batches(config, *, process_index=None, process_count=None):
         "answers": answers,
         "valid": np.arange(batch_size) < len(pairs),
         "test_examples": len(source),
+        "skipped_examples": skipped,
     }
