@@ -2,6 +2,7 @@
 
 import collections
 import logging
+import math
 import os
 import random
 import re
@@ -163,6 +164,11 @@ def test_arithmetic_errors_are_exact_for_any_answer():
   assert huge["mean_abs_error"] == float("inf")
   assert abs(huge["mean_log10_abs_error"] - 400.0) < 1e-9
   assert huge["within_1_percent"] == 0.0
+  # Nothing parses: no mean error (0 would read as perfect), every rate 0.
+  junk = scored("no idea", "12")
+  assert math.isnan(junk["mean_abs_error"])
+  assert math.isnan(junk["mean_log10_abs_error"])
+  assert junk["parsed_rate"] == junk["exact_match"] == 0.0
 
 
 def test_evaluation_with_no_example_left_scores_none(caplog):

@@ -163,8 +163,13 @@ def score_answers(predictions, answers, config) -> dict:
 
 
 def summarize(sums: dict) -> dict:
-  """Rates and means from (all hosts') summed scores."""
-  count, parsed = max(sums["count"], 1.0), max(sums["parsed"], 1.0)
+  """Rates and means from (all hosts') summed scores.
+
+  The mean errors are over the answers that parse, NaN where none does (0
+  would read as a perfect score).
+  """
+  count = max(sums["count"], 1.0)
+  parsed = sums["parsed"] if sums["parsed"] else float("nan")
   by_length = {
       int(k): float(sums["correct_by_length"][k] / sums["by_length"][k])
       for k in np.flatnonzero(sums["by_length"])
