@@ -201,7 +201,9 @@ def decode(ids: Iterable[int], *, strict: bool = False) -> str:
   Stops at the first EOS, skips PAD and BOS, and shows SEP as ``SEP_TEXT``
   (a tab). With ``strict`` (a model's answer, scored), PAD, BOS and SEP
   each show as ``UNEXPECTED_TEXT`` instead: ``2 _ PAD 0 5`` is not the
-  answer ``2_05``. Raises ValueError for an id outside ``[0, VOCAB_SIZE)``.
+  answer ``2_05``. Ids from ``VOCAB_SIZE`` up are the chunks of 2-3
+  digits (:func:`encode` with ``chunks``). Raises ValueError for an id
+  outside ``[0, CHUNK_VOCAB_SIZE)``.
   """
   pieces = []
   for token_id in ids:
