@@ -50,6 +50,9 @@ def check_inputs(logits, labels, digit_mask, digit_token_ids, extra_masks=()):
   _check_scored_labels(
       labels, masks.get("loss_mask", masks.get("mask")), logits.shape[-1]
   )
+  _check_points_are_not_digits(
+      labels, masks.get("decimal_point_mask"), digit_token_ids
+  )
 
 
 def _check_mask_dtype(name, mask) -> None:
@@ -99,6 +102,30 @@ def _check_scored_labels(labels, loss_mask, vocab_size) -> None:
         f"labels must be in [0, V={vocab_size}) {where_scored}; negative "
         f"ids mark ignored positions. {int(outside.sum())} are not, e.g. "
         f"label {int(labels[where])} at index {where}."
+    )
+
+
+def _check_points_are_not_digits(labels, points, digit_token_ids) -> None:
+  """ValueError where ``decimal_point_mask`` marks a digit (or number)
+  token's label: a position cannot be a number's digit and its point.
+  Checked where the labels, the mask and the ids are concrete."""
+  if points is None:
+    return
+  if isinstance(digit_token_ids, vocab.NumberTokens):
+    digit_token_ids = digit_token_ids.ids
+  ids = np.arange(numbers.NUM_DIGITS)
+  if digit_token_ids is not None:
+    ids = _concrete(digit_token_ids)
+  labels, points = _concrete(labels), _concrete(points)
+  if labels is None or points is None or ids is None:
+    return
+  both = np.isin(labels, ids) & points.astype(bool)
+  if both.any():
+    where = tuple(int(i) for i in np.argwhere(both)[0])
+    raise ValueError(
+        "decimal_point_mask marks positions whose label is a digit token "
+        f"({int(both.sum())}, e.g. label {int(labels[where])} at index "
+        f"{where}); it should mark the decimal point tokens."
     )
 
 

@@ -695,6 +695,21 @@ class RefusedInputTest(parameterized.TestCase):
         ):
           _entry_call(fn_name, labels, **{name: mask})
 
+  @parameterized.parameters(*ENTRY_POINTS, "ntil_loss", "nl_ntl_loss")
+  def test_a_point_mask_on_a_digit_is_refused(self, fn_name):
+    labels = np.array([[1, 10, 5, 3, 11]])  # "1.53", '.' is id 10
+    points = labels == 10
+    call = functools.partial(_entry_call, fn_name)
+    if fn_name in ("ntil_loss", "nl_ntl_loss"):
+      fn = getattr(ntil_jax, fn_name)
+      call = lambda labels, **kw: fn(small_case()[0], labels, **kw)
+    call(labels, decimal_point_mask=points)  # the point: accepted
+    points[0, 2] = True  # and the digit 5
+    with self.assertRaisesRegex(
+        ValueError, r"decimal_point_mask marks .* label 5 at index \(0, 2\)"
+    ):
+      call(labels, decimal_point_mask=points)
+
   def test_integer_masks_count_nonzero_as_true(self):
     logits, labels = small_case()
     keep = np.array([[True, True, False, True, True]])
