@@ -171,8 +171,8 @@ def check_parameters(**parameters) -> None:
 
   Checks the names in ``sigma, alpha, beta, lam, noise_scale, tau, width,
   eta``; others are ignored. Every one must be a finite scalar (NaN, inf
-  and arrays of several values are refused) in its range. Traced values (inside ``jit``) cannot be
-  checked and are skipped.
+  and arrays of several values are refused) in its range. Traced values
+  (inside ``jit``) cannot be checked and are skipped.
   """
   for name, value in parameters.items():
     if name not in _PARAMETER_RULES or value is None:
