@@ -298,7 +298,7 @@ def test_greedy_decode_matches_naive_loop(tiny_model):
       jnp.asarray(prompts),
       jnp.asarray(prompt_lengths),
       max_new_tokens,
-      eos_id,
+      (never, eos_id),  # several end ids: the second one stops the row
       pad_id,
   )
   assert got.dtype == jnp.int32 and got.shape == (3, max_new_tokens)

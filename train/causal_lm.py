@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import ntil_jax
 import numpy as np
 
+from train import decoding
 from train import llama_rope
 from train import tunix_models
 
@@ -225,7 +226,7 @@ class CausalLM(nnx.Module):
       logits = self.project(hidden_row, unembedding)
       token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
       token = jnp.where(finished, pad_id, token)
-      return token, finished | (token == eos_id)
+      return token, finished | decoding.is_end(token, eos_id)
 
     first, finished = next_token(hidden[:, -1], jnp.zeros((batch,), bool))
 

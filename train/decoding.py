@@ -1,5 +1,6 @@
 """Greedy decoding with the decoder's KV cache."""
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import jax
@@ -9,12 +10,23 @@ if TYPE_CHECKING:
   from train import models  # pylint: disable=g-bad-import-order
 
 
+def is_end(tokens: jax.Array, eos_id: int | Sequence[int]) -> jax.Array:
+  """Whether each token is the end token ``eos_id`` or one of them."""
+  ids = (eos_id,) if isinstance(eos_id, int) else tuple(eos_id)
+  if not ids:
+    raise ValueError("eos_id must name at least one end token.")
+  ended = tokens == ids[0]
+  for other in ids[1:]:
+    ended = ended | (tokens == other)
+  return ended
+
+
 def greedy_decode(
     model: "models.Transformer",
     prompts: jax.Array,
     prompt_lengths: jax.Array,
     max_new_tokens: int,
-    eos_id: int,
+    eos_id: int | Sequence[int],
     pad_id: int,
     images: jax.Array | None = None,
 ) -> jax.Array:
@@ -23,8 +35,8 @@ def greedy_decode(
   Each row ``b`` continues from its own ``prompt_lengths[b]`` (>= 1) in a
   buffer of length ``P + max_new_tokens``: one `Transformer.prefill` of the
   buffer, then one `Transformer.extend` per token, writing the argmax just
-  after the row's last filled position. A row that has emitted ``eos_id``
-  emits ``pad_id`` from then on. Causal attention makes whatever follows
+  after the row's last filled position. A row that has emitted an end token
+  (``eos_id``, or any of several) emits ``pad_id`` from then on. Causal attention makes whatever follows
   each row's cursor irrelevant, so the prompts' padding needs no mask.
 
   Args:
@@ -34,7 +46,8 @@ def greedy_decode(
     prompt_lengths: int [B] number of real tokens in each row, in [1, P],
       sharded like ``prompts``' batch axis.
     max_new_tokens: N, the number of tokens generated per row.
-    eos_id: the token that ends a row.
+    eos_id: the token that ends a row, or a tuple of them (Llama 3 Instruct
+      lists three end tokens).
     pad_id: the token emitted after EOS.
     images: [B, S, S] (or [B, S, S, C]) image prefixes, for a model with
       ``image_size``.
@@ -70,7 +83,7 @@ def greedy_decode(
     """Argmax of [B, D] hidden states, pad where the row has finished."""
     token = jnp.argmax(hidden @ unembedding, axis=-1).astype(jnp.int32)
     token = jnp.where(finished, pad_id, token)
-    return token, finished | (token == eos_id)
+    return token, finished | is_end(token, eos_id)
 
   hidden, cache = model.prefill(buffer, images)
   # Cursor: where the next token goes. Derived from prompt_lengths so that

@@ -101,7 +101,7 @@ def evaluate(
         to_global(batch["prompts"]),
         to_global(batch["prompt_lengths"]),
         answer_tokens(task, config) + 1,
-        codec.eos_id,
+        tuple(getattr(codec, "end_ids", None) or (codec.eos_id,)),
         codec.pad_id,
         None if images is None else to_global(images),
     )

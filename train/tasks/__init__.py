@@ -49,7 +49,8 @@ Optional hooks, for tasks that bring their own model (arithmetic_mix_llm):
   losses score (a `ntil_jax.NumberTokens` for numbers in tokens of 1-3
   digits), or None for the digits 0..9 (arithmetic_mix's chunk mode).
 * ``codec(config)``: ``eos_id``, ``pad_id`` and ``decode(ids) -> str`` for
-  evaluation (default: `train.tokenizer`).
+  evaluation, and optionally ``end_ids``, every token that ends a greedy
+  decoding (default: ``[eos_id]``; `train.tokenizer` is the default codec).
 * ``answer_tokens(config)``: the most tokens of an answer, its EOS not
   counted (default: ``config.max_answer_len``); evaluation decodes one more.
 

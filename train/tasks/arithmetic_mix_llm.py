@@ -138,7 +138,7 @@ class Codec:
   def __init__(self, config):
     hf_config = pretrained.cached_config(config.pretrained)
     self.tokenizer = _tokenizer(config)
-    # Generation stops at the first; any of them ends an answer.
+    # Any of them ends an answer, and its greedy decoding.
     self.end_ids = hf_config_lib.token_ids(hf_config, "eos_token_id")
     self.eos_id = self.end_ids[0]
     self.pad_id = self.eos_id
