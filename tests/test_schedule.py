@@ -111,3 +111,29 @@ def test_adamw_updates_and_state_are_optaxs():
 def test_a_schedule_that_cannot_decay_is_refused(warmup, decay):
   with pytest.raises(ValueError, match="warmup_steps < decay_steps"):
     schedule.values(1e-3, warmup, decay, 1e-4)
+
+
+@pytest.mark.parametrize(
+    "warmup, decay, steps, expected",
+    [
+        (100, 0, 2000, None),
+        (0, 0, 5, None),
+        (10, 5, 2000, "lr_decay_steps=5: the learning rate does not decay."),
+        (10, 0, 10, "train_steps=10: the learning rate does not decay and"),
+        (100, 0, 3, "the 3 steps end before it reaches learning_rate"),
+        (100, 300, 50, "the 50 steps end before it reaches learning_rate"),
+    ],
+)
+def test_a_schedule_that_does_not_decay_is_named(
+    warmup, decay, steps, expected
+):
+  from train import checks  # pylint: disable=g-import-not-at-top
+
+  config = arithmetic_mix.get_config("ce")
+  config.warmup_steps, config.lr_decay_steps = warmup, decay
+  config.train_steps = steps
+  warning = checks.schedule_warning(config)
+  if expected is None:
+    assert warning is None
+  else:
+    assert expected in warning and f"warmup_steps={warmup}" in warning

@@ -227,6 +227,34 @@ def check_config(config, *, data: bool = True):
   return task
 
 
+def schedule_warning(config) -> str | None:
+  """What is off in a schedule that runs but not as its numbers read.
+
+  A warmup as long as the decay's horizon (``lr_decay_steps``, or
+  ``train_steps`` without one) leaves no decay: the trainer stretches the
+  horizon to ``warmup_steps + 1``. And a run of ``train_steps`` <=
+  ``warmup_steps`` never reaches the peak learning rate.
+  """
+  horizon = config.lr_decay_steps or config.train_steps
+  no_decay = horizon <= config.warmup_steps
+  no_peak = config.train_steps <= config.warmup_steps
+  if config.warmup_steps == 0 or not (no_decay or no_peak):
+    return None
+  name = "lr_decay_steps" if config.lr_decay_steps else "train_steps"
+  parts = [f"warmup_steps={config.warmup_steps}"]
+  if no_decay:
+    parts.append(
+        f"is not below {name}={horizon}: the learning rate does not decay"
+    )
+  if no_peak:
+    parts.append(
+        ("and" if no_decay else "outlasts the run:")
+        + f" the {config.train_steps} steps end before it reaches"
+        f" learning_rate={config.learning_rate}"
+    )
+  return " ".join(parts) + "."
+
+
 def vocab_size(task, config) -> int:
   """The width ``V`` of the logits of ``config``'s model, before it is built:
   the task's ``vocab_size(config)`` hook, else its ``model_fields``."""

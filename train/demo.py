@@ -54,6 +54,8 @@ def demo_config(method):
   config.data_dir = FLAGS.data_dir
   config.dataset_config = task.config_name(FLAGS.train_size, FLAGS.test_size)
   config.train_steps = FLAGS.steps
+  # A short demo keeps a warmup shorter than its run (one tenth at most).
+  config.warmup_steps = min(config.warmup_steps, FLAGS.steps // 10)
   config.seed = FLAGS.seed
   config.eval_every_steps = max(1, FLAGS.steps // 4)
   config.checkpoint_every_steps = max(1, FLAGS.steps // 2)
