@@ -138,6 +138,21 @@ def test_workdir_checks(data_dir, tmp_path):
     )
 
 
+def test_too_little_data_is_refused_before_the_model_is_built(
+    data_dir, tmp_path, monkeypatch
+):
+  def never(*args, **kwargs):
+    raise AssertionError("the model was built before the data was checked")
+
+  monkeypatch.setattr(train.models, "create_model", never)
+  # 400 training examples, fewer than one batch of 512.
+  with pytest.raises(train.ConfigError) as raised:
+    train.train_and_evaluate(
+        make_config(data_dir, batch_size=512), str(tmp_path / "w")
+    )
+  assert "512" in str(raised.value)
+
+
 def test_read_only_workdir(data_dir, tmp_path, monkeypatch):
   # As root, chmod does not stop writes; make the probe's open fail instead.
   real_open = os.open

@@ -121,7 +121,25 @@ def check_finite(metrics, step, manager):
 
 
 def _create_state(config, task, mesh):
-  """The model, its optimizer and the train iterator, before any restore."""
+  """The model, its optimizer and the train iterator, before any restore.
+
+  The iterator comes first: data that cannot fill a batch is refused
+  before a model (a pretrained snapshot: seconds to minutes) is built.
+  """
+  try:
+    train_iter = task.train_iterator(config)
+  except ValueError as error:  # e.g. fewer examples than one batch
+    raise errors.ConfigError(str(error)) from error
+  try:
+    return *_create_model(config, task, mesh), train_iter
+  except BaseException:
+    if hasattr(train_iter, "close"):
+      train_iter.close()
+    raise
+
+
+def _create_model(config, task, mesh):
+  """The model (its digit ids set) and its optimizer."""
   try:
     if hasattr(task, "create_model"):  # e.g. a pretrained snapshot
       model = task.create_model(config, mesh)
@@ -142,12 +160,7 @@ def _create_state(config, task, mesh):
         f"shards ({errors.first_line(error, limit=300)}); set "
         "--config.fsdp to a divisor of the model's dimensions."
     ) from error
-  optimizer = step_lib.init_optimizer(model, config)
-  try:
-    train_iter = task.train_iterator(config)
-  except ValueError as error:  # e.g. fewer examples than one batch
-    raise errors.ConfigError(str(error)) from error
-  return model, optimizer, train_iter
+  return model, step_lib.init_optimizer(model, config)
 
 
 class _Progress:
