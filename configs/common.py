@@ -163,7 +163,8 @@ def base_config(method: str) -> ml_collections.ConfigDict:
   config.soft_label_eta = 0.5
   config.soft_label_width = 1.0
   # Control: CE with weight (1 + digit_ce_weight) on digit tokens, for
-  # method 'ce' only ("more gradient on digits" without ordinal structure).
+  # method 'ce' only, refused with another ("more gradient on digits" without
+  # ordinal structure).
   config.digit_ce_weight = 0.0
   # CE+loss from hidden states, no [N, V] logits: True, False or "auto" (the
   # fused path only where the logits would not fit; train.step).

@@ -174,6 +174,10 @@ def test_a_run_recorded_without_its_dataset_resumes_when_it_is_named(
   assert train.train_and_evaluate(config, str(workdir))["step"] == 6
   (line,) = [m for m in caplog.messages if m.startswith("resuming with")]
   assert "dataset_config '' -> 'train400_test40_seed0'" in line
+  # Nothing records which dataset the run read: with two there, a warning
+  # says that the name is taken on trust.
+  (warning,) = [m for m in caplog.messages if "recorded without" in m]
+  assert "holds 2" in warning and "'train400_test40_seed0' as named" in warning
   assert "restored checkpoint 6" in caplog.text
   recorded = rundir.read_config_record(str(workdir))
   assert recorded["dataset_config"] == "train400_test40_seed0"

@@ -8,6 +8,7 @@ non-zero exit, good checkpoints kept, no hang, no library noise.
 import contextlib
 import errno
 import fcntl
+import importlib
 import json
 import logging
 import os
@@ -96,6 +97,7 @@ def assert_one_error(result, message, returncode=2):
         ("max_question_len", 0, "max_question_len must be >= 1"),
         ("max_answer_len", 0, "max_answer_len must be >= 1"),
         ("train_steps", -5, "train_steps must be >= 0"),
+        ("warmup_steps", 3 * 10**9, "warmup_steps must be < 2**31"),
         ("lam", -0.3, "lam must be >= 0"),
         ("learning_rate", 0.0, "learning_rate must be > 0"),
         ("learning_rate", -1e-3, "learning_rate must be > 0"),
@@ -119,6 +121,31 @@ def test_bad_number_refused_before_compiling(
     train.train_and_evaluate(config, str(tmp_path / "w"))
   assert time.perf_counter() - started < 10  # nothing was compiled
   assert not (tmp_path / "w" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize(
+    "config_module, overrides, message",
+    [
+        ("clock_time", dict(image_channels=(16, 0)), "image_channels positive"),
+        ("grounding", dict(patch_size=0), "patch_size must be >= 1, got 0"),
+        ("arithmetic_mix", dict(method="ntil", digit_ce_weight=0.3), "control"),
+        (
+            "arithmetic_mix",
+            dict(task="arithmetic_mix_llm"),
+            "needs its own config's fields",
+        ),
+    ],
+)
+def test_a_model_or_task_the_config_cannot_make_is_one_error(
+    config_module, overrides, message
+):
+  """Each crashed with a raw traceback (ValueError once the model was built,
+  ZeroDivisionError, AttributeError) instead of one ConfigError line."""
+  config = importlib.import_module(f"configs.{config_module}").get_config("ce")
+  for name, value in overrides.items():
+    config[name] = value
+  with pytest.raises(errors.ConfigError, match=re.escape(message)):
+    checks.check_config(config, data=False)
 
 
 def test_workdir_checks(data_dir, tmp_path):

@@ -16,6 +16,7 @@ from train import input_pipeline
 from train import models
 from train import rundir
 from train import snapshots
+from train import step
 from train import tasks
 
 
@@ -100,6 +101,9 @@ def _check_numbers(config) -> None:
   for name in ("learning_rate", "grad_clip_norm"):
     if not config[name] > 0:
       raise errors.ConfigError(f"{name} must be > 0, got {config[name]}.")
+  for name in ("train_steps", "warmup_steps", "lr_decay_steps"):
+    if config[name] >= 2**31:  # int32 step counts in the schedule
+      raise errors.ConfigError(f"{name} must be < 2**31, got {config[name]}.")
   if not 0 <= config.seed < 2**32:  # numpy's and grain's seeds are uint32
     raise errors.ConfigError(f"seed must be in [0, 2**32), got {config.seed}.")
 
@@ -169,6 +173,12 @@ def check_config(config, *, data: bool = True):
           f"unknown {name} {config[name]!r}; use one of {', '.join(DTYPES)}."
       )
   _check_numbers(config)
+  if config.digit_ce_weight and config.method != "ce":
+    raise errors.ConfigError(
+        f"digit_ce_weight={config.digit_ce_weight} is the control of method "
+        f"'ce' (CE weighted up on digits), not an addition to "
+        f"{config.method!r}; set it to 0 or use --config.method=ce."
+    )
   try:
     implementation = common.fused_implementation(config.fused_loss)
     ntil_jax.kernels.check(implementation, config.fused_chunk_size or None)
@@ -211,6 +221,8 @@ def check_config(config, *, data: bool = True):
     )
   try:  # the task's checks say how to create missing data
     task.check_config(config)
+    if not hasattr(task, "create_model"):  # the model's own checks
+      step.model_config(config, task)
     if data:
       task.check_data(config)
   except (ValueError, FileNotFoundError) as error:
@@ -353,6 +365,25 @@ def snapshot_record(config, workdir) -> str | None:
   if recorded and record["config"].get("pretrained") == config.pretrained:
     return recorded
   return _snapshot_sha256(config)
+
+
+def legacy_dataset_warning(changes, config) -> str | None:
+  """A warning where a run that recorded no dataset resumes on a named one
+  while ``data_dir`` holds several of its task: nothing records which one
+  that run read, so the name is the user's word for it."""
+  if not any(n == "dataset_config" and o == "" for n, o, _ in changes):
+    return None
+  prepared = input_pipeline.prepared_configs(
+      config.data_dir, get_task(config).NAME
+  )
+  if len(prepared) < 2:
+    return None
+  return (
+      f"the run was recorded without its dataset and {config.data_dir} holds"
+      f" {len(prepared)} ({', '.join(sorted(prepared))}): it resumes on"
+      f" {config.dataset_config!r} as named; if it read another, its"
+      " later steps train on other data (--start_over to begin afresh)."
+  )
 
 
 def check_resumable(config, workdir) -> list:

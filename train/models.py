@@ -170,6 +170,8 @@ def num_image_tokens(
   if not image_size:
     return 0
   if image_encoder == "patch":
+    if patch_size < 1:
+      raise ValueError(f"patch_size must be >= 1, got {patch_size}.")
     return (image_size // patch_size) ** 2
   return (-(-image_size // 2 ** (len(image_channels) + 1))) ** 2
 

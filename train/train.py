@@ -90,8 +90,12 @@ def train_and_evaluate(config, workdir: str, *, start_over=False) -> dict:
     stack.enter_context(logs.drop_closed_loop_errors())
     if moved:
       logging.warning("--start_over: moved the previous run to %s", moved)
-    if warning := checks.schedule_warning(config):
-      logging.warning("%s", warning)
+    for warning in (
+        checks.schedule_warning(config),
+        checks.legacy_dataset_warning(changes, config),
+    ):
+      if warning:
+        logging.warning("%s", warning)
     if changes:
       logging.info(
           "resuming with a changed schedule, cadence, layout or location: %s",

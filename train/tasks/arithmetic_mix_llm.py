@@ -58,6 +58,11 @@ def check_config(config) -> None:
   """ValueError for a missing, unsupported or inconsistent snapshot (see
   `pretrained.check`: no single-digit tokens, weights that are not the
   config's model, ...) or a bad template."""
+  if "pretrained" not in config:  # another task's config, task overridden
+    raise ValueError(
+        "task arithmetic_mix_llm needs its own config's fields (pretrained, ...): pass"
+        " --config=configs/arithmetic_mix_llm.py."
+    )
   if not config.pretrained:
     raise ValueError(
         "no model: pass --config.pretrained=DIR, the directory of a local "
