@@ -148,6 +148,30 @@ def test_a_model_or_task_the_config_cannot_make_is_one_error(
     checks.check_config(config, data=False)
 
 
+def test_metric_sums_over_hosts_stay_float64(monkeypatch):
+  """Two hosts' sums: process_allgather puts its input on a device, where
+  float64 became float32 (x64 off), so an error sum of 2.5e38 per host
+  came back inf and every sum rounded to 1e-7."""
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+
+  def allgather(x):  # two hosts with the same sums, through a device
+    on_device = np.asarray(jnp.asarray(x))
+    return np.stack([on_device, on_device])
+
+  monkeypatch.setattr(evaluate.multihost_utils, "process_allgather", allgather)
+  sums = dict(
+      abs_error=2.5e38,
+      fine=1.0 + 2.0**-40,
+      count=3,
+      by_length=np.asarray([1.0, 2.0, 5.0]),
+  )
+  total = evaluate._sum_over_hosts(sums)  # pylint: disable=protected-access
+  assert total["abs_error"] == 5e38
+  assert total["fine"] == 2.0 + 2.0**-39
+  assert total["count"] == 6
+  np.testing.assert_array_equal(total["by_length"], [2.0, 4.0, 10.0])
+
+
 def test_workdir_checks(data_dir, tmp_path):
   config = make_config(data_dir)
   with pytest.raises(train.ConfigError, match="--workdir is empty"):

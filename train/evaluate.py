@@ -13,13 +13,28 @@ from train import tokenizer
 
 
 def _sum_over_hosts(sums: dict) -> dict:
+  """Every host's metric sums added, in float64.
+
+  `multihost_utils.process_allgather` puts its input on a device, where a
+  float64 becomes a float32 unless x64 is on (an error sum of 1e39, one
+  39-digit prediction of tokens of 1-3 digits, became inf): the float64
+  bits travel as uint32 pairs instead, and the sum is NumPy's.
+  """
   if jax.process_count() == 1:
     return sums
   flat, tree = jax.tree.flatten(sums)
-  gathered = multihost_utils.process_allgather(
-      [np.asarray(x, np.float64) for x in flat]
+  values = [np.asarray(x, np.float64) for x in flat]
+  bits = np.concatenate([v.ravel() for v in values]).view(np.uint32)
+  gathered = np.asarray(multihost_utils.process_allgather(bits), np.uint32)
+  total = gathered.reshape(jax.process_count(), -1).view(np.float64).sum(0)
+  ends = np.cumsum([v.size for v in values])[:-1]
+  return jax.tree.unflatten(
+      tree,
+      [
+          part.reshape(v.shape)
+          for part, v in zip(np.split(total, ends), values)
+      ],
   )
-  return jax.tree.unflatten(tree, [np.asarray(g).sum(0) for g in gathered])
 
 
 def answer_tokens(task, config) -> int:
