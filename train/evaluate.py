@@ -30,10 +30,7 @@ def _sum_over_hosts(sums: dict) -> dict:
   ends = np.cumsum([v.size for v in values])[:-1]
   return jax.tree.unflatten(
       tree,
-      [
-          part.reshape(v.shape)
-          for part, v in zip(np.split(total, ends), values)
-      ],
+      [part.reshape(v.shape) for part, v in zip(np.split(total, ends), values)],
   )
 
 

@@ -1,4 +1,4 @@
-"""Training examples rendered on the fly: a stream that never repeats one.
+"""Training examples rendered on the fly: a stream that repeats none on a host.
 
 With ``config.train_stream=True`` a task that renders its data (clock_time,
 grounding, grounding_single, grounding_multi) trains on examples drawn as
@@ -12,12 +12,17 @@ one renders.
 
 * Hosts: host ``i`` of ``n`` renders only rows ``[i * B / n, (i + 1) * B /
   n)`` of each global batch, so the global batch assembled in process order
-  is the one a single host renders.
-* Never twice: every rendered example's 64-bit digest (BLAKE2b of its
-  pixels and its text, `example_digest`) is kept; an example whose image
-  and text repeat one already seen, or one of the test split's, is drawn
-  again from the key ``(seed, p, attempt + 1)``. Each host checks its own
-  rows (every row of the run on one host); hosts exchange nothing.
+  is the one a single host renders, up to the redraws below.
+* Never twice on a host: every rendered example's 64-bit digest (BLAKE2b of
+  its pixels and its text, `example_digest`) is kept; an example whose
+  image and text repeat one already seen, or one of the test split's, is
+  drawn again from the key ``(seed, p, attempt + 1)``. Each host checks its
+  own rows (every row of the run on one host); hosts exchange nothing. So
+  on several hosts two of them can draw the same example, trained twice,
+  where one host would have drawn it again, and the global batches can
+  differ from one host's from there on. The rendered tasks draw continuous
+  parameters and pixel noise, so such a repeat is improbable there; a task
+  of few distinct examples repeats them across hosts.
 * The keys are the spawn key ``(2, p, attempt)`` of the seed's
   ``SeedSequence``, beside the prepared splits' ``(0,)`` (train) and
   ``(1,)`` (test): another stream of the generator, never the test split's.
