@@ -19,7 +19,10 @@ logits on them, for the equality tests):
   ~260-entry vocabulary.
 * ``llama3_tiny``: Llama with untied embeddings and a tokenizer that writes
   numbers in 1-3 digit tokens (Llama 3's pre-tokenizer, with a merge for
-  every 2- and 3-digit string), and 1408 logits for ~1360 entries; plus
+  every 2- and 3-digit string), and 1408 logits for ~1360 entries. Its
+  merges join ``ab`` + ``c`` only, so a group whose ``bc`` merges first
+  stays two tokens (``100`` is ``1|00``, ``1007`` is ``1|00|7``; 495 of
+  the 1,000 three-digit groups), where Llama 3 writes one; plus
   ``expected_llama31.npz``, transformers' logits of the same weights with
   Llama 3.1's RoPE scaling (``rope_type: llama3``).
 

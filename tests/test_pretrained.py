@@ -1104,6 +1104,12 @@ def test_a_special_token_in_a_prediction_is_not_dropped(data_dir, tmp_path):
   assert prediction != "15"
   assert task.score_answers([prediction], ["15"], config)["correct"] == 0
   assert codec.decode(one + five + [eos, special]) == "15"
+  # An id past the tokenizer's 1,368 (the logits have 1,408 rows, which
+  # greedy decoding can pick): `tokenizers` drops it, so it read as 15.
+  padded = 1400
+  assert codec.tokenizer.decode([padded]) == ""  # dropped by default
+  assert codec.decode(one + [padded] + five + [eos]) == "1<unk:1400>5"
+  assert codec.decode([padded, padded + 1]) == "<unk:1400><unk:1401>"
   # Two end tokens: the answer ends at the first of either.
   snapshot = tmp_path / "snapshot"
   shutil.copytree(config.pretrained, snapshot)

@@ -1,6 +1,7 @@
 """A snapshot's tokenizer.json, through the `tokenizers` library."""
 
 import functools
+import itertools
 import os
 import re
 
@@ -93,7 +94,21 @@ class Tokenizer:
 
   def decode(self, ids, *, keep_special: bool = False) -> str:
     """The text of ``ids``; special tokens left out, or with
-    ``keep_special`` written as their text (``<|endoftext|>``)."""
-    return self.tokenizer.decode(
-        [int(i) for i in ids], skip_special_tokens=not keep_special
-    )
+    ``keep_special`` written as their text (``<|endoftext|>``), and an id
+    outside the tokenizer's vocabulary as ``<unk:ID>``: a model's logits
+    are often wider than its tokenizer (Qwen2.5: 151,936 rows for 151,665
+    tokens), and `tokenizers` drops such an id without a word, so "4",
+    <id 151,800>, "2" read as the answer 42."""
+    ids = [int(i) for i in ids]
+    if not keep_special:
+      return self.tokenizer.decode(ids, skip_special_tokens=True)
+    size = self.tokenizer.get_vocab_size(with_added_tokens=True)
+    parts = []
+    for known, run in itertools.groupby(ids, lambda i: 0 <= i < size):
+      run = list(run)
+      parts += (
+          [self.tokenizer.decode(run, skip_special_tokens=False)]
+          if known
+          else [f"<unk:{i}>" for i in run]
+      )
+    return "".join(parts)
