@@ -7,7 +7,7 @@
 
 Variants ``:ce``, ``:emd``, ``:ntl_mse``, ``:soft_label`` and ``:ntil`` set
 ``method``. The defaults are the budget of the CPU experiment
-(experiments/clock_time): a 0.18M-parameter model (3 stride-2 convs, 9 image
+(experiments/clock_time): a 0.18M-parameter model (4 stride-2 convs, 9 image
 tokens, a 2-layer decoder), 600 steps of 128 clocks, about 80 s on 2 cores,
 where CE reads about half of the test clocks exactly.
 """

@@ -126,7 +126,7 @@ def cell_config(config, settings, dataset_config, seed, overrides, data_dir):
     data_dir: where the data is.
 
   Returns:
-    ``config``, changed in place.
+    ``config``, changed in place; its warmup at most a tenth of the steps.
   """
   config.data_dir = data_dir
   config.dataset_config = dataset_config
@@ -141,6 +141,10 @@ def cell_config(config, settings, dataset_config, seed, overrides, data_dir):
   config.eval_examples = 0  # the whole test split
   config.eval_batch_size = min(250, settings["test_size"])
   config.num_samples = 0
+  # A short run (a smoke profile) keeps its warmup under a tenth of its
+  # steps; the profiles' budgets (600 steps and up) keep the config's.
+  steps = overrides.get("train_steps", settings["train_steps"])
+  config.warmup_steps = min(config.warmup_steps, steps // 10)
   for name, value in overrides.items():
     config[name] = value
   return config

@@ -241,7 +241,7 @@ def fused_numeric_loss(
       score (``None``: all valid).
     lam: weight of the numeric loss.
     method: ``"ntil"``, ``"emd"``, ``"ntl_mse"``, ``"soft_label"``,
-      ``"del"``, ``"smmd"`` or ``"ce"``.
+      ``"del"``, ``"smmd"``, ``"nl_ntl"`` or ``"ce"``.
     weighting: ``"sum"``, ``"reference"`` or ``"authors"`` (see
       ``numeric_token_loss``).
     digit_token_ids: ``[10]`` digit ids (``None``: 0..9). A

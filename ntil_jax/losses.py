@@ -183,7 +183,8 @@ def numeric_token_loss(
   :func:`smmd_loss` and :func:`nl_ntl_loss`.
 
   With ``method="soft_label"`` and ``w = 1``, ``CE + lam * CE_soft`` equals
-  ``(1 + lam)`` times a soft-label CE with ``eta' = lam * eta / (1 + lam)``.
+  on digit tokens ``(1 + lam)`` times a soft-label CE with
+  ``eta' = lam * eta / (1 + lam)`` (elsewhere it is the CE).
 
   Args:
     logits: ``[..., T, V]``.

@@ -262,7 +262,8 @@ def ntil_components(
 ) -> NTILComponents:
   """The pieces of :func:`ntil_loss`, for logging and ablations.
 
-  Arguments are those of :func:`ntil_loss`. Returns :class:`NTILComponents`.
+  Arguments are those of :func:`ntil_loss` but ``alpha`` and ``beta``: the
+  deviations come unweighted. Returns :class:`NTILComponents`.
 
   Example:
     A model sure of '4' everywhere predicts 44 for the target 33:
