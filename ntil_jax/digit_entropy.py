@@ -61,6 +61,9 @@ def del_from_layout(stats: statistics.TokenStatistics, layout):
   # Binary cross-entropy of each digit's own logit: -log sigmoid(z) for the
   # target digit, -log(1 - sigmoid(z)) for the nine others.
   bce = jax.nn.softplus(jnp.where(target, -logits, logits))
+  # A digit ruled out (logit -inf, probability 0) adds 0, the limit of
+  # p * BCE, not 0 * inf = NaN: the target digit's BCE is inf there.
+  bce = jnp.where(probs > 0, bce, 0.0)
   per_digit = jnp.mean(probs * bce, axis=-1)
   return base.masked(del_place_weights(layout) * per_digit, layout.is_digit)
 

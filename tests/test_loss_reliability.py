@@ -1118,6 +1118,21 @@ class ExtremeLogitTest(parameterized.TestCase):
     self.assertTrue(np.isfinite(got).all())
     self.assertTrue(np.isfinite(jax.grad(lambda z: fn(z).sum())(logits)).all())
 
+  def test_del_with_the_target_digit_ruled_out(self):
+    # Target '3' at logit -inf, the other digits at 0: DEL's softmax over
+    # the ten digit logits puts 1/9 on each of the nine others. The target
+    # adds lim p * BCE = 0 (was 0 * inf = NaN); the nine others 1/9 *
+    # softplus(0) each: log 2 / 10 per digit, times the units' place
+    # weight 2.
+    logits = np.zeros((1, 2, 12), np.float32)
+    logits[0, 0, 3] = -np.inf
+    labels = np.array([[3, 11]])
+    fn = lambda z: ntil_jax.del_loss(z, labels)
+    want = 2.0 * np.log(2.0) / 10
+    np.testing.assert_allclose(fn(logits)[0, 0], want, rtol=1e-6)
+    grad = jax.grad(lambda z: fn(z).sum())(logits)
+    self.assertTrue(np.isfinite(grad).all())
+
   def test_nl_ntl_reweighed_with_a_sure_later_digit(self):
     # "12": the first digit uniform over 12 tokens (expected digit 4.5, mass
     # 10/12 on digits), the second '2' at logit 100 (exp overflows float32):
