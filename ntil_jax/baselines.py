@@ -130,7 +130,9 @@ def soft_digit_targets(digit_values, *, eta: float, width: float):
   """
   validation.check_parameters(eta=eta, width=width)
   target = jnp.asarray(digit_values, jnp.float32)[..., None]
-  gaussian = jnp.exp(-((base.DIGITS - target) ** 2) / (2.0 * width**2))
+  # The distance in widths, then squared: a width of 1e-20 is a one-hot
+  # (width**2 underflowed to 0: 0/0 made the loss 0 and its gradient NaN).
+  gaussian = jnp.exp(-0.5 * ((base.DIGITS - target) / width) ** 2)
   psi = gaussian / gaussian.sum(-1, keepdims=True)
   one_hot = jax.nn.one_hot(digit_values, numbers.NUM_DIGITS, dtype=jnp.float32)
   return (1.0 - eta) * one_hot + eta * psi

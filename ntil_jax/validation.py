@@ -160,7 +160,11 @@ _PARAMETER_RULES = {
     "beta": (lambda v: v >= 0, ">= 0"),
     "lam": (lambda v: v >= 0, ">= 0"),
     "noise_scale": (lambda v: v >= 0, ">= 0"),
-    "tau": (lambda v: v > 0, "> 0 (a softmax temperature)"),
+    "tau": (
+        lambda v: v >= 1e-30,
+        ">= 1e-30 (a softmax temperature; below, float32 logits / tau "
+        "overflow and the gradient is NaN)",
+    ),
     "width": (lambda v: v > 0, "> 0 (a Gaussian's width)"),
     "eta": (lambda v: (v >= 0) & (v <= 1), "in [0, 1] (a mixing weight)"),
 }

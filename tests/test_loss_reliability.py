@@ -330,6 +330,7 @@ def _call(fn_name, **kwargs):
 BAD_PARAMETERS = (
     ("ntil_loss", dict(tau=0.0), "tau"),
     ("ntil_loss", dict(tau=-0.5), "tau"),
+    ("ntil_loss", dict(tau=1e-38), "tau"),  # its gradient was NaN
     ("ntil_loss", dict(tau=float("nan")), "tau"),
     ("ntil_components", dict(tau=0.0), "tau"),
     ("ntil_loss", dict(sigma=-1.0), "sigma"),
@@ -379,6 +380,21 @@ class ParameterTest(parameterized.TestCase):
       ntil_jax.soft_digit_targets(np.arange(10), eta=0.5, width=0.0)
     with self.assertRaisesRegex(ValueError, r"\beta\b"):
       ntil_jax.soft_digit_targets(np.arange(10), eta=-1.0, width=1.0)
+
+  def test_extreme_temperature_and_width_stay_finite(self):
+    logits, labels = small_case()
+    logits = 5.0 * logits
+    grad = jax.grad(lambda z: ntil_jax.ntil_loss(z, labels, tau=1e-30).sum())
+    self.assertTrue(np.isfinite(grad(logits)).all())
+    # A width of 1e-20 is the one-hot target: the soft-label CE is the CE on
+    # digits (width**2 underflowed: the loss was 0, its gradient NaN).
+    fn = lambda z: ntil_jax.soft_label_cross_entropy(z, labels, width=1e-20)
+    digits = np.asarray(labels) < 10
+    ce = ntil_jax.cross_entropy(logits, labels)
+    np.testing.assert_allclose(
+        np.asarray(fn(logits))[digits], np.asarray(ce)[digits], rtol=1e-6
+    )
+    self.assertTrue(np.isfinite(jax.grad(lambda z: fn(z).sum())(logits)).all())
 
   def test_edge_values_are_accepted(self):
     logits, labels = small_case()
