@@ -352,7 +352,7 @@ def ntil_loss(
       (``> -1``).
     alpha: weight of the relative deviation (``>= 0``).
     beta: weight of the magnitude deviation (``>= 0``).
-    tau: Gumbel-softmax temperature, ``> 0`` (only shapes the gradient).
+    tau: Gumbel-softmax temperature, ``>= 1e-30`` (only shapes the gradient).
     key: optional PRNG key for Gumbel noise; ``None`` means no noise.
     noise_scale: scale of the Gumbel noise when ``key`` is given (``>= 0``).
 
