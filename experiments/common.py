@@ -18,6 +18,7 @@ from configs import common as common_config
 from train import compile_cache
 from train import errors
 from train import plots
+from train import schedule
 from train import train
 
 
@@ -144,7 +145,7 @@ def cell_config(config, settings, dataset_config, seed, overrides, data_dir):
   # A short run (a smoke profile) keeps its warmup under a tenth of its
   # steps; the profiles' budgets (600 steps and up) keep the config's.
   steps = overrides.get("train_steps", settings["train_steps"])
-  config.warmup_steps = min(config.warmup_steps, steps // 10)
+  config.warmup_steps = schedule.short_run_warmup(config.warmup_steps, steps)
   for name, value in overrides.items():
     config[name] = value
   return config

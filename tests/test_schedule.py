@@ -137,3 +137,24 @@ def test_a_schedule_that_does_not_decay_is_named(
     assert warning is None
   else:
     assert expected in warning and f"warmup_steps={warmup}" in warning
+
+
+@pytest.mark.parametrize(
+    "warmup, steps, minimum, expected",
+    [
+        (100, 2000, 0, 100),  # ten times the warmup or more: kept
+        (100, 1000, 0, 100),
+        (100, 999, 0, 99),
+        (100, 40, 0, 4),
+        (100, 9, 0, 0),  # under ten steps: no warmup
+        (100, 9, 1, 1),  # ... unless a minimum is asked for
+        (0, 9, 1, 0),  # never more than the config's
+        (3, 400, 1, 3),
+    ],
+)
+def test_a_short_run_keeps_its_warmup_under_a_tenth(
+    warmup, steps, minimum, expected
+):
+  assert schedule.short_run_warmup(warmup, steps, minimum) == expected
+  if expected > 0:  # and the schedule it gives can decay
+    schedule.values(1e-3, expected, steps, 1e-4)

@@ -29,6 +29,7 @@ from configs import clock_time
 from train import compile_cache
 from train import logs
 from train import plots
+from train import schedule
 from train import train
 from train.tasks import clock_time as task
 
@@ -55,7 +56,9 @@ def demo_config(method):
   config.dataset_config = task.config_name(FLAGS.train_size, FLAGS.test_size)
   config.train_steps = FLAGS.steps
   # A short demo keeps a warmup shorter than its run (one tenth at most).
-  config.warmup_steps = min(config.warmup_steps, FLAGS.steps // 10)
+  config.warmup_steps = schedule.short_run_warmup(
+      config.warmup_steps, FLAGS.steps
+  )
   config.seed = FLAGS.seed
   config.eval_every_steps = max(1, FLAGS.steps // 4)
   config.checkpoint_every_steps = max(1, FLAGS.steps // 2)

@@ -88,6 +88,19 @@ def values(peak, warmup_steps: int, decay_steps: int, end_value) -> Values:
   )
 
 
+def short_run_warmup(
+    warmup_steps: int, train_steps: int, minimum: int = 0
+) -> int:
+  """``warmup_steps``, at most a tenth of ``train_steps`` (at least ``minimum``).
+
+  A short run (a demo, a grid's smoke profile) keeps its warmup well under
+  its schedule's horizon; a run of ten times the warmup or more keeps it.
+  ``minimum`` keeps a warmup of that many steps in runs shorter than ten
+  times it (never more than ``warmup_steps``).
+  """
+  return min(warmup_steps, max(minimum, train_steps // 10))
+
+
 def learning_rate(count: chex.Array, schedule: Values) -> chex.Array:
   """The learning rate at step ``count`` (int32), a float32 scalar.
 

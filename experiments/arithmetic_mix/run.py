@@ -65,6 +65,7 @@ from train import checks
 from train import evaluate
 from train import logs
 from train import plots
+from train import schedule
 from train import snapshots
 from train import step as step_lib
 from train import train
@@ -547,7 +548,9 @@ def llm_cell_config(settings, method, seed, data_dir):
   config.train_steps = steps
   config.batch_size = settings["batch_size"]
   config.learning_rate = settings["learning_rate"]
-  config.warmup_steps = min(config.warmup_steps, max(1, steps // 10))
+  config.warmup_steps = schedule.short_run_warmup(
+      config.warmup_steps, steps, minimum=1
+  )
   config.seed = seed
   config.log_every_steps = min(25, steps)
   config.eval_every_steps = max(1, steps // 2)  # halfway and at the end
