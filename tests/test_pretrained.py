@@ -829,9 +829,13 @@ def test_a_moved_snapshot_resumes_only_with_the_same_files(data_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_fsdp_over_four_devices_equals_one(data_dir, tmp_path):
-  """Parameters sharded over fsdp=2 of 4 CPU devices: the same losses."""
-  config = make_config(data_dir, "llama3_tiny", train_steps=3)
+def test_fsdp_and_tp_over_four_devices_equal_one(data_dir, tmp_path):
+  """Two steps over tp=2, resumed over fsdp=2 of 4 CPU devices: one's losses.
+
+  The parameters split over 'tp', then over 'fsdp': a checkpoint written
+  in one layout resumes in another.
+  """
+  config = make_config(data_dir, "llama3_tiny", train_steps=3, lr_decay_steps=3)
   train.train_and_evaluate(config, str(tmp_path / "one"))
   script = f"""
 import json, sys
@@ -840,18 +844,22 @@ from absl import flags
 from configs import arithmetic_mix_llm
 from train import train
 from train.tasks import arithmetic_mix_llm as task
-config = arithmetic_mix_llm.get_config("ntil")
-config.update(json.loads(sys.argv[1]))
-mesh = task.make_mesh(config)
-model = task.create_model(config, mesh)
-shard = model.lm.embedder.input_embedding.value.addressable_shards[0]
-print("SHARD", shard.data.shape, model.lm.embedder.input_embedding.value.shape)
-train.train_and_evaluate(config, {str(tmp_path / "four")!r})
+for overrides in json.loads(sys.argv[1]):
+  config = arithmetic_mix_llm.get_config("ntil")
+  config.update(overrides)
+  mesh = task.make_mesh(config)
+  model = task.create_model(config, mesh)
+  value = model.lm.embedder.input_embedding.value
+  print("SHARD", dict(mesh.shape), value.addressable_shards[0].data.shape)
+  train.train_and_evaluate(config, {str(tmp_path / "four")!r})
 """
   overrides = {k: v for k, v in config.items()}
-  overrides["fsdp"] = 2
+  runs = [
+      {**overrides, "tp": 2, "train_steps": 2, "checkpoint_every_steps": 2},
+      {**overrides, "fsdp": 2},
+  ]
   result = launch.run(
-      [sys.executable, "-c", script, json.dumps(overrides)],
+      [sys.executable, "-c", script, json.dumps(runs)],
       cwd=ROOT,
       capture_output=True,
       text=True,
@@ -860,7 +868,9 @@ train.train_and_evaluate(config, {str(tmp_path / "four")!r})
       env=dict(os.environ, JAX_NUM_CPU_DEVICES="4"),
   )
   assert result.returncode == 0, result.stderr[-3000:]
-  assert "SHARD (1408, 16) (1408, 32)" in result.stdout  # split over fsdp
+  # The embedding [1408, 32] split over tp (its rows), then over fsdp.
+  assert "SHARD {'data': 2, 'fsdp': 1, 'tp': 2} (704, 32)" in result.stdout
+  assert "SHARD {'data': 2, 'fsdp': 2, 'tp': 1} (1408, 16)" in result.stdout
   one, four = logged(str(tmp_path / "one")), logged(str(tmp_path / "four"))
   assert sorted(four) == [1, 2, 3]
   for step, loss in one.items():

@@ -302,8 +302,9 @@ def check_workdir(workdir: str) -> str:
 
 # Fields a run may change when it resumes: the schedule's length and the
 # cadence of logs, evals and saves, how the same computation is laid out
-# (the fused loss, FSDP), and where the data lies (the data itself is named
-# by dataset_config). Any other change would resume a different run.
+# (the fused loss, FSDP, tensor parallelism), and where the data lies (the
+# data itself is named by dataset_config). Any other change would resume a
+# different run.
 RESUMABLE_FIELDS = (
     "data_dir",
     "train_steps",
@@ -312,6 +313,7 @@ RESUMABLE_FIELDS = (
     "fused_loss",
     "fused_chunk_size",
     "fsdp",
+    "tp",
 )
 _ABSENT = "<absent>"
 
