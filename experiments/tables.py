@@ -22,8 +22,9 @@ def row(cells) -> str:
 
 def paired_cells(runs, reference, metric, short=False):
   """Three table cells of a `stats.Metric`: ``Δ ± sd``, ``better/n`` and
-  ``t (p = ...)`` (``short``: ``p``, and '-' below two paired seeds;
-  ``sign (p = ...)`` where the seeds' differences have no spread)."""
+  ``t (p = ...)`` (``short``: ``p``, and '-' below two paired seeds);
+  ``sign (p = ...)`` (``short``: ``sign p``) where the seeds' differences
+  have no spread and the p is the sign test's."""
   d, digits = stats.paired(runs, reference, metric), metric.digits
   none = "-" if short else "–"
   if d is None or (short and d["n"] < 2):
@@ -31,7 +32,9 @@ def paired_cells(runs, reference, metric, short=False):
   std = "" if np.isnan(d["std"]) else f" ± {d['std']:.{digits}f}"
   statistic = "sign" if np.isnan(d["t"]) else f"{d['t']:+.2f}"
   test = f"{statistic} (p = {d['p']:.3f})"
-  test = none if np.isnan(d["p"]) else f"{d['p']:.3f}" if short else test
+  if short:
+    test = f"{d['p']:.3f}" if statistic != "sign" else f"sign {d['p']:.3f}"
+  test = none if np.isnan(d["p"]) else test
   return [f"{d['mean']:+.{digits}f}{std}", f"{d['better']}/{d['n']}", test]
 
 

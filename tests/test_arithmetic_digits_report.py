@@ -656,11 +656,11 @@ def test_chunk_cells_are_paired_with_their_single_digit_runs(tmp_path):
   assert row(part, "CE + NTIL, 1-3 digit tokens − CE + NTIL")[:3] == [
       "+16.67 ± 0.00",
       "2/2",
-      "0.500",
+      "sign 0.500",
   ]
   assert row(part, "CE + NTIL, 1-3 digit tokens − (CE, both in chunks)")[
       :3
-  ] == ["+50.00 ± 0.00", "2/2", "0.500"]
+  ] == ["+50.00 ± 0.00", "2/2", "sign 0.500"]
   # Without chunk cells the section says so.
   plain = write(tmp_path, list(CELLS))
   assert "Not run yet (groups `chunks` and `chunks_peers`, 30 cells)." in plain
@@ -801,7 +801,7 @@ def test_cells_of_another_device_are_shown_apart(tmp_path):
   assert row(part, "CE + DEL, 1-3 digit tokens − (CE, both in chunks)")[:3] == [
       "+33.33 ± 0.00",
       "2/2",
-      "0.500",
+      "sign 0.500",
   ]
   # This report's own hardware has no chunk or peer cell yet: the chunk
   # section points to the device that ran them.

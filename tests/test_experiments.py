@@ -1008,6 +1008,26 @@ def test_paired_differences_equal_but_for_rounding_take_the_sign_test():
   assert 0 < d["p"] < 1 and not math.isnan(d["t"])
 
 
+def test_a_sign_test_is_named_in_short_cells_too():
+  # +1 point on all three seeds: no spread, the sign test's p = 2 / 2**3.
+  ours = {s: dict(m=0.02 + 0.01 * s) for s in range(3)}
+  theirs = {s: dict(m=0.01 + 0.01 * s) for s in range(3)}
+  metric = stats.Metric("m", "exact")
+  assert tables.paired_cells(ours, theirs, metric) == [
+      "+1.0 ± 0.0",
+      "3/3",
+      "sign (p = 0.250)",
+  ]
+  assert tables.paired_cells(ours, theirs, metric, short=True) == [
+      "+1.0 ± 0.0",
+      "3/3",
+      "sign 0.250",
+  ]
+  ours[2] = dict(m=0.05)  # a spread: the t-test's p, unmarked when short
+  cell = tables.paired_cells(ours, theirs, metric, short=True)[2]
+  assert not cell.startswith("sign") and 0 < float(cell) < 1
+
+
 def test_a_difference_that_is_zero_but_for_rounding_is_level():
   # +0.3, -0.5, +0.3, -0.4, +0.3 points sum to 0, as -2.8e-17 in float: the
   # table printed -0.0 and called it worse.
