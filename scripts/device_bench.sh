@@ -1,7 +1,8 @@
 #!/bin/bash
 # Runs `make bench`'s measurements on a lent GPU machine (no network, at most
 # 64 MiB carried a call) in one call, from what scripts/device_kit.sh
-# prepared: carry [".devkit"], timeout_s 560:
+# prepared: carry [".devkit/whl", ".devkit/whl_bench"] (all of .devkit
+# passes the 64 MiB a call carries), timeout_s 600:
 #   bash scripts/device_bench.sh
 # It installs the wheels (.devkit/whl and .devkit/whl_bench: tokamax and its
 # small requirements), then times, each under its own limit, at the README's
@@ -11,18 +12,20 @@
 #   benchmarks.implementations the fused path's implementations side by side
 #   benchmarks.compile         each loss's compile time and program size
 # JSON and logs go to $OUT/bench/ (the logs hold every row printed, even of a
-# benchmark cut at its limit; joined into bench.log at the end), with each
+# benchmark cut at its limit; each appended to bench.log as it ends), with each
 # compiled program's optimized HLO on the device in compile_hlo.txt (what
 # its kernels are); copy the JSON over benchmarks/ and run
 # `python -m benchmarks.report`. Environment: RUN_S, STEP_S, IMPL_S,
 # COMPILE_S (each benchmark's seconds: 120, 230, 130, 75; on one H100 they
 # took 82, more than 150 (four 30-35 s compiles before the first step),
-# 93 and 42 s).
+# 93 and 42 s), each cut to what is left before DEADLINE (585 s after the
+# start), so the script ends before the call's limit of 600 s.
 set -uo pipefail
 RUN_S=${RUN_S:-120}
 STEP_S=${STEP_S:-230}
 IMPL_S=${IMPL_S:-130}
 COMPILE_S=${COMPILE_S:-75}
+DEADLINE=${DEADLINE:-585}
 OUT=${OUT:-/tmp/out}
 SITE=/tmp/site
 export PYTHONUNBUFFERED=1
@@ -47,11 +50,16 @@ mkdir -p "$OUT/bench"
 bench() {  # name, seconds, module and flags
   local name=$1 seconds=$2
   shift 2
+  local left=$(( DEADLINE - ($(date +%s) - start) ))
+  if (( left < seconds )); then seconds=$left; fi
+  if (( seconds < 5 )); then echo "== $name: no time left"; return; fi
   echo "== $name ($seconds s at most): $*"
   timeout "$seconds" python3 -m "$@" --out="$OUT/bench/$name.json" \
     >"$OUT/bench/$name.log" 2>&1
   echo "rc $? after $(( $(date +%s) - start )) s"
   grep -v "^I[0-9]\|^W[0-9]" "$OUT/bench/$name.log" | tail -40
+  # At most 8 files come back from a call: the logs become one as they end.
+  cat "$OUT/bench/$name.log" >>"$OUT/bench/bench.log" && rm -f "$OUT/bench/$name.log"
 }
 # A run of 10 calls back to back: the losses take 0.3-3.5 ms on an H200, and
 # one call synchronized at a time measured the same function 10-20% apart.
@@ -63,7 +71,4 @@ bench step "$STEP_S" benchmarks.step --model=qwen2.5-1.5b --dtype=bfloat16 \
 bench implementations "$IMPL_S" benchmarks.implementations --calls_per_run=5
 bench compile "$COMPILE_S" benchmarks.compile --methods=ce,emd,ntil --repeats=1 \
   --hlo_out="$OUT/bench/compile_hlo.txt"
-# At most 8 files come back from a call: the four logs become one.
-(cd "$OUT/bench" && cat run.log step.log implementations.log compile.log \
-  >bench.log 2>/dev/null && rm -f run.log step.log implementations.log compile.log)
 echo "done in $(( $(date +%s) - start )) s"

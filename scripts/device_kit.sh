@@ -4,7 +4,8 @@
 # outside itself and takes at most 64 MiB a call:
 #   .devkit/whl/        the wheels of scripts/device_wheels.txt (about 35 MB)
 #   .devkit/whl_bench/  those of scripts/device_bench_wheels.txt (6 MB), for
-#                       scripts/device_bench.sh (one call: carry [".devkit"])
+#                       scripts/device_bench.sh (one call: carry
+#                       [".devkit/whl", ".devkit/whl_bench"])
 #   .devkit/data/       the grid's problems: STEPS x BATCH (each seen once)
 #                       and TEST_SIZE test problems, both datasets; with
 #                       DIGITS=1 (default) the digits grid's 102,400 + 2,000
@@ -44,8 +45,8 @@ for ignored in "/$KIT/" /.devgguf/; do
 done
 
 echo "== wheels"
-download() {  # folder, requirements file
-  mkdir -p "$1"
+download() {  # folder, requirements file (emptied first: one version each)
+  rm -rf "$1" && mkdir -p "$1"
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
     --implementation cp --platform manylinux_2_28_x86_64 \
     --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
