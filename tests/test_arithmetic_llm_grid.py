@@ -161,11 +161,17 @@ settings["train_size"] = settings["train_steps"] * settings["batch_size"]
 config = grid.llm_cell_config(settings, "ntil", 0, data_dir)
 assert config.pretrained == path  # the run reads it from there
 assert config.data_dir == data_dir
-print(json.dumps([
+hashes = [
     grid.llm_hash(config, "llm_smoke", settings),
     grid.zero_shot_hash(config, "llm_smoke", settings),
     grid.snapshot_identity(path),
-]))
+]
+# The zero-shot prompts joined to the answer, or with the tokenizer's BOS.
+config.tokenize_joined = True
+hashes.append(grid.zero_shot_hash(config, "llm_smoke", settings))
+config.tokenize_joined, config.prompt_bos = False, "tokenizer"
+hashes.append(grid.zero_shot_hash(config, "llm_smoke", settings))
+print(json.dumps(hashes))
 """
 
 
@@ -192,6 +198,8 @@ def test_cell_hashes_name_the_snapshot_and_data_not_their_location(tmp_path):
   # Nor where its data is (a device reads a copy from elsewhere).
   assert ours == hashes(here, str(tmp_path / "elsewhere"))
   assert ours[2].startswith("qwen2_tiny@")
+  # The zero-shot prompts' tokenization is part of the zero-shot cell.
+  assert len({ours[1], ours[3], ours[4]}) == 3
   # Another model under the same name is another cell.
   config = json.loads((there / "config.json").read_text())
   config["num_hidden_layers"] += 1
@@ -227,6 +235,7 @@ def test_a_second_schedule_needs_its_own_results_file(tmp_path):
       batch_size=32,
       learning_rate=1e-4,
       test_size=2000,
+      split_digits=False,
   )
   run_lib.check_one_schedule(results, settings)  # the same schedule
   run_lib.check_one_schedule(results, dict(settings, dataset="arithmetic_mix"))
@@ -237,6 +246,14 @@ def test_a_second_schedule_needs_its_own_results_file(tmp_path):
   assert "steps 300 there, 3000 here" in str(error.value)
   assert "learning_rate 0.0001 there, 1e-05 here" in str(error.value)
   assert "--results=" in str(error.value)
+  # Nor two tokenizations: records without split_digits were run without.
+  with pytest.raises(app.UsageError, match="split_digits False there, True"):
+    run_lib.check_one_schedule(results, dict(settings, split_digits=True))
+  # ... a zero-shot cell alone included (it would be a second zero-shot row).
+  results_io.save_results(results, [dict(zero, split_digits=True)])
+  with pytest.raises(app.UsageError, match="split_digits True there, False"):
+    run_lib.check_one_schedule(results, settings)
+  run_lib.check_one_schedule(results, dict(settings, split_digits=True))
 
 
 def test_other_weights_under_one_snapshot_name_are_refused(tmp_path):

@@ -706,9 +706,12 @@ ZERO_SHOT_FIELDS = (
 def zero_shot_hash(config, profile, settings, version=IDENTITY_VERSION) -> str:
   """Only what the zero-shot score depends on: snapshot, test set, prompt."""
   config, _ = _located_nowhere(config, settings, version)
-  fields = ml_collections.ConfigDict(
-      {name: config[name] for name in ZERO_SHOT_FIELDS}
-  )
+  fields = {name: config[name] for name in ZERO_SHOT_FIELDS}
+  # The prompts' tokenization, hashed where it is not the recorded cells'.
+  for name, recorded in (("tokenize_joined", False), ("prompt_bos", "llama")):
+    if config[name] != recorded:
+      fields[name] = config[name]
+  fields = ml_collections.ConfigDict(fields)
   data = dict(
       zero_shot=True,
       dataset=settings["dataset"],
@@ -801,6 +804,7 @@ def _llm_identity(profile, settings) -> dict:
       pretrained=settings["pretrained"],
       dataset=settings["dataset"],
       data=LLM_DATASETS[settings["dataset"]],
+      split_digits=settings["split_digits"],
   )
 
 
@@ -900,8 +904,9 @@ def check_one_schedule(results, settings) -> None:
   """UsageError if ``results`` holds this dataset's cells at another schedule.
 
   The report pairs a dataset's cells by method and seed: cells of two
-  schedules (steps, batch, learning rate, test size) in one file would be
-  compared as if they were one grid.
+  schedules (steps, batch, learning rate, test size) or two tokenizations
+  (``split_digits``, of the zero-shot cell too; a record without it was
+  run without it) in one file would be compared as if they were one grid.
   """
   wanted = dict(
       steps=settings["train_steps"],
@@ -910,17 +915,21 @@ def check_one_schedule(results, settings) -> None:
       num_test_examples=settings["test_size"],
   )
   for record in common.load_results(results):
-    if (
-        record.get("dataset") != settings["dataset"]
-        or record["group"] != "main"
-    ):
+    if record.get("dataset") != settings["dataset"]:
       continue
-    differ = {
-        k: (record.get(k), v) for k, v in wanted.items() if record.get(k) != v
-    }
+    differ = {}
+    if record.get("split_digits", False) != settings["split_digits"]:
+      differ["split_digits"] = (
+          record.get("split_digits", False),
+          settings["split_digits"],
+      )
+    if record["group"] == "main":
+      differ |= {
+          k: (record.get(k), v) for k, v in wanted.items() if record.get(k) != v
+      }
     if differ:
       raise app.UsageError(
-          f"{results} holds {settings['dataset']} cells at another schedule ("
+          f"{results} holds {settings['dataset']} cells at another schedule or tokenization ("
           + ", ".join(
               f"{k} {a} there, {b} here" for k, (a, b) in differ.items()
           )
