@@ -18,11 +18,9 @@ logits on them, for the equality tests):
   single digits (Qwen2.5's pre-tokenizer), and 320 logits for its
   ~260-entry vocabulary.
 * ``llama3_tiny``: Llama with untied embeddings and a tokenizer that writes
-  numbers in 1-3 digit tokens (Llama 3's pre-tokenizer, with a merge for
-  every 2- and 3-digit string), and 1408 logits for ~1360 entries. Its
-  merges join ``ab`` + ``c`` only, so a group whose ``bc`` merges first
-  stays two tokens (``100`` is ``1|00``, ``1007`` is ``1|00|7``; 495 of
-  the 1,000 three-digit groups), where Llama 3 writes one; plus
+  numbers in 1-3 digit tokens (Llama 3's pre-tokenizer, with merges that
+  write every 2- and 3-digit group as one token, ``ab`` + ``c`` and
+  ``a`` + ``bc``), and 1408 logits for ~1360 entries; plus
   ``expected_llama31.npz``, transformers' logits of the same weights with
   Llama 3.1's RoPE scaling (``rope_type: llama3``).
 
@@ -78,6 +76,9 @@ def byte_level_tokenizer(pattern, digit_chunks, special_tokens):
     digits = "0123456789"
     merges += [(a, b) for a in digits for b in digits]
     merges += [(a + b, c) for a in digits for b in digits for c in digits]
+    # And a + bc: whichever pair of a three-digit group merges first, the
+    # group ends as one token, as Llama 3 writes every one of them.
+    merges += [(a, b + c) for a in digits for b in digits for c in digits]
   for left, right in merges:
     vocab.setdefault(left + right, len(vocab))
   tokenizer = tokenizers.Tokenizer(
