@@ -43,7 +43,11 @@ if ! PYTHONPATH=$SITE python3 -c "import xprof.cli.tools" 2>/dev/null; then
     >"$SITE/xprof/cli/tools.py"
 fi
 export PYTHONPATH=$SITE:$PWD
-python3 -c "import jax, tokamax; print('jax', jax.__version__, jax.devices())" || exit 1
+python3 -c "import jax; print('jax', jax.__version__, jax.devices())" || exit 1
+# Only benchmarks.implementations uses tokamax, and it leaves tokamax's rows
+# out where tokamax does not import: the other benchmarks still run.
+python3 -c "import tokamax" 2>/dev/null ||
+  echo "warning: tokamax does not import; implementations runs without it"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 
 mkdir -p "$OUT/bench"
