@@ -20,6 +20,7 @@ MODULES = (
     "ntil_jax.number_level",
     "train.tokenizer",
     "train.models",
+    "train.schedule",
 )
 
 

@@ -97,6 +97,13 @@ def short_run_warmup(
   its schedule's horizon; a run of ten times the warmup or more keeps it.
   ``minimum`` keeps a warmup of that many steps in runs shorter than ten
   times it (never more than ``warmup_steps``).
+
+  >>> short_run_warmup(100, 3000)  # a long run keeps the config's warmup
+  100
+  >>> short_run_warmup(100, 300)  # a short one: a tenth of its steps
+  30
+  >>> short_run_warmup(100, 5), short_run_warmup(100, 5, minimum=1)
+  (0, 1)
   """
   return min(warmup_steps, max(minimum, train_steps // 10))
 

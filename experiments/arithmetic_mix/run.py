@@ -266,6 +266,13 @@ LLM_DATASETS = {
     "arithmetic_mix": {},  # the paper's arithmetic__mixed
     "add_or_sub": dict(module="arithmetic__add_or_sub", difficulty="easy"),
 }
+# How the recorded LLM cells tokenized their prompts: the prompt and the
+# answer apart, Llama's BOS (configs/arithmetic_mix_llm.py's defaults join
+# them). A grid run otherwise is another grid: its cells hash apart, and the
+# zero-shot cell's hash holds these fields only where they differ.
+RECORDED_TOKENIZATION = dict(tokenize_joined=False, prompt_bos="llama")
+# A record without ``split_digits`` was run before the flag: not split.
+SPLIT_DIGITS_UNRECORDED = False
 # The control of the multi-digit grid: CE with weight 1 + lam on digit
 # tokens ("more gradient on digits" without their order).
 CONTROL_DIGIT_CE_WEIGHT = 0.3
@@ -540,11 +547,8 @@ def llm_cell_config(settings, method, seed, data_dir):
   )
   config.pretrained = settings["pretrained"]
   config.split_digits = settings["split_digits"]
-  # The prompt and the answer tokenized apart, as the recorded cells were
-  # (configs/arithmetic_mix_llm.py's default joins them): rerunning the
-  # grid joined is a new grid, its own records.
-  config.tokenize_joined = settings.get("tokenize_joined", False)
-  config.prompt_bos = settings.get("prompt_bos", "llama")  # as recorded
+  for name, recorded in RECORDED_TOKENIZATION.items():
+    config[name] = settings.get(name, recorded)
   config.train_steps = steps
   config.batch_size = settings["batch_size"]
   config.learning_rate = settings["learning_rate"]
@@ -708,7 +712,7 @@ def zero_shot_hash(config, profile, settings, version=IDENTITY_VERSION) -> str:
   config, _ = _located_nowhere(config, settings, version)
   fields = {name: config[name] for name in ZERO_SHOT_FIELDS}
   # The prompts' tokenization, hashed where it is not the recorded cells'.
-  for name, recorded in (("tokenize_joined", False), ("prompt_bos", "llama")):
+  for name, recorded in RECORDED_TOKENIZATION.items():
     if config[name] != recorded:
       fields[name] = config[name]
   fields = ml_collections.ConfigDict(fields)
@@ -918,11 +922,9 @@ def check_one_schedule(results, settings) -> None:
     if record.get("dataset") != settings["dataset"]:
       continue
     differ = {}
-    if record.get("split_digits", False) != settings["split_digits"]:
-      differ["split_digits"] = (
-          record.get("split_digits", False),
-          settings["split_digits"],
-      )
+    recorded = record.get("split_digits", SPLIT_DIGITS_UNRECORDED)
+    if recorded != settings["split_digits"]:
+      differ["split_digits"] = (recorded, settings["split_digits"])
     if record["group"] == "main":
       differ |= {
           k: (record.get(k), v) for k, v in wanted.items() if record.get(k) != v
