@@ -21,7 +21,9 @@
 #   1. carry [".devgguf/a"]: mkdir -p /tmp/kit && cp .devgguf/a/* /tmp/kit/
 #   2. carry [".devgguf/b"]: cp .devgguf/b/* /tmp/kit/ && ls -l /tmp/kit
 #   3. carry [".devkit/whl", ".devkit/data", ".devkit/gguf.sha256"] (all of
-#      .devkit passes the 64 MiB a call carries), timeout_s 540:
+#      .devkit passes the 64 MiB a call carries; these are about 35 + 14 MB
+#      at the defaults: with STEPS=3000, check `du -sh .devkit/data` first,
+#      or build the kit with DIGITS=0), timeout_s 540:
 #      STEPS=300 BATCH=32 bash scripts/device_llm_grid.sh
 #   The results come back under $OUT/llm/: copy them over
 #   experiments/arithmetic_mix/llm/SmolLM2-135M-Instruct/ and commit.
