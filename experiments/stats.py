@@ -91,8 +91,9 @@ def paired(runs, reference, metric, scale=100, higher_better=True):
   """Paired difference of ``runs`` to ``reference`` ({seed: run}) in
   ``metric`` (`value`; a `Metric`: its field, scale and direction) times
   ``scale``, or None without a seed where both are finite: dict(n, mean,
-  std, better, t, p), the seeds, mean and sd of the differences, the seeds
-  where ``runs`` is better, and a two-sided paired t-test (t and p nan with
+  std, better, worse, t, p), the seeds, mean and sd of the differences, the
+  seeds where ``runs`` is better and where it is worse (beyond float
+  rounding: a level seed is neither), and a two-sided paired t-test (t and p nan with
   one seed). Where every seed's difference is the same there is no spread
   for a t-test: t is nan and p the exact two-sided sign test's (1 where the
   differences are all 0). A mean that is 0 but for float rounding is 0."""
@@ -109,11 +110,14 @@ def paired(runs, reference, metric, scale=100, higher_better=True):
   ours = np.array([scale * value(runs[s], metric) for s in seeds])
   theirs = np.array([scale * value(reference[s], metric) for s in seeds])
   diffs = ours - theirs
-  better = int(np.sum(diffs > 0 if higher_better else diffs < 0))
   # Differences equal but for rounding (one problem out of 1,000 on every
   # seed: 0.4 - 0.3 and 0.5 - 0.4 in float) have no spread to test against:
   # t would be 1e16 and p 0.
   rounding = 1e-9 * max(np.abs(ours).max(), np.abs(theirs).max(), 1e-300)
+  # A seed is better or worse only beyond rounding; a level seed is neither.
+  ahead = int(np.sum(diffs > rounding))
+  behind = int(np.sum(diffs < -rounding))
+  better, worse = (ahead, behind) if higher_better else (behind, ahead)
   mean, std = mean_std(diffs)
   if abs(mean) <= rounding:  # 0.3 - 0.5 + 0.2 is -2.8e-17, not "worse"
     mean = 0.0
@@ -124,4 +128,6 @@ def paired(runs, reference, metric, scale=100, higher_better=True):
     t = 0.0 if mean == 0 else t
   elif len(seeds) > 1:  # every seed on one side (or all level)
     p = 1.0 if mean == 0 else min(1.0, 2 * 0.5 ** len(seeds))
-  return dict(n=len(seeds), mean=mean, std=std, better=better, t=t, p=p)
+  return dict(
+      n=len(seeds), mean=mean, std=std, better=better, worse=worse, t=t, p=p
+  )

@@ -109,12 +109,13 @@ def shares_table(grouped, rows, head, shares, percent_last=False):
 
 def kind(d) -> str:
   """How a paired difference (`stats.paired`) stands: ``untestable`` (one
-  seed), ``unanimous`` (p < 0.05 and every seed on the mean's side),
-  ``significant`` (p < 0.05) or ``noise``."""
+  seed), ``unanimous`` (p < 0.05 and every seed on the mean's side; a level
+  seed is on neither), ``significant`` (p < 0.05) or ``noise``."""
   if d["n"] < 2:
     return "untestable"
   if d["p"] < 0.05:
-    return "unanimous" if d["better"] in (0, d["n"]) else "significant"
+    worse = d.get("worse", d["n"] - d["better"])
+    return "unanimous" if d["n"] in (d["better"], worse) else "significant"
   return "noise"
 
 

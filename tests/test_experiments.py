@@ -1008,6 +1008,38 @@ def test_paired_differences_equal_but_for_rounding_take_the_sign_test():
   assert 0 < d["p"] < 1 and not math.isnan(d["t"])
 
 
+def test_a_level_seed_is_neither_better_nor_worse():
+  # -1 point on four seeds and level on the fifth: worse on average beyond
+  # seed noise (t = -4, 4 degrees of freedom), but not on every seed.
+  theirs = {s: dict(m=0.5) for s in range(5)}
+  ours = {s: dict(m=0.49 if s < 4 else 0.5) for s in range(5)}
+  d = stats.paired(ours, theirs, "m", 100, True)
+  assert (d["n"], d["better"], d["worse"]) == (5, 0, 4)
+  assert math.isclose(d["p"], 0.01613, rel_tol=1e-3)
+  assert tables.kind(d) == "significant"
+  assert tables.verdict(d) == (
+      "worse on average (p = 0.016), but not on every seed"
+  )
+  assert not tables.beats(d, higher=False)
+  # Lower is better: the same differences are better on four seeds only.
+  d = stats.paired(ours, theirs, "m", 100, False)
+  assert (d["better"], d["worse"]) == (4, 0)
+  assert tables.kind(d) == "significant" and not tables.beats(d, False)
+  # Worse on all five seeds: every seed.
+  ours[4] = dict(m=0.485)
+  d = stats.paired(ours, theirs, "m", 100, True)
+  assert (d["better"], d["worse"]) == (0, 5) and tables.kind(d) == "unanimous"
+
+
+def test_differences_of_float_rounding_are_level_on_every_seed():
+  # 0.1 + 0.2 against 0.3 is 5.6e-17 apart: level, not better on 5/5.
+  ours = {s: dict(m=0.1 + 0.2) for s in range(5)}
+  theirs = {s: dict(m=0.3) for s in range(5)}
+  d = stats.paired(ours, theirs, "m", 1, True)
+  assert (d["mean"], d["better"], d["worse"], d["p"]) == (0.0, 0, 0, 1.0)
+  assert tables.delta(d, 2).startswith("+0.00 (0/5")
+
+
 def test_a_sign_test_is_named_in_short_cells_too():
   # +1 point on all three seeds: no spread, the sign test's p = 2 / 2**3.
   ours = {s: dict(m=0.02 + 0.01 * s) for s in range(3)}
