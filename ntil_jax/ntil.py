@@ -56,7 +56,12 @@ def _straight_through_digits(digit_logits_, *, tau, key, noise_scale):
   # The first maximum (argmax's variadic reduction is a larger program).
   top = jnp.max(digit_logits_, axis=-1, keepdims=True)
   hard = jnp.min(jnp.where(digit_logits_ == top, _DIGIT_IDS, 9), axis=-1)
-  soft = jax.nn.softmax(digit_logits_ / tau, axis=-1) @ base.DIGITS
+  # Shifted by the maximum before the division: the largest is then exactly
+  # 0 whatever tau, where ``logits / tau`` could round two ways in one
+  # program (XLA turns the division into a product in some of its uses) and
+  # the softmax's own shift leave exp(+1 ulp of 1e11) = inf, a NaN gradient.
+  shifted = digit_logits_ - jax.lax.stop_gradient(top)
+  soft = jax.nn.softmax(shifted / tau, axis=-1) @ base.DIGITS
   return hard, soft
 
 

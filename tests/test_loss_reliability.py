@@ -1134,6 +1134,41 @@ class ExtremeLogitTest(parameterized.TestCase):
     self.assertTrue(np.isfinite(got).all())
     self.assertTrue(np.isfinite(jax.grad(lambda z: fn(z).sum())(logits)).all())
 
+  @parameterized.parameters(3e9, 1e10, 1e15, 1e30)
+  def test_ntil_with_a_huge_finite_digit_logit(self, big):
+    # Target "33", '4' at a logit far beyond exp's range on both digits.
+    # The straight-through digits' tempered softmax divided the logits by
+    # tau before its shift, and XLA rounded logits / tau two ways in one
+    # program: exp(+1 ulp) = inf, and every gradient NaN from 3e9 up. The
+    # distribution is one-hot in float32 from logit 200: the same gradient.
+    # Under jit, as in a train step (called eagerly at this session's XLA
+    # level the division was rounded one way only).
+    labels = np.array([[3, 3]])
+    logits = np.zeros((1, 2, 12), np.float32)
+    logits[0, :, 4] = big
+    moderate = logits.copy()
+    moderate[0, :, 4] = 200.0
+    fn = lambda z: ntil_jax.ntil_loss(z, labels).sum()
+    for grad_fn in (jax.jit(jax.grad(fn)), jax.grad(fn)):
+      grad = grad_fn(logits)
+      self.assertTrue(np.isfinite(grad).all())
+      np.testing.assert_allclose(grad, grad_fn(moderate), atol=1e-6)
+    np.testing.assert_allclose(fn(logits), fn(moderate), rtol=1e-6)
+
+  @parameterized.parameters(1e-30, 1e-10)
+  def test_ntil_at_the_least_temperatures(self, tau):
+    # A digit 0.3 above the others: at tau <= 1e-6 the tempered softmax is
+    # one-hot in float32 and its gradient 0 (NaN at 1e-10 and below before
+    # the shift came ahead of the division).
+    labels = np.array([[3, 3]])
+    logits = np.zeros((1, 2, 12), np.float32)
+    logits[0, :, 4] = 0.3
+    grad = lambda t: jax.jit(
+        jax.grad(lambda z: ntil_jax.ntil_loss(z, labels, tau=t).sum())
+    )(logits)
+    self.assertTrue(np.isfinite(grad(tau)).all())
+    np.testing.assert_allclose(grad(tau), grad(1e-6), atol=1e-6)
+
   def test_del_with_the_target_digit_ruled_out(self):
     # Target '3' at logit -inf, the other digits at 0: DEL's softmax over
     # the ten digit logits puts 1/9 on each of the nine others. The target
