@@ -192,9 +192,23 @@ def label_array(labels) -> chex.Array:
   Every comparison of a label with a vocabulary size or a token id then
   happens in at least 32 bits: in a uint8, int8 or int16 array, ``V =
   300``, ``200`` or ``32768`` would wrap (``uint8(300) == 44``) and score
-  real tokens as ignored. Other dtypes (non-integers included, which the
-  validation refuses) are returned as they are.
+  real tokens as ignored. Concrete 64-bit integers, which JAX narrows to
+  int32 unless ``jax_enable_x64`` is set (``2**32 + 3`` would wrap onto
+  the digit 3), are clipped to int32's range first, keeping what they mean:
+  an id past it is past any vocabulary (refused where scored, 0 elsewhere),
+  one below it a negative, ignored id. Other dtypes (non-integers included,
+  which the validation refuses) are returned as they are.
   """
+  if (
+      isinstance(labels, (np.ndarray, np.generic))
+      and np.issubdtype(labels.dtype, np.integer)
+      and labels.dtype.itemsize > 4
+      and not jax.config.jax_enable_x64
+  ):
+    int32 = np.iinfo(np.int32)
+    if np.issubdtype(labels.dtype, np.signedinteger):
+      labels = np.maximum(labels, int32.min)
+    labels = np.minimum(labels, int32.max).astype(np.int32)
   labels = jnp.asarray(labels)
   if jnp.issubdtype(labels.dtype, jnp.integer) and labels.dtype.itemsize < 4:
     labels = labels.astype(jnp.int32)

@@ -549,6 +549,28 @@ class DigitIdTest(parameterized.TestCase):
     ]
     np.testing.assert_allclose(combined[0], ce, rtol=1e-5)
 
+  @parameterized.parameters(np.int64, np.uint64)
+  def test_wide_labels_do_not_wrap(self, dtype):
+    # In JAX's 32-bit mode an int64 2**32 + 3 became int32 3, the digit '3',
+    # and was scored; it is past any vocabulary, and refused where scored.
+    logits = np.zeros((1, 2, 14), np.float32)
+    labels = np.array([[2**32 + 3, 11]]).astype(dtype)
+    for fn in (ntil_jax.ntil_loss, ntil_jax.numeric_token_loss):
+      with self.assertRaisesRegex(ValueError, r"labels must be in \[0, V=14\)"):
+        fn(logits, labels)
+    # Not scored (loss_mask false there): 0, as any label >= V.
+    got = ntil_jax.numeric_token_loss(
+        logits, labels, loss_mask=np.array([[False, True]])
+    )
+    np.testing.assert_allclose(got[0], [0.0, np.log(14.0)], rtol=1e-6)
+    if dtype == np.int64:  # below int32's range: a negative, ignored id
+      labels = np.array([[-(2**32) + 3, 11]], dtype)
+      np.testing.assert_allclose(
+          ntil_jax.numeric_token_loss(logits, labels)[0],
+          [0.0, np.log(14.0)],
+          rtol=1e-6,
+      )
+
   def test_narrow_labels_still_match_small_ids(self):
     logits, labels, mask = random_case(
         6, vocab=40, ignore_frac=0.0, digit_ids=range(20, 30)
