@@ -59,14 +59,31 @@ def _straight_through_digits(digit_logits_, *, tau, key, noise_scale):
   hard = jnp.min(jnp.where(digit_logits_ == top, _DIGIT_IDS, 9), axis=-1)
   # Shifted by the maximum before the division: the largest is then exactly
   # 0 whatever tau, where ``logits / tau`` could round two ways in one
-  # program (XLA turns the division into a product in some of its uses) and
-  # the softmax's own shift leave exp(+1 ulp of 1e11) = inf, a NaN gradient.
-  shifted = digit_logits_ - jax.lax.stop_gradient(top)
-  soft = jax.nn.softmax(shifted / tau, axis=-1) @ base.DIGITS
+  # program (XLA turns the division into a product in some of its uses),
+  # and jax.nn.softmax's own shift left exp(+1 ulp of 1e11) = inf, a NaN
+  # gradient.
+  shifted = (digit_logits_ - jax.lax.stop_gradient(top)) / tau
+  soft = _softmax_of_shifted(shifted) @ base.DIGITS
   return hard, soft
 
 
 _DIGIT_IDS = np.arange(numbers.NUM_DIGITS, dtype=np.int32)
+
+
+@jax.custom_jvp
+def _softmax_of_shifted(x):
+  """``softmax(x)`` along the last axis for ``x`` whose maximum is 0: no
+  shift of its own (``jax.nn.softmax``'s second maximum would be one more
+  kernel), and jax.nn.softmax's derivative, exactly 0 where it is one-hot."""
+  e = jnp.exp(x)
+  return e / jnp.sum(e, axis=-1, keepdims=True)
+
+
+@_softmax_of_shifted.defjvp
+def _softmax_of_shifted_jvp(primals, tangents):
+  (x,), (t,) = primals, tangents
+  p = _softmax_of_shifted(x)
+  return p, p * (t - jnp.sum(p * t, axis=-1, keepdims=True))
 
 
 @jax.custom_vjp
