@@ -696,6 +696,29 @@ def test_a_seal_left_half_written_does_not_condemn_its_checkpoint(
   ]
 
 
+@pytest.mark.parametrize("seal", ["empty", "torn"])
+def test_a_seal_that_lists_too_little_does_not_vouch_for_its_checkpoint(
+    data_dir, finished_run, tmp_path, seal
+):
+  """A seal renamed into place before it reached the disk (a power loss)
+  can be empty: it listed nothing to compare, so the checkpoint counted as
+  intact, its unreadable metadata as the machine's failure, and every
+  rerun stopped there instead of falling back to step 3."""
+  config = make_config(data_dir, train_steps=6, lr_decay_steps=9)
+  workdir = tmp_path / "run"
+  shutil.copytree(finished_run / "checkpoints", workdir / "checkpoints")
+  checkpoint = workdir / "checkpoints" / "6"
+  path = checkpoint / checkpoints.FILE_DIGESTS
+  lines = path.read_text().splitlines(keepends=True)
+  path.write_text("" if seal == "empty" else lines[0])
+  (checkpoint / "state" / "_METADATA").write_text("garbage")
+  assert _Restorer(config)(str(workdir)) == 3
+  assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == [
+      "3",
+      "corrupt-6",
+  ]
+
+
 def test_a_step_damaged_again_is_moved_aside_beside_the_first(
     data_dir, finished_run, tmp_path, caplog
 ):

@@ -501,6 +501,37 @@ def test_sigterm_during_a_hung_save_ends_at_once(
   assert time.perf_counter() - started < 120
 
 
+def test_a_signal_before_a_stalled_background_save_ends_it_in_the_grace(
+    data_dir, tmp_path, monkeypatch
+):
+  """SIGTERM while training, a background save stalled (a hung filesystem):
+  the grace's clock started only for a signal inside a save, so the run
+  waited for that save past the scheduler's notice."""
+  if threading.current_thread() is not threading.main_thread():
+    pytest.skip("signal handlers need the main thread")
+  monkeypatch.setattr(signals, "SAVE_GRACE_SECONDS", 1.0)
+  release, sent = threading.Event(), []
+  original = ocp.CheckpointManager._finalize  # pylint: disable=protected-access
+
+  def stalled(self, step, *args, **kwargs):
+    if not sent:  # the first background save, in its own thread
+      sent.append(time.perf_counter())
+      os.kill(os.getpid(), signal.SIGTERM)
+      release.wait(60)
+    return original(self, step, *args, **kwargs)
+
+  monkeypatch.setattr(ocp.CheckpointManager, "_finalize", stalled)
+  config = make_config(data_dir, train_steps=8, checkpoint_every_steps=2)
+  try:
+    with pytest.raises(train.Interrupted) as raised:
+      train.train_and_evaluate(config, str(tmp_path))
+    ended = time.perf_counter()
+  finally:
+    release.set()
+  assert raised.value.signum == signal.SIGTERM
+  assert ended - sent[0] < 30
+
+
 def test_sigterm_during_a_save_lets_it_finish_and_stops_there(
     data_dir, tmp_path, monkeypatch
 ):

@@ -142,13 +142,16 @@ def seal_finished(manager) -> None:
     ]
     with open(os.path.join(checkpoint, _SEAL_IN_PROGRESS), "w") as f:
       f.writelines(lines)
+      f.flush()
+      os.fsync(f.fileno())  # renamed whole, never empty after a power loss
     os.replace(os.path.join(checkpoint, _SEAL_IN_PROGRESS), path)
 
 
 def _check_files(manager, step) -> bool:
   """Whether ``files.sha256`` vouches for every file; Damaged if one differs.
 
-  False for a checkpoint without it (the run stopped between save and seal).
+  False for a checkpoint without it (the run stopped between save and seal),
+  or with one that does not list every file it holds (empty, or torn).
   """
   checkpoint = os.path.join(str(manager.directory), str(step))
   path = os.path.join(checkpoint, FILE_DIGESTS)
@@ -170,7 +173,10 @@ def _check_files(manager, step) -> bool:
     raise Damaged(
         f"{len(bad)} file(s) differ from {FILE_DIGESTS}, e.g. {bad[0]}"
     )
-  return True
+  # A seal that lists nothing, or not every file (written torn), vouches for
+  # none: the checkpoint is read as an unsealed one, and moved aside if it
+  # cannot be, where "intact" would stop every rerun.
+  return bool(want) and not set(got) - set(want)
 
 
 def all_finite(tree) -> bool:

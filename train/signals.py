@@ -78,9 +78,13 @@ class StopOnSignal:
     """Marks a checkpoint save (or its wait) a first signal lets finish.
 
     The loop cannot look at the flag inside it; the save gets up to
-    :data:`SAVE_GRACE_SECONDS` after a first signal, then the run ends.
+    :data:`SAVE_GRACE_SECONDS` after a first signal, then the run ends. A
+    signal received before the save (or its wait) began starts that clock
+    here: the loop then waits for a background save it cannot cut short.
     """
     self._saving = True
+    if self.requested:
+      self._arm()
     try:
       yield
     finally:
@@ -101,8 +105,7 @@ class StopOnSignal:
           signum,
           SAVE_GRACE_SECONDS,
       )
-      self._alarm = signal.signal(signal.SIGALRM, self._expired)
-      signal.setitimer(signal.ITIMER_REAL, SAVE_GRACE_SECONDS)
+      self._arm()
       return
     logging.warning("signal %d: checkpointing and stopping.", signum)
 
@@ -114,6 +117,12 @@ class StopOnSignal:
           SAVE_GRACE_SECONDS,
       )
       raise errors.Interrupted(self.signum)
+
+  def _arm(self):
+    """Starts the save's :data:`SAVE_GRACE_SECONDS` (once)."""
+    if self._alarm is None:
+      self._alarm = signal.signal(signal.SIGALRM, self._expired)
+      signal.setitimer(signal.ITIMER_REAL, SAVE_GRACE_SECONDS)
 
   def _disarm(self):
     if self._alarm is not None:
