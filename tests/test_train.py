@@ -266,6 +266,23 @@ def test_rerun_of_a_finished_run_returns_what_it_did(
   assert "at step 4, past train_steps=2" in caplog.text
 
 
+def test_rerun_of_a_finished_run_keeps_its_predictions(data_dir, tmp_path):
+  """Evaluated again on more examples (a setting a resume accepts): the
+  predictions of the eval metrics.jsonl records stay; the new eval's
+  replaced them, and the two files disagreed."""
+  config = make_config(
+      data_dir, train_steps=2, lr_decay_steps=2, eval_every_steps=2
+  )
+  train.train_and_evaluate(config, str(tmp_path))
+  predictions = (tmp_path / "predictions.jsonl").read_text()
+  assert len(predictions.splitlines()) == 20
+  metrics = (tmp_path / "metrics.jsonl").read_text()
+  config.eval_examples = 40
+  train.train_and_evaluate(config, str(tmp_path))
+  assert (tmp_path / "predictions.jsonl").read_text() == predictions
+  assert (tmp_path / "metrics.jsonl").read_text() == metrics
+
+
 def test_corrupt_newest_checkpoint_falls_back(data_dir, tmp_path, caplog):
   config = make_config(
       data_dir, train_steps=6, lr_decay_steps=9, checkpoint_every_steps=3

@@ -201,6 +201,11 @@ def write_predictions(workdir, step, predictions):
   os.replace(path + ".tmp", path)
 
 
+def has_predictions(workdir) -> bool:
+  """Whether the final eval's predictions.jsonl is written."""
+  return os.path.exists(os.path.join(workdir, "predictions.jsonl"))
+
+
 def read_predictions(workdir) -> list[str]:
   """The final eval's predictions (predictions.jsonl), in test order."""
   with open(os.path.join(workdir, "predictions.jsonl")) as f:

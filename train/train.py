@@ -263,10 +263,14 @@ def _train(config, task, workdir, mesh):
     if record:
       writer.write(step, **metrics)
     logging.info("step %d: %s", step, task.headline(metrics))
-    if is_last and jax.process_index() == 0:
+    # A finished run evaluated again (record=False) keeps the predictions of
+    # the eval metrics.jsonl holds: a rerun with other eval settings (or
+    # code) would have replaced them, the two files then disagreeing.
+    keep = not record and rundir.has_predictions(workdir)
+    if is_last and jax.process_index() == 0 and not keep:
       rundir.write_predictions(workdir, step, predictions)
-      if samples:
-        print_samples(samples)
+    if is_last and jax.process_index() == 0 and samples:
+      print_samples(samples)
     return metrics
 
   def save(metrics, logged):
