@@ -93,10 +93,11 @@ def paired(runs, reference, metric, scale=100, higher_better=True):
   ``scale``, or None without a seed where both are finite: dict(n, mean,
   std, better, worse, t, p), the seeds, mean and sd of the differences, the
   seeds where ``runs`` is better and where it is worse (beyond float
-  rounding: a level seed is neither), and a two-sided paired t-test (t and p nan with
-  one seed). Where every seed's difference is the same there is no spread
-  for a t-test: t is nan and p the exact two-sided sign test's (1 where the
-  differences are all 0). A mean that is 0 but for float rounding is 0."""
+  rounding: a level seed is neither), and a two-sided paired t-test (t and
+  p nan with one seed). Where every seed's difference is the same there is
+  no spread for a t-test: t is nan and p the exact two-sided sign test's (1
+  where the differences are all 0). A mean that is 0 but for float rounding
+  is 0."""
   if isinstance(metric, Metric):
     metric, scale, higher_better = metric.field, metric.scale, metric.higher
   seeds = [
