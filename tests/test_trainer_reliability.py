@@ -609,6 +609,15 @@ def test_a_signal_during_an_evaluation_stops_it(
   assert again["eval"] == rerun["eval"]
   records = rundir.read_metrics(tmp_path / "metrics.jsonl")
   assert sum(r["step"] == 6 and "exact_match" in r for r in records) == 1
+  # A signal during a finished run's evaluation stops it too, before its
+  # next batch (it used to run to the end), leaving the record as it was.
+  predictions = (tmp_path / "predictions.jsonl").read_bytes()
+  decoded.clear()
+  cut = train.train_and_evaluate(config, str(tmp_path))
+  assert cut["stopped_early"] and cut["signal"] == signal.SIGTERM
+  assert cut["step"] == 6 and len(decoded) == 1
+  assert rundir.read_metrics(tmp_path / "metrics.jsonl") == records
+  assert (tmp_path / "predictions.jsonl").read_bytes() == predictions
 
 
 def test_stop_agreement_answers_one_poll_late_and_never_waits():

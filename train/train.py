@@ -346,10 +346,20 @@ def _train(config, task, workdir, mesh):
       # Already finished (say, stopped by a signal during its final eval):
       # the training metrics it logged last, and the final model evaluated
       # again, so a rerun returns what the run did; recorded only if a
-      # signal cut the final evaluation short.
+      # signal cut the final evaluation short. A signal stops this
+      # evaluation too (a pretrained model's takes minutes), as it does the
+      # run's own, before its next batch.
       last_train = _last_logged_train(workdir, start_step)
-      if config.eval_every_steps:
-        last_eval = run_eval(True, record=not _eval_logged(workdir, start_step))
+      if config.eval_every_steps and agreed is None:
+        evaluated = run_eval(
+            True,
+            record=not _eval_logged(workdir, start_step),
+            stop_requested=stop_requested,
+        )
+        if evaluated is None:
+          agreed = agreement.agreed
+        else:
+          last_eval = evaluated
     with stop.grace():
       manager.wait_until_finished()
     stop.check()
