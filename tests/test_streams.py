@@ -448,6 +448,48 @@ def test_reading_ahead_gives_the_batches_and_states_of_reading_on_demand():
   assert ahead._reader is None  # pylint: disable=protected-access
 
 
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_a_batch_that_fails_leaves_the_state_as_it_was(prefetch):
+  """An encoding that fails once: the state is that before the failed batch
+  (it kept the failed batch's digests without read-ahead, and its retry then
+  redrew every example of it), and the retry is the batch itself."""
+
+  def render(rngs):
+    values = [int(rng.integers(10**6)) for rng in rngs]
+    return [dict(image=np.zeros(1, np.uint8), answer=str(v)) for v in values]
+
+  calls = []
+
+  def encode(records):
+    calls.append(1)
+    if len(calls) == 2:
+      raise ValueError("a bad record")
+    return [r["answer"] for r in records]
+
+  def make(**kwargs):
+    return streams.StreamIterator(
+        render,
+        encode,
+        seed=1,
+        global_batch_size=2,
+        process_index=0,
+        process_count=1,
+        **kwargs,
+    )
+
+  stream = make(prefetch=prefetch)
+  next(stream)
+  state = stream.get_state()
+  with pytest.raises(ValueError, match="a bad record"):
+    next(stream)
+  assert stream.get_state() == state
+  straight = make(prefetch=0)
+  calls.append(1)  # no failure for this one
+  expected = [next(straight), next(straight)][1]
+  assert next(stream) == expected
+  assert stream.redrawn == 0
+
+
 # ----------------------------------------------------------------------------
 # (c) Hosts: two hosts' rows are the one host's batch.
 

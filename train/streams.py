@@ -207,8 +207,14 @@ class StreamIterator:
   def _take(self):
     """(records, encoded batch) of the next batch; the state moves past it."""
     if not self.prefetch:
-      records, digests, redrawn = self._render_batch(self.next_batch, self.seen)
+      # On a copy, as the reading thread's: a batch that fails (its encoding,
+      # or too many redraws) leaves the state as it was, and a retry draws
+      # the same batch.
+      records, digests, redrawn = self._render_batch(
+          self.next_batch, set(self.seen)
+      )
       batch = self.encode(records)
+      self.seen.update(digests)
     else:
       if self._reader is None:
         ready, stop = queue.Queue(maxsize=self.prefetch), threading.Event()
