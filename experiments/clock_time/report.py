@@ -142,12 +142,20 @@ def hour_slips(grouped, labels):
   if not slips:
     return []
   near = sum(minute >= 45 or minute <= 15 for _, (_, minute) in slips)
-  toward = sum(
-      guess[0] % 12 == (hour % 12 + (1 if minute >= 30 else -1)) % 12
+  # Those naming an hour next to the one shown, and of them, the one on the
+  # side the hour hand leans to (the rest name the hour shown or another).
+  sides = [
+      (guess[0] - hour) % 12 == (1 if minute >= 30 else 11)
       for guess, (hour, minute) in slips
-  )
+      if (guess[0] - hour) % 12 in (1, 11)
+  ]
   count = len(slips)
-  fields = dict(count=count, near=near / count, toward=toward / count)
+  fields = dict(
+      count=count,
+      near=near / count,
+      neighbour=len(sides),
+      toward=sum(sides) / max(len(sides), 1),
+  )
   return ["", *prose.section(__file__, "slips", **fields)]
 
 
