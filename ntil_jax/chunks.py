@@ -117,7 +117,8 @@ def spec_and_ids(tokens: vocab.NumberTokens, vocab_size=None):
 
   Raises:
     ValueError: in one line, for fields of different lengths, traced
-      values, widths or word starts, a width outside 1..4, a value that
+      values, widths or word starts, values or widths that are not
+      integers, a width outside 1..4, a value that
       does not fit its width, ids that are not integers, negative, at or
       above ``vocab_size`` or repeated, or a width whose tokens leave some
       digit out of some slot.
@@ -129,6 +130,11 @@ def spec_and_ids(tokens: vocab.NumberTokens, vocab_size=None):
       raise ValueError(
           f"NumberTokens.{name} must be concrete (NumPy), not traced; only "
           "the ids may be traced."
+      )
+    if name != "word_starts" and not np.issubdtype(value.dtype, np.integer):
+      # Cast, 3.9 would be scored as the digit 3.
+      raise ValueError(
+          f"NumberTokens.{name} must be integers, got dtype {value.dtype}."
       )
     fields[name] = value
   count = fields["values"].size
@@ -215,7 +221,7 @@ def _safe_logsumexp(x, axis):
   top = jax.lax.stop_gradient(jnp.max(x, axis=axis, keepdims=True))
   top = jnp.where(jnp.isfinite(top), top, 0.0)
   total = jnp.sum(jnp.exp(x - top), axis=axis)
-  some = total > 0
+  some = ~(total <= 0)  # a NaN stays NaN (invalid traced ids: NaN, not -inf)
   return jnp.where(
       some,
       jnp.log(jnp.where(some, total, 1.0)) + jnp.squeeze(top, axis),

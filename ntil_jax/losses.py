@@ -235,11 +235,13 @@ def numeric_token_loss(
     >>> bool(jnp.allclose(one_call, by_hand))
     True
   """
-  labels, logits, loss_mask, decimal_point_mask = base.asarrays_with_labels(
-      labels, logits, loss_mask, decimal_point_mask
+  labels, logits, loss_mask, digit_mask, decimal_point_mask = (
+      base.asarrays_with_labels(
+          labels, logits, loss_mask, digit_mask, decimal_point_mask
+      )
   )
-  labels, loss_mask, decimal_point_mask = numbers.reshard_like(
-      logits, labels, loss_mask, decimal_point_mask
+  labels, loss_mask, digit_mask, decimal_point_mask = numbers.reshard_like(
+      logits, labels, loss_mask, digit_mask, decimal_point_mask
   )
   validation.check_inputs(
       logits,
@@ -306,14 +308,21 @@ def _per_sample_means(method, stats, layout, **loss_kwargs):
   )
 
 
-def check_method(method: str, weighting: str, loss_kwargs, lam=None) -> None:
+# check_method's ``lam`` when it is not to be checked (None is refused).
+_UNCHECKED = object()
+
+
+def check_method(
+    method: str, weighting: str, loss_kwargs, lam=_UNCHECKED
+) -> None:
   """Checks the arguments of :func:`numeric_token_loss` besides the arrays.
 
   Args:
     method: a key of ``NUMERIC_LOSSES``.
     weighting: one of ``WEIGHTINGS``.
     loss_kwargs: the keyword arguments for the method's loss.
-    lam: the numeric loss's weight, if it is to be checked.
+    lam: the numeric loss's weight, if it is to be checked (not given: not
+      checked).
 
   Raises:
     ValueError: for an unknown method or weighting, or a parameter value out
@@ -348,7 +357,10 @@ def check_method(method: str, weighting: str, loss_kwargs, lam=None) -> None:
         f"unknown loss argument(s) {unknown} for method {method!r}: "
         f"{loss_name} {takes}."
     )
-  check_parameters(lam=lam, **loss_kwargs)
+  if lam is None:
+    raise ValueError("lam must be a real number, got None.")
+  weight = {} if lam is _UNCHECKED else dict(lam=lam)
+  check_parameters(**weight, **loss_kwargs)
   if method in _METHOD_CHECKS:
     _METHOD_CHECKS[method](**loss_kwargs)
 

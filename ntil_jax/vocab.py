@@ -171,8 +171,11 @@ def number_tokens(vocab, *, max_width: int = 3) -> NumberTokens:
   lookup = _lookup(vocab)
   found = {}
   for piece, token_id in lookup.items():
-    if not isinstance(piece, str):
-      continue
+    if not isinstance(piece, str):  # one left out would never be scored
+      raise ValueError(
+          f"the vocabulary's pieces must be str, got {type(piece).__name__} "
+          f"({piece!r}) for id {token_id}: decode them first."
+      )
     match = _NUMBER_PIECE.fullmatch(piece)
     if match:
       prefix, digits = match.groups()
@@ -196,16 +199,9 @@ def number_tokens(vocab, *, max_width: int = 3) -> NumberTokens:
         prefix in ("\u2581", "\u0120", " "),
     )
   if not found:
-    pieces = [p for p in lookup if not isinstance(p, str)][:1]
-    hint = (
-        f"; its pieces must be str, got {type(pieces[0]).__name__} "
-        f"({pieces[0]!r}): decode them first"
-        if pieces
-        else ""
-    )
     raise ValueError(
         f"no number tokens (1 to {max_width} digits) in a vocabulary of "
-        f"{len(lookup)} entries{hint}."
+        f"{len(lookup)} entries."
     )
   ids = sorted(found)
   return NumberTokens(

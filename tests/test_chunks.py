@@ -350,6 +350,46 @@ def test_bad_number_tokens_are_named():
     )
 
 
+def test_number_token_values_and_widths_must_be_integers():
+  tokens = ntil_jax.number_tokens([str(d) for d in range(10)] + ["+"])
+  logits = np.zeros((1, 2, 11), np.float32)
+  values = tokens.values.astype(np.float64)
+  values[3] = 3.9  # cast, it was scored as the digit 3
+  for field, bad in (("values", values), ("widths", tokens.widths * 1.0)):
+    with pytest.raises(ValueError, match=f"NumberTokens.{field} must be int"):
+      ntil_jax.emd_loss(
+          logits,
+          np.zeros((1, 2), np.int32),
+          digit_token_ids=tokens._replace(**{field: bad}),
+      )
+
+
+@pytest.mark.parametrize("method", ["emd", "soft_label", "ntil"])
+def test_invalid_traced_number_token_ids_are_nan_at_the_numbers(method):
+  """An id out of the vocabulary, traced (so not checked): NaN at every
+  scored number token, as with single digits; soft labels gave +inf at
+  the tokens of two digits (their slot logits -inf, not NaN)."""
+  pieces, logits, labels, mask, _ = case()
+  tokens = ntil_jax.number_tokens(pieces)
+
+  def loss(ids):
+    return ntil_jax.numeric_token_loss(
+        logits,
+        labels,
+        digit_mask=mask,
+        method=method,
+        lam=1.0,
+        digit_token_ids=tokens._replace(ids=ids),
+    )
+
+  ids = jnp.asarray(tokens.ids).at[-1].set(len(pieces) + 100)
+  got = np.asarray(jax.jit(loss)(ids))
+  numbers = np.isin(labels, tokens.ids) & mask
+  assert numbers.sum() > 5
+  assert np.isnan(got[numbers]).all(), got[numbers]
+  assert not np.isinf(got).any()
+
+
 def _softmax_ce(hidden, labels, unembedding):
   """A user's CE kernel for `fused_numeric_loss(implementation=...)`."""
   logits = hidden @ unembedding

@@ -346,6 +346,9 @@ BAD_PARAMETERS = (
     ("numeric_token_loss", dict(method="ntil", tau=0.0), "tau"),
     ("numeric_token_loss", dict(method="ntil", lam=-1.0), "lam"),
     ("numeric_token_loss", dict(method="emd", lam=-0.5), "lam"),
+    # None: named, not a TypeError from None * an array.
+    ("numeric_token_loss", dict(method="ntil", lam=None), "lam must be a"),
+    ("fused_numeric_loss", dict(method="emd", lam=None), "lam must be a"),
     ("numeric_token_loss", dict(method="soft_label", width=0.0), "width"),
     ("numeric_token_loss", dict(method="soft_label", eta=2.0), "eta"),
     (

@@ -99,6 +99,12 @@ def test_values_widths_and_word_starts_by_spelling():
         ({"a": 0, "b": 1}, {}, r"no number tokens \(1 to 3 digits\)"),
         # tiktoken's ranks are bytes: said, not skipped in silence.
         ({b"1": 0, b"12": 1}, {}, "pieces must be str, got bytes"),
+        # One bytes piece among str ones would never be scored.
+        (
+            {**{str(d): d for d in range(10)}, b"12": 10},
+            {},
+            r"pieces must be str, got bytes \(b'12'\) for id 10",
+        ),
     ],
 )
 def test_a_bad_vocabulary_is_named_in_one_line(vocab, kwargs, message):
