@@ -144,6 +144,18 @@ def test_decimal_points_join_numbers(fused):
   np.testing.assert_allclose(
       value, (1 + config.lam) * ce.sum() / loss_mask.sum(), rtol=1e-5
   )
+  # A peer under the NTIL authors' aggregation still reads '.' as its own
+  # code does (DEL's place weights for 3.25; it was scored as 3 and 25).
+  config.method = "del"
+  _, peer = step.batch_loss(model, batch, config, None)
+  joined = ntil_jax.del_loss(
+      logits, targets, digits, decimal_point_mask=targets == point
+  )
+  split = ntil_jax.del_loss(logits, targets, digits)
+  np.testing.assert_allclose(
+      peer["numeric"], joined.sum() / digits.sum(), rtol=1e-5
+  )
+  assert abs(float(joined.sum()) - float(split.sum())) > 1e-3
 
 
 def test_fused_implementations_agree():

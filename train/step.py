@@ -289,8 +289,12 @@ def batch_loss(model, batch, config, key, weights=None):
   digit_ids = getattr(model, "digit_token_ids", None)
   # A '.' between two digits makes "3.25" one number, not the integer 325.
   point_id = getattr(model, "decimal_point_token_id", DECIMAL_POINT_ID)
-  # The authors' loss splits numbers at '.', as their code does.
-  joins = point_id is not None and config.weighting != "authors"
+  # The NTIL authors' loss splits numbers at '.', as their code does; the
+  # peers' own code reads '.' as a point (DEL's place weights, NL-NTL's
+  # values), whatever the aggregation.
+  joins = point_id is not None and not (
+      config.weighting == "authors" and config.method == "ntil"
+  )
   decimal_points = targets == point_id if joins else None
   # Unscored positions (padding, questions) are masked out of the
   # statistics, so a NaN or inf output there cannot reach loss or gradient.
