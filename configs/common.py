@@ -152,8 +152,8 @@ def base_config(method: str) -> ml_collections.ConfigDict:
   config.method = method
   config.lam = 0.3
   # "sum"; "reference": the NTIL authors' scaling of a token-summed aux;
-  # "authors": their loss whole (their per-sample means; numbers split at
-  # '.', as their code splits them).
+  # "authors": their loss whole (their per-sample means; NTIL's numbers split
+  # at '.', as their code splits them; the peers' joined, as theirs).
   config.weighting = "sum"
   config.sigma = 0.2  # NTIL place-value weighting
   config.alpha = 0.2  # NTIL relative deviation
