@@ -140,7 +140,7 @@ def nl_ntl_loss(
   here and their 123; a leading point (".25") is not part of the number
   here, and their loss stands on that point (the same value without
   ``reweigh``; with it, their digit mass is read at the point, here at the
-  first digit: 0.778 against 0.907 for ".25" in one case). ``digit_mask``
+  first digit, so the two differ). ``digit_mask``
   restricts the digits scored; their code scores every digit label.
 
   Args:
