@@ -347,11 +347,11 @@ def test_missing_file_and_package_are_named(tmp_path, monkeypatch):
 # logits (needs the gguf package, not the wheel).
 
 
-def write_fixture_gguf(path, *, tied=False, changes=None):
+def write_fixture_gguf(path, *, tied=False, changes=None, omit=()):
   """llama3_tiny as llama.cpp's converter writes it: Q/K rows permuted.
 
   ``changes``: uint32 metadata values to write instead (say
-  ``{"llama.block_count": 1}``).
+  ``{"llama.block_count": 1}``); ``omit``: tokenizer keys left out.
   """
   gguf = pytest.importorskip("gguf")
   from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
@@ -401,10 +401,12 @@ def write_fixture_gguf(path, *, tied=False, changes=None):
       "llama.attention.layer_norm_rms_epsilon", config["rms_norm_eps"]
   )
   writer.add_string("tokenizer.ggml.model", "gpt2")
-  writer.add_string("tokenizer.ggml.pre", "smollm")
+  if "tokenizer.ggml.pre" not in omit:
+    writer.add_string("tokenizer.ggml.pre", "smollm")
   writer.add_array("tokenizer.ggml.tokens", tokens)
   writer.add_array("tokenizer.ggml.token_type", types_)
-  writer.add_array("tokenizer.ggml.merges", merges)
+  if "tokenizer.ggml.merges" not in omit:
+    writer.add_array("tokenizer.ggml.merges", merges)
   for key, value in uint32s.items():
     if key.startswith("tokenizer."):
       writer.add_uint32(key, value)
@@ -592,13 +594,19 @@ def test_a_gguf_cut_inside_its_metadata_is_named(tiny_gguf, tmp_path):
         ({"llama.block_count": 1}, r"not in the metadata's model blk\.1\."),
         ({"llama.block_count": 3}, r"missing blk\.2\.attn_k\.weight"),
         ({"llama.feed_forward_length": 96}, r"misshapen blk\.0\.ffn_down"),
+        # Not guessed: a tokenizer without merges splits byte by byte, and
+        # llama.cpp splits numbers in threes without a pre-tokenizer.
+        ({"omit": ["tokenizer.ggml.merges"]}, "no 'tokenizer.ggml.merges'"),
+        ({"omit": ["tokenizer.ggml.pre"]}, "its 'default' pre-tokenizer"),
     ],
 )
 def test_metadata_that_disagrees_with_the_file_is_refused(
     tmp_path, changes, message
 ):
   """Found before anything is dequantized, and nothing is written."""
-  write_fixture_gguf(tmp_path / "bad.gguf", changes=changes)
+  changes = dict(changes)
+  omit = changes.pop("omit", ())
+  write_fixture_gguf(tmp_path / "bad.gguf", changes=changes, omit=omit)
   lines = []
   with pytest.raises(gguf_to_hf.GGUFError, match=message):
     gguf_to_hf.convert(

@@ -333,6 +333,19 @@ def check_greedy_decode(lm):
     assert got[i].tolist() == reference_greedy(lm, row, steps, eos)
 
 
+def test_bad_requests_are_refused(lm):
+  # An id outside the vocabulary read another token's embedding (the
+  # gather clamps); max_new_tokens=0 decoded one token.
+  for ids in ([[5, lm.vocab_size]], [[5, -1]]):
+    with pytest.raises(ValueError, match=f"in \\[0, {lm.vocab_size}\\)"):
+      lm.logits(ids)
+  with pytest.raises(ValueError, match="integers"):
+    lm.logits([[5.0, 6.0]])
+  prompts, lengths = np.full((1, 3), 5, np.int32), np.asarray([3])
+  with pytest.raises(ValueError, match="max_new_tokens must be >= 1, got 0"):
+    lm.model.greedy_decode(prompts, lengths, 0, lm.eos_id, lm.eos_id)
+
+
 # ----------------------------------------------------------------------------
 # Bad snapshots: one clear error.
 

@@ -205,6 +205,7 @@ class CausalLM(nnx.Module):
     """
     if images is not None:
       raise ValueError("pretrained language models take no images.")
+    decoding.check_request(prompts, prompt_lengths, max_new_tokens)
     batch, width = prompts.shape
     total = width + max_new_tokens
     lengths = prompt_lengths.astype(jnp.int32)

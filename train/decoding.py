@@ -21,6 +21,20 @@ def is_end(tokens: jax.Array, eos_id: int | Sequence[int]) -> jax.Array:
   return ended
 
 
+def check_request(prompts, prompt_lengths, max_new_tokens) -> None:
+  """ValueError unless ``prompts`` are [B, P], ``prompt_lengths`` [B] and
+  ``max_new_tokens`` at least 1 (every decoder's contract)."""
+  if prompts.ndim != 2:
+    raise ValueError(f"prompts must be [B, P], got shape {prompts.shape}.")
+  if prompt_lengths.shape != prompts.shape[:1]:
+    raise ValueError(
+        f"prompt_lengths shape {prompt_lengths.shape} must be "
+        f"[B] = {prompts.shape[:1]}."
+    )
+  if max_new_tokens < 1:
+    raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
+
+
 def greedy_decode(
     model: "models.Transformer",
     prompts: jax.Array,
@@ -55,15 +69,7 @@ def greedy_decode(
   Returns:
     int32 [B, N] generated tokens (EOS included, pad after it).
   """
-  if prompts.ndim != 2:
-    raise ValueError(f"prompts must be [B, P], got shape {prompts.shape}.")
-  if prompt_lengths.shape != prompts.shape[:1]:
-    raise ValueError(
-        f"prompt_lengths shape {prompt_lengths.shape} must be "
-        f"[B] = {prompts.shape[:1]}."
-    )
-  if max_new_tokens < 1:
-    raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
+  check_request(prompts, prompt_lengths, max_new_tokens)
   prompt_len = prompts.shape[1]
   num_prefix = model.config.num_image_tokens
   if num_prefix + prompt_len + max_new_tokens > model.config.max_len:

@@ -342,6 +342,20 @@ def check_tokens(metadata: dict, config: dict) -> None:
   tokens = metadata.get("tokenizer.ggml.tokens")
   if not tokens:
     raise GGUFError("the GGUF metadata has no 'tokenizer.ggml.tokens'.")
+  # Not guessed: without them the tokenizer would split text byte by byte
+  # (llama.cpp refuses such a file), or as GPT-2 does where llama.cpp
+  # splits numbers into groups of three (its 'default').
+  if not metadata.get("tokenizer.ggml.merges"):
+    raise GGUFError(
+        "the GGUF metadata has no 'tokenizer.ggml.merges': a byte-level BPE "
+        "tokenizer needs them."
+    )
+  if "tokenizer.ggml.pre" not in metadata:
+    raise GGUFError(
+        "the GGUF metadata has no 'tokenizer.ggml.pre': llama.cpp then "
+        "splits text with its 'default' pre-tokenizer, which is not "
+        f"supported; supported: {', '.join(DIGIT_SPLIT_PRE + GPT2_PRE)}."
+    )
   if len(tokens) > config["vocab_size"]:
     raise GGUFError(
         f"tokenizer.ggml.tokens holds {len(tokens)} tokens, more than the "
@@ -721,9 +735,9 @@ def convert(
   tokenizer = build_tokenizer(
       metadata["tokenizer.ggml.tokens"],
       metadata.get("tokenizer.ggml.token_type") or [1] * config["vocab_size"],
-      metadata.get("tokenizer.ggml.merges") or [],
+      metadata["tokenizer.ggml.merges"],
       model=metadata.get("tokenizer.ggml.model", "gpt2"),
-      pre=metadata.get("tokenizer.ggml.pre", "gpt-2"),
+      pre=metadata["tokenizer.ggml.pre"],
   )
   size = tokenizer.get_vocab_size(with_added_tokens=True)
   if size > config["vocab_size"]:

@@ -65,10 +65,20 @@ class PretrainedLM:
 
   def logits(self, token_ids) -> jax.Array:
     """float32 [B, T, V] logits of int [B, T] ids (causal, no padding mask)."""
-    token_ids = jnp.asarray(token_ids, jnp.int32)
+    token_ids = np.asarray(token_ids)
     if token_ids.ndim != 2:
       raise ValueError(f"token_ids must be [B, T], got {token_ids.shape}.")
-    return _logits(self.model, token_ids)
+    if not np.issubdtype(token_ids.dtype, np.integer):
+      raise ValueError(f"token_ids must be integers, got {token_ids.dtype}.")
+    # An id outside would read another token's embedding (a gather clamps).
+    if token_ids.size and not (
+        0 <= token_ids.min() and token_ids.max() < self.vocab_size
+    ):
+      raise ValueError(
+          f"token_ids must be in [0, {self.vocab_size}), got "
+          f"{token_ids.min()}..{token_ids.max()}."
+      )
+    return _logits(self.model, jnp.asarray(token_ids, jnp.int32))
 
 
 @nnx.jit
