@@ -25,6 +25,7 @@ from configs import arithmetic_mix_llm
 from train import arithmetic_data
 from train import checks
 from train import errors
+from train import hf_tokenizer
 from train import input_pipeline
 from train import llama_rope
 from train import pretrained
@@ -239,6 +240,25 @@ def test_number_chunking_and_split_digits():
   text = "What is -12/345?"
   split = llama.encode(text, split_digits=True)
   assert llama.tokenizer.decode(split) == text
+
+
+def test_split_digits_is_refused_where_pieces_get_word_starts(tmp_path):
+  """A SentencePiece-style tokenizer (Llama 2's Metaspace) starts every
+  piece with a word start: digits encoded apart each got one ('is 12' as
+  'is', '_', '_1', '_2'), text the model never saw. Refused, not silent."""
+  tokenizers = pytest.importorskip("tokenizers")
+  pieces = ["<unk>", "\u2581"] + list("0123456789") + list("Answer:-.+isx")
+  vocab = {p: i for i, p in enumerate(dict.fromkeys(pieces))}
+  spm = tokenizers.Tokenizer(
+      tokenizers.models.WordPiece(vocab, unk_token="<unk>")
+  )
+  spm.pre_tokenizer = tokenizers.pre_tokenizers.Metaspace()
+  spm.decoder = tokenizers.decoders.Metaspace()
+  spm.save(str(tmp_path / "tokenizer.json"))
+  tokenizer = hf_tokenizer.Tokenizer(str(tmp_path))
+  assert tokenizer.encode("is 12")  # whole, it works
+  with pytest.raises(pretrained.SnapshotError, match="split_digits does not"):
+    tokenizer.encode("is 12", split_digits=True)
 
 
 def test_digit_coverage_counts_scored_digits():

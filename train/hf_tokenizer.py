@@ -12,6 +12,8 @@ from train import snapshots
 
 # Text that digits are cut out of by `encode(..., split_digits=True)`.
 _DIGIT_RUNS = re.compile(r"(\d)")
+# What `split_digits` must give back whole when decoded.
+_SPLIT_PROBE = "Answer: -12.5 + 3 is x9"
 
 
 class Tokenizer:
@@ -26,6 +28,7 @@ class Tokenizer:
           f"{file} not found; the snapshot needs a tokenizer.json (the "
           "`tokenizers` format)."
       )
+    self._split_checked = False
     try:
       self.tokenizer = tokenizers.Tokenizer.from_file(file)
     except Exception as error:  # pylint: disable=broad-exception-caught
@@ -83,6 +86,7 @@ class Tokenizer:
               list(texts), add_special_tokens=False
           )
       ]
+    self._check_split_digits()
     pieces = [[p for p in _DIGIT_RUNS.split(text) if p] for text in texts]
     flat = [p for row in pieces for p in row]
     encoded = iter(
@@ -91,6 +95,24 @@ class Tokenizer:
         else []
     )
     return [[i for _ in row for i in next(encoded).ids] for row in pieces]
+
+  def _check_split_digits(self) -> None:
+    """SnapshotError unless text encoded in pieces decodes to the text: a
+    SentencePiece-style tokenizer (Llama 2) starts each piece with a word
+    start, and digits encoded apart would each get one. Checked once."""
+    if self._split_checked:
+      return
+    pieces = [p for p in _DIGIT_RUNS.split(_SPLIT_PROBE) if p]
+    encoded = self.tokenizer.encode_batch(pieces, add_special_tokens=False)
+    ids = [i for e in encoded for i in e.ids]
+    decoded = self.tokenizer.decode(ids, skip_special_tokens=True)
+    if decoded != _SPLIT_PROBE:
+      raise snapshots.SnapshotError(
+          "split_digits does not work with this tokenizer: "
+          f"{_SPLIT_PROBE!r} encoded digit by digit decodes to {decoded!r} "
+          "(it adds a word start to each piece, as SentencePiece does)."
+      )
+    self._split_checked = True
 
   def decode(self, ids, *, keep_special: bool = False) -> str:
     """The text of ``ids``; special tokens left out, or with
