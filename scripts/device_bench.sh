@@ -14,8 +14,12 @@
 # JSON and logs go to $OUT/bench/ (the logs hold every row printed, even of a
 # benchmark cut at its limit; each appended to bench.log as it ends), with each
 # compiled program's optimized HLO on the device in compile_hlo.txt (what
-# its kernels are); copy the JSON over benchmarks/ and run
-# `python -m benchmarks.report`. Environment: RUN_S, STEP_S, IMPL_S,
+# its kernels are). Copy the JSON into benchmarks/ under names that say the
+# device, as `python -m benchmarks.report` reads them: run.json as
+# results_<device>_bf16.json, step.json as step_<device>_qwen2.5-1.5b.json,
+# implementations.json as implementations_<device>.json and compile.json
+# as compile_<device>.json (the plain names are the CPU's figures), then
+# run `python -m benchmarks.report`. Environment: RUN_S, STEP_S, IMPL_S,
 # COMPILE_S (each benchmark's seconds: 120, 230, 130, 75; on one H100 they
 # took 82, more than 150 (four 30-35 s compiles before the first step),
 # 93 and 42 s), each cut to what is left before DEADLINE (585 s after the
@@ -43,7 +47,10 @@ if ! PYTHONPATH=$SITE python3 -c "import xprof.cli.tools" 2>/dev/null; then
     >"$SITE/xprof/cli/tools.py"
 fi
 export PYTHONPATH=$SITE:$PWD
-python3 -c "import jax; print('jax', jax.__version__, jax.devices())" || exit 1
+# On the GPU, or not at all: a CUDA plugin that failed to load leaves JAX on
+# the CPU, where every benchmark would spend the call's time on nothing.
+python3 -c "import jax; print('jax', jax.__version__, jax.devices())
+assert jax.default_backend() == 'gpu', 'JAX is not on the GPU'" || exit 1
 # Only benchmarks.implementations uses tokamax, and it leaves tokamax's rows
 # out where tokamax does not import: the other benchmarks still run.
 python3 -c "import tokamax" 2>/dev/null ||
