@@ -1163,6 +1163,15 @@ def test_a_special_token_in_a_prediction_is_not_dropped(data_dir, tmp_path):
   both = task.codec(config)
   assert both.eos_id == eos and both.end_ids == [eos, special]
   assert both.decode(one + five + [special] + one + [eos]) == "15"
+  # One listed in generation_config.json alone ends it too (Qwen2.5
+  # Instruct's <|endoftext|>), as transformers' generate stops there.
+  hf_config["eos_token_id"] = eos
+  (snapshot / "config.json").write_text(json.dumps(hf_config))
+  generation = dict(eos_token_id=[special, eos])
+  (snapshot / "generation_config.json").write_text(json.dumps(generation))
+  listed = task.codec(config)
+  assert listed.eos_id == eos and listed.end_ids == [eos, special]
+  assert listed.decode(one + five + [special] + one + [eos]) == "15"
 
 
 def test_prompts_start_with_the_bos_the_tokenizer_adds(data_dir, tmp_path):

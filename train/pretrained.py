@@ -293,3 +293,16 @@ def cached_tokenizer(path: str) -> hf_tokenizer.Tokenizer:
 
 def cached_config(path: str) -> dict:
   return hf_config_lib.read_json(os.path.join(path, "config.json"), "config")
+
+
+def end_token_ids(path: str) -> list[int]:
+  """Every id that ends a generation: config.json's ``eos_token_id``, then
+  generation_config.json's where the snapshot has one (Qwen2.5 Instruct
+  lists ``<|endoftext|>`` there alone), as transformers' ``generate``
+  stops at either."""
+  ids = hf_config_lib.token_ids(cached_config(path), "eos_token_id")
+  extra = os.path.join(path, "generation_config.json")
+  if os.path.isfile(extra):
+    generation = hf_config_lib.read_json(extra, "generation config")
+    ids += hf_config_lib.token_ids(generation, "eos_token_id")
+  return list(dict.fromkeys(ids))

@@ -141,10 +141,10 @@ class Codec:
   """What decoding needs: EOS and pad ids, and ids -> text up to EOS."""
 
   def __init__(self, config):
-    hf_config = pretrained.cached_config(config.pretrained)
     self.tokenizer = _tokenizer(config)
-    # Any of them ends an answer, and its greedy decoding.
-    self.end_ids = hf_config_lib.token_ids(hf_config, "eos_token_id")
+    # Any of them ends an answer, and its greedy decoding; the first is the
+    # one training writes.
+    self.end_ids = pretrained.end_token_ids(config.pretrained)
     self.eos_id = self.end_ids[0]
     self.pad_id = self.eos_id
 
