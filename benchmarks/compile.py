@@ -304,6 +304,9 @@ def define_flags():
 
 def main(argv):
   del argv
+  # Compiled, not loaded: a persistent cache (JAX_COMPILATION_CACHE_DIR)
+  # would serve every program over its threshold from disk.
+  jax.config.update("jax_enable_compilation_cache", False)
   shapes = [tuple(int(n) for n in s.split("x")) for s in FLAGS.shapes]
   out = FLAGS.out if FLAGS["out"].present else OUT
   dim = FLAGS.hidden_dim if FLAGS["hidden_dim"].present else HIDDEN_DIM

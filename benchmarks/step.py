@@ -1,8 +1,12 @@
 r"""Time and memory of one whole train step: CE vs NTIL, logits vs fused path.
 
-    python -m benchmarks.step --out=benchmarks/results_step.json      # CPU
+    python -m benchmarks.step --out=benchmarks/step_cpu_tiny.json      # CPU
     python -m benchmarks.step --model=qwen2.5-1.5b --dtype=bfloat16 \
-        --batch_size=64 --seq_len=128 --out=benchmarks/results_step_gpu.json
+        --batch_size=64 --seq_len=128 \
+        --out=benchmarks/step_<device>_qwen2.5-1.5b.json
+
+(``benchmarks.report`` reads ``step_*.json`` as steps; a ``results*.json``
+is read as a run of ``benchmarks.run``.)
 
 The step is the trainer's own (`train.step.train_step_fn`: forward, loss,
 backward, clipping and the adamw update), compiled as a pure function of the
