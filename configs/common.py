@@ -145,6 +145,8 @@ def base_config(method: str) -> ml_collections.ConfigDict:
   # Cosine decay horizon; 0 means train_steps. Fix it to resume a run with a
   # larger train_steps on the same schedule.
   config.lr_decay_steps = 0
+  # Decoupled, on every parameter (norm scales and embeddings included), as
+  # optax.adamw's default mask.
   config.weight_decay = 0.01
   config.grad_clip_norm = 1.0
 
