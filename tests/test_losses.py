@@ -640,21 +640,14 @@ class DecimalPointTest(parameterized.TestCase):
     # Array-likes, as everywhere else: a list digit_mask used to fail in
     # numeric_token_loss alone ("Cannot determine dtype").
     logits, labels, digit_mask, loss_mask, point = decimal_case(64)
-    want = ntil_jax.numeric_token_loss(
-        logits,
-        labels,
-        loss_mask=loss_mask,
-        digit_mask=digit_mask,
-        decimal_point_mask=point,
+    masks = dict(
+        loss_mask=loss_mask, digit_mask=digit_mask, decimal_point_mask=point
     )
-    got = ntil_jax.numeric_token_loss(
-        logits,
-        np.asarray(labels).tolist(),
-        loss_mask=np.asarray(loss_mask).tolist(),
-        digit_mask=np.asarray(digit_mask).tolist(),
-        decimal_point_mask=np.asarray(point).tolist(),
+    lists = {name: np.asarray(m).tolist() for name, m in masks.items()}
+    np.testing.assert_array_equal(
+        ntil_jax.numeric_token_loss(logits, labels.tolist(), **lists),
+        ntil_jax.numeric_token_loss(logits, labels, **masks),
     )
-    np.testing.assert_array_equal(got, want)
 
   def test_loss_from_statistics_takes_it(self):
     logits, labels, digit_mask, loss_mask, point = decimal_case(62)
