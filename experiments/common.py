@@ -18,6 +18,7 @@ from configs import common as common_config
 from train import compile_cache
 from train import errors
 from train import plots
+from train import rundir
 from train import schedule
 from train import train
 
@@ -238,6 +239,23 @@ def config_hash(config, profile, settings) -> str:
   return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
+def grid_runs_dir(runs_dir, results_path, default_results, given) -> str:
+  """The runs folder of a grid whose records go to ``results_path``.
+
+  ``runs_dir`` itself for the grid's default results file, or where
+  ``--runs_dir`` is ``given``; for another results file (the CPU's beside
+  the accelerator's, say) a folder of its own under it, named by that file:
+  two results files then never share a cell's work directory, where the
+  second grid would find the first's finished run, evaluate it again and
+  record it as its own (its device, both wall times).
+  """
+  if given or os.path.abspath(results_path) == os.path.abspath(default_results):
+    return runs_dir
+  name = os.path.splitext(os.path.basename(results_path))[0]
+  tag = hashlib.sha256(os.path.abspath(results_path).encode()).hexdigest()
+  return os.path.join(runs_dir, f"{name}-{tag[:8]}")
+
+
 def cell_workdir(runs_dir, profile, name, digest) -> str:
   """A cell's work directory, named by its config hash as well as its name.
 
@@ -390,12 +408,16 @@ WALL_SECONDS = "wall_seconds.txt"
 def train_once(config, workdir):
   """Trains one run to the end; (result, wall seconds). Resumes if it can.
 
-  The seconds are those of every session that worked on the run, kept in
-  the workdir (:data:`WALL_SECONDS`), so a run resumed from a checkpoint, or
-  only evaluated again, is not recorded as taking the last session's time.
-  A session that ends by an exception or a signal counts; a killed
-  process's does not.
+  The seconds are those of every session that worked on the run since it
+  last started from step 0, kept in the workdir (:data:`WALL_SECONDS`), so
+  a run resumed from a checkpoint, or only evaluated again, is not recorded
+  as taking the last session's time, and one trained again from scratch
+  (its checkpoints deleted) not as taking both. A session that ends by an
+  exception or a signal counts; a killed process's does not.
   """
+  if not rundir.saved_steps(workdir):  # from step 0: a count of its own
+    with contextlib.suppress(FileNotFoundError):
+      os.remove(os.path.join(workdir, WALL_SECONDS))
   start = time.time()
   try:
     result = train.train_and_evaluate(config, workdir)
@@ -429,6 +451,28 @@ ONE_THREAD_XLA = (
 )
 
 
+# The grids' limits on the cells a command runs: the command's, not each
+# worker's.
+_CELL_LIMITS = ("--max_cells", "--max_runs")
+
+
+def _worker_args(args: list[str], workers: int) -> list[list[str]]:
+  """Each worker's arguments: a cell limit is shared out between them (a
+  limit of N runs N cells in all, on at most N workers)."""
+  rest, limit, flag = [], 0, None
+  arguments = iter(args)
+  for arg in arguments:
+    name, equals, value = arg.partition("=")
+    if name in _CELL_LIMITS:
+      flag, limit = name, int(value if equals else next(arguments))
+    else:
+      rest.append(arg)
+  if not limit:
+    return [args] * workers
+  shares = [limit // workers + (k < limit % workers) for k in range(workers)]
+  return [rest + [f"{flag}={share}"] for share in shares if share]
+
+
 def spawn_workers(module: str, argv: list[str], workers: int) -> int:
   """Runs ``workers`` copies of ``python -m module argv`` at once; worst rc.
 
@@ -442,9 +486,9 @@ def spawn_workers(module: str, argv: list[str], workers: int) -> int:
   args = [a for a in argv[1:] if not a.startswith("--workers")]
   processes = [
       subprocess.Popen(
-          [sys.executable, "-m", module, *args, "--workers=1"], env=env
+          [sys.executable, "-m", module, *own, "--workers=1"], env=env
       )
-      for _ in range(workers)
+      for own in _worker_args(args, workers)
   ]
   try:
     return max(process.wait() for process in processes)
@@ -695,7 +739,8 @@ def run_grid(
     execute: (cell, hash) -> the run's record (a dict with 'config_hash').
     describe: record -> one line for the progress log.
     results_path: results.json; every finished record is saved at once.
-    max_runs: stop after this many new runs (0: no limit).
+    max_runs: stop after this many new runs (0: no limit); `spawn_workers`
+      shares a command's limit out between its workers.
     after_keep: (cell, hash) -> None, called once the cell's record is kept
       (say, to delete what the run needs no more: before that, a crash
       would leave neither the record nor what it takes to resume).
@@ -746,7 +791,12 @@ def run_grid(
       break
     digest = configure(cell)
     with claim(claims, digest) as mine:
-      if not mine or digest in recorded():  # another worker has it
+      # Another worker has it, has recorded it, or found it diverging.
+      if (
+          not mine
+          or digest in recorded()
+          or digest in load_failures(results_path)
+      ):
         continue
       record = _kept_record(results_path, runs_dir, digest)
       if record is None:

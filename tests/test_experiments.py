@@ -3,7 +3,9 @@
 import json
 import logging
 import math
+import os
 import pathlib
+import shutil
 import sys
 
 import pytest
@@ -601,6 +603,41 @@ def test_workers_share_one_gpu_memory_and_cpu_threads(monkeypatch):
   }
 
 
+def test_a_cell_limit_is_the_commands_not_each_workers(monkeypatch):
+  started = []
+
+  class Process:
+
+    def __init__(self, command, env):
+      del env
+      started.append(command)
+
+    def wait(self):
+      return 0
+
+  monkeypatch.setattr(results_io.subprocess, "Popen", Process)
+  for argv, workers, limits in (
+      (["run.py", "--max_cells=1", "--workers=2"], 2, ["--max_cells=1"]),
+      (["run.py", "--max_runs", "5"], 2, ["--max_runs=3", "--max_runs=2"]),
+      (["run.py", "--max_cells=0"], 2, ["--max_cells=0"] * 2),
+  ):
+    started.clear()
+    results_io.spawn_workers("experiments.x.run", argv, workers)
+    assert [c[-2] for c in started] == limits, started
+
+
+def test_grids_with_other_results_files_get_runs_of_their_own(tmp_path):
+  """The CPU's results beside the accelerator's in one folder: the second
+  grid found the first's finished runs by config hash and recorded them as
+  its own, evaluated again."""
+  runs, default = str(tmp_path / "runs"), str(tmp_path / "results.json")
+  cpu = str(tmp_path / "results_cpu.json")
+  own = results_io.grid_runs_dir(runs, cpu, default, False)
+  assert own.startswith(os.path.join(runs, "results_cpu-")) and own != runs
+  assert results_io.grid_runs_dir(runs, default, default, False) == runs
+  assert results_io.grid_runs_dir(runs, cpu, default, True) == runs  # given
+
+
 def test_predictions_are_kept_apart_one_file_per_group(tmp_path):
   path = str(tmp_path / "results.json")
   runs = [
@@ -654,18 +691,18 @@ def test_append_keeps_every_run_and_its_predictions(tmp_path):
 def test_a_resumed_run_records_the_seconds_of_every_session(
     tmp_path, monkeypatch
 ):
-  # A first session stopped by a signal after 30 s, the second resumes and
-  # finishes in 5 s: the record says 35 s, not 5.
+  # A first session stopped by a signal after 30 s (its checkpoint saved),
+  # the second resumes and finishes in 5 s: the record says 35 s, not 5.
   workdir = tmp_path / "run"
-  clock = iter([100.0, 130.0, 200.0, 205.0])
+  clock = iter([100.0, 130.0, 200.0, 205.0, 300.0, 307.0])
   monkeypatch.setattr(
       results_io, "time", type("Clock", (), {"time": lambda: next(clock)})
   )
-  sessions = [dict(stopped_early=True), dict(stopped_early=False)]
+  sessions = [dict(stopped_early=b) for b in (True, False, False)]
 
   def train_and_evaluate(config, workdir):
     del config
-    pathlib.Path(workdir).mkdir(exist_ok=True)
+    (pathlib.Path(workdir) / "checkpoints" / "10").mkdir(parents=True)
     return sessions.pop(0)
 
   monkeypatch.setattr(
@@ -673,9 +710,19 @@ def test_a_resumed_run_records_the_seconds_of_every_session(
   )
   with pytest.raises(KeyboardInterrupt):
     results_io.train_once(None, str(workdir))
+  monkeypatch.setattr(
+      results_io.train,
+      "train_and_evaluate",
+      lambda config, workdir: sessions.pop(0),
+  )
   _, seconds = results_io.train_once(None, str(workdir))
   assert seconds == 35.0
   assert (workdir / results_io.WALL_SECONDS).read_text() == "35.0\n"
+  # Its checkpoints deleted (an LLM grid's, once recorded), the run trained
+  # again from step 0 takes its own 7 s, not 42.
+  shutil.rmtree(workdir / "checkpoints")
+  _, seconds = results_io.train_once(None, str(workdir))
+  assert seconds == 7.0
 
 
 def _grid(
@@ -816,6 +863,23 @@ def test_a_diverging_cell_is_listed_and_the_grid_goes_on(tmp_path):
         executed,
         raises={"ab": errors.TrainingError("saving failed: disk full")},
     )
+
+
+def test_a_cell_another_worker_found_diverging_is_not_run_again(tmp_path):
+  """failed.json was read once, at the start: a cell that another worker
+  listed since was trained again, to the same non-finite loss."""
+  results, executed = str(tmp_path / "results.json"), []
+
+  def execute(cell, digest):
+    executed.append(cell)
+    if cell == "ab":  # meanwhile, another worker finds "cde" diverging
+      results_io._record_failure(results, "hash-cde", "cde", "nan")  # pylint: disable=protected-access
+    return dict(name=cell, config_hash=digest, wall_seconds=1.0)
+
+  results_io.run_grid(
+      ["ab", "cde"], lambda cell: f"hash-{cell}", execute, str, results
+  )
+  assert executed == ["ab"]
 
 
 def test_reports_name_the_cells_that_diverged(tmp_path):

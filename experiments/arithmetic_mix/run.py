@@ -454,8 +454,10 @@ def selected_groups(cells, profile) -> list[str]:
 
 
 def results_path(profile) -> str:
-  if FLAGS.results:
-    return FLAGS.results
+  return FLAGS.results or default_results_path(profile)
+
+
+def default_results_path(profile) -> str:
   if profile == "digits_long":
     return os.path.join(HERE, "digits", "results_long.json")
   if _variant(PROFILES[profile]):
@@ -899,8 +901,10 @@ def llm_cell_record(profile, settings, cell, config, digest) -> dict:
 
 
 def llm_results_path(settings) -> str:
-  if FLAGS.results:
-    return FLAGS.results
+  return FLAGS.results or default_llm_results_path(settings)
+
+
+def default_llm_results_path(settings) -> str:
   return os.path.join(HERE, "llm", snapshot_name(settings), "results.json")
 
 
@@ -946,6 +950,12 @@ def run_llm(profile) -> None:
   methods = chosen_methods()
   check_llm_cells(settings, methods)
   results = llm_results_path(settings)
+  FLAGS.runs_dir = common.grid_runs_dir(
+      FLAGS.runs_dir,
+      results,
+      default_llm_results_path(settings),
+      FLAGS["runs_dir"].present,
+  )
   common.check_results(results)
   check_one_schedule(results, settings)
   cache = os.path.join(FLAGS.runs_dir, ".snapshot_digests.json")
@@ -1048,6 +1058,12 @@ def main(argv):
   groups = selected_groups(cells, FLAGS.profile)  # before the data is made
   methods = chosen_methods(METHODS + PEER_METHODS)
   results = results_path(FLAGS.profile)
+  FLAGS.runs_dir = common.grid_runs_dir(
+      FLAGS.runs_dir,
+      results,
+      default_results_path(FLAGS.profile),
+      FLAGS["runs_dir"].present,
+  )
   common.check_results(results)
   os.makedirs(os.path.dirname(results), exist_ok=True)
   arithmetic_data.prepare(

@@ -108,6 +108,12 @@ def main(argv):
     raise app.UsageError(
         f"unknown groups {unknown}; use some of {list(cells)}."
     )
+  FLAGS.runs_dir = common.grid_runs_dir(
+      FLAGS.runs_dir,
+      FLAGS.results,
+      FLAGS["results"].default,
+      FLAGS["runs_dir"].present,
+  )
   common.check_results(FLAGS.results)
   streamed = [g for g in FLAGS.groups if g in grid_lib.STREAM_GROUPS]
   if len(streamed) < len(FLAGS.groups):

@@ -95,6 +95,12 @@ def main(argv):
     raise app.UsageError(
         f"unknown groups {unknown}; use some of {list(grid_lib.GROUPS)}."
     )
+  FLAGS.runs_dir = common.grid_runs_dir(
+      FLAGS.runs_dir,
+      FLAGS.results,
+      FLAGS["results"].default,
+      FLAGS["runs_dir"].present,
+  )
   common.check_results(FLAGS.results)
   for group in FLAGS.groups:  # streamed groups: the test split alone
     task = grid_lib.GROUPS[group][0]
