@@ -338,9 +338,12 @@ def number_layout(
   if decimal_point_mask is None:
     candidates = None
   else:
-    # Decimal-point labels between two digits.
+    # Decimal-point labels between two digits; a digit label is never one
+    # (refused where concrete; under jit the mark is ignored, as a number
+    # token's is in ntil_jax.chunks).
     candidates = (
         jnp.asarray(decimal_point_mask, bool)
+        & ~label_is_digit
         & segments.shift_right(is_digit, False)
         & segments.shift_left(is_digit, False)
     )

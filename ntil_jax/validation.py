@@ -108,7 +108,8 @@ def _check_scored_labels(labels, loss_mask, vocab_size) -> None:
 def _check_points_are_not_digits(labels, points, digit_token_ids) -> None:
   """ValueError where ``decimal_point_mask`` marks a digit (or number)
   token's label: a position cannot be a number's digit and its point.
-  Checked where the labels, the mask and the ids are concrete."""
+  Checked where the labels, the mask and the ids are concrete; traced, the
+  mark is ignored there (`numbers.number_layout`)."""
   if points is None:
     return
   if isinstance(digit_token_ids, vocab.NumberTokens):

@@ -750,6 +750,13 @@ class RefusedInputTest(parameterized.TestCase):
         ValueError, r"decimal_point_mask marks .* label 5 at index \(0, 2\)"
     ):
       call(labels, decimal_point_mask=points)
+    # Traced, it cannot be checked: a mark on a digit is ignored ("123" as
+    # it is; its 2 was taken as a digit and a point at once, places 0 0 -1).
+    labels = np.array([[1, 2, 3, 11, 11]])
+    traced = jax.jit(lambda p: call(labels, decimal_point_mask=p))
+    np.testing.assert_array_equal(
+        traced(jnp.asarray(labels == 2)), traced(jnp.asarray(labels == 10))
+    )
 
   def test_integer_masks_count_nonzero_as_true(self):
     logits, labels = small_case()
