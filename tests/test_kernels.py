@@ -7,6 +7,7 @@ against ``numeric_token_loss`` on ``hidden @ W``, with ignored positions
 error is relative in norm: ``|got - want| / |want|`` over the whole array.
 """
 
+import os
 import sys
 from unittest import mock
 
@@ -20,6 +21,7 @@ import optax
 import ntil_jax
 from ntil_jax import kernels
 from ntil_jax.kernels import tokamax_ce
+from tests import launch
 from tests.test_fused import hidden_case
 
 jax.config.update("jax_default_matmul_precision", "highest")
@@ -296,6 +298,30 @@ class SelectionTest(parameterized.TestCase):
           labels,
           implementation=lambda h, l, w: user_kernel(h, l, w).sum(),
       )
+
+  def test_tokamax_beside_a_host_programs_required_flags(self):
+    # train.main imported (its required --config, --workdir), its flags not
+    # parsed: tokamax's first read of its own flags validated those and
+    # failed the call (a test order in CI found it).
+    script = (
+        "import sys; sys.argv = ['host']\n"
+        "from train import main\n"
+        "import numpy as np, ntil_jax\n"
+        "h = np.ones((1, 4, 8), np.float32); w = np.ones((8, 16), np.float32)\n"
+        "labels = np.array([[1, 2, 11, 3]])\n"
+        "loss = ntil_jax.fused_numeric_loss(h, w, labels,"
+        " implementation='tokamax:xla')\n"
+        "print('finite', bool(np.isfinite(loss).all()))\n"
+    )
+    result = launch.run(
+        [sys.executable, "-c", script],
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    self.assertEqual(result.returncode, 0, result.stderr[-2000:])
+    self.assertIn("finite True", result.stdout)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,33 @@ def _tokamax():
         "implementation='tokamax' needs the tokamax package: "
         "pip install 'ntil-jax[tokamax]'."
     ) from e
+  _read_tokamax_flags()
   return tokamax
+
+
+def _read_tokamax_flags() -> None:
+  """Lets tokamax read its ``--tokamax_*`` flags before its first call.
+
+  It reads them by parsing absl's flags the first time it needs one, which
+  also validates every flag the process defines: a host program's required
+  flag left unset (a CLI's ``--config``, its module imported but not run)
+  failed tokamax's first call, its own flags read all the same (absl marks
+  the flags parsed before validating them). That failure is the host's, not
+  tokamax's: passed over here, where nothing else has run yet.
+  """
+  from absl import flags  # pylint: disable=g-import-not-at-top
+
+  if flags.FLAGS.is_parsed():
+    return
+  try:
+    from tokamax._src import config  # pylint: disable=g-import-not-at-top
+
+    _ = config.cross_compile.value  # the read that parses, tokamax 0.0.17
+  except (ImportError, AttributeError):
+    return  # another tokamax: it reads its flags its own way
+  except flags.IllegalFlagValueError:
+    if not flags.FLAGS.is_parsed():
+      raise
 
 
 def available() -> bool:
