@@ -749,7 +749,8 @@ def run_grid(
 
   Raises:
     ValueError: a negative ``max_runs``.
-    errors.ConfigError: results.json or failed.json is not JSON.
+    errors.ConfigError: results.json or failed.json is not JSON, or a
+      record there has no config hash.
   """
   if max_runs < 0:
     raise ValueError(f"max_runs must be >= 0 (0: no limit), got {max_runs}.")
@@ -766,7 +767,15 @@ def run_grid(
   claims = os.path.join(runs_dir, ".claims")
 
   def recorded():
-    return {r["config_hash"] for r in load_results(results_path)}
+    runs = load_results(results_path)
+    for i, run in enumerate(runs):
+      if not isinstance(run.get("config_hash"), str):
+        raise errors.ConfigError(
+            f"record {i} of {results_path} has no config_hash, so the grid "
+            "cannot tell which cell it is (a record merged by hand?); give "
+            "it the hash of its cell or move it to another file."
+        )
+    return {run["config_hash"] for run in runs}
 
   done = recorded()
   digests = [configure(cell) for cell in todo]

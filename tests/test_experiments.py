@@ -882,6 +882,22 @@ def test_a_cell_another_worker_found_diverging_is_not_run_again(tmp_path):
   assert executed == ["ab"]
 
 
+def test_a_record_without_a_config_hash_is_refused_by_name(tmp_path):
+  """A record merged by hand without its hash raised a bare KeyError."""
+  results = tmp_path / "results.json"
+  results.write_text(json.dumps({"runs": [{"name": "ab", "accuracy": 0.5}]}))
+  executed = []
+  with pytest.raises(errors.ConfigError, match="record 0 .* no config_hash"):
+    results_io.run_grid(
+        ["ab"],
+        lambda cell: f"hash-{cell}",
+        lambda cell, digest: executed.append(cell),
+        str,
+        str(results),
+    )
+  assert not executed
+
+
 def test_reports_name_the_cells_that_diverged(tmp_path):
   executed = []
   nan = errors.Diverged("non-finite loss=nan at step 6")
