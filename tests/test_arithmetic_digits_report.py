@@ -92,11 +92,25 @@ def test_log10_error_and_within_1_percent():
 
 
 @pytest.mark.parametrize(
-    "text", ["1e400", "1e1000000000", "1E5", "inf", "nan", "3/0", "1_000", ""]
+    "text",
+    [
+        "1e400",
+        "1e1000000000",
+        "1E5",
+        "inf",
+        "nan",
+        "3/0",
+        "1_000",
+        "",
+        "４２",  # full-width digits
+        "٤٢",  # Arabic-Indic digits
+    ],
 )
 def test_scorer_reads_only_the_answer_grammar(text):
   """Exponents, inf, nan and digit separators are not answers: a model that
-  writes "1e1000000000" must not stall (or overflow) the evaluation."""
+  writes "1e1000000000" must not stall (or overflow) the evaluation. Nor
+  are digits other than ASCII's (full-width, Arabic-Indic), which Python's
+  ``\\d`` and `Fraction` read: "４２" scored as 42."""
   assert task.parse_number(text) is None
   sums = task.score_answers(
       [text], ["12"], ml_collections.ConfigDict(dict(max_answer_len=8))

@@ -93,8 +93,9 @@ def digit_token_ids(config):
 
 # The answers' grammar: an integer, a decimal or a fraction of integers.
 # Not `Fraction`'s own (it reads exponents: a prediction of "1e400" would
-# overflow the scorer, and "1e1000000000" would keep it busy for minutes).
-_NUMBER = re.compile(r"[-+]?(?:\d+/\d+|\d+(?:\.\d*)?|\.\d+)")
+# overflow the scorer, and "1e1000000000" would keep it busy for minutes),
+# in ASCII digits only (``\d`` reads "４２" and "٤٢" as 42 too, as Fraction).
+_NUMBER = re.compile(r"[-+]?(?:\d+/\d+|\d+(?:\.\d*)?|\.\d+)", re.ASCII)
 
 
 def parse_number(text: str):
