@@ -31,8 +31,8 @@ is shaped like the labels, as for every other vocabulary.
 
 With ten single-digit tokens and no word-start tokens the slots are the
 positions, and every loss is today's exactly (that case runs the
-single-digit code). A number token that starts a word (``'\u2581123'``)
-starts a new number: its slots are preceded by a non-digit slot.
+single-digit code). A number token that starts a word (``'\u2581123'``;
+``'123'`` in a WordPiece vocabulary) starts a new number: its slots are preceded by a non-digit slot.
 """
 
 import dataclasses

@@ -111,7 +111,9 @@ class NumberTokens(NamedTuple):
     values: int64 values of the digits the token writes (``'007'``: 7).
     widths: int32 number of digits (``'007'``: 3).
     word_starts: bool, true where the piece starts a word (``'\u2581123'``,
-      ``'\u0120123'``, ``' 123'``): such a token begins a new number.
+      ``'\u0120123'``, ``' 123'``; in a WordPiece vocabulary, one with
+      ``'##'`` number pieces, every piece without ``'##'``): such a token
+      begins a new number.
   """
 
   ids: np.ndarray
@@ -179,6 +181,7 @@ def number_tokens(vocab, *, max_width: int = 3) -> NumberTokens:
     match = _NUMBER_PIECE.fullmatch(piece)
     if match:
       prefix, digits = match.groups()
+      prefix = prefix or ""
     else:
       byte = _BYTE_DIGIT.fullmatch(piece)
       if byte is None:
@@ -192,21 +195,23 @@ def number_tokens(vocab, *, max_width: int = 3) -> NumberTokens:
           f"tokens {found[token_id][0]!r} and {piece!r} share the id "
           f"{token_id}; each number token needs its own id."
       )
-    found[int(token_id)] = (
-        piece,
-        int(digits),
-        len(digits),
-        prefix in ("\u2581", "\u0120", " "),
-    )
+    found[int(token_id)] = (piece, int(digits), len(digits), prefix)
   if not found:
     raise ValueError(
         f"no number tokens (1 to {max_width} digits) in a vocabulary of "
         f"{len(lookup)} entries."
     )
   ids = sorted(found)
+  prefixes = [found[i][3] for i in ids]
+  # WordPiece marks the pieces that continue a word ('##4'), not those that
+  # start one: there "12 34" is '12' '34', two numbers, and "1234" '123'
+  # '##4', one.
+  starts = {"\u2581", "\u0120", " "}
+  if "##" in prefixes:
+    starts.add("")
   return NumberTokens(
       ids=np.asarray(ids, np.int32),
       values=np.asarray([found[i][1] for i in ids], np.int64),
       widths=np.asarray([found[i][2] for i in ids], np.int32),
-      word_starts=np.asarray([found[i][3] for i in ids], bool),
+      word_starts=np.asarray([p in starts for p in prefixes], bool),
   )

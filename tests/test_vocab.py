@@ -2,6 +2,7 @@
 
 import pathlib
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -49,7 +50,7 @@ def test_values_widths_and_word_starts_by_spelling():
       "\u2581123",
       "\u0120045",
       " 9",
-      "##12",
+      "x",  # '##12' in a vocabulary of its own (WordPiece's, below)
       "<0x35>",
       "1234",  # wider than 3: left out
       "\u00b2",  # a numeral, not an ASCII digit: left out
@@ -74,7 +75,6 @@ def test_values_widths_and_word_starts_by_spelling():
       "\u2581123": (123, 3, True),
       "\u0120045": (45, 3, True),
       " 9": (9, 1, True),
-      "##12": (12, 2, False),
       "<0x35>": (5, 1, False),
   }
   assert tokens.ids.tolist() == sorted(tokens.ids.tolist())
@@ -83,6 +83,42 @@ def test_values_widths_and_word_starts_by_spelling():
   assert 9 in wide.ids.tolist()  # '1234'
   narrow = ntil_jax.number_tokens(pieces, max_width=1)
   assert set(narrow.widths.tolist()) == {1}
+
+
+def test_wordpiece_pieces_without_hashes_start_numbers():
+  """WordPiece marks what continues a word: "12 34" is '12' '34', two
+  numbers, and "1234" '123' '##4', one. Both were scored as 1234."""
+  numbers = [f"{v:0{w}d}" for w in (1, 2, 3) for v in range(10**w)]
+  pieces = ["[UNK]", "x", *numbers, *(f"##{n}" for n in numbers)]
+  ids = {piece: i for i, piece in enumerate(pieces)}
+  tokens = ntil_jax.number_tokens(ids)
+  starts = dict(zip(tokens.ids.tolist(), tokens.word_starts.tolist()))
+  assert [starts[ids[p]] for p in ("12", "34", "123", "##4", "##12")] == [
+      True,
+      True,
+      True,
+      False,
+      False,
+  ]
+  found = dict(zip(tokens.ids.tolist(), tokens.values.tolist()))
+  assert found[ids["##12"]] == 12 and found[ids["007"]] == 7
+
+  def components(labels, predicted):
+    logits = jnp.full((1, len(labels), len(pieces)), -9.0)
+    for i, piece in enumerate(predicted):
+      logits = logits.at[0, i, ids[piece]].set(9.0)
+    labels = jnp.array([[ids[p] for p in labels]])
+    return ntil_jax.ntil_components(logits, labels, digit_token_ids=tokens)
+
+  # "12 34" predicted as 12 35: the second number is off by one. A token's
+  # weight is its last digit's: no digit of its number to the right.
+  parts = components(["12", "34"], ["12", "35"])
+  np.testing.assert_allclose(parts.weights[0], [1.0, 1.0], 1e-6)
+  np.testing.assert_allclose(parts.relative[0], [0, 1 / 36], 1e-6)
+  # "1234" predicted as 1235: one number, '3' with one digit to its right.
+  parts = components(["123", "##4"], ["123", "##5"])
+  np.testing.assert_allclose(parts.weights[0], [1.2, 1.0], 1e-6)
+  np.testing.assert_allclose(parts.relative[0], [0, 1 / 1236], 1e-6)
 
 
 @pytest.mark.parametrize(
