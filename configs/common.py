@@ -178,7 +178,7 @@ def base_config(method: str) -> ml_collections.ConfigDict:
 
   # Logging, evaluation, checkpoints.
   config.log_every_steps = 50
-  config.eval_every_steps = 500
+  config.eval_every_steps = 500  # and at the last step; 0: never evaluated
   config.eval_examples = 1000  # 0 means the whole test split
   config.eval_batch_size = 250
   config.checkpoint_every_steps = 500

@@ -139,6 +139,18 @@ def test_a_schedule_that_does_not_decay_is_named(
     assert expected in warning and f"warmup_steps={warmup}" in warning
 
 
+def test_a_run_never_evaluated_is_named():
+  """eval_every_steps=0 skipped the final evaluation too, in silence."""
+  from train import checks  # pylint: disable=g-import-not-at-top
+
+  config = arithmetic_mix.get_config("ce")
+  assert checks.evaluation_warning(config) is None
+  config.eval_every_steps = 0
+  assert "never evaluated, not even at its last step" in (
+      checks.evaluation_warning(config)
+  )
+
+
 @pytest.mark.parametrize(
     "warmup, steps, minimum, expected",
     [

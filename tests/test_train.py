@@ -706,7 +706,13 @@ def test_bad_input_one_clear_line(
     "flag, message",
     [
         ("--config=configs/arithmetic_mix.py:mse", "unknown method 'mse'"),
-        ("--config.nosuch=3", "unknown config field"),
+        ("--config.nosuch=3", "unknown config field 'nosuch';"),
+        (
+            "--config.trian_steps=3",
+            """unknown config field 'trian_steps' (Did you mean "train""",
+        ),
+        # A traceback, as config_flags loads the file only when it is read.
+        ("--config=configs/nope.py", "No such file or directory"),
     ],
 )
 def test_bad_flags_one_clear_line(tmp_path, flag, message):

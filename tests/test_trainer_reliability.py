@@ -96,7 +96,9 @@ def assert_one_error(result, message, returncode=2):
         ("keep_checkpoints", 0, "keep_checkpoints must be >= 1"),
         ("max_question_len", 0, "max_question_len must be >= 1"),
         ("max_answer_len", 0, "max_answer_len must be >= 1"),
-        ("train_steps", -5, "train_steps must be >= 0"),
+        ("train_steps", -5, "train_steps must be >= 1"),
+        # 0 trained and evaluated nothing, and exited 0.
+        ("train_steps", 0, "train_steps must be >= 1"),
         ("warmup_steps", 3 * 10**9, "warmup_steps must be < 2**31"),
         ("lam", -0.3, "lam must be >= 0"),
         ("learning_rate", 0.0, "learning_rate must be > 0"),
@@ -645,7 +647,9 @@ def test_stop_agreement_answers_one_poll_late_and_never_waits():
 # Non-finite values.
 
 
-def test_diverging_run_stops_and_keeps_good_checkpoints(data_dir, tmp_path):
+def test_diverging_run_stops_and_keeps_good_checkpoints(
+    data_dir, tmp_path, caplog
+):
   config = make_config(
       data_dir,
       train_steps=3,
@@ -662,12 +666,14 @@ def test_diverging_run_stops_and_keeps_good_checkpoints(data_dir, tmp_path):
       log_every_steps=100,
       learning_rate=1e30,
   )
-  # A changed learning rate resumes only without the run's config record.
+  # A changed learning rate resumes only without the run's config record,
+  # and says so.
   (tmp_path / rundir.CONFIG_RECORD).unlink()
   with pytest.raises(
       train.TrainingError, match=r"non-finite loss=nan.* at step 6.*step 3"
   ):
     train.train_and_evaluate(diverging, str(tmp_path))
+  assert "holds checkpoints but no config.json: resuming" in caplog.text
   assert os.listdir(tmp_path / "checkpoints") == ["3"]
   # The good checkpoint still resumes.
   (tmp_path / rundir.CONFIG_RECORD).unlink()

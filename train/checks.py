@@ -31,6 +31,7 @@ def get_task(config):
 DTYPES = ("float32", "bfloat16", "float16")
 # Fields that must be >= 1, and fields that must be >= 0.
 _POSITIVE = (
+    "train_steps",  # 0 trained nothing and evaluated nothing, in silence
     "batch_size",
     "eval_batch_size",
     "checkpoint_every_steps",
@@ -41,7 +42,6 @@ _POSITIVE = (
     "max_answer_len",
 )
 _NON_NEGATIVE = (
-    "train_steps",
     "eval_every_steps",
     "eval_examples",
     "warmup_steps",
@@ -239,6 +239,17 @@ def check_config(config, *, data: bool = True):
   return task
 
 
+def evaluation_warning(config) -> str | None:
+  """A warning where ``eval_every_steps=0``: no evaluation at all, not even
+  at the last step (the run ends with no eval metrics or predictions)."""
+  if config.eval_every_steps:
+    return None
+  return (
+      "eval_every_steps=0: the run is never evaluated, not even at its last"
+      " step (no eval metrics, no predictions.jsonl)."
+  )
+
+
 def schedule_warning(config) -> str | None:
   """What is off in a schedule that runs but not as its numbers read.
 
@@ -367,6 +378,20 @@ def snapshot_record(config, workdir) -> str | None:
   if recorded and record["config"].get("pretrained") == config.pretrained:
     return recorded
   return _snapshot_sha256(config)
+
+
+def unrecorded_run_warning(workdir) -> str | None:
+  """A warning where ``workdir`` holds checkpoints but no config record (a
+  run from before runs recorded their config, or its config.json deleted,
+  the way to resume under a changed config): nothing checks that the
+  config given is the run's, past the arrays' shapes."""
+  if not rundir.saved_steps(workdir) or rundir.read_record(workdir):
+    return None
+  return (
+      f"{workdir} holds checkpoints but no {rundir.CONFIG_RECORD}: resuming"
+      " them with this config, unchecked against the one they were trained"
+      " with (--start_over to begin afresh)."
+  )
 
 
 def legacy_dataset_warning(changes, config) -> str | None:

@@ -20,6 +20,7 @@ Several hosts: start one process per host with --coordinator_address,
 """
 
 import os
+import re
 import sys
 
 from absl import app
@@ -67,8 +68,12 @@ flags.mark_flags_as_required(["config", "workdir"])
 def parse_flags(argv):
   """absl's parsing, with a bad flag or config reported in one line."""
   try:
-    return FLAGS(argv)
-  except flags.Error as error:
+    argv = FLAGS(argv)
+    # config_flags reports a config file it could not load (missing, or
+    # failing on import) only when the config is first read.
+    getattr(FLAGS.config, "task", None)
+    return argv
+  except (flags.Error, OSError) as error:
     # config_flags embeds the config file's traceback; its last line is
     # the message that says what is wrong.
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
@@ -76,8 +81,15 @@ def parse_flags(argv):
     print(f"error: {message.removeprefix('ValueError: ')}", file=sys.stderr)
     sys.exit(2)
   except AttributeError as error:  # --config.FIELD for a field that is not
+    # ml_collections' KeyError message, quoted again: the name and its hint.
+    raw = str(error.args[0] if error.args else error)
+    raw = raw.replace("\\n", "\n").replace("\\'", "'")
+    name, hint = re.fullmatch(r"['\"]*([\w.]*)['\"]*(.*)", raw, re.S).groups()
+    hint = " ".join(hint.strip("'\" \n").split())
     print(
-        f"error: unknown config field {error}; see configs/common.py and the task's config",
+        f"error: unknown config field {name!r}"
+        + (f" ({hint})" if hint else "")
+        + "; see configs/common.py and the task's config",
         file=sys.stderr,
     )
     sys.exit(2)
