@@ -239,6 +239,18 @@ def config_hash(config, profile, settings) -> str:
   return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
+def check_groups(groups, known, profile) -> None:
+  """UsageError unless ``groups`` names some of ``known``, the groups of
+  the ``profile`` grid, and nothing else (an empty ``--groups=`` ran no
+  cell and exited 0)."""
+  unknown = [group for group in groups if group not in known]
+  if unknown or not groups:
+    named = ",".join(unknown) if unknown else " (empty)"
+    raise app.UsageError(
+        f"--groups={named}: the {profile} grid has {', '.join(known)}."
+    )
+
+
 def grid_runs_dir(runs_dir, results_path, default_results, given) -> str:
   """The runs folder of a grid whose records go to ``results_path``.
 
@@ -645,6 +657,11 @@ def check_results(results_path) -> None:
   """`errors.ConfigError` unless ``results_path``, its predictions and its
   ``failed.json`` read as a grid writes them: a grid calls it before it
   prepares data or starts workers (it would refuse them after that work)."""
+  if os.path.isdir(results_path):
+    raise errors.ConfigError(
+        f"--results={results_path} is a directory; name a file in it "
+        "(results.json)."
+    )
   load_results(results_path)
   load_failures(results_path)
 

@@ -882,6 +882,33 @@ def test_a_cell_another_worker_found_diverging_is_not_run_again(tmp_path):
   assert executed == ["ab"]
 
 
+@pytest.mark.parametrize(
+    "groups, message",
+    [
+        # An empty --groups= ran no cell and exited 0 (after making the
+        # whole profile's data, for the arithmetic grid).
+        ([], "--groups= (empty): the smoke grid has main, control."),
+        (
+            ["main", "sweep"],
+            "--groups=sweep: the smoke grid has main, control.",
+        ),
+    ],
+)
+def test_groups_must_name_some_of_the_grid(groups, message):
+  from absl import app  # pylint: disable=g-import-not-at-top
+
+  with pytest.raises(app.UsageError) as error:
+    results_io.check_groups(groups, ["main", "control"], "smoke")
+  assert str(error.value) == message
+  results_io.check_groups(["control"], ["main", "control"], "smoke")
+
+
+def test_results_that_name_a_directory_are_refused(tmp_path):
+  """An IsADirectoryError traceback from read_json, else."""
+  with pytest.raises(errors.ConfigError, match="is a directory; name a file"):
+    results_io.check_results(str(tmp_path))
+
+
 def test_a_record_without_a_config_hash_is_refused_by_name(tmp_path):
   """A record merged by hand without its hash raised a bare KeyError."""
   results = tmp_path / "results.json"

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
+from train import errors
 from train import generated_data
 
 
@@ -85,3 +86,14 @@ def test_a_dataset_being_prepared_elsewhere_is_waited_for(tmp_path):
   assert not waiting.is_alive() and not failures, failures
   source = second.as_data_source(split="test")
   assert [int(source[i]["value"]) for i in range(len(source))] == [0, 1, 2, 3]
+
+
+def test_a_data_dir_that_is_a_file_is_named(tmp_path):
+  """It raised NotADirectoryError from the preparation lock's makedirs (a
+  traceback from the grids and prepare_data; train.main checked it)."""
+  afile = tmp_path / "data"
+  afile.write_text("not a folder")
+  builder = _numbers(afile / "under")
+  with pytest.raises(errors.ConfigError, match=f"{afile} is a file, not a dir"):
+    generated_data.prepare(builder)
+  assert afile.read_text() == "not a folder"

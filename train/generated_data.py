@@ -22,6 +22,7 @@ from etils import epath
 import tensorflow_datasets as tfds
 from tensorflow_datasets.core import utils as tfds_utils
 
+from train import errors
 from train import logs
 
 
@@ -120,6 +121,19 @@ def preparation_lock(builder):
     os.close(fd)  # releases the lock
 
 
+def _check_no_file_in_the_way(folder) -> None:
+  """ConfigError if a file stands where ``folder`` or a folder above it
+  would be (a ``--data_dir`` that names a file): a raw NotADirectoryError
+  from deep in the preparation, else."""
+  path = os.path.abspath(folder)
+  while not os.path.exists(path) and os.path.dirname(path) != path:
+    path = os.path.dirname(path)
+  if not os.path.isdir(path):
+    raise errors.ConfigError(
+        f"{path} is a file, not a directory: the data would go in {folder}."
+    )
+
+
 def prepare(builder, plot_samples=None, num_samples: int = 24) -> str:
   """Writes ``builder``'s dataset unless it exists; its directory.
 
@@ -134,6 +148,7 @@ def prepare(builder, plot_samples=None, num_samples: int = 24) -> str:
       version folders, unless that file exists.
     num_samples: how many test records ``plot_samples`` gets at most.
   """
+  _check_no_file_in_the_way(str(builder.data_dir))
   samples = os.path.join(os.path.dirname(str(builder.data_dir)), "samples.png")
   ready = builder.is_prepared() and (
       plot_samples is None or os.path.exists(samples)

@@ -444,12 +444,7 @@ def selected_groups(cells, profile) -> list[str]:
   """The groups ``--groups`` names (without the flag, all of the grid's, in
   order); UsageError naming the grid's groups for one it does not have."""
   groups = FLAGS.groups if FLAGS["groups"].present else list(cells)
-  unknown = [group for group in groups if group not in cells]
-  if unknown:
-    raise app.UsageError(
-        f"--groups={','.join(unknown)}: the {profile} grid has "
-        f"{', '.join(cells)}."
-    )
+  common.check_groups(groups, list(cells), profile)
   return groups
 
 

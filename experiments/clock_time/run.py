@@ -38,7 +38,6 @@ already recorded are skipped.
 import os
 import sys
 
-from absl import app
 from absl import flags
 from absl import logging
 
@@ -103,11 +102,7 @@ def main(argv):
   logs.quiet_terminal()
   settings = grid_lib.PROFILES[FLAGS.profile]
   cells = grid_lib.grid(FLAGS.profile)
-  unknown = sorted(set(FLAGS.groups) - set(cells))
-  if unknown:
-    raise app.UsageError(
-        f"unknown groups {unknown}; use some of {list(cells)}."
-    )
+  common.check_groups(FLAGS.groups, list(cells), FLAGS.profile)
   FLAGS.runs_dir = common.grid_runs_dir(
       FLAGS.runs_dir,
       FLAGS.results,

@@ -48,7 +48,6 @@ already recorded are skipped.
 import os
 import sys
 
-from absl import app
 from absl import flags
 from absl import logging
 
@@ -90,11 +89,7 @@ def main(argv):
   del argv
   logs.quiet_terminal()
   settings = grid_lib.PROFILES[FLAGS.profile]
-  unknown = sorted(set(FLAGS.groups) - set(grid_lib.GROUPS))
-  if unknown:
-    raise app.UsageError(
-        f"unknown groups {unknown}; use some of {list(grid_lib.GROUPS)}."
-    )
+  common.check_groups(FLAGS.groups, list(grid_lib.GROUPS), FLAGS.profile)
   FLAGS.runs_dir = common.grid_runs_dir(
       FLAGS.runs_dir,
       FLAGS.results,
