@@ -748,3 +748,32 @@ def test_a_step_damaged_again_is_moved_aside_beside_the_first(
       for name in ("corrupt-6", "corrupt-6-2", "corrupt-6-3")
   )
   assert "moved aside to corrupt-6-3" in caplog.text
+
+
+def test_another_tasks_run_does_not_name_this_tasks_dataset(tmp_path):
+  """A grounding config on a clock run's workdir took the clock dataset's
+  name from its record, so the refusal named a dataset the user never gave
+  (``No grounding config 'train256_test64_seed0'``) instead of the task."""
+  from configs import grounding  # pylint: disable=g-import-not-at-top
+  from train.tasks import grounding as grounding_task  # pylint: disable=g-import-not-at-top
+
+  workdir = tmp_path / "run"
+  (workdir / "checkpoints" / "4").mkdir(parents=True)
+  (workdir / rundir.CONFIG_RECORD).write_text(
+      json.dumps(
+          {"config": {"task": "clock_time", "dataset_config": "clocks_only"}}
+      )
+  )
+  prepared = tmp_path / "data" / grounding_task.NAME / "scenes" / "1.0.0"
+  prepared.mkdir(parents=True)
+  (prepared / "dataset_info.json").write_text("{}")
+  config = grounding.get_config("ce")
+  config.data_dir = str(tmp_path / "data")
+  assert checks.name_dataset(config, str(workdir)).dataset_config == "scenes"
+  # The same task's record still names the run's dataset.
+  (workdir / rundir.CONFIG_RECORD).write_text(
+      json.dumps(
+          {"config": {"task": config.task, "dataset_config": "recorded"}}
+      )
+  )
+  assert checks.name_dataset(config, str(workdir)).dataset_config == "recorded"

@@ -130,8 +130,11 @@ def name_dataset(config, workdir, *, start_over: bool = False):
   name = ""
   if workdir and not start_over and os.path.isdir(workdir):
     if rundir.saved_steps(workdir):
-      record = rundir.read_record(workdir) or {"config": {}}
-      name = record["config"].get("dataset_config") or ""
+      recorded = (rundir.read_record(workdir) or {"config": {}})["config"]
+      # Another task's name (a clock run's under a grounding config) would
+      # only make the refusal of the changed task name a dataset instead.
+      if recorded.get("task", config.get("task")) == config.get("task"):
+        name = recorded.get("dataset_config") or ""
   if not name:
     task = get_task(config)
     prepared = input_pipeline.prepared_configs(config.data_dir, task.NAME)
