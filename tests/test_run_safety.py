@@ -273,6 +273,14 @@ def test_unrecorded_checkpoint_of_another_model_is_refused_untouched(
   assert snapshot(workdir / "checkpoints") == checkpoints_before
 
 
+def test_a_tensor_parallelism_of_zero_is_named():
+  """tp=0 was refused as "fsdp=1 x tp=0 must divide the 4 devices"."""
+  config = arithmetic_mix_llm.get_config("ce")
+  config.tp = 0
+  with pytest.raises(errors.ConfigError, match=r"^tp must be >= 1, got 0\.$"):
+    checks.check_config(config, data=False)
+
+
 def test_resumable_fields_are_config_fields():
   config = make_config("unused")
   # tp: the LLM task's tensor parallelism, a field of its config only.

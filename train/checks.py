@@ -92,7 +92,8 @@ def _check_numbers(config) -> None:
       raise errors.ConfigError(
           str(error).replace(parameter, name, 1)
       ) from error
-  for name in _POSITIVE:
+  # tp: the LLM task's tensor parallelism, a field of its config only.
+  for name in _POSITIVE + (("tp",) if "tp" in config else ()):
     if config[name] < 1:
       raise errors.ConfigError(f"{name} must be >= 1, got {config[name]}.")
   for name in _NON_NEGATIVE:
