@@ -278,6 +278,45 @@ def test_digit_coverage_counts_scored_digits():
   )
 
 
+def test_digit_coverage_is_of_the_answers_as_trained(tmp_path):
+  """A byte-level tokenizer without a digit split (GPT-2's pre-tokenizer)
+  writes a joined " 5" as one token, not the digit '5': none of it is
+  scored, where the log said a third was (answers encoded alone)."""
+  snapshot = pathlib.Path(copy_snapshot("llama3_tiny", tmp_path))
+  spec = json.loads((snapshot / "tokenizer.json").read_text())
+  spec["pre_tokenizer"] = {
+      "type": "ByteLevel",
+      "add_prefix_space": False,
+      "trim_offsets": True,
+      "use_regex": True,
+  }
+  vocab, merges = spec["model"]["vocab"], spec["model"]["merges"]
+  used = {piece for merge in merges for piece in merge}
+  spare = next(  # a token no merge builds on, to give its id to " 5"
+      piece
+      for piece in sorted(vocab, key=vocab.get, reverse=True)
+      if len(piece) > 2
+      and piece not in used
+      and not any(c.isdigit() for c in piece)
+  )
+  vocab["\u01205"] = vocab.pop(spare)
+  merges[:] = [m for m in merges if m[0] + m[1] != spare]
+  merges.append(["\u0120", "5"])
+  (snapshot / "tokenizer.json").write_text(json.dumps(spec))
+  config = arithmetic_mix_llm.get_config("ntil")
+  config.pretrained = str(snapshot)
+  config.max_question_len, config.max_answer_len = 40, 8
+  questions, answers = ["What is 2 + 3?", "What is 50 - 5?"], ["5", "45"]
+  batch = task.encode_examples(config, questions, answers)
+  assert not batch["digit_mask"].any()  # ' 5'; ' ', '45': no digit token
+  shares = task.scored_digit_shares(config, questions, answers)
+  assert shares[False] == 0 and shares[True] == 1
+  config.tokenize_joined = False  # '5' alone is the digit; '45' is not
+  batch = task.encode_examples(config, questions, answers)
+  assert batch["digit_mask"].sum() == 1
+  assert task.scored_digit_shares(config, questions, answers)[False] == 1 / 3
+
+
 def test_number_tokens_make_the_model_and_batches_score_whole_numbers(
     data_dir,
 ):

@@ -23,14 +23,16 @@ prompt and the answer is made its own token instead, a tokenization the
 model never saw. With neither, the numeric losses score only the
 single-digit tokens (as the authors' code does) and most of a Llama answer
 gets none; the share scored is logged when training starts
-(`digit_coverage`).
+(`scored_digit_shares`).
 
 Beyond the task interface of train/tasks/__init__.py this module defines the
 optional hooks ``make_mesh``, ``create_model`` and ``codec``.
 """
 
+import copy
 import functools
 import json
+import math
 import os
 
 from absl import logging
@@ -319,17 +321,11 @@ def encode_examples(config, questions, answers) -> dict:
   step unembeds (``train.step.scored_window``; 13 of 44 positions on
   add_or_sub with SmolLM2).
   """
-  tokenizer = _tokenizer(config)
   eos = Codec(config).eos_id
   prompts, prompt_lengths = encode_prompts(config, questions)
-  if _joined(config):
-    answer_rows = _joined_answers(
-        config, questions, answers, prompts, prompt_lengths
-    )
-  else:
-    answer_rows = tokenizer.encode_batch(
-        list(answers), split_digits=config.split_digits
-    )
+  answer_rows = _answer_rows(
+      config, questions, answers, prompts, prompt_lengths
+  )
   width = sequence_length(config) + 1
   rows = [
       list(prompt[:length]) + answer + [eos]
@@ -357,6 +353,16 @@ def encode_examples(config, questions, answers) -> dict:
       "digit_mask": (is_answer & is_digit)[:, 1:],
       "score_positions": score_positions(prompt_lengths, config),
   }
+
+
+def _answer_rows(config, questions, answers, prompts, prompt_lengths):
+  """Each answer's tokens as training writes them: after its prompt in one
+  text (`_joined_answers`), or alone."""
+  if _joined(config):
+    return _joined_answers(config, questions, answers, prompts, prompt_lengths)
+  return _tokenizer(config).encode_batch(
+      list(answers), split_digits=config.split_digits
+  )
 
 
 def _joined_answers(config, questions, answers, prompts, prompt_lengths):
@@ -412,19 +418,27 @@ def _digit_ids(config):
 
 
 def digit_coverage(
-    tokenizer, answers, *, split_digits: bool, number_tokens: bool = False
+    tokenizer,
+    answers,
+    *,
+    split_digits: bool,
+    number_tokens: bool = False,
+    rows=None,
 ) -> float:
   """The share of the answers' digit characters that the losses score.
 
   Those in single-digit tokens, or with ``number_tokens`` in any number
-  token of 1-3 digits; the rest get cross-entropy only.
+  token of 1-3 digits; the rest get cross-entropy only. ``rows``: the
+  answers' tokens as trained (`scored_digit_shares`); default, each answer
+  encoded alone.
   """
   if number_tokens:
     tokens = tokenizer.number_tokens
     digits = dict(zip(np.asarray(tokens.ids).tolist(), tokens.widths.tolist()))
   else:
     digits = dict.fromkeys(tokenizer.digit_token_ids.tolist(), 1)
-  rows = tokenizer.encode_batch(list(answers), split_digits=split_digits)
+  if rows is None:
+    rows = tokenizer.encode_batch(list(answers), split_digits=split_digits)
   scored = sum(sum(digits.get(i, 0) for i in row) for row in rows)
   total = sum(sum(c.isdigit() for c in answer) for answer in answers)
   return scored / max(total, 1)
@@ -457,18 +471,40 @@ def _usable(config, split):
   return source, usable
 
 
-def log_digit_coverage(config, source, usable, count=2000) -> dict:
-  """Logs (and returns) `digit_coverage` of up to ``count`` train answers."""
-  records = source.__getitems__([int(i) for i in usable[:count]])
-  answers = [input_pipeline.decode_record(r)[1] for r in records]
-  tokenizer = _tokenizer(config)
+def scored_digit_shares(config, questions, answers) -> dict:
+  """``{split_digits: share}``: `digit_coverage` of the answers tokenized
+  as training does (after their prompt with ``tokenize_joined``, where a
+  tokenizer without a digit split writes " 5" as one token, not the digit
+  '5'), with ``config.split_digits`` and with the other setting (NaN where
+  that one cannot tokenize them)."""
   numbers = config.get("number_tokens", False)
-  shares = {
-      split: digit_coverage(
-          tokenizer, answers, split_digits=split, number_tokens=numbers
-      )
-      for split in (False, True)
-  }
+  shares = {}
+  for split in (False, True):
+    variant = copy.deepcopy(config)
+    variant.split_digits = split
+    try:
+      prompts, prompt_lengths = encode_prompts(variant, questions)
+      rows = _answer_rows(variant, questions, answers, prompts, prompt_lengths)
+    except (ValueError, pretrained.SnapshotError):
+      shares[split] = math.nan
+      continue
+    shares[split] = digit_coverage(
+        _tokenizer(variant),
+        answers,
+        split_digits=split,
+        number_tokens=numbers,
+        rows=rows,
+    )
+  return shares
+
+
+def log_digit_coverage(config, source, usable, count=2000) -> dict:
+  """Logs (and returns) `scored_digit_shares` of up to ``count`` train
+  examples."""
+  records = source.__getitems__([int(i) for i in usable[:count]])
+  questions, answers = zip(*map(input_pipeline.decode_record, records))
+  numbers = config.get("number_tokens", False)
+  shares = scored_digit_shares(config, list(questions), list(answers))
   logging.info(
       "the numeric loss scores %.1f%% of answer digits%s with "
       "split_digits=%s (%.1f%% with split_digits=%s), over %d answers",
