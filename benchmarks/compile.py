@@ -57,11 +57,11 @@ _FUSION_KIND = re.compile(r" fusion\(.*kind=(k\w+)")
 
 
 def fusion_kinds(compiled) -> dict:
-  """``{kind: count}`` of the fusions in the optimized program's entry."""
-  text = compiled.as_text()
-  entry = text[text.index("\nENTRY ") :].split("\n}")[0]
+  """``{kind: count}`` of the fusions in the optimized program: the entry's
+  and those in the bodies and conditions of its loops (the fused path's
+  chunk loop), each a kernel the backend compiles."""
   kinds = {}
-  for m in _FUSION_KIND.finditer(entry):
+  for m in _FUSION_KIND.finditer(compiled.as_text()):
     kinds[m.group(1)] = kinds.get(m.group(1), 0) + 1
   return dict(sorted(kinds.items()))
 

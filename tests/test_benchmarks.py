@@ -17,6 +17,7 @@ from unittest import mock
 
 from absl.testing import absltest
 import jax
+import jax.numpy as jnp
 import pytest
 
 import ntil_jax
@@ -457,6 +458,27 @@ class BenchmarkTest(absltest.TestCase):
     text = "\n".join(report.tracing_section(results, "t.json"))
     self.assertIn("| 1x32x32 | numeric_token_loss ntil |", text)
     self.assertIn("| emd |", text)
+
+  def test_fusion_kinds_count_the_kernels_in_loops(self):
+    """Only the entry's were counted: the fused path's chunk loop held 11
+    kernels more than its row said."""
+    from benchmarks import compile as compile_bench  # pylint: disable=g-import-not-at-top
+
+    def f(x, n):
+      def body(carry):
+        return jnp.sin(carry[0]) * 2 + jnp.cos(carry[0]), carry[1] + 1
+
+      return jax.lax.while_loop(lambda c: c[1] < n, body, (x, 0))[0]
+
+    compiled = jax.jit(f).lower(jnp.ones((64,)), 3).compile()
+    text = compiled.as_text()
+    # Every kernel, by hand: the entry's and the loop's.
+    loops = [line for line in text.splitlines() if " fusion(" in line]
+    kinds = compile_bench.fusion_kinds(compiled)
+    self.assertEqual(sum(kinds.values()), len(loops))
+    self.assertGreater(len(loops), 0)
+    entry = text[text.index("\nENTRY ") :].split("\n}")[0]
+    self.assertGreater(len(loops), entry.count(" fusion("))
 
   def test_compile_ratios_are_to_the_same_paths_references(self):
     from benchmarks import compile as compile_bench  # pylint: disable=g-import-not-at-top
