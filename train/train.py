@@ -90,21 +90,32 @@ def train_and_evaluate(config, workdir: str, *, start_over=False) -> dict:
     stack.enter_context(logs.drop_closed_loop_errors())
     if moved:
       logging.warning("--start_over: moved the previous run to %s", moved)
-    for warning in (
+    warnings = [
         checks.schedule_warning(config),
         checks.evaluation_warning(config),
         None if start_over else checks.unrecorded_run_warning(workdir),
         checks.legacy_dataset_warning(changes, config),
-    ):
-      if warning:
-        logging.warning("%s", warning)
-    if changes:
-      logging.info(
-          "resuming with a changed schedule, cadence, layout or location: %s",
-          ", ".join(f"{name} {old!r} -> {new!r}" for name, old, new in changes),
-      )
+    ]
     stack.enter_context(jax.set_mesh(mesh))
-    return _train(config, task, workdir, mesh)
+    return _train(
+        config, task, workdir, mesh, [w for w in warnings if w], changes
+    )
+
+
+def _log_start(warnings, changes):
+  """The config's warnings and resumed changes, once a restore succeeded.
+
+  Logged after the restore, so that a run refused at its start (a restore
+  that fails on a busy device or a full disk) leaves its workdir, logs
+  included, as it found it.
+  """
+  for warning in warnings:
+    logging.warning("%s", warning)
+  if changes:
+    logging.info(
+        "resuming with a changed schedule, cadence, layout or location: %s",
+        ", ".join(f"{name} {old!r} -> {new!r}" for name, old, new in changes),
+    )
 
 
 def check_finite(metrics, step, manager):
@@ -205,7 +216,7 @@ class _Progress:
       )
 
 
-def _train(config, task, workdir, mesh):
+def _train(config, task, workdir, mesh, warnings=(), changes=()):
   batch_sharding = NamedSharding(mesh, P(step_lib.BATCH_AXES))
 
   def to_global(local):
@@ -219,6 +230,7 @@ def _train(config, task, workdir, mesh):
   start_step = checkpoints.restore_latest(
       manager, model, optimizer, train_iter, workdir, require_digest=recorded
   )
+  _log_start(warnings, changes)
   if start_step > config.train_steps > 0:
     logging.warning(
         "the workdir's last checkpoint is at step %d, past train_steps=%d:"
