@@ -216,6 +216,7 @@ def fused_numeric_loss(
     chunk_size: Optional[int] = None,
     decimal_point_mask=None,
     implementation=None,
+    axis_name=None,
     **loss_kwargs,
 ) -> chex.Array:
   r"""Per-token ``CE + lam * numeric loss`` from hidden states.
@@ -255,6 +256,9 @@ def fused_numeric_loss(
       :func:`ntil_jax.numeric_token_loss`).
     implementation: how the vocabulary-wide statistics are computed: see
       :func:`fused_token_statistics` (``None``: the backend's default).
+    axis_name: inside ``jax.shard_map``, the mesh axes the batch is split
+      over, for ``weighting="reference"`` and ``"authors"`` (see
+      :func:`ntil_jax.numeric_token_loss`).
     **loss_kwargs: keyword arguments of the numeric loss.
 
   Returns:
@@ -324,6 +328,7 @@ def fused_numeric_loss(
       weighting=weighting,
       digit_token_ids=digit_token_ids,
       decimal_point_mask=flatten_batch(decimal_point_mask),
+      axis_name=axis_name,
       **loss_kwargs,
   )
   return per_token.reshape(labels.shape)

@@ -140,6 +140,7 @@ def numeric_token_loss(
     weighting: str = "sum",
     digit_token_ids=None,
     decimal_point_mask=None,
+    axis_name=None,
     **loss_kwargs,
 ) -> chex.Array:
   r"""Cross-entropy on every scored token plus ``lam`` times a numeric loss.
@@ -209,6 +210,14 @@ def numeric_token_loss(
       and end, so only NTIL's and DEL's place values and NTIL's number
       deviations; the per-digit losses of the other methods are the same
       with or without it.
+    axis_name: inside ``jax.shard_map``, the mesh axis name (or tuple of
+      names) the batch is split over: ``weighting="reference"`` and
+      ``"authors"`` sum CE and ``aux`` over it (``psum``) for the batch's
+      ratio ``w``; ``()`` when each shard holds the whole batch. Required
+      by those weightings inside ``shard_map`` (ValueError without it: a
+      shard's own ratio gives the right summed value and a wrong
+      gradient); not needed under ``jit`` with sharded inputs, where the
+      sums are global; unused by ``"sum"``.
     **loss_kwargs: keyword arguments of the numeric loss (``sigma``,
       ``alpha``, ``key``, ``eta``, ...; see ``LOSS_KEYWORDS``).
 
@@ -220,8 +229,10 @@ def numeric_token_loss(
   Raises:
     ValueError: as :func:`check_method` (a parameter that is NaN, inf or
       out of range), for bad shapes or digit ids, for a float mask (naming
-      it and its dtype) and for concrete labels ``>= V`` where
-      ``loss_mask`` is true (anywhere, without ``loss_mask``).
+      it and its dtype), for concrete labels ``>= V`` where
+      ``loss_mask`` is true (anywhere, without ``loss_mask``), and for
+      ``weighting="reference"`` or ``"authors"`` inside ``shard_map``
+      without ``axis_name``.
 
   Example:
     One call gives cross-entropy plus ``lam`` times the chosen loss:
@@ -271,6 +282,7 @@ def numeric_token_loss(
       weighting=weighting,
       digit_token_ids=digit_token_ids,
       decimal_point_mask=decimal_point_mask,
+      axis_name=axis_name,
       **loss_kwargs,
   )
 
@@ -377,6 +389,7 @@ def loss_from_statistics(
     weighting: str = "sum",
     digit_token_ids=None,
     decimal_point_mask=None,
+    axis_name=None,
     **loss_kwargs,
 ) -> chex.Array:
   """:func:`numeric_token_loss` from precomputed :class:`TokenStatistics`.
@@ -397,6 +410,7 @@ def loss_from_statistics(
     method: as in :func:`numeric_token_loss`.
     lam: as in :func:`numeric_token_loss`.
     weighting: as in :func:`numeric_token_loss`.
+    axis_name: as in :func:`numeric_token_loss`.
     digit_token_ids: as in :func:`numeric_token_loss`.
     decimal_point_mask: as in :func:`numeric_token_loss`.
     **loss_kwargs: as in :func:`numeric_token_loss`.
@@ -457,11 +471,33 @@ def loss_from_statistics(
       **loss_kwargs,
   )
   if weighting in ("reference", "authors"):
-    aux_total = jnp.sum(aux)
-    ratio = jnp.where(
-        aux_total > 0,
-        jnp.sum(ce) / jnp.where(aux_total > 0, aux_total, 1.0),
-        0.0,
-    )
-    aux = jax.lax.stop_gradient(ratio) * aux
+    aux = jax.lax.stop_gradient(_batch_ratio(ce, aux, axis_name)) * aux
   return ce + lam * aux
+
+
+def _batch_ratio(ce, aux, axis_name):
+  """``sum(ce) / sum(aux)`` over the whole batch (0 where ``aux`` sums to 0).
+
+  Inside ``shard_map`` each shard holds part of the batch: the two sums are
+  added over ``axis_name`` first, so that every shard scales by the batch's
+  ratio (a shard's own ratio gives the same summed value and another
+  gradient).
+  """
+  totals = jnp.stack([jnp.sum(ce), jnp.sum(aux)])
+  if axis_name is None:
+    manual = tuple(jax.sharding.get_abstract_mesh().manual_axes)
+    if manual:
+      raise ValueError(
+          "inside shard_map (manual mesh axes "
+          f"{manual}), weighting='reference' and 'authors' need axis_name:"
+          " the mesh axes the batch is split over, whose shards' sums"
+          " of CE and aux make the batch's ratio (a shard's own ratio"
+          " gives the same value and a wrong gradient); axis_name=() if"
+          " each shard holds the whole batch."
+      )
+  elif axis_name != ():
+    totals = jax.lax.psum(totals, axis_name)
+  ce_total, aux_total = totals[0], totals[1]
+  return jnp.where(
+      aux_total > 0, ce_total / jnp.where(aux_total > 0, aux_total, 1.0), 0.0
+  )

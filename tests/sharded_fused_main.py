@@ -6,6 +6,7 @@ each shard inside ``shard_map`` summed by ``psum``.
 Prints OK on success; raises otherwise. Called by tests/test_sharded_fused.py.
 """
 
+import functools
 import os
 
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "4")
@@ -100,7 +101,72 @@ def main():
     scale = np.abs(w_).max()
     np.testing.assert_allclose(g, w_, rtol=1e-5, atol=1e-6 * scale)
   check_each_implementation(mesh, put, replicate)
+  check_batch_weightings(mesh, put, replicate)
   print("OK")
+
+
+def check_batch_weightings(mesh, put, replicate):
+  """The NTIL authors' weightings scale by the whole batch's CE / aux.
+
+  Inside ``shard_map`` a shard's own ratio gives the same summed value and
+  another gradient: the sums are added over ``axis_name``, and without it
+  the call is refused.
+  """
+  axes = mesh.axis_names
+  hidden, unembedding, labels, digit_mask = hidden_case(5, 8, 21, 16, 48)
+  cases = [("fused", "reference"), ("fused", "authors"), ("logits", "authors")]
+  for path, weighting in cases:
+
+    def loss(
+        h, w, labels_, digit_mask_, axis_name, path=path, weighting=weighting
+    ):
+      kwargs = dict(
+          loss_mask=labels_ >= 0, weighting=weighting, axis_name=axis_name
+      )
+      if path == "fused":
+        return ntil_jax.fused_numeric_loss(
+            h, w, labels_, digit_mask_, chunk_size=16, **kwargs
+        )
+      return ntil_jax.numeric_token_loss(
+          h @ w, labels_, digit_mask=digit_mask_, **kwargs
+      )
+
+    def shard_total(h, w, labels_, digit_mask_, axis_name, loss=loss):
+      return jax.lax.psum(
+          loss(h, w, labels_, digit_mask_, axis_name).sum(), axes
+      )
+
+    want, want_grads = jax.jit(
+        jax.value_and_grad(
+            lambda h, w, loss=loss: loss(h, w, labels, digit_mask, None).sum(),
+            argnums=(0, 1),
+        )
+    )(hidden, unembedding)
+    args = (put(hidden), replicate(unembedding), put(labels), put(digit_mask))
+    for axis_name in (axes, None):
+      total = jax.shard_map(
+          functools.partial(shard_total, axis_name=axis_name),
+          mesh=mesh,
+          in_specs=(P(axes), P(), P(axes), P(axes)),
+          out_specs=P(),
+      )
+      step = jax.jit(jax.value_and_grad(total, argnums=(0, 1)))
+      with jax.set_mesh(mesh):
+        if axis_name is None:
+          try:
+            step(*args)
+          except ValueError as error:
+            assert "need axis_name" in str(error), error
+          else:
+            raise AssertionError(f"{path} {weighting}: no axis_name accepted")
+          continue
+        got, got_grads = step(*args)
+      np.testing.assert_allclose(got, want, rtol=1e-5)
+      for g, w_ in zip(got_grads, want_grads):
+        scale = np.abs(w_).max()
+        np.testing.assert_allclose(
+            g, w_, rtol=1e-5, atol=1e-6 * scale, err_msg=f"{path} {weighting}"
+        )
 
 
 def check_each_implementation(mesh, put, replicate):
