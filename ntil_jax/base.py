@@ -163,6 +163,12 @@ def _whole_sequence_loss(
 ):
   position_axis = labels.ndim - 1
   whole = functools.partial(numbers.whole_sequence, axis=position_axis)
+  if spec is not None:  # [..., T, K] -> [..., T, C, 10] before any gather
+    stats = stats._replace(
+        digit_logits=chunks.token_digit_logits(
+            stats.digit_logits, labels, digit_mask, digit_token_ids, spec
+        )
+    )
   whole_stats = statistics.TokenStatistics(
       *(None if field is None else whole(field) for field in stats)
   )

@@ -311,6 +311,22 @@ class TokenCells(NamedTuple):
 def token_cells(labels, mask, ids, spec: Spec) -> TokenCells:
   """The :class:`TokenCells` of ``[B, T]`` labels; ``mask``: where numbers
   are scored; ``ids``: the number tokens' ids in ``spec``'s order."""
+  cells, count = _own_cells(labels, mask, ids, spec)
+  cell = np.arange(spec.slots_per_token, dtype=np.int32)
+  start = jnp.cumsum(count, axis=-1) - count
+  size = spec.slots_per_token * labels.shape[-1]
+  return cells._replace(
+      dest=jnp.where(cell < count[..., None], start[..., None] + cell, size)
+  )
+
+
+def _own_cells(labels, mask, ids, spec: Spec):
+  """Each token's cells as far as they are its own, and its slot count.
+
+  Elementwise along T (no ``dest``, which counts the slots before the
+  token): ``[..., T]`` labels of any leading shape, split over the mesh or
+  not.
+  """
   wide = jnp.int64 if labels.dtype.itemsize > 4 else jnp.int32
   matches = labels.astype(wide)[..., None] == ids.astype(wide)
 
@@ -329,16 +345,27 @@ def token_cells(labels, mask, ids, spec: Spec) -> TokenCells:
   place = jnp.clip(width[..., None] - 1 - digit, 0, MAX_WIDTH - 1)
   digit_value = (value[..., None] // 10 ** place.astype(value.dtype)) % 10
   count = jnp.where(is_number, width + separator, 1)
-  start = jnp.cumsum(count, axis=-1) - count
-  size = spec.slots_per_token * labels.shape[-1]
-  return TokenCells(
+  cells = TokenCells(
       is_number=is_number,
       width=width,
       digit=digit,
       is_digit=is_digit,
       label=jnp.where(is_digit, digit_value, _OTHER),
-      dest=jnp.where(cell < count[..., None], start[..., None] + cell, size),
+      dest=None,
   )
+  return cells, count
+
+
+def token_digit_logits(number_logits, labels, mask, ids, spec: Spec):
+  """``[..., T, C, 10]``: each cell's digit logits, from the ``[..., T, K]``
+  number-token logits (``mask``: where numbers are scored, None for all).
+
+  Token by token, so that a sequence split over the mesh gathers these
+  ``C * 10`` values per token for the number logic, not the ``K``.
+  """
+  mask = jnp.ones(labels.shape, bool) if mask is None else mask != 0
+  cells, _ = _own_cells(labels, mask, ids, spec)
+  return cell_digit_logits(number_logits, cells, spec)
 
 
 def cell_digit_logits(number_logits, cells: TokenCells, spec: Spec):
@@ -383,7 +410,8 @@ class Slots(NamedTuple):
 
 
 def digit_slots(stats, labels, mask, ids, spec, decimal_point_mask) -> Slots:
-  """The :class:`Slots` of ``[..., T]`` labels and their statistics."""
+  """The :class:`Slots` of ``[..., T]`` labels and their statistics, whose
+  ``digit_logits`` are :func:`token_digit_logits` (``[..., T, C, 10]``)."""
   shape = labels.shape
   rows, length = int(np.prod(shape[:-1], dtype=np.int64)), shape[-1]
   flat = lambda x: x.reshape((rows, length) + x.shape[len(shape) :])
@@ -405,7 +433,7 @@ def digit_slots(stats, labels, mask, ids, spec, decimal_point_mask) -> Slots:
   if decimal_point_mask is not None:
     point = (flat(decimal_point_mask) != 0) & ~cells.is_number
     points = scatter(point[..., None] & (np.arange(per) == 0), False)
-  digit_logits = cell_digit_logits(flat(stats.digit_logits), cells, spec)
+  digit_logits = flat(stats.digit_logits)
   log_norm = stats.log_norm  # None for a loss that reads the digits alone
   return Slots(
       stats=type(stats)(

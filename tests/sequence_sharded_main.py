@@ -108,7 +108,40 @@ def main():
       # Only [B, T] and [B, T, 10] arrays are gathered, never the logits.
       gathered = re.findall(r"= \w+\[([\d,]*)\]\S* all-gather", program)
       assert not any(s.endswith(f",{VOCAB}") for s in gathered), gathered
+  check_number_tokens(meshes[AxisType.Explicit])
   print("OK")
+
+
+def check_number_tokens(mesh):
+  """Numbers in tokens of 1-2 digits across the shards of a sequence: the
+  ``[B, T, K]`` number-token logits are reduced to each token's digit cells
+  before the gather, as the logits are never gathered."""
+  pieces = [str(d) for d in range(10)] + [f"{v:02d}" for v in range(100)]
+  pieces += ["+", "=", "x"] + [f"<{i}>" for i in range(15)]
+  ids = ntil_jax.number_tokens(pieces)
+  rng = np.random.default_rng(11)
+  logits = rng.normal(size=(4, 16, len(pieces))).astype(np.float32)
+  labels = rng.integers(-1, len(pieces), (4, 16)).astype(np.int32)
+
+  def total(z, labels_):
+    loss = ntil_jax.numeric_token_loss(z, labels_, digit_token_ids=ids)
+    return loss.sum(), loss
+
+  step = jax.jit(jax.value_and_grad(total, has_aux=True))
+  (_, want), want_grad = step(logits, labels)
+  spec = P("data", "seq")
+  with jax.set_mesh(mesh):
+    sharded = [
+        jax.device_put(x, NamedSharding(mesh, spec)) for x in (logits, labels)
+    ]
+    compiled = step.lower(*sharded).compile()
+    (_, got), got_grad = compiled(*sharded)
+  np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+  np.testing.assert_allclose(got_grad, want_grad, rtol=1e-5, atol=1e-6)
+  gathered = re.findall(r"= \w+\[([\d,]*)\]\S* all-gather", compiled.as_text())
+  assert gathered, "nothing gathered: the numbers were cut at the shards"
+  widths = {int(s.rsplit(",", 1)[-1]) for s in gathered if "," in s}
+  assert not widths & {110, len(pieces)}, gathered
 
 
 if __name__ == "__main__":
