@@ -526,7 +526,10 @@ def test_bad_variant_refused(tmp_path):
       check=False,
   )
   assert result.returncode != 0
-  assert "--module is for arithmetic_mix" in result.stderr
+  # One line, not the flags' help with the message at its end.
+  assert result.stderr.strip().splitlines() == [
+      "error: --module is for arithmetic_mix, not --task=clock_time."
+  ]
 
 
 # --- training batches --------------------------------------------------------

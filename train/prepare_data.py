@@ -100,9 +100,9 @@ def main(argv: list[str]) -> None:
         config.seed,
         **_options(config, prepare),
     )
-  except ValueError as error:
-    raise app.UsageError(str(error)) from error
-  except ImportError as error:  # the task's generator is not installed
+  except (ValueError, ImportError) as error:
+    # A bad size or option, or the task's generator not installed: one
+    # line, not the flags' help above it.
     raise SystemExit(f"error: {error}") from error
   print(path)
 
