@@ -152,6 +152,32 @@ def test_a_run_never_evaluated_is_named():
 
 
 @pytest.mark.parametrize(
+    "changes, decay, expected",
+    [
+        ([("train_steps", 100, 200)], 0, "decay now ends at step 200, not 100"),
+        ([("train_steps", 100, 200)], 100, None),  # the schedule fixed
+        ([("train_steps", 100, 200), ("lr_decay_steps", 0, 150)], 150, None),
+        ([("eval_every_steps", 10, 20)], 0, None),
+        ([], 0, None),
+    ],
+)
+def test_a_resumed_run_whose_decay_moves_with_train_steps_is_named(
+    changes, decay, expected
+):
+  """Extending train_steps with lr_decay_steps=0 changed the schedule of the
+  remaining steps with only an INFO line."""
+  from train import checks  # pylint: disable=g-import-not-at-top
+
+  config = arithmetic_mix.get_config("ce")
+  config.lr_decay_steps = decay
+  warning = checks.horizon_warning(changes, config)
+  if expected is None:
+    assert warning is None
+  else:
+    assert expected in warning and "--config.lr_decay_steps=100" in warning
+
+
+@pytest.mark.parametrize(
     "warmup, steps, minimum, expected",
     [
         (100, 2000, 0, 100),  # ten times the warmup or more: kept

@@ -417,6 +417,32 @@ def legacy_dataset_warning(changes, config) -> str | None:
   )
 
 
+def horizon_warning(changes, config) -> str | None:
+  """A warning where a resumed run's decay horizon moves with train_steps.
+
+  With ``lr_decay_steps=0`` the cosine decay runs to ``train_steps``: a run
+  resumed with another ``train_steps`` trains its remaining steps on the new
+  horizon after its first ones followed the old (a finished run's rate
+  rises again). A changed ``lr_decay_steps`` is the user's own word and is
+  not named.
+  """
+  changed = {name: (old, new) for name, old, new in changes}
+  if (
+      "train_steps" not in changed
+      or "lr_decay_steps" in changed
+      or config.lr_decay_steps
+  ):
+    return None
+  old, new = changed["train_steps"]
+  return (
+      f"train_steps {old} -> {new} with lr_decay_steps=0: the learning"
+      f" rate's decay now ends at step {new}, not {old}, so the resumed"
+      " steps follow another schedule than the steps trained (the run is"
+      f" neither {old} nor {new} steps straight);"
+      f" --config.lr_decay_steps={old} keeps the schedule it had."
+  )
+
+
 def check_resumable(config, workdir) -> list:
   """The resumable changes from the run recorded in ``workdir``.
 
