@@ -546,7 +546,7 @@ def test_sigterm_during_a_save_lets_it_finish_and_stops_there(
   original = checkpoints.save_checkpoint
 
   def signal_then_save(manager, step, *args, **kwargs):
-    if step == 4:  # the signal arrives while this save is under way
+    if step in (4, 6):  # the signal arrives while this save is under way
       os.kill(os.getpid(), signal.SIGTERM)
       time.sleep(0.2)
     return original(manager, step, *args, **kwargs)
@@ -556,6 +556,11 @@ def test_sigterm_during_a_save_lets_it_finish_and_stops_there(
   assert result["stopped_early"] and result["signal"] == signal.SIGTERM
   assert result["step"] == 4
   assert rundir.saved_steps(str(tmp_path))[-1] == 4
+  # In the last save, after the last evaluation: the run is complete, and
+  # is not reported stopped (exit 128 + N: a scheduler would run it again).
+  resumed = train.train_and_evaluate(config, str(tmp_path))
+  assert not resumed["stopped_early"] and resumed["step"] == 6
+  assert rundir.saved_steps(str(tmp_path))[-1] == 6
 
 
 def test_a_signal_during_an_evaluation_stops_it(

@@ -95,6 +95,7 @@ def train_and_evaluate(config, workdir: str, *, start_over=False) -> dict:
         checks.evaluation_warning(config),
         None if start_over else checks.unrecorded_run_warning(workdir),
         checks.legacy_dataset_warning(changes, config),
+        checks.horizon_warning(changes, config),
     ]
     stack.enter_context(jax.set_mesh(mesh))
     return _train(
@@ -299,6 +300,7 @@ def _train(config, task, workdir, mesh, warnings=(), changes=()):
     watch.__enter__()
     saved_step = start_step
     in_flight = None
+    final_eval = False  # the run's last evaluation made, whole
     agreed = None  # the signal that stops every process at this step
     agreement = signals.StopAgreement(
         to_global, config.batch_size // jax.process_count()
@@ -349,6 +351,7 @@ def _train(config, task, workdir, mesh, warnings=(), changes=()):
           agreed = agreement.agreed
           break
         last_eval = evaluated
+        final_eval = is_last
       if step % config.checkpoint_every_steps == 0 or is_last:
         save(metrics, logged)
         saved_step = step
@@ -374,11 +377,25 @@ def _train(config, task, workdir, mesh, warnings=(), changes=()):
           agreed = agreement.agreed
         else:
           last_eval = evaluated
+          final_eval = True
     with stop.grace():
       manager.wait_until_finished()
     stop.check()
     if agreed is None and stop.requested:  # a signal while the last save ended
       agreed = stop.signum
+    if (
+        agreed is not None
+        and step >= config.train_steps
+        and (final_eval or not config.eval_every_steps)
+    ):
+      # Trained, evaluated and saved to the end: the signal stopped nothing
+      # (a rerun would only evaluate the finished run again).
+      logging.warning(
+          "signal %d arrived as the run ended; it is complete at step %d.",
+          agreed,
+          step,
+      )
+      agreed = None
   except (errors.Interrupted, errors.TrainingError):
     interrupted = True
     raise
