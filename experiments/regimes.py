@@ -125,7 +125,7 @@ def regime_table(groupings, columns, rows, first="", apart=True):
       if not d:  # no value, reference (CE's row) or common seed
         cells += [text, ""][: 1 + apart]
         continue
-      delta = tables.delta(d, metric.digits, "p = {:.3f}".format)
+      delta = tables.delta(d, metric.digits, stats.p_equals)
       inline = f"{text} ({delta.replace(' (', ': ', 1)}"  # text (Δ: b/n, p)
       cells += [text, delta] if apart else [inline]
     body.append(cells)

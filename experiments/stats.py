@@ -87,6 +87,25 @@ def curve_area(run, metric="exact_match"):
   return float(area / steps[-1])
 
 
+def p_value(p, coarse=False) -> str:
+  """``< 0.001``, ``0.003``, ``0.048`` or ``0.420`` (``coarse``: ``0.42``,
+  two decimals from 0.1 up): three decimals below 0.1, so that the side of
+  0.05 shows, and a fourth where rounding would carry a p onto 0.05 or 0.1
+  from below (0.0496, not 0.050)."""
+  if p < 0.001:
+    return "< 0.001"
+  text = f"{p:.2f}" if coarse and p >= 0.1 else f"{p:.3f}"
+  if any((p < line) != (float(text) < line) for line in (0.05, 0.1)):
+    text = f"{p:.4f}"
+  return text
+
+
+def p_equals(p, coarse=False) -> str:
+  """``p < 0.001`` or ``p = `` and `p_value`."""
+  text = p_value(p, coarse)
+  return f"p {text}" if text.startswith("<") else f"p = {text}"
+
+
 def paired(runs, reference, metric, scale=100, higher_better=True):
   """Paired difference of ``runs`` to ``reference`` ({seed: run}) in
   ``metric`` (`value`; a `Metric`: its field, scale and direction) times

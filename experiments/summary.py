@@ -187,18 +187,10 @@ def _delta(grouped, key, read) -> str:
   d = versus_ce(grouped, key, read)
   if not d:
     return "–"
-  text = tables.delta(d, 1, p_text)
+  text = tables.delta(d, 1, functools.partial(stats.p_equals, coarse=True))
   text = f"**{text}**" if d["p"] < 0.05 else text
   apart = paired_across(grouped[key], grouped["ce"])
   return text + ACROSS if apart else text
-
-
-def p_text(p) -> str:
-  """``p < 0.001``, ``p = 0.003``, ``p = 0.048`` or ``p = 0.42``: three
-  decimals below 0.1, so that the side of 0.05 shows."""
-  if p < 0.001:
-    return "p < 0.001"
-  return f"p = {p:.3f}" if p < 0.1 else f"p = {p:.2f}"
 
 
 def steps(grouped) -> int:
@@ -262,8 +254,10 @@ def recorded(root=ROOT):
 
 def interval(d, level=0.95) -> float:
   """Half the width of a paired difference's t confidence interval (nan
-  with one seed)."""
-  if d["n"] < 2 or np.isnan(d["std"]):
+  with one seed, and where every seed's difference is the same: no spread
+  for a t interval, whose width 0 would read as certain; its p is the
+  sign test's)."""
+  if d["n"] < 2 or np.isnan(d["t"]):
     return float("nan")
   t = scipy_stats.t.ppf(0.5 + level / 2, d["n"] - 1)
   return float(t * d["std"] / np.sqrt(d["n"]))
@@ -280,7 +274,8 @@ SINGLE = dict(marker="o", markersize=4, markerfacecolor="none", linestyle="")
 LEGEND = dict(fontsize=7, loc="lower center", bbox_to_anchor=(-0.05, 1.04))
 LEGEND.update(ncol=len(LOSSES), frameon=False)
 XLABEL = """paired difference to CE, points (mean over seeds;
-bars: 95% paired t interval; hollow: one seed, no interval)"""
+bars: 95% paired t interval; hollow: no interval, one seed or every
+seed's difference the same)"""
 
 
 def figure(out_path, root=ROOT) -> str:
@@ -314,7 +309,7 @@ def figure(out_path, root=ROOT) -> str:
           label=label,
           **DOTS,
       )
-      # One seed: no interval, a hollow marker (not a certain difference).
+      # No interval (one seed, or no spread): a hollow marker.
       ax.plot(means[~tested], ys[~tested], color=color, **SINGLE)
     ax.axvline(0, color="black", linewidth=0.8)
     for position in range(1, len(cells)):

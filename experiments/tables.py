@@ -31,10 +31,13 @@ def paired_cells(runs, reference, metric, short=False):
     return [none] * 3
   std = "" if np.isnan(d["std"]) else f" ± {d['std']:.{digits}f}"
   statistic = "sign" if np.isnan(d["t"]) else f"{d['t']:+.2f}"
-  test = f"{statistic} (p = {d['p']:.3f})"
-  if short:
-    test = f"{d['p']:.3f}" if statistic != "sign" else f"sign {d['p']:.3f}"
-  test = none if np.isnan(d["p"]) else test
+  if np.isnan(d["p"]):
+    test = none
+  elif short:
+    test = stats.p_value(d["p"])
+    test = f"sign {test}" if statistic == "sign" else test
+  else:
+    test = f"{statistic} ({stats.p_equals(d['p'])})"
   return [f"{d['mean']:+.{digits}f}{std}", f"{d['better']}/{d['n']}", test]
 
 
@@ -135,8 +138,8 @@ def beats(d, higher=True) -> bool:
 def verdict(d, higher=True, style="") -> str:
   """A paired difference in words: `tables.md`'s section
   ``verdict{style}_{kind}`` with its `direction`."""
-  p_text = "-" if np.isnan(d["p"]) else f"{d['p']:.3f}"
-  said = dict(direction=direction(d, higher), p=d["p"], p_text=p_text)
+  p_text = "p = -" if np.isnan(d["p"]) else stats.p_equals(d["p"])
+  said = dict(direction=direction(d, higher), p_text=p_text)
   return prose.text(__file__, f"verdict{style}_{kind(d)}", **said)
 
 

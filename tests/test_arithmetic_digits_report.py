@@ -476,7 +476,7 @@ def test_verdict_significant_on_average_but_not_every_seed():
   assert tables.kind(d) == "significant"
   unanimous = dict(mean=-7.75, n=5, better=0, p=0.0004)
   assert tables.verdict(unanimous) == (
-      "worse, beyond seed noise (p = 0.000, every seed)"
+      "worse, beyond seed noise (p < 0.001, every seed)"
   )
 
 

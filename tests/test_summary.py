@@ -4,8 +4,10 @@ import json
 import math
 import pathlib
 
+import numpy as np
 import pytest
 
+from experiments import stats
 from experiments import summary
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -79,10 +81,12 @@ def test_interval_and_figure(tmp_path):
   # NTIL - CE: +10 and 0 points on 2 seeds: mean 5, sd 5 * sqrt(2); the
   # 97.5% point of Student's t with 1 degree of freedom is 12.7062, so the
   # half width is 12.7062 * 5 * sqrt(2) / sqrt(2) = 63.53.
-  d = dict(n=2, mean=5.0, std=5.0 * 2**0.5)
+  d = dict(n=2, mean=5.0, std=5.0 * 2**0.5, t=1.0)
   assert summary.interval(d) == pytest.approx(63.531, abs=1e-3)
   # One seed has no interval.
-  assert math.isnan(summary.interval(dict(n=1, mean=5.0, std=float("nan"))))
+  assert math.isnan(
+      summary.interval(dict(n=1, mean=5.0, std=float("nan"), t=float("nan")))
+  )
   runs = [
       clock("ce", 0, [0.2, 0.5]),
       clock("ce", 1, [0.2, 0.6]),
@@ -96,11 +100,27 @@ def test_interval_and_figure(tmp_path):
 
 def test_p_shows_which_side_of_005_it_is():
   # 0.048 and 0.052 both printed "p = 0.05", one bold and one not.
-  assert summary.p_text(0.048) == "p = 0.048"
-  assert summary.p_text(0.052) == "p = 0.052"
-  assert summary.p_text(0.0061) == "p = 0.006"
-  assert summary.p_text(0.42) == "p = 0.42"
-  assert summary.p_text(0.0004) == "p < 0.001"
+  assert stats.p_equals(0.048) == "p = 0.048"
+  assert stats.p_equals(0.052) == "p = 0.052"
+  assert stats.p_equals(0.0061) == "p = 0.006"
+  assert stats.p_equals(0.42, coarse=True) == "p = 0.42"
+  assert stats.p_equals(0.42) == "p = 0.420"
+  assert stats.p_equals(0.0004) == "p < 0.001"
+  # Rounding never carries a p onto 0.05 or 0.1 from below (0.0496 read
+  # "p = 0.050" in bold), nor prints "0.000" for p < 0.001.
+  assert stats.p_equals(0.0496) == "p = 0.0496"
+  assert stats.p_equals(0.0996, coarse=True) == "p = 0.0996"
+  assert stats.p_equals(0.0501) == "p = 0.050"
+  assert stats.p_value(0.0002) == "< 0.001"
+
+
+def test_no_spread_draws_no_interval():
+  """Every seed's difference the same: a zero-width t interval would read
+  as certain, where the p is the sign test's (0.25 with 3 seeds)."""
+  d = dict(n=3, mean=-0.05, std=0.0, t=float("nan"), p=0.25)
+  assert np.isnan(summary.interval(d))
+  d = dict(n=3, mean=1.0, std=0.5, t=3.46, p=0.07)
+  assert summary.interval(d) > 0
 
 
 def test_readme_shows_the_figure():

@@ -297,7 +297,7 @@ class Grid:
           apart.append(
               f"{label(k)}, {name.replace(' (pts)', '')} "
               f"({d['mean']:+.{digits}f}{unit}, {way} on every seed, "
-              f"p = {d['p']:.3f})"
+              f"{stats.p_equals(d['p'])})"
           )
     fields = dict(apart="; ".join(apart) or "none", tested=tested)
     return lines + prose.section(
@@ -334,7 +334,7 @@ class Grid:
         within="; ".join(within) or "none",
         ahead="; ".join(ahead) or "nothing",
         tested=tested,
-        chance=tested / 20,
+        chance=tested / 40,
     )
 
 

@@ -201,7 +201,7 @@ def convergence_lines(converged):
     steps, values = curves["eval_steps"], curves["exact_match"]
     i = int(np.argmin(np.abs(np.array(steps) - 0.75 * steps[-1])))
     gains.append((seed, steps[i], 100 * values[i], 100 * values[-1]))
-  gain = "seed {}: {:.1f}% at step {} -> {:.1f}% (+{:.1f})".format
+  gain = "seed {}: {:.1f}% at step {} -> {:.1f}% ({:+.1f})".format
   text = "; ".join(gain(s, a, i, b, b - a) for s, i, a, b in gains)
   mean = np.mean([b - a for *_, a, b in gains])
   lines = prose.section(__file__, "convergence_ce", gains=text, mean=mean)
