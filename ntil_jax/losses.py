@@ -217,7 +217,9 @@ def numeric_token_loss(
       by those weightings inside ``shard_map`` (ValueError without it: a
       shard's own ratio gives the right summed value and a wrong
       gradient); not needed under ``jit`` with sharded inputs, where the
-      sums are global; unused by ``"sum"``.
+      sums are global; unused by ``"sum"``. Under ``jax.vmap`` each slice
+      takes its own ratio unless this names the vmap's ``axis_name``. A
+      name bound by neither raises JAX's NameError.
     **loss_kwargs: keyword arguments of the numeric loss (``sigma``,
       ``alpha``, ``key``, ``eta``, ...; see ``LOSS_KEYWORDS``).
 
