@@ -9,10 +9,12 @@ import numpy as np
 # The most digits a number token may write for the losses
 # (:mod:`ntil_jax.chunks`).
 MAX_WIDTH = 4
-# How tokenizers spell a lone digit, most specific first: plain, SentencePiece
-# word start, GPT-2 byte-level word start, WordPiece continuation, byte
-# fallback (Llama/Gemma), and the same with a space.
-_SPELLINGS = ("{d}", "\u2581{d}", "\u0120{d}", "##{d}", "<0x3{d}>", " {d}")
+# How tokenizers spell a lone digit, most specific first: plain, WordPiece
+# continuation, byte fallback (Llama/Gemma); then the word starts
+# (SentencePiece's, GPT-2 byte-level's, a space), looked for only to refuse
+# them by name (each such token starts a number of its own).
+_SPELLINGS = ("{d}", "##{d}", "<0x3{d}>")
+_WORD_START_SPELLINGS = ("\u2581{d}", "\u0120{d}", " {d}")
 
 
 def _lookup(vocab) -> dict:
@@ -50,26 +52,31 @@ def digit_token_ids(vocab) -> np.ndarray:
 
   Returns:
     int32 array ``[10]``; entry ``k`` is the id of digit ``k``. For each digit
-    the first spelling found among ``"k"``, ``"\u2581k"``, ``"\u0120k"``,
-    ``"##k"``, ``"<0x3k>"``, ``" k"`` is used.
+    the first spelling found among ``"k"``, ``"##k"`` (WordPiece's
+    continuation) and ``"<0x3k>"`` (byte fallback) is used.
 
   Raises:
     ValueError: if a digit has no token, listing the missing digits, if a
-      digit's id is not an integer >= 0, or if two digits share an id.
+      digit's id is not an integer >= 0, or if two digits share an id; and
+      where a digit is written only as a word start (``"\u2581k"``,
+      ``"\u0120k"``, ``" k"``): such tokens start a word each, so that two
+      in a row are two numbers (``"\u25811\u25812"`` is " 1 2", not 12),
+      which ten digit ids cannot say; :func:`number_tokens` can (pass it as
+      ``digit_token_ids=``).
 
   The vocabulary may be smaller than the model's logits (padded embeddings):
   the losses take V from the logits, so these ids just have to be below it.
 
   Example:
-    A SentencePiece-style vocabulary where digits start words:
+    A SentencePiece-style vocabulary with byte-fallback digits:
 
-    >>> pieces = ["<s>", "</s>", *(f"\u2581{d}" for d in range(10)), "+"]
+    >>> pieces = ["<s>", "</s>", *(f"<0x3{d}>" for d in range(10)), "+"]
     >>> digit_token_ids(pieces).tolist()
     [2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
     >>> digit_token_ids({"1": 7})
     Traceback (most recent call last):
     ...
-    ValueError: no token for digit(s) 0, 2, 3, 4, 5, 6, 7, 8, 9 in a vocabulary of 1 entries (looked for spellings like ['0', '\u25810', '\u01200', '##0', '<0x30>', ' 0']).
+    ValueError: no token for digit(s) 0, 2, 3, 4, 5, 6, 7, 8, 9 in a vocabulary of 1 entries (looked for spellings like ['0', '##0', '<0x30>']).
   """
   lookup = _lookup(vocab)
   ids, missing = [], []
@@ -84,6 +91,20 @@ def digit_token_ids(vocab) -> np.ndarray:
       _check_token_id(piece, lookup[piece])
     ids.append(None if piece is None else lookup[piece])
   if missing:
+    word_starts = [
+        s.format(d=d)
+        for d in missing
+        for s in _WORD_START_SPELLINGS
+        if s.format(d=d) in lookup
+    ]
+    if word_starts:
+      raise ValueError(
+          f"digit(s) {', '.join(missing)} are written only as word starts "
+          f"({', '.join(map(repr, word_starts[:3]))}): each such token "
+          "starts a number of its own (two in a row are ' 1 2', not 12), "
+          "which ten digit ids cannot say. Pass "
+          "ntil_jax.number_tokens(vocab) as digit_token_ids= instead."
+      )
     raise ValueError(
         f"no token for digit(s) {', '.join(missing)} in a vocabulary of "
         f"{len(lookup)} entries (looked for spellings like "

@@ -792,14 +792,33 @@ class DigitTokenIdsTest(parameterized.TestCase):
     np.testing.assert_array_equal(
         ntil_jax.digit_token_ids(hf), np.arange(100, 110)
     )
-    sentencepiece = ["<unk>", "<s>"] + [f"\u2581{d}" for d in range(10)]
+    sentencepiece = ["<unk>", "<s>", "\u25813"] + [str(d) for d in range(10)]
     np.testing.assert_array_equal(
-        ntil_jax.digit_token_ids(sentencepiece), np.arange(2, 12)
+        ntil_jax.digit_token_ids(sentencepiece), np.arange(3, 13)
+    )
+    wordpiece = {"1": 4, **{f"##{d}": 20 + d for d in range(10)}}
+    np.testing.assert_array_equal(
+        ntil_jax.digit_token_ids(wordpiece), [20, 4, *range(22, 30)]
     )
     byte_fallback = {f"<0x3{d}>": 3 + d for d in range(10)}
     np.testing.assert_array_equal(
         ntil_jax.digit_token_ids(byte_fallback), np.arange(3, 13)
     )
+
+  @parameterized.parameters("\u2581", "\u0120", " ")
+  def test_digits_written_only_as_word_starts_are_refused(self, marker):
+    # Each such token starts a word: "▁1▁2" is " 1 2", two numbers, which
+    # ten digit ids would score as 12 (against 13: 1/14, not 2 vs 3's 1/4).
+    pieces = ["<s>", "</s>", *(f"{marker}{d}" for d in range(10)), "+"]
+    with self.assertRaisesRegex(ValueError, "only as word starts.*number_tok"):
+      ntil_jax.digit_token_ids(pieces)
+    labels = jnp.array([[3, 4]])
+    logits = jnp.full((1, 2, 13), -10.0).at[0, 0, 3].set(10.0)
+    logits = logits.at[0, 1, 5].set(10.0)  # " 1 3"
+    parts = ntil_jax.ntil_components(
+        logits, labels, digit_token_ids=ntil_jax.number_tokens(pieces)
+    )
+    np.testing.assert_allclose(parts.relative, [[0.0, 0.25]], rtol=1e-6)
 
   def test_missing_digits(self):
     vocab = {str(d): d for d in range(10) if d not in (4, 7)}
