@@ -228,10 +228,21 @@ class SelectionTest(parameterized.TestCase):
 
   def test_chunk_size_only_with_chunked(self):
     hidden, unembedding, labels, _, _ = case()
-    with self.assertRaisesRegex(ValueError, "chunk_size applies"):
-      ntil_jax.fused_numeric_loss(
-          hidden, unembedding, labels, chunk_size=8, implementation="tokamax"
-      )
+
+    def own_kernel(h, label, w):  # a per-token CE, which takes no chunks
+      logits = h @ w
+      picked = jnp.take_along_axis(logits, label[:, None], -1)[:, 0]
+      return jax.nn.logsumexp(logits, -1) - picked
+
+    for implementation in ("tokamax", own_kernel):
+      with self.assertRaisesRegex(ValueError, "chunk_size applies"):
+        ntil_jax.fused_numeric_loss(
+            hidden,
+            unembedding,
+            labels,
+            chunk_size=8,
+            implementation=implementation,
+        )
 
   def test_missing_tokamax_says_how_to_install(self):
     hidden, unembedding, labels, _, _ = case()

@@ -63,9 +63,11 @@ def check(implementation, chunk_size=None, vocab_size=None) -> None:
   :data:`~ntil_jax.kernels.tokamax_ce.CHUNKED_XLA_VOCAB_MULTIPLE`), as the
   kernel would when traced: a trainer checks it before it starts.
   """
-  if implementation is None or callable(implementation):
+  if implementation is None:
     return
-  if not isinstance(implementation, str) or implementation not in NAMES:
+  if not callable(implementation) and (
+      not isinstance(implementation, str) or implementation not in NAMES
+  ):
     raise ValueError(
         f"implementation must be None, a callable or one of "
         f"{', '.join(NAMES)}; got {implementation!r}."
@@ -75,6 +77,8 @@ def check(implementation, chunk_size=None, vocab_size=None) -> None:
         f"chunk_size applies to implementation='chunked' only, not "
         f"{implementation!r}."
     )
+  if callable(implementation):
+    return
   _, _, name = implementation.partition(":")
   if vocab_size is not None and name:
     tokamax_ce.check_vocab_size(name, vocab_size)
