@@ -116,7 +116,7 @@ def soft_digit_targets(digit_values, *, eta: float, width: float):
   .. math:: \psi_k(y) = \frac{e^{-(k-y)^2 / 2w^2}}{\sum_j e^{-(j-y)^2/2w^2}}
 
   Returns ``[..., 10]`` float32 rows that sum to 1. ``eta`` must be in
-  ``[0, 1]`` and ``width > 0`` (ValueError otherwise, for concrete values).
+  ``[0, 1]`` and ``width >= 1e-30`` (ValueError otherwise, for concrete values).
 
   Example:
     >>> import jax.numpy as jnp
@@ -157,7 +157,7 @@ def soft_label_cross_entropy(
   :func:`soft_digit_targets`), after the soft-labeling poster (Wang et al.,
   Amazon AGI). The poster does not give :math:`\eta` or the width; the
   defaults here are a reasonable middle (not tuned). Arguments and result as
-  in :func:`ntil_loss`; ``eta`` in ``[0, 1]``, ``width > 0``.
+  in :func:`ntil_loss`; ``eta`` in ``[0, 1]``, ``width >= 1e-30``.
 
   Example:
     With ``eta=0`` the labels are one-hot: token cross-entropy on the digits.

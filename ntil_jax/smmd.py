@@ -43,7 +43,7 @@ def check_smmd_parameters(
   """Raises ValueError, naming the argument, for an SMMD setting out of range.
 
   ``mode`` one of ``MODES``, ``kernel`` one of ``KERNELS``, ``sigmas`` a
-  non-empty 1-D sequence of finite bandwidths ``> 0``, ``squash_factor``
+  non-empty 1-D sequence of finite bandwidths ``>= 1e-30``, ``squash_factor``
   None or finite, ``smooth_weight`` None (the authors' automatic weight) or
   finite and ``>= 0``. Traced numbers are not checked.
   """
@@ -57,7 +57,13 @@ def check_smmd_parameters(
         f"{sigmas!r}."
     )
   checks = (
-      ("sigmas", sigmas, lambda v: v > 0, "> 0 (kernel bandwidths)"),
+      (
+          "sigmas",
+          sigmas,
+          lambda v: v >= 1e-30,
+          ">= 1e-30 (kernel bandwidths; below, float32's distances in"
+          " bandwidths turn 0/0)",
+      ),
       ("squash_factor", squash_factor, lambda v: v == v, "a real number"),
       ("smooth_weight", smooth_weight, lambda v: v >= 0, ">= 0"),
   )
@@ -107,7 +113,9 @@ def smmd_kernel(
     dist = jnp.where(factor > 1.0, squashed, dist)
   widths = jnp.asarray(sigmas, jnp.float32)[:, None, None]
   if kernel == "gaussian":
-    values = jnp.exp(-(dist**2) / (2.0 * widths**2))
+    # The distance in bandwidths, then squared: widths**2 underflows to 0
+    # from 1e-20 (0/0 on the diagonal).
+    values = jnp.exp(-0.5 * (dist / widths) ** 2)
   elif kernel == "laplace":
     values = jnp.exp(-jnp.abs(dist) / widths)
   else:
@@ -247,7 +255,7 @@ def smmd_loss(
       1-3 digits (:mod:`ntil_jax.chunks`).
     mode: ``"smmd"`` (MMD + smoothness), ``"mmd"`` or ``"smooth"``.
     kernel: ``"gaussian"`` or ``"laplace"``.
-    sigmas: kernel bandwidths (``> 0``); several give the mean of their
+    sigmas: kernel bandwidths (``>= 1e-30``); several give the mean of their
       kernels.
     squash_factor: the largest rescaled distance (``> 1`` rescales, else
       the raw ``|i - j|``; ``None`` as 1).

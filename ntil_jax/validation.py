@@ -166,7 +166,11 @@ _PARAMETER_RULES = {
         ">= 1e-30 (a softmax temperature; below, float32 logits / tau "
         "overflow and the gradient is NaN)",
     ),
-    "width": (lambda v: v > 0, "> 0 (a Gaussian's width)"),
+    "width": (
+        lambda v: v >= 1e-30,
+        ">= 1e-30 (a Gaussian's width; below, float32's distances in widths"
+        " turn 0/0)",
+    ),
     "eta": (lambda v: (v >= 0) & (v <= 1), "in [0, 1] (a mixing weight)"),
 }
 

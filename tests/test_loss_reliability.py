@@ -399,6 +399,32 @@ class ParameterTest(parameterized.TestCase):
     )
     self.assertTrue(np.isfinite(jax.grad(lambda z: fn(z).sum())(logits)).all())
 
+  def test_the_smallest_widths_allowed_are_one_hot_and_below_are_refused(self):
+    # Below 1e-30 the distances in widths turned 0/0 (a soft-label CE of 0
+    # with a NaN gradient at 1e-39; SMMD NaN from sigmas of 1e-20, whose
+    # squares underflowed).
+    logits, labels = small_case()
+    digits = np.asarray(labels) < 10
+    ce = np.asarray(ntil_jax.cross_entropy(logits, labels))[digits]
+    soft = lambda z: ntil_jax.soft_label_cross_entropy(z, labels, width=1e-30)
+    np.testing.assert_allclose(np.asarray(soft(logits))[digits], ce, rtol=1e-6)
+    self.assertTrue(
+        np.isfinite(jax.grad(lambda z: soft(z).sum())(logits)).all()
+    )
+    # SMMD with a one-hot kernel, at uniform digit logits: 1 - 2/10 + 1/10.
+    uniform = jnp.zeros((1, 2, 12))
+    two_digits = jnp.array([[3, 4]])
+    for kernel in ("gaussian", "laplace"):
+      for sigma in (1e-20, 1e-30):
+        smmd = ntil_jax.smmd_loss(
+            uniform, two_digits, sigmas=(sigma,), kernel=kernel
+        )
+        np.testing.assert_allclose(smmd, [[0.9, 0.9]], rtol=1e-6)
+    with self.assertRaisesRegex(ValueError, r"sigmas must be >= 1e-30"):
+      ntil_jax.smmd_loss(uniform, two_digits, sigmas=(1e-31,))
+    with self.assertRaisesRegex(ValueError, r"width must be >= 1e-30"):
+      ntil_jax.soft_label_cross_entropy(uniform, two_digits, width=1e-31)
+
   def test_edge_values_are_accepted(self):
     logits, labels = small_case()
     for kwargs in (

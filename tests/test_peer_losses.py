@@ -602,7 +602,7 @@ class GuaranteesTest(parameterized.TestCase):
         (dict(mode="kl"), "mode must be one of"),
         (dict(kernel="cosine"), "kernel must be one of"),
         (dict(sigmas=()), "sigmas must be a non-empty"),
-        (dict(sigmas=(2.0, 0.0)), "sigmas must be > 0"),
+        (dict(sigmas=(2.0, 0.0)), "sigmas must be >= 1e-30"),
         (dict(sigmas=(np.inf,)), "sigmas must be finite"),
         (dict(squash_factor=np.nan), "squash_factor must be a real"),
         (dict(smooth_weight=-1.0), "smooth_weight must be >= 0"),

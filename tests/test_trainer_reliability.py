@@ -111,7 +111,7 @@ def assert_one_error(result, message, returncode=2):
         ("tau", 1e-50, "tau must be >= 1e-30"),
         ("sigma", -2.0, "sigma must be > -1"),
         ("soft_label_eta", 1.5, "soft_label_eta must be in [0, 1]"),
-        ("soft_label_width", 0.0, "soft_label_width must be > 0"),
+        ("soft_label_width", 0.0, "soft_label_width must be >= 1e-30"),
         ("gumbel_noise", -0.1, "gumbel_noise must be >= 0"),
     ],
 )
