@@ -60,8 +60,17 @@ def nl_ntl_from_layout(
   )
   left = index - layout.first - (layout.point < index).astype(jnp.int32)
   scale = base.masked(numbers.pow10(-left), layout.is_digit)
-  predicted, written, difference = segments.segmented_sums(
-      (expected * scale, target * scale, miss * scale),
+  # A digit whose logits give no distribution (all -inf, a NaN, +inf) makes
+  # its own number NaN, not the others: the sums are masked matmuls, where
+  # 0 * NaN would reach every number of the row, and its gradient too.
+  finite = jnp.isfinite(expected) & jnp.isfinite(miss)
+  predicted, written, difference, broken = segments.segmented_sums(
+      (
+          jnp.where(finite, expected * scale, 0.0),
+          target * scale,
+          jnp.where(finite, miss * scale, 0.0),
+          (~finite).astype(jnp.float32),
+      ),
       layout.first,
   )
   # At each number's last digit, where its sums are whole; the scale there
@@ -75,7 +84,9 @@ def nl_ntl_from_layout(
   denominator = jnp.maximum(denominator, SMALLEST_DENOMINATOR)
   unit = jax.lax.stop_gradient(1.0 / denominator)
   ratio = (jnp.abs(difference) * unit) / (denominator * unit)
-  per_number = jnp.where(layout.is_last, ratio, 0.0)
+  per_number = jnp.where(
+      layout.is_last, jnp.where(broken > 0, jnp.nan, ratio), 0.0
+  )
   # On the number's first digit, as their "none" reduction places it.
   first_digit = layout.is_digit & layout.starts
   loss = segments.read_at(per_number[..., None], layout.last)[..., 0]

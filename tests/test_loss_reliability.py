@@ -893,6 +893,34 @@ class UnscoredNaNTest(parameterized.TestCase):
     np.testing.assert_array_equal(grad[unscored], 0.0)
     np.testing.assert_allclose(grad, clean_grad, rtol=1e-6, atol=1e-7)
 
+  @parameterized.product(
+      bad=("-inf", "nan", "+inf"), reweigh=(False, True), jit=(False, True)
+  )
+  def test_a_broken_number_leaves_the_others_of_its_row(
+      self, bad, reweigh, jit
+  ):
+    # NL-NTL sums each number by masked matmuls, where a scored digit with
+    # no distribution (all ten logits -inf, a NaN, +inf) spread 0 * NaN to
+    # every number of the row, values and gradients.
+    labels = np.array([[1, 2, 11, 4, 5, 11, 7]])  # 12, 45 and 7
+    clean = np.random.default_rng(0).standard_normal((1, 7, 16))
+    clean = clean.astype(np.float32)
+    broken = clean.copy()
+    if bad == "+inf":
+      broken[0, 0, 3] = np.inf
+    else:
+      broken[0, 0, :10] = float(bad)
+    fn = lambda z: ntil_jax.nl_ntl_loss(z, labels, reweigh=reweigh)
+    fn = jax.jit(fn) if jit else fn
+    got, want = np.asarray(fn(broken))[0], np.asarray(fn(clean))[0]
+    self.assertTrue(np.isnan(got[0]))  # the broken number's own
+    np.testing.assert_allclose(got[1:], want[1:], rtol=1e-6)
+    self.assertGreater(want[3], 0.0)
+    grad = jax.grad(lambda z: jnp.nansum(fn(z)))
+    got, want = np.asarray(grad(broken))[0], np.asarray(grad(clean))[0]
+    self.assertTrue(np.isfinite(got[1:]).all())
+    np.testing.assert_allclose(got[2:], want[2:], rtol=1e-5, atol=1e-7)
+
   @parameterized.parameters("ce", "emd", "ntl_mse", "soft_label", "ntil")
   def test_numeric_token_loss(self, method):
     clean, poisoned, labels, mask, unscored = poisoned_case()
