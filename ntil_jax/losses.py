@@ -157,7 +157,9 @@ def numeric_token_loss(
   takes the NTIL authors' scaling, ``CE + stop_gradient(CE/aux) * lam *
   aux``: :math:`w = \mathrm{sg}(\sum_t \mathrm{CE}_t / \sum_t
   \mathrm{aux}_t)` over the whole batch, so the auxiliary term's value is
-  always ``lam`` times the CE and only its direction is learned. Their
+  always ``lam`` times the CE and only its direction is learned (where aux
+  sums to 0, with no digit scored or each one's loss below float32's
+  range, the term is ``lam * sg(CE)``: that value, no direction). Their
   scaling, not their aggregation: their code averages ``aux`` per sample
   (the weighted EMD over the sample's digits, the relative and magnitude
   deviations over its numbers) and then over samples, where ``aux`` here is
@@ -473,12 +475,17 @@ def loss_from_statistics(
       **loss_kwargs,
   )
   if weighting in ("reference", "authors"):
-    aux = jax.lax.stop_gradient(_batch_ratio(ce, aux, axis_name)) * aux
+    ratio, some = jax.lax.stop_gradient(_batch_ratio(ce, aux, axis_name))
+    # Where aux sums to 0 (no digit scored, or each one's loss below
+    # float32's range), the term is still lam times the CE, with no
+    # direction: the limit of the ratio times aux.
+    aux = jnp.where(some, ratio * aux, jax.lax.stop_gradient(ce))
   return ce + lam * aux
 
 
 def _batch_ratio(ce, aux, axis_name):
-  """``sum(ce) / sum(aux)`` over the whole batch (0 where ``aux`` sums to 0).
+  """``(sum(ce) / sum(aux), sum(aux) > 0)`` over the whole batch (the
+  ratio 0 where ``aux`` sums to 0).
 
   Inside ``shard_map`` each shard holds part of the batch: the two sums are
   added over ``axis_name`` first, so that every shard scales by the batch's
@@ -500,6 +507,5 @@ def _batch_ratio(ce, aux, axis_name):
   elif axis_name != ():
     totals = jax.lax.psum(totals, axis_name)
   ce_total, aux_total = totals[0], totals[1]
-  return jnp.where(
-      aux_total > 0, ce_total / jnp.where(aux_total > 0, aux_total, 1.0), 0.0
-  )
+  some = aux_total > 0
+  return jnp.where(some, ce_total / jnp.where(some, aux_total, 1.0), 0.0), some

@@ -1200,6 +1200,30 @@ def _bad_low_level_calls():
 
 
 class ExtremeLogitTest(parameterized.TestCase):
+
+  @parameterized.product(
+      weighting=("reference", "authors"),
+      method=("ntil", "emd", "nl_ntl", "smmd"),
+  )
+  def test_scaled_term_is_lam_times_ce_where_aux_sums_to_zero(
+      self, weighting, method
+  ):
+    # Digits predicted at a margin of 90: every aux underflows to 0, and the
+    # ratio's guard had dropped the term (2.48 for 1.3 x 2.48); a batch with
+    # no digit the same. The value is lam times the CE, the gradient CE's.
+    logits = np.zeros((1, 3, 12), np.float32)
+    logits[0, 0, 3] = logits[0, 1, 4] = 90.0
+    for labels in ([[3, 4, 11]], [[11, 10, 11]]):
+      labels = np.array(labels)
+      fn = lambda z, labels=labels: ntil_jax.numeric_token_loss(
+          z, labels, method=method, weighting=weighting, lam=0.3
+      ).sum()
+      ce = lambda z, labels=labels: ntil_jax.cross_entropy(z, labels).sum()
+      np.testing.assert_allclose(fn(logits), 1.3 * ce(logits), rtol=1e-6)
+      np.testing.assert_allclose(
+          jax.grad(fn)(logits), jax.grad(ce)(logits), atol=1e-7
+      )
+
   """Logits of +-inf or far beyond exp's range where a loss is scored."""
 
   @parameterized.parameters((0.0, 1.0), (0.5, 0.3))
