@@ -237,6 +237,13 @@ def check_statistics(stats, labels, vocab_size, digit_token_ids=None) -> None:
       "label_logits": labels.shape,
       "digit_logits": labels.shape + (columns,),
   }
+  missing = [name for name in shapes if not hasattr(stats, name)]
+  if missing:
+    raise ValueError(
+        "stats must be a TokenStatistics (ntil_jax.token_statistics or "
+        f"fused_token_statistics gives one), got {type(stats).__name__} "
+        f"without {', '.join(missing)}."
+    )
   for name, shape in shapes.items():
     field = jnp.asarray(getattr(stats, name))
     if field.shape != shape:

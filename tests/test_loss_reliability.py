@@ -1002,6 +1002,21 @@ def _bad_low_level_calls():
   vocab_5 = r"vocabulary of >= 10.*V=5"
   ids_12 = r"digit_token_ids.*out of range.*V=12"
   return (
+      # A plain tuple or None for the statistics: named, not AttributeError.
+      (
+          "from_stats_plain_tuple",
+          from_stats,
+          (tuple(ntil_jax.token_statistics(logits, labels)), labels),
+          {},
+          r"stats must be a TokenStatistics.*got tuple without log_norm",
+      ),
+      (
+          "from_stats_none",
+          from_stats,
+          (None, labels),
+          {},
+          r"stats must be a TokenStatistics.*got NoneType",
+      ),
       # token_statistics
       (
           "stats_vocab_5",
