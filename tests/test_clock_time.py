@@ -179,6 +179,8 @@ def test_time_gap(predicted, target, gap):
         ("", None),
         ("2:05", None),
         ("2_055", None),
+        ("\uff12_\uff10\uff15", None),  # full-width digits: not ASCII
+        ("\u0662_\u0660\u0665", None),  # Arabic-Indic digits
     ],
 )
 def test_parse_time(text, parsed):

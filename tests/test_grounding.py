@@ -76,6 +76,8 @@ def test_area_counts_inclusive_pixels():
         ("03 17 25 40", None),
         ("a,b,c,d", None),
         ("", None),
+        ("\uff11\uff10,10,19,19", None),  # full-width digits: not ASCII
+        ("\u0661\u0660,\u0661\u0660,\u0661\u0669,\u0661\u0669", None),
     ],
 )
 def test_parse_box(text, parsed):

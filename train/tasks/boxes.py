@@ -14,9 +14,8 @@ Scores are sums over examples (hosts add them) turned into rates by
   four numbers), ``coordinate_accuracy`` (share of the numbers exactly
   right), ``mean_coordinate_error`` (mean absolute error of the four numbers,
   pixels) and ``parsed_rate``. An answer that is not a box within the image
-  has IoU 0, is wrong everywhere and counts as an error of `UNPARSED_ERROR`
-  pixels per coordinate (the image side: more than any box in the image can
-  be off);
+  has IoU 0, is wrong everywhere and counts as an error of the image's side in
+  pixels per coordinate (more than any box in the image can be off);
 * several boxes per answer: each predicted box is matched to at most one
   true box with IoU >= 0.5 (a maximum matching); ``precision_at_50`` is the
   share of predicted boxes matched, ``recall_at_50`` the share of true boxes
@@ -33,7 +32,10 @@ import numpy as np
 Box = tuple[int, int, int, int]
 BOX_TEXT_LEN = 11  # '03,17,25,40'
 SEPARATOR = ";"
-_BOX_PATTERN = re.compile(r"^(\d{1,2}),(\d{1,2}),(\d{1,2}),(\d{1,2})$")
+# ASCII digits only: without re.ASCII, \d reads "１０" and "١٠" as 10.
+_BOX_PATTERN = re.compile(
+    r"^(\d{1,2}),(\d{1,2}),(\d{1,2}),(\d{1,2})$", re.ASCII
+)
 
 
 def format_box(box: Sequence[int]) -> str:

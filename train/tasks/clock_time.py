@@ -49,7 +49,8 @@ MINUTES_PER_DIAL = 720
 UNPARSED_GAP = 360  # the largest possible gap, for an unreadable answer
 _SPLIT_STREAMS = {"train": 0, "test": 1}
 _RENDER_CHUNK = 1000
-_TIME_PATTERN = re.compile(r"^(\d{1,2})_(\d{2})$")
+# ASCII digits only: without re.ASCII, \d reads "２_０５" as 2_05.
+_TIME_PATTERN = re.compile(r"^(\d{1,2})_(\d{2})$", re.ASCII)
 
 
 # ----------------------------------------------------------------------------
