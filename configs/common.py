@@ -106,6 +106,23 @@ def check_method(method: str) -> str:
   return method
 
 
+# Each method's own loss settings, with their defaults; a method reads only
+# its own (loss_kwargs), and the trainer warns where another's is changed.
+LOSS_SETTINGS = dict(
+    sigma=0.2,
+    alpha=0.2,
+    beta=0.2,
+    tau=0.1,
+    gumbel_noise=0.0,
+    soft_label_eta=0.5,
+    soft_label_width=1.0,
+)
+METHOD_SETTINGS = dict(
+    ntil=("sigma", "alpha", "beta", "tau", "gumbel_noise"),
+    soft_label=("soft_label_eta", "soft_label_width"),
+)
+
+
 def base_config(method: str) -> ml_collections.ConfigDict:
   """Fields common to every task, for one loss ``method``."""
   config = ml_collections.ConfigDict()
@@ -157,13 +174,11 @@ def base_config(method: str) -> ml_collections.ConfigDict:
   # "authors": their loss whole (their per-sample means; NTIL's numbers split
   # at '.', as their code splits them; the peers' joined, as theirs).
   config.weighting = "sum"
-  config.sigma = 0.2  # NTIL place-value weighting
-  config.alpha = 0.2  # NTIL relative deviation
-  config.beta = 0.2  # NTIL magnitude deviation
-  config.tau = 0.1  # NTIL Gumbel-softmax temperature
-  config.gumbel_noise = 0.0  # NTIL Gumbel noise scale; 0 means none
-  config.soft_label_eta = 0.5
-  config.soft_label_width = 1.0
+  # NTIL: place-value weighting (sigma), relative and magnitude deviations
+  # (alpha, beta), Gumbel-softmax temperature (tau) and noise scale (0:
+  # none); soft labels' mixing weight and width (LOSS_SETTINGS).
+  for name, default in LOSS_SETTINGS.items():
+    config[name] = default
   # Control: CE with weight (1 + digit_ce_weight) on digit tokens, for
   # method 'ce' only, refused with another ("more gradient on digits" without
   # ordinal structure).

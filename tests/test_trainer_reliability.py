@@ -27,6 +27,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from configs import arithmetic_mix
 from tests.test_train import config_flags
 from tests.test_train import logged
 from tests.test_train import make_config
@@ -137,6 +138,13 @@ def test_bad_number_refused_before_compiling(
             dict(task="arithmetic_mix_llm"),
             "needs its own config's fields",
         ),
+        # Passed every check, then crashed at the first step's trace (tokamax
+        # NotImplementedError: "Not supported on cpu").
+        (
+            "arithmetic_mix",
+            dict(fused_loss="tokamax:mosaic_tpu"),
+            "tokamax's TPU kernel; this run's devices are 'cpu'",
+        ),
     ],
 )
 def test_a_model_or_task_the_config_cannot_make_is_one_error(
@@ -149,6 +157,40 @@ def test_a_model_or_task_the_config_cannot_make_is_one_error(
     config[name] = value
   with pytest.raises(errors.ConfigError, match=re.escape(message)):
     checks.check_config(config, data=False)
+
+
+@pytest.mark.parametrize(
+    "method, overrides, named",
+    [
+        ("ntil", {}, []),
+        ("ntil", dict(sigma=0.5, tau=0.3, fused_loss="auto"), []),
+        ("ntil", dict(fused_loss=True, fused_chunk_size=8), []),
+        ("ntil", dict(soft_label_width=3.0), ["soft_label_width=3.0"]),
+        ("emd", dict(gumbel_noise=1.0), ["gumbel_noise=1.0"]),
+        ("soft_label", dict(tau=0.5, soft_label_eta=0.2), ["tau=0.5"]),
+        (
+            "ce",
+            dict(sigma=0.9, lam=0.7, weighting="authors"),
+            ["sigma=0.9", "lam=0.7", "weighting='authors'"],
+        ),
+        ("ntil", dict(fused_chunk_size=7), ["fused_chunk_size=7"]),
+    ],
+)
+def test_settings_the_run_does_not_read_are_named(method, overrides, named):
+  """Another method's loss settings (and lam with CE, a chunk size off the
+  fused path) were dropped without a word: a run trained something other
+  than its config read."""
+  config = arithmetic_mix.get_config(method)
+  for name, value in overrides.items():
+    config[name] = value
+  checks.check_config(config, data=False)  # still a valid config
+  warning = checks.unused_settings_warning(config)
+  if not named:
+    assert warning is None
+  else:
+    for setting in named:
+      assert setting in warning
+    assert warning.count("(") == len(named)
 
 
 def test_metric_sums_over_hosts_stay_float64(monkeypatch):

@@ -194,6 +194,12 @@ def check_config(config, *, data: bool = True):
           f"fused_loss={implementation!r} needs tokamax: "
           "pip install 'ntil-jax[tokamax]'."
       )
+  if implementation == "tokamax:mosaic_tpu" and jax.default_backend() != "tpu":
+    raise errors.ConfigError(
+        f"fused_loss='tokamax:mosaic_tpu' is tokamax's TPU kernel; this "
+        f"run's devices are {jax.default_backend()!r}: use 'tokamax' (its "
+        "choice for the backend), 'tokamax:xla' or 'chunked'."
+    )
   try:
     ntil_jax.losses.check_method(
         config.method, config.weighting, common.loss_kwargs(config)
@@ -252,6 +258,37 @@ def evaluation_warning(config) -> str | None:
       "eval_every_steps=0: the run is never evaluated, not even at its last"
       " step (no eval metrics, no predictions.jsonl)."
   )
+
+
+def unused_settings_warning(config) -> str | None:
+  """A warning naming the settings changed from their defaults that this
+  run never reads: another method's loss parameters (``tau`` with method
+  'emd'), ``lam`` and ``weighting`` with method 'ce' (no numeric term), and
+  ``fused_chunk_size`` with ``fused_loss=False`` (the logits path)."""
+  own = common.METHOD_SETTINGS.get(config.method, ())
+  unused = [
+      name
+      for name, default in common.LOSS_SETTINGS.items()
+      if name not in own and config[name] != default
+  ]
+  if config.method == "ce":
+    unused += [
+        name
+        for name, default in (("lam", 0.3), ("weighting", "sum"))
+        if config[name] != default
+    ]
+  parts = [
+      f"{name}={config[name]!r} (method {config.method!r} does not read it)"
+      for name in unused
+  ]
+  if config.fused_chunk_size and common.fused_mode(config.fused_loss) is False:
+    parts.append(
+        f"fused_chunk_size={config.fused_chunk_size} (fused_loss=False: the"
+        " logits path)"
+    )
+  if not parts:
+    return None
+  return "settings this run does not use: " + "; ".join(parts) + "."
 
 
 def schedule_warning(config) -> str | None:

@@ -92,6 +92,7 @@ def train_and_evaluate(config, workdir: str, *, start_over=False) -> dict:
       logging.warning("--start_over: moved the previous run to %s", moved)
     warnings = [
         checks.schedule_warning(config),
+        checks.unused_settings_warning(config),
         checks.evaluation_warning(config),
         None if start_over else checks.unrecorded_run_warning(workdir),
         checks.legacy_dataset_warning(changes, config),
