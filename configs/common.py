@@ -121,6 +121,9 @@ METHOD_SETTINGS = dict(
     ntil=("sigma", "alpha", "beta", "tau", "gumbel_noise"),
     soft_label=("soft_label_eta", "soft_label_width"),
 )
+# The numeric term's weight and scaling, with their defaults: read by every
+# method but 'ce', which has no numeric term.
+TERM_SETTINGS = dict(lam=0.3, weighting="sum")
 
 
 def base_config(method: str) -> ml_collections.ConfigDict:
@@ -169,11 +172,11 @@ def base_config(method: str) -> ml_collections.ConfigDict:
 
   # Loss: CE on answer tokens + lam * numeric loss on their digits.
   config.method = method
-  config.lam = 0.3
+  config.lam = TERM_SETTINGS["lam"]
   # "sum"; "reference": the NTIL authors' scaling of a token-summed aux;
   # "authors": their loss whole (their per-sample means; NTIL's numbers split
   # at '.', as their code splits them; the peers' joined, as theirs).
-  config.weighting = "sum"
+  config.weighting = TERM_SETTINGS["weighting"]
   # NTIL: place-value weighting (sigma), relative and magnitude deviations
   # (alpha, beta), Gumbel-softmax temperature (tau) and noise scale (0:
   # none); soft labels' mixing weight and width (LOSS_SETTINGS).

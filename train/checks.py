@@ -274,7 +274,7 @@ def unused_settings_warning(config) -> str | None:
   if config.method == "ce":
     unused += [
         name
-        for name, default in (("lam", 0.3), ("weighting", "sum"))
+        for name, default in common.TERM_SETTINGS.items()
         if config[name] != default
     ]
   parts = [
