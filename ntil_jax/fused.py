@@ -70,6 +70,24 @@ def _check_fused_inputs(hidden, unembedding, labels, digit_token_ids, masks):
       hidden.shape[:-1] + unembedding.shape[1:], jnp.float32
   )
   validation.check_inputs(logits_shape, labels, None, digit_token_ids, masks)
+  _check_vocabulary_whole(unembedding)
+
+
+def _check_vocabulary_whole(unembedding) -> None:
+  """ValueError where the unembedding's V axis is split over explicit mesh
+  axes (vocabulary parallelism): the statistics read whole rows of logits
+  (the log-normaliser, the label's and the digits' columns) in each chunk,
+  and JAX's sharding rules give their gathers no output sharding there."""
+  spec = numbers.sharding_spec(unembedding)
+  if spec and spec[-1] is not None:
+    raise ValueError(
+        f"the unembedding [D, V] is split over the mesh axes {spec[-1]!r} "
+        "along V (explicit sharding, spec "
+        f"{jax.P(*spec)}); the fused path needs each device to hold whole "
+        "vocabulary rows. Replicate V first, e.g. "
+        "jax.sharding.reshard(unembedding, jax.P(d, None)) with d the axes "
+        "of D, or compute the logits and use numeric_token_loss."
+    )
 
 
 def fused_token_statistics(
@@ -127,7 +145,8 @@ def fused_token_statistics(
       hidden states or unembedding, labels or ``mask`` not ``[B, T]``,
       non-integer labels, digit ids out of ``[0, V)`` (the default ids 0..9
       need ``V >= 10``), a bad ``chunk_size``, an unknown implementation
-      or one wrong for ``V`` (``"tokamax:chunked_xla"``), and a callable
+      or one wrong for ``V`` (``"tokamax:chunked_xla"``), an unembedding
+      split along ``V`` over explicit mesh axes, and a callable
       implementation that returns an array of another shape than ``[N]``.
     TypeError: a callable implementation that returns anything but one
       floating-point array (a tuple, integers).

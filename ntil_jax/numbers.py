@@ -67,7 +67,7 @@ class NumberLayout(NamedTuple):
   point_candidates: Optional[chex.Array] = None
 
 
-def _spec(x) -> tuple:
+def sharding_spec(x) -> tuple:
   """The mesh axes each axis of ``x`` is split over (explicit sharding)."""
   spec = tuple(getattr(jax.typeof(x).sharding, "spec", ()))
   return spec + (None,) * (jnp.ndim(x) - len(spec))
@@ -82,7 +82,7 @@ def whole_sequence(x, axis: int = -1):
   A no-op where ``axis`` is not explicitly split (``Auto`` axes, where XLA
   places the collectives itself, or no mesh).
   """
-  spec = list(_spec(x))
+  spec = list(sharding_spec(x))
   if not spec or spec[axis] is None:
     return x
   spec[axis] = None
@@ -96,8 +96,8 @@ def split_like(x, like, axis: int = -1):
   Undoes :func:`whole_sequence` (each device keeps its part, no
   communication); the other axes are left as they are.
   """
-  spec = list(_spec(x))
-  split = _spec(like)[axis] if spec else None
+  spec = list(sharding_spec(x))
+  split = sharding_spec(like)[axis] if spec else None
   if not spec or spec[axis] == split:
     return x
   spec[axis] = split
@@ -117,8 +117,8 @@ def reshard_like(like, *arrays) -> tuple:
   out = []
   for x in arrays:
     if x is not None:
-      target = _spec(like)[: jnp.ndim(x)]
-      if len(target) == jnp.ndim(x) and _spec(x) != target:
+      target = sharding_spec(like)[: jnp.ndim(x)]
+      if len(target) == jnp.ndim(x) and sharding_spec(x) != target:
         sharding = jax.typeof(like).sharding
         x = jax.sharding.reshard(x, sharding.update(spec=jax.P(*target)))
     out.append(x)

@@ -102,7 +102,26 @@ def main():
     np.testing.assert_allclose(g, w_, rtol=1e-5, atol=1e-6 * scale)
   check_each_implementation(mesh, put, replicate)
   check_batch_weightings(mesh, put, replicate)
+  check_vocabulary_split_refused(mesh, hidden, unembedding, labels, put)
   print("OK")
+
+
+def check_vocabulary_split_refused(mesh, hidden, unembedding, labels, put):
+  """An unembedding split along V on explicit axes is refused by name (JAX
+  raised a ShardingTypeError from a gather deep in the statistics); split
+  along D it gives the single-device value."""
+  want = ntil_jax.fused_numeric_loss(hidden, unembedding, labels).sum()
+  for spec in (P(None, "fsdp"), P("fsdp", None)):
+    w = jax.device_put(unembedding, NamedSharding(mesh, spec))
+    with jax.set_mesh(mesh):
+      try:
+        got = jax.jit(ntil_jax.fused_numeric_loss)(put(hidden), w, put(labels))
+      except ValueError as error:
+        assert spec[-1] is not None, error
+        assert "split over the mesh axes 'fsdp' along V" in str(error), error
+        continue
+    assert spec[-1] is None, f"{spec}: a vocabulary split accepted"
+    np.testing.assert_allclose(got.sum(), want, rtol=1e-5)
 
 
 def check_batch_weightings(mesh, put, replicate):
