@@ -90,13 +90,17 @@ def curve_area(run, metric="exact_match"):
 def p_value(p, coarse=False) -> str:
   """``< 0.001``, ``0.003``, ``0.048`` or ``0.420`` (``coarse``: ``0.42``,
   two decimals from 0.1 up): three decimals below 0.1, so that the side of
-  0.05 shows, and a fourth where rounding would carry a p onto 0.05 or 0.1
-  from below (0.0496, not 0.050)."""
+  0.05 shows, and more where rounding would carry a p onto 0.05 or 0.1
+  from below (0.0496, not 0.050; 0.04996, not 0.0500)."""
   if p < 0.001:
     return "< 0.001"
   text = f"{p:.2f}" if coarse and p >= 0.1 else f"{p:.3f}"
-  if any((p < line) != (float(text) < line) for line in (0.05, 0.1)):
-    text = f"{p:.4f}"
+  decimals = 4
+  while decimals <= 9 and any(
+      (p < line) != (float(text) < line) for line in (0.05, 0.1)
+  ):
+    text = f"{p:.{decimals}f}"
+    decimals += 1
   return text
 
 

@@ -49,11 +49,15 @@ def reading(grouped, metrics, methods, labels):
   reference = grouped.get("ce", {})
   present = [m for m in methods if m in grouped]
   for metric, name, scale, digits, higher in metrics:
-    means = {
-        m: scale * np.mean([r[metric] for r in grouped[m].values()])
-        for m in present
-    }
-    ranked = sorted(present, key=lambda m: -means[m] if higher else means[m])
+    # Over each method's finite seeds, as the tables' cells are (a seed
+    # recorded as None or NaN left out, not a NaN mean ranked anywhere).
+    means = {}
+    for m in present:
+      values = [stats.value(r, metric) for r in grouped[m].values()]
+      finite = [v for v in values if np.isfinite(v)]
+      if finite:
+        means[m] = scale * np.mean(finite)
+    ranked = sorted(means, key=lambda m: -means[m] if higher else means[m])
     ranking = ", ".join(f"{labels[m]} {means[m]:.{digits}f}" for m in ranked)
     short = name.split(" (")[0]
     lines += prose.section(__file__, "ranking", name=short, ranking=ranking)
@@ -200,6 +204,19 @@ def delta(d, digits=2, p=None) -> str:
   return f"{d['mean']:+.{digits}f} ({d['better']}/{d['n']}{tested})"
 
 
+def _paired_seeds(runs, reference, metrics) -> int:
+  """The seeds of both ``runs`` and ``reference`` where some metric is
+  finite in both (those `stats.paired` can pair)."""
+
+  def finite(run, metric):
+    return np.isfinite(stats.value(run, metric.field))
+
+  return sum(
+      any(finite(runs[s], m) and finite(reference[s], m) for m in metrics)
+      for s in set(runs) & set(reference)
+  )
+
+
 def paired_table(grouped, rows, reference_key, metrics, short=False):
   """Each row's runs (but the reference's) against
   ``grouped[reference_key]`` (a row ``(key, label, reference_key)``: its
@@ -213,7 +230,7 @@ def paired_table(grouped, rows, reference_key, metrics, short=False):
   for key, label, *own in rows:
     ref = own[0] if own else reference_key
     runs, reference = grouped.get(key), grouped.get(ref, {})
-    paired = len(set(runs or ()) & set(reference))
+    paired = _paired_seeds(runs or {}, reference, metrics)
     if key not in grouped or key == ref or short and not paired:
       continue
     cells = [label] + [str(paired)] * (not short)

@@ -1095,6 +1095,21 @@ def test_a_metric_recorded_as_none_is_left_out_like_nan():
       tables.fmt_metric(list(ours.values()), metric) == "60.0 ± 14.1 (2 of 3)"
   )
   assert tables.fmt_metric([ours[0], ours[2]], metric) == "60.0 ± 14.1"
+  # The ranking sentence ranks by the same mean (it read "CE 36.7, NTIL
+  # nan", or crashed on the None), and the paired table counts the 2 seeds
+  # its test pairs, not the 3 both have.
+  grouped = dict(ce=theirs, ntil=ours)
+  labels = dict(ce="CE", ntil="NTIL")
+  lines = tables.reading(grouped, [metric], ["ce", "ntil"], labels)
+  assert any("NTIL 60.0, CE 36.7" in line for line in lines), lines
+  (row,) = [
+      line
+      for line in tables.paired_table(
+          grouped, [("ntil", "NTIL")], "ce", [metric]
+      )
+      if line.startswith("| NTIL")
+  ]
+  assert row.startswith("| NTIL | 2 | +20.0 ± 14.1 | 2/2 |"), row
 
 
 def test_paired_differences_equal_but_for_rounding_take_the_sign_test():

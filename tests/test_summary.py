@@ -112,6 +112,10 @@ def test_p_shows_which_side_of_005_it_is():
   assert stats.p_equals(0.0996, coarse=True) == "p = 0.0996"
   assert stats.p_equals(0.0501) == "p = 0.050"
   assert stats.p_value(0.0002) == "< 0.001"
+  # Nor with four decimals: 0.04996 read "0.0500", beside a bold verdict.
+  assert stats.p_value(0.04996) == "0.04996"
+  assert stats.p_value(0.09996, coarse=True) == "0.09996"
+  assert stats.p_value(0.0499999) == "0.0499999"
 
 
 def test_no_spread_draws_no_interval():
