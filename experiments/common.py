@@ -667,8 +667,17 @@ def check_results(results_path) -> None:
 
 
 def failures_path(results_path) -> str:
-  """``failed.json`` beside results.json: the cells whose run diverged."""
-  return os.path.join(os.path.dirname(results_path), "failed.json")
+  """Where the cells of ``results_path``'s grid whose run diverged are kept:
+  ``failed.json`` beside ``results.json``, ``<stem>_failed.json`` beside any
+  other results file. A folder holds the grids of several devices (a
+  cell's hash names no device), and one file for all had a divergence on
+  one device skip that cell on the other, and its report list the other's.
+  """
+  folder, name = os.path.split(results_path)
+  stem = os.path.splitext(name)[0]
+  return os.path.join(
+      folder, "failed.json" if stem == "results" else f"{stem}_failed.json"
+  )
 
 
 def load_failures(results_path) -> dict:
@@ -704,7 +713,12 @@ def note_failures(results_path, report_path) -> None:
   Their runs are not in results.json, so the tables would pass them over
   in silence; the report says which, and why.
   """
-  failures = load_failures(results_path)
+  recorded = {r.get("config_hash") for r in load_results(results_path)}
+  failures = {
+      digest: entry
+      for digest, entry in load_failures(results_path).items()
+      if digest not in recorded
+  }
   if not failures:
     return
   lines = [

@@ -865,6 +865,36 @@ def test_a_diverging_cell_is_listed_and_the_grid_goes_on(tmp_path):
     )
 
 
+def test_each_results_file_keeps_its_own_failures(tmp_path):
+  """The CPU's grid beside the accelerator's in one folder: the same cell
+  has one hash on both, and one failed.json for both had the CPU's grid
+  skip a cell that diverged on the accelerator (and its report list it)."""
+  executed = []
+  nan = errors.Diverged("non-finite loss=nan at step 6")
+  _grid(tmp_path, executed, raises={"ab": nan})
+  cpu = _grid(tmp_path, executed, results_name="results_cpu.json")
+  assert executed == ["ab", "cde", "ab", "cde"]
+  assert [r["name"] for r in results_io.load_results(cpu)] == ["ab", "cde"]
+  assert results_io.failures_path(str(cpu)) == str(
+      tmp_path / "results_cpu_failed.json"
+  )
+  assert results_io.load_failures(str(cpu)) == {}
+  report = tmp_path / "report.md"
+  report.write_text("")
+  results_io.note_failures(str(cpu), str(report))
+  assert report.read_text() == ""
+  results_io.note_failures(str(tmp_path / "results.json"), str(report))
+  assert "- ab: non-finite loss=nan at step 6" in report.read_text()
+  # A cell listed as failed but recorded since (a rerun by hand) is not
+  # called diverged in the report.
+  (tmp_path / "results_cpu_failed.json").write_text(
+      '{"hash-ab": {"cell": "ab", "error": "non-finite"}}'
+  )
+  report.write_text("")
+  results_io.note_failures(str(cpu), str(report))
+  assert report.read_text() == ""
+
+
 def test_a_cell_another_worker_found_diverging_is_not_run_again(tmp_path):
   """failed.json was read once, at the start: a cell that another worker
   listed since was trained again, to the same non-finite loss."""
