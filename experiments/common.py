@@ -218,6 +218,22 @@ def regime(record) -> str:
 HASHED_DATA_DIR = "data"
 
 
+# The keys of a profile that list its seeds. They say which cells a grid
+# has, not what any one cell computes, yet they were hashed with every
+# cell's settings: a seed added to a profile changed the hash of each of its
+# recorded cells, and the grid would have trained them all again.
+SEED_LISTS = ("seeds", "main_seeds", "other_seeds")
+
+
+def hashed_settings(settings, recorded=None) -> dict:
+  """A profile's ``settings`` as a cell's `config_hash` takes them: the seed
+  lists replaced by ``recorded`` (those the profile's recorded cells were
+  hashed with, which seeds added since leave as they are), or left out
+  where there are none (a profile made since)."""
+  fields = {k: v for k, v in settings.items() if k not in SEED_LISTS}
+  return dict(fields, **(recorded or {}))
+
+
 def config_hash(config, profile, settings) -> str:
   """A short digest of everything that determines a run's result.
 

@@ -1291,3 +1291,33 @@ def test_a_grid_stopped_by_a_signal_says_so_in_one_line(capsys):
   assert stopped.value.code == 130
   err = capsys.readouterr().err
   assert err == "stopped: ce-s0 stopped by a signal; rerun to resume\n"
+
+
+def test_a_seed_added_to_a_profile_leaves_recorded_cells_done(monkeypatch):
+  """The seed lists were hashed with every cell: one seed more in a profile
+  changed every recorded cell's hash (219 clock cells pending again)."""
+  from experiments.arithmetic_mix import run as arithmetic  # pylint: disable=g-import-not-at-top
+  from experiments.clock_time import grid as clock  # pylint: disable=g-import-not-at-top
+  from experiments.grounding import grid as grounding  # pylint: disable=g-import-not-at-top
+
+  def hashes():
+    config = arithmetic.cell_config("digits", "ntil", 0, {}, "data")
+    return (
+        clock.cell_hash("cpu", "ntil", 0, {}, "data"),
+        grounding.cell_hash("cpu", "grounding", "ntil", 0, {}, "data"),
+        arithmetic.config_hash(config, "digits"),
+    )
+
+  # Recorded in results.json (clock, grounding) and digits/results.json.
+  recorded = ("83f25515b2d0", "702ba89ee3bb", "0a921b2130aa")
+  assert hashes() == recorded
+  for module, key in ((clock, "main_seeds"), (grounding, "main_seeds")):
+    grown = dict(module.PROFILES["cpu"])
+    grown[key] += (5, 6)
+    monkeypatch.setitem(module.PROFILES, "cpu", grown)
+  grown = dict(arithmetic.PROFILES["digits"], seeds=(0, 1, 2, 3, 4, 5))
+  monkeypatch.setitem(arithmetic.PROFILES, "digits", grown)
+  assert hashes() == recorded
+  # A profile made since hashes no seeds at all.
+  settings = dict(train_steps=3, seeds=(0, 1))
+  assert results_io.hashed_settings(settings) == dict(train_steps=3)

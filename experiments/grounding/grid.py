@@ -50,6 +50,14 @@ SINGLE_BOX_METRICS = (
     "mean_coordinate_error",
     "parsed_rate",
 )
+# The seed lists each profile's recorded cells were hashed with (frozen
+# 2026-12-03): a cell's hash takes these, whatever seeds its profile lists
+# now, so a seed added to a profile adds cells and leaves the recorded ones
+# done (`common.hashed_settings`). A profile added since hashes no seeds.
+RECORDED_SEEDS = {
+    "cpu": dict(main_seeds=(0, 1, 2, 3, 4), other_seeds=(0, 1, 2)),
+    "smoke": dict(main_seeds=(0, 1), other_seeds=(0,)),
+}
 METRICS = {
     "grounding": SINGLE_BOX_METRICS,
     "grounding_single": SINGLE_BOX_METRICS,
@@ -192,7 +200,11 @@ def cell_config(profile, task, method, seed, overrides, data_dir):
 def cell_hash(profile, task, method, seed, overrides, data_dir) -> str:
   """The config hash that names a cell in results.json."""
   config = cell_config(profile, task, method, seed, overrides, data_dir)
-  return common.config_hash(config, profile, PROFILES[profile])
+  return common.config_hash(
+      config,
+      profile,
+      common.hashed_settings(PROFILES[profile], RECORDED_SEEDS.get(profile)),
+  )
 
 
 def grid(profile):
