@@ -103,7 +103,34 @@ def main():
   check_each_implementation(mesh, put, replicate)
   check_batch_weightings(mesh, put, replicate)
   check_vocabulary_split_refused(mesh, hidden, unembedding, labels, put)
+  check_sequence_split_with_a_kernel(mesh, hidden, unembedding, labels)
   print("OK")
+
+
+def check_sequence_split_with_a_kernel(mesh, hidden, unembedding, labels):
+  """A callable CE kernel on hidden states split along T alone: the
+  kernel's [B * T, D] flattening raised JAX's ShardingTypeError (a reshape
+  of a split T); T is made whole for it, and the result is the single
+  device's, value and gradient."""
+  hidden, labels = hidden[:, :36], labels[:, :36]  # T split in 4
+
+  def total(h, w):
+    return ntil_jax.fused_numeric_loss(
+        h, w, labels, implementation=optax_ce
+    ).sum()
+
+  step = jax.value_and_grad(total, argnums=(0, 1))
+  want, want_grads = step(hidden, unembedding)
+  split = NamedSharding(mesh, P(None, ("data", "fsdp")))
+  with jax.set_mesh(mesh):
+    got, got_grads = jax.jit(step)(
+        jax.device_put(hidden, split),
+        jax.device_put(unembedding, NamedSharding(mesh, P())),
+    )
+  assert got_grads[0].sharding.spec[1] == ("data", "fsdp"), got_grads[0]
+  np.testing.assert_allclose(got, want, rtol=1e-5)
+  for g, w_ in zip(got_grads, want_grads):
+    np.testing.assert_allclose(g, w_, rtol=1e-5, atol=1e-6 * np.abs(w_).max())
 
 
 def check_vocabulary_split_refused(mesh, hidden, unembedding, labels, put):

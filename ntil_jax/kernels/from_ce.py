@@ -156,6 +156,28 @@ def token_statistics(
       (a tuple, integers), when it is traced.
     ValueError: if it returns an array of another shape than ``[N]``.
   """
+  # The kernel takes the tokens flattened, [B * T, D]: a sequence split
+  # over explicit mesh axes cannot be flattened in place (a block of T is
+  # no block of B * T), so T is made whole first and the statistics split
+  # as the labels were (the hidden states gathered along T, as the chunked
+  # path's flattening does).
+  split_labels = labels
+  hidden = numbers.whole_sequence(hidden, axis=1)
+  labels = numbers.whole_sequence(labels, axis=1)
+  stats = _whole_sequence_statistics(
+      ce_fn, hidden, unembedding, labels, columns, traced_ids
+  )
+  return statistics.TokenStatistics(
+      numbers.split_like(stats.log_norm, split_labels, axis=1),
+      numbers.split_like(stats.label_logits, split_labels, axis=1),
+      numbers.split_like(stats.digit_logits, split_labels, axis=1),
+  )
+
+
+def _whole_sequence_statistics(
+    ce_fn, hidden, unembedding, labels, columns, traced_ids
+) -> statistics.TokenStatistics:
+  """:func:`token_statistics` on hidden states whole along T."""
   batch, length, dim = hidden.shape
   vocab_size = unembedding.shape[-1]
   if batch * length == 0:  # nothing to give the kernel
