@@ -727,6 +727,29 @@ def test_a_seal_that_lists_too_little_does_not_vouch_for_its_checkpoint(
   ]
 
 
+@pytest.mark.parametrize("cut", ["in_a_digest", "in_a_name"])
+def test_a_seal_cut_short_leaves_an_intact_checkpoint_restored(
+    data_dir, finished_run, tmp_path, cut
+):
+  """A seal cut mid-line (a copy of the workdir interrupted) read as
+  unreadable, or as a file that differs from it: the intact checkpoint was
+  moved aside and the run fell back a checkpoint. Its whole lines vouch for
+  too little; the checkpoint's own data decide."""
+  config = make_config(data_dir, train_steps=6, lr_decay_steps=9)
+  workdir = tmp_path / "run"
+  shutil.copytree(finished_run / "checkpoints", workdir / "checkpoints")
+  path = workdir / "checkpoints" / "6" / checkpoints.FILE_DIGESTS
+  text = path.read_bytes()
+  second = text.index(b"\n") + 1  # where the second line starts
+  end = second + (30 if cut == "in_a_digest" else 64 + 2 + 5)
+  path.write_bytes(text[:end])
+  assert _Restorer(config)(str(workdir)) == 6
+  assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == [
+      "3",
+      "6",
+  ]
+
+
 def test_a_step_damaged_again_is_moved_aside_beside_the_first(
     data_dir, finished_run, tmp_path, caplog
 ):

@@ -151,19 +151,29 @@ def _check_files(manager, step) -> bool:
   """Whether ``files.sha256`` vouches for every file; Damaged if one differs.
 
   False for a checkpoint without it (the run stopped between save and seal),
-  or with one that does not list every file it holds (empty, or torn).
+  or with one that does not list every file it holds (empty, or torn: a
+  line cut short, by a copy interrupted say, lists nothing, and a seal with
+  a line that is no ``digest  name`` vouches for nothing; the checkpoint is
+  then checked as an unsealed one, where its data decide).
   """
   checkpoint = os.path.join(str(manager.directory), str(step))
   path = os.path.join(checkpoint, FILE_DIGESTS)
   if not os.path.exists(path):
     return False  # the run stopped between the save and its seal
   try:
-    with open(path) as f:
-      want = dict(
-          reversed(line.rstrip("\n").split("  ", 1)) for line in f if line
-      )
-  except (OSError, ValueError, UnicodeDecodeError) as error:
+    with open(path, "rb") as f:
+      text = f.read()
+  except OSError as error:
     raise Damaged(f"its {FILE_DIGESTS} is unreadable") from error
+  # Whole lines only: what follows the last newline was cut short.
+  lines = text.split(b"\n")[:-1]
+  pairs = [line.split(b"  ", 1) for line in lines]
+  if not all(len(pair) == 2 for pair in pairs):
+    return False
+  try:
+    want = {name.decode(): digest.decode() for digest, name in pairs}
+  except UnicodeDecodeError:
+    return False
   # Sealed by an older version beside a seal a crash left half written
   # (then renamed over this one): that file was never the checkpoint's.
   want.pop(_SEAL_IN_PROGRESS, None)
