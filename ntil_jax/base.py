@@ -13,6 +13,7 @@ from jax.interpreters import partial_eval
 import jax.numpy as jnp
 import numpy as np
 
+from ntil_jax import arrays
 from ntil_jax import chunks
 from ntil_jax import numbers
 from ntil_jax import statistics
@@ -238,7 +239,7 @@ def log_norm_in_numbers(logits, labels, digit_mask, digit_token_ids):
   is_digit, _ = numbers.match_digits(labels, ids)
   if digit_mask is not None:
     is_digit = is_digit & digit_mask.astype(bool)
-  in_numbers = jnp.where(is_digit[..., None], logits, 0)
+  in_numbers = arrays.where(is_digit[..., None], logits, 0)
   return jax.nn.logsumexp(in_numbers.astype(jnp.float32), -1)
 
 
@@ -249,7 +250,7 @@ def digit_distance(layout) -> chex.Array:
 
 
 def masked(values, mask):
-  return jnp.where(mask, values, 0.0)
+  return arrays.where(mask, values, 0.0)
 
 
 def digits_in_numbers(digit_logits_, layout) -> chex.Array:
@@ -259,7 +260,7 @@ def digits_in_numbers(digit_logits_, layout) -> chex.Array:
   NaN there for NaN or inf logits (``0 * nan`` in the softmax's backward);
   this ``where`` on the digit block makes it exactly zero.
   """
-  return jnp.where(layout.is_digit[..., None], digit_logits_, 0.0)
+  return arrays.where(layout.is_digit[..., None], digit_logits_, 0.0)
 
 
 def digit_statistics(digit_logits_, log_norm=None):

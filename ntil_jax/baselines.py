@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from ntil_jax import arrays
 from ntil_jax import base
 from ntil_jax import numbers
 from ntil_jax import statistics
@@ -42,7 +43,7 @@ def soft_label_from_layout(
   targets = soft_digit_targets(layout.digit_values, eta=eta, width=width)
   # 0 log 0 = 0: a digit the model rules out (logit -inf) that the target
   # gives no weight costs nothing, not a NaN.
-  terms = jnp.where(targets > 0, targets * log_probs, 0.0)
+  terms = arrays.where(targets > 0, targets * log_probs, 0.0)
   return base.masked(-jnp.sum(terms, -1), layout.is_digit)
 
 
@@ -211,8 +212,8 @@ def cross_entropy(logits, labels, loss_mask=None) -> chex.Array:
   )
   labels, loss_mask = numbers.reshard_like(logits, labels, loss_mask)
   valid = base.scored(labels, logits.shape[-1], loss_mask)
-  logits = jnp.where(valid[..., None], logits, 0)
+  logits = arrays.where(valid[..., None], logits, 0)
   ce = optax.softmax_cross_entropy_with_integer_labels(
-      logits.astype(jnp.float32), jnp.where(valid, labels, 0)
+      logits.astype(jnp.float32), arrays.where(valid, labels, 0)
   )
   return base.masked(ce, valid)

@@ -43,6 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ntil_jax import arrays
 from ntil_jax import numbers
 from ntil_jax import vocab
 
@@ -219,12 +220,12 @@ def _safe_logsumexp(x, axis):
   """
   x = jnp.minimum(x, jnp.finfo(jnp.float32).max)
   top = jax.lax.stop_gradient(jnp.max(x, axis=axis, keepdims=True))
-  top = jnp.where(jnp.isfinite(top), top, 0.0)
+  top = arrays.where(jnp.isfinite(top), top, 0.0)
   total = jnp.sum(jnp.exp(x - top), axis=axis)
   some = ~(total <= 0)  # a NaN stays NaN (invalid traced ids: NaN, not -inf)
-  return jnp.where(
+  return arrays.where(
       some,
-      jnp.log(jnp.where(some, total, 1.0)) + jnp.squeeze(top, axis),
+      jnp.log(arrays.where(some, total, 1.0)) + jnp.squeeze(top, axis),
       -jnp.inf,
   )
 
@@ -241,7 +242,7 @@ def slot_digit_logits(number_logits, spec: Spec):
     table = spec.writers(width)
     present = table >= 0
     picked = jnp.take(number_logits, np.maximum(table, 0), axis=-1)
-    picked = jnp.where(present, picked, -jnp.inf)
+    picked = arrays.where(present, picked, -jnp.inf)
     if table.shape[1] == 1:
       strings = picked[..., 0]
     else:  # several tokens write the same digits ('12' and '\u258112')
@@ -316,7 +317,7 @@ def token_cells(labels, mask, ids, spec: Spec) -> TokenCells:
   start = jnp.cumsum(count, axis=-1) - count
   size = spec.slots_per_token * labels.shape[-1]
   return cells._replace(
-      dest=jnp.where(cell < count[..., None], start[..., None] + cell, size)
+      dest=arrays.where(cell < count[..., None], start[..., None] + cell, size)
   )
 
 
@@ -333,10 +334,10 @@ def _own_cells(labels, mask, ids, spec: Spec):
   # Lookups as sums over the matches (at most one per position: ids are
   # distinct), elementwise under any sharding of the positions.
   def lookup(table):
-    return jnp.sum(jnp.where(matches, np.asarray(table, np.int32), 0), -1)
+    return jnp.sum(arrays.where(matches, np.asarray(table, np.int32), 0), -1)
 
   is_number = matches.any(-1) & mask
-  width = jnp.where(is_number, lookup(spec.widths), 1)
+  width = arrays.where(is_number, lookup(spec.widths), 1)
   value = lookup(spec.values)
   separator = (is_number & (lookup(spec.word_starts) > 0)).astype(jnp.int32)
   cell = np.arange(spec.slots_per_token, dtype=np.int32)
@@ -344,13 +345,13 @@ def _own_cells(labels, mask, ids, spec: Spec):
   is_digit = is_number[..., None] & (digit >= 0) & (digit < width[..., None])
   place = jnp.clip(width[..., None] - 1 - digit, 0, MAX_WIDTH - 1)
   digit_value = (value[..., None] // 10 ** place.astype(value.dtype)) % 10
-  count = jnp.where(is_number, width + separator, 1)
+  count = arrays.where(is_number, width + separator, 1)
   cells = TokenCells(
       is_number=is_number,
       width=width,
       digit=digit,
       is_digit=is_digit,
-      label=jnp.where(is_digit, digit_value, _OTHER),
+      label=arrays.where(is_digit, digit_value, _OTHER),
       dest=None,
   )
   return cells, count
@@ -375,16 +376,16 @@ def cell_digit_logits(number_logits, cells: TokenCells, spec: Spec):
   Positions that hold no scored number token read zeros (before any
   reduction, so NaN or inf logits there get a zero gradient).
   """
-  number_logits = jnp.where(cells.is_number[..., None], number_logits, 0.0)
+  number_logits = arrays.where(cells.is_number[..., None], number_logits, 0.0)
   pairs = slot_digit_logits(number_logits, spec)
   offsets = _pair_offsets(spec)
   first = sum(
-      jnp.where(cells.width == w, offsets[w], 0) for w in spec.width_list
+      arrays.where(cells.width == w, offsets[w], 0) for w in spec.width_list
   )
   pair = first[..., None] + jnp.clip(cells.digit, 0, spec.max_width - 1)
   pair = jnp.clip(pair, 0, pairs.shape[-2] - 1)
   picked = jnp.take_along_axis(pairs, pair[..., None], axis=-2)
-  return jnp.where(cells.is_digit[..., None], picked, 0.0)
+  return arrays.where(cells.is_digit[..., None], picked, 0.0)
 
 
 class Slots(NamedTuple):
@@ -499,12 +500,12 @@ def components_to_tokens(components, slots: Slots):
   separated = (cells.digit[..., 0] < 0).astype(jnp.int32)
   last = cells.width - 1 + separated  # the cell of the token's last digit
   last_weight = jnp.take_along_axis(weights, last[..., None], -1)[..., 0]
-  last_weight = jnp.where(cells.is_number, last_weight, 1.0)
-  safe = jnp.where(last_weight != 0, last_weight, 1.0)
+  last_weight = arrays.where(cells.is_number, last_weight, 1.0)
+  safe = arrays.where(last_weight != 0, last_weight, 1.0)
   emd = jnp.sum(weights * per_cell(components.emd, slots), -1) / safe
   place = jnp.clip(cells.width[..., None] - 1 - cells.digit, 0)
   predicted = per_cell(components.predicted_digits, slots) * 10**place
-  value = jnp.sum(jnp.where(cells.is_digit, predicted, 0), -1)
+  value = jnp.sum(arrays.where(cells.is_digit, predicted, 0), -1)
   shaped = lambda x: x.reshape(slots.shape)
   return type(components)(
       emd=shaped(emd),

@@ -16,6 +16,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from ntil_jax import arrays
 from ntil_jax import base
 from ntil_jax import numbers
 from ntil_jax import statistics
@@ -47,7 +48,7 @@ def del_place_weights(layout: numbers.NumberLayout) -> chex.Array:
   places = layout.places.astype(jnp.float32)
   integer = INTEGER_SCALE * (places + 1.0)
   fraction = jnp.power(jnp.float32(FRACTION_BASE), jnp.minimum(places, 0) - 1)
-  weights = jnp.where(places >= 0, integer, fraction)
+  weights = arrays.where(places >= 0, integer, fraction)
   return base.masked(weights, layout.is_digit)
 
 
@@ -60,10 +61,10 @@ def del_from_layout(stats: statistics.TokenStatistics, layout):
   )
   # Binary cross-entropy of each digit's own logit: -log sigmoid(z) for the
   # target digit, -log(1 - sigmoid(z)) for the nine others.
-  bce = jax.nn.softplus(jnp.where(target, -logits, logits))
+  bce = jax.nn.softplus(arrays.where(target, -logits, logits))
   # A digit ruled out (logit -inf, probability 0) adds 0, the limit of
   # p * BCE, not 0 * inf = NaN: the target digit's BCE is inf there.
-  bce = jnp.where(probs > 0, bce, 0.0)
+  bce = arrays.where(probs > 0, bce, 0.0)
   per_digit = jnp.mean(probs * bce, axis=-1)
   return base.masked(del_place_weights(layout) * per_digit, layout.is_digit)
 

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ntil_jax import arrays
 from ntil_jax import base
 from ntil_jax import kernels
 from ntil_jax import losses
@@ -179,7 +180,7 @@ def fused_token_statistics(
   kernels.check(implementation, chunk_size, vocab_size=unembedding.shape[-1])
   labels, mask = numbers.reshard_like(hidden, labels, mask)
   if mask is not None:
-    hidden = jnp.where(jnp.asarray(mask, bool)[..., None], hidden, 0)
+    hidden = arrays.where(jnp.asarray(mask, bool)[..., None], hidden, 0)
   hidden, unembedding = _vary_alike(hidden, unembedding)
   unembedding = _on_mesh_of(hidden, unembedding)
   columns, traced_ids = statistics.digit_column_ids(

@@ -26,6 +26,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from ntil_jax import arrays
 from ntil_jax import base
 from ntil_jax import baselines
 from ntil_jax import digit_entropy
@@ -479,7 +480,7 @@ def loss_from_statistics(
     # Where aux sums to 0 (no digit scored, or each one's loss below
     # float32's range), the term is still lam times the CE, with no
     # direction: the limit of the ratio times aux.
-    aux = jnp.where(some, ratio * aux, jax.lax.stop_gradient(ce))
+    aux = arrays.where(some, ratio * aux, jax.lax.stop_gradient(ce))
   return ce + lam * aux
 
 
@@ -508,4 +509,7 @@ def _batch_ratio(ce, aux, axis_name):
     totals = jax.lax.psum(totals, axis_name)
   ce_total, aux_total = totals[0], totals[1]
   some = aux_total > 0
-  return jnp.where(some, ce_total / jnp.where(some, aux_total, 1.0), 0.0), some
+  return (
+      arrays.where(some, ce_total / arrays.where(some, aux_total, 1.0), 0.0),
+      some,
+  )

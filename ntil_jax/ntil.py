@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ntil_jax import arrays
 from ntil_jax import base
 from ntil_jax import numbers
 from ntil_jax import segments
@@ -56,7 +57,7 @@ def _straight_through_digits(digit_logits_, *, tau, key, noise_scale):
     digit_logits_ = digit_logits_ + noise_scale * gumbel
   # The first maximum (argmax's variadic reduction is a larger program).
   top = jnp.max(digit_logits_, axis=-1, keepdims=True)
-  hard = jnp.min(jnp.where(digit_logits_ == top, _DIGIT_IDS, 9), axis=-1)
+  hard = jnp.min(arrays.where(digit_logits_ == top, _DIGIT_IDS, 9), axis=-1)
   # Shifted by the maximum before the division: the largest is then exactly
   # 0 whatever tau, where ``logits / tau`` could round two ways in one
   # program (XLA turns the division into a product in some of its uses),
@@ -122,8 +123,8 @@ def _deviations_forward(soft_digits, x_digits, layout, comparison):
   del soft_digits  # Only its gradient counts (_deviations_backward).
   x_place, y_place, sign, correction = comparison
   x_larger = sign > 0
-  big_place = jnp.where(x_larger, x_place, y_place)  # the larger leading one
-  small_place = jnp.where(x_larger, y_place, x_place)
+  big_place = arrays.where(x_larger, x_place, y_place)  # the larger leading one
+  small_place = arrays.where(x_larger, y_place, x_place)
   # The larger number at its leading place, B = big / 10**big_place, and the
   # smaller, S = small / 10**small_place: in [1, 10), or below 1 when the
   # number is (leading places are clamped at 0); D = |X - Y| / 10**big_place
@@ -150,8 +151,8 @@ def _deviations_forward(soft_digits, x_digits, layout, comparison):
   # Each number's sums, at its last digit (every term is 0 outside numbers).
   big, small, difference = segments.segmented_sums(
       (
-          jnp.where(x_larger, x_digits, y_digits) * big_scale,
-          jnp.where(x_larger, y_digits, x_digits) * small_own_scale,
+          arrays.where(x_larger, x_digits, y_digits) * big_scale,
+          arrays.where(x_larger, y_digits, x_digits) * small_own_scale,
           difference_digits * big_scale,
       ),
       layout.first,
@@ -170,24 +171,26 @@ def _deviations_forward(soft_digits, x_digits, layout, comparison):
       + jnp.log(big_plus_one)
       - jnp.log(own_plus_one)
   )
-  magnitude = jnp.where(close, jnp.log1p(ratio), log_ratio)
+  magnitude = arrays.where(close, jnp.log1p(ratio), log_ratio)
   # Derivatives with respect to D and to X at its own scale, B or S.
-  by_close_difference = jnp.where(
+  by_close_difference = arrays.where(
       close, 1.0 / (small_plus_one + difference), 0.0
   )
   coefficients = (
       by_big,  # relative by difference
       by_close_difference,  # magnitude by difference
-      jnp.where(x_larger, -relative * by_big, 0.0),  # relative by X
-      jnp.where(  # magnitude by X
+      arrays.where(x_larger, -relative * by_big, 0.0),  # relative by X
+      arrays.where(  # magnitude by X
           close,
-          jnp.where(x_larger, 0.0, -ratio * small_scale * by_close_difference),
-          jnp.where(x_larger, by_big, -1.0 / own_plus_one),
+          arrays.where(
+              x_larger, 0.0, -ratio * small_scale * by_close_difference
+          ),
+          arrays.where(x_larger, by_big, -1.0 / own_plus_one),
       ),
   )
   # d(X / 10**x_place) and d(D) by each digit of X.
   slopes = (
-      jnp.where(x_larger, big_scale, small_own_scale),
+      arrays.where(x_larger, big_scale, small_own_scale),
       sign.astype(jnp.float32) * big_scale,
   )
   last = layout.is_last
@@ -238,7 +241,7 @@ def ntil_parts_from_layout(
   hard, soft = _straight_through_digits(
       digit_logits_, tau=tau, key=key, noise_scale=noise_scale
   )
-  hard = jnp.where(layout.is_digit, hard, 0)
+  hard = arrays.where(layout.is_digit, hard, 0)
   # The layout's places from the comparison's pass (one pass, not two).
   layout, comparison = numbers.compare_numbers(hard, layout)
   relative, magnitude = _number_deviations(soft, hard, layout, comparison)
@@ -250,7 +253,7 @@ def ntil_parts_from_layout(
   weights = jnp.minimum(jnp.power(1.0 + sigma, exponent), 1e30)
   return NTILComponents(
       emd=base.masked(emd, layout.is_digit),
-      weights=jnp.where(layout.is_digit, weights, 1.0),
+      weights=arrays.where(layout.is_digit, weights, 1.0),
       relative=relative,
       magnitude=magnitude,
       predicted_digits=predicted,

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ntil_jax import arrays
 from ntil_jax import base
 from ntil_jax import numbers
 from ntil_jax import segments
@@ -66,9 +67,9 @@ def nl_ntl_from_layout(
   finite = jnp.isfinite(expected) & jnp.isfinite(miss)
   predicted, written, difference, broken = segments.segmented_sums(
       (
-          jnp.where(finite, expected * scale, 0.0),
+          arrays.where(finite, expected * scale, 0.0),
           target * scale,
-          jnp.where(finite, miss * scale, 0.0),
+          arrays.where(finite, miss * scale, 0.0),
           (~finite).astype(jnp.float32),
       ),
       layout.first,
@@ -84,8 +85,8 @@ def nl_ntl_from_layout(
   denominator = jnp.maximum(denominator, SMALLEST_DENOMINATOR)
   unit = jax.lax.stop_gradient(1.0 / denominator)
   ratio = (jnp.abs(difference) * unit) / (denominator * unit)
-  per_number = jnp.where(
-      layout.is_last, jnp.where(broken > 0, jnp.nan, ratio), 0.0
+  per_number = arrays.where(
+      layout.is_last, arrays.where(broken > 0, jnp.nan, ratio), 0.0
   )
   # On the number's first digit, as their "none" reduction places it.
   first_digit = layout.is_digit & layout.starts
@@ -98,8 +99,8 @@ def nl_ntl_from_layout(
       )
     # Both zeroed away from first digits: a large logit there would make
     # exp overflow, and the masked-out inf a NaN gradient.
-    log_norm = jnp.where(first_digit, stats.log_norm, 0.0)
-    at_first = jnp.where(first_digit[..., None], logits, 0.0)
+    log_norm = arrays.where(first_digit, stats.log_norm, 0.0)
+    at_first = arrays.where(first_digit[..., None], logits, 0.0)
     mass = jnp.sum(jnp.exp(at_first - log_norm[..., None]), axis=-1)
     loss = loss * mass + REWEIGH_FACTOR * MAX_DISTANCE * (1.0 - mass)
   return base.masked(loss, first_digit)

@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ntil_jax import arrays
 from ntil_jax import segments
 
 NUM_DIGITS = 10
@@ -228,7 +229,7 @@ def match_digits(labels: chex.Array, digit_token_ids=None):
   labels = label_array(labels)
   if digit_token_ids is None:
     is_digit = (labels >= 0) & (labels < NUM_DIGITS)
-    return is_digit, jnp.where(is_digit, labels, 0).astype(jnp.int32)
+    return is_digit, arrays.where(is_digit, labels, 0).astype(jnp.int32)
   wide = jnp.int64 if labels.dtype.itemsize > 4 else jnp.int32
   ids = jnp.asarray(digit_token_ids).astype(wide)
   matches = labels.astype(wide)[..., None] == ids
@@ -259,11 +260,11 @@ def _nearest(starts, ends, kind=None, backward=()):
   """
   index = _positions(starts)
   none = segments.NO_MAXIMUM
-  kinds = () if kind is None else (jnp.where(kind, index, none),)
-  negated = () if kind is None else (jnp.where(kind, -index, none),)
+  kinds = () if kind is None else (arrays.where(kind, index, none),)
+  negated = () if kind is None else (arrays.where(kind, -index, none),)
   (first, *before), (last, *after) = segments.running_maxes(
-      forward=(jnp.where(starts, index, none),) + kinds,
-      backward=(jnp.where(ends, -index, none),) + negated + tuple(backward),
+      forward=(arrays.where(starts, index, none),) + kinds,
+      backward=(arrays.where(ends, -index, none),) + negated + tuple(backward),
   )
   extra = tuple(after[len(negated) :])
   if kind is None:
@@ -348,7 +349,7 @@ def number_layout(
         & segments.shift_left(is_digit, False)
     )
   layout = NumberLayout(
-      digit_values=jnp.where(is_digit, digit_values, 0),
+      digit_values=arrays.where(is_digit, digit_values, 0),
       is_digit=is_digit,
       is_last=None,
       starts=None,
@@ -396,7 +397,9 @@ def _located(layout: NumberLayout, backward=()):
     following = segments.shift_left(after, -segments.NO_MAXIMUM)
     alone = candidates & (previous < run_first) & (following > run_last)
     has_after, has_before = after <= run_last, before >= run_first
-    nearest = jnp.where(has_after, after, jnp.where(has_before, before, index))
+    nearest = arrays.where(
+        has_after, after, arrays.where(has_before, before, index)
+    )
     some = has_after | has_before
     one = some & (
         segments.read_at(alone[..., None].astype(jnp.int32), nearest)[..., 0]
@@ -405,15 +408,17 @@ def _located(layout: NumberLayout, backward=()):
     several = some & ~one
     # A candidate that is not a point stands alone, outside numbers.
     rejected = candidates & ~alone
-    first = jnp.where(
-        rejected, index, jnp.where(several & has_before, before + 1, run_first)
+    first = arrays.where(
+        rejected,
+        index,
+        arrays.where(several & has_before, before + 1, run_first),
     )
-    last = jnp.where(
-        rejected, index, jnp.where(several & has_after, after - 1, run_last)
+    last = arrays.where(
+        rejected, index, arrays.where(several & has_after, after - 1, run_last)
     )
     # Computed once: every later pass and sum reads them.
     first, last, point = _materialized(
-        (first, last, jnp.where(one, nearest, last + 1))
+        (first, last, arrays.where(one, nearest, last + 1))
     )
     starts, ends = first == index, last == index
     point_on_right = (index < point) & (point <= last)
@@ -422,8 +427,8 @@ def _located(layout: NumberLayout, backward=()):
       is_last=is_digit & ends,
       starts=starts,
       ends=ends,
-      digits_right=jnp.where(is_digit, digits_right, 0),
-      places=jnp.where(
+      digits_right=arrays.where(is_digit, digits_right, 0),
+      places=arrays.where(
           is_digit,
           digits_right if candidates is None else place_of(index, point),
           0,
@@ -532,11 +537,11 @@ def compare_numbers(x_digits, layout: NumberLayout):
   none = segments.NO_MAXIMUM
   index = _positions(x_digits)
   y_digits = layout.digit_values
-  step = jnp.where(layout.is_digit, x_digits - y_digits, 0)
+  step = arrays.where(layout.is_digit, x_digits - y_digits, 0)
   keys = (
-      jnp.where(layout.is_digit & (x_digits != 0), -index, none),
-      jnp.where(layout.is_digit & (y_digits != 0), -index, none),
-      jnp.where(step != 0, -2 * index - (step < 0), none),
+      arrays.where(layout.is_digit & (x_digits != 0), -index, none),
+      arrays.where(layout.is_digit & (y_digits != 0), -index, none),
+      arrays.where(step != 0, -2 * index - (step < 0), none),
   )
   layout, nearest = _located(layout, keys)
   at_first = segments.read_at(jnp.stack(nearest, -1), layout.first)
@@ -547,22 +552,26 @@ def compare_numbers(x_digits, layout: NumberLayout):
       place = layout.last - lead
     else:
       place = jnp.maximum(place_of(lead, layout.point), 0)
-    return jnp.where(lead <= layout.last, place, 0)
+    return arrays.where(lead <= layout.last, place, 0)
 
   def direction(key):
     """-1 or 1 for a difference key in the number, 0 for none."""
-    return jnp.where(key >> 1 <= layout.last, jnp.where(key & 1 == 1, -1, 1), 0)
+    return arrays.where(
+        key >> 1 <= layout.last, arrays.where(key & 1 == 1, -1, 1), 0
+    )
 
   sign = direction(first_difference)
   borrow_out = ((sign != 0) & (direction(-nearest[2]) == -sign)).astype(
       jnp.int32
   )
-  borrow_in = jnp.where(layout.ends, 0, segments.shift_left(borrow_out, 0))
+  borrow_in = arrays.where(layout.ends, 0, segments.shift_left(borrow_out, 0))
   return layout, _materialized(
       NumberComparison(
           x_place=leading_place(x_lead),
           y_place=leading_place(y_lead),
           sign=sign,
-          correction=jnp.where(layout.is_digit, 10 * borrow_out - borrow_in, 0),
+          correction=arrays.where(
+              layout.is_digit, 10 * borrow_out - borrow_in, 0
+          ),
       )
   )

@@ -39,6 +39,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ntil_jax import arrays
+
 # Positions per block: the side of each block's [b, b] mask.
 BLOCK = 128
 # What a running maximum is where nothing is maximized.
@@ -105,7 +107,7 @@ def _running_max(values: chex.Array) -> chex.Array:
   """
 
   def masked_max(x, triangle):
-    chosen = jnp.where(triangle[:, :, None], x[..., None, :, :], NO_MAXIMUM)
+    chosen = arrays.where(triangle[:, :, None], x[..., None, :, :], NO_MAXIMUM)
     return jnp.max(chosen, axis=-2)
 
   within = masked_max(values, _triangle(values.shape[-2], False))
@@ -200,7 +202,7 @@ def segmented_sums(fields: Sequence[chex.Array], firsts: chex.Array) -> tuple:
       precision=_HIGHEST,
   )
   is_open = (ids == opening[..., None])[..., None]
-  sums = sums + jnp.where(is_open, carry[..., None, :], 0.0)
+  sums = sums + arrays.where(is_open, carry[..., None, :], 0.0)
   sums = jax.lax.optimization_barrier(_unblocked(sums, length))
   return tuple(sums[..., f] for f in range(len(fields)))
 

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ntil_jax import arrays
 from ntil_jax import base
 from ntil_jax import numbers
 from ntil_jax import statistics
@@ -109,8 +110,8 @@ def smmd_kernel(
     # min non-zero distance 1, max 9; their 1e-10 vanishes in float32.
     span = jnp.float32(numbers.NUM_DIGITS - 2) + jnp.float32(1e-10)
     squashed = 1.0 + (dist - 1.0) * ((factor - 1.0) / span)
-    squashed = jnp.where(dist == 0, 0.0, squashed)
-    dist = jnp.where(factor > 1.0, squashed, dist)
+    squashed = arrays.where(dist == 0, 0.0, squashed)
+    dist = arrays.where(factor > 1.0, squashed, dist)
   widths = jnp.asarray(sigmas, jnp.float32)[:, None, None]
   if kernel == "gaussian":
     # The distance in bandwidths, then squared: widths**2 underflows to 0

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ntil_jax import arrays
 from ntil_jax import chunks
 from ntil_jax import numbers
 from ntil_jax import validation
@@ -50,7 +51,7 @@ def digit_logits(logits, digit_token_ids=None) -> chex.Array:
   picked, valid_ids = _pick_digits(logits, columns, traced_ids)
   picked = picked.astype(jnp.float32)
   if valid_ids is not None:
-    picked = jnp.where(valid_ids, picked, jnp.nan)
+    picked = arrays.where(valid_ids, picked, jnp.nan)
   # Materialized, and so is its cotangent under autodiff (the barrier's
   # transpose is a barrier): otherwise XLA fuses a loss's whole per-token
   # gradient into the [..., V] add of `ce + lam * loss`, where it is
@@ -208,7 +209,7 @@ def _sparse_cotangents(index, g_label, g_digits, columns, traced_ids, vocab):
   if columns is not None:
     digit_columns = np.asarray(columns, np.int32)
   else:
-    g_digits = jnp.where(ids_are_valid(traced_ids, vocab), g_digits, 0.0)
+    g_digits = arrays.where(ids_are_valid(traced_ids, vocab), g_digits, 0.0)
     digit_columns = jnp.clip(traced_ids, 0, vocab - 1).astype(jnp.int32)
   index = index.astype(jnp.int32)[..., None]
   sparse_columns = jnp.concatenate(
@@ -275,7 +276,7 @@ def _statistics_fwd(logits, labels, mask, traced_ids, columns, keep_exp):
   # that narrower logits are widened only inside the exp's pass, never
   # written out as a float32 [..., V] copy.
   amax = jnp.max(logits, axis=-1).astype(jnp.float32)
-  amax = jnp.where(jnp.isfinite(amax), amax, 0.0)
+  amax = arrays.where(jnp.isfinite(amax), amax, 0.0)
   shifted = jnp.exp(logits.astype(jnp.float32) - amax[..., None])
   sum_exp = jnp.sum(shifted, axis=-1)
   log_norm = jnp.log(sum_exp) + amax
@@ -285,12 +286,12 @@ def _statistics_fwd(logits, labels, mask, traced_ids, columns, keep_exp):
   digits, valid_ids = _pick_digits(logits, columns, traced_ids)
   digits = digits.astype(jnp.float32)
   if mask is not None:  # as if the logits there were zeros
-    log_norm = jnp.where(mask, log_norm, jnp.log(jnp.float32(vocab_size)))
-    label_logits = jnp.where(mask, label_logits, 0.0)
-    digits = jnp.where(mask[..., None], digits, 0.0)
+    log_norm = arrays.where(mask, log_norm, jnp.log(jnp.float32(vocab_size)))
+    label_logits = arrays.where(mask, label_logits, 0.0)
+    digits = arrays.where(mask[..., None], digits, 0.0)
   if valid_ids is not None:
     # Traced ids cannot be checked before run time: invalid ones give NaN.
-    digits = jnp.where(valid_ids, digits, jnp.nan)
+    digits = arrays.where(valid_ids, digits, jnp.nan)
   stats = TokenStatistics(log_norm, label_logits, digits)
   dense = (shifted, sum_exp) if keep_exp else (logits, log_norm)
   # A scalar of the logits' dtype, the gradient's.
@@ -302,9 +303,9 @@ def _statistics_bwd(columns, keep_exp, residuals, cotangents):
   (big, per_token), index, mask, traced_ids, like = residuals
   g_norm, g_label, g_digits = cotangents
   if mask is not None:
-    g_norm = jnp.where(mask, g_norm, 0.0)
-    g_label = jnp.where(mask, g_label, 0.0)
-    g_digits = jnp.where(mask[..., None], g_digits, 0.0)
+    g_norm = arrays.where(mask, g_norm, 0.0)
+    g_label = arrays.where(mask, g_label, 0.0)
+    g_digits = arrays.where(mask[..., None], g_digits, 0.0)
   scale = g_norm / per_token if keep_exp else g_norm
   # Materialized here: the [..., V] loop then reads one number per token
   # instead of redoing the per-token arithmetic for every logit.
@@ -317,7 +318,7 @@ def _statistics_bwd(columns, keep_exp, residuals, cotangents):
     dense = jnp.exp(big.astype(jnp.float32) - per_token[..., None])
     dense = dense * scale[..., None]
   if mask is not None:  # NaN or inf logits of unused tokens: 0, not NaN
-    dense = jnp.where(mask[..., None], dense, 0.0)
+    dense = arrays.where(mask[..., None], dense, 0.0)
   dense = dense.astype(like.dtype)
   # The label's and the digits' cotangents: 11 entries per token.
   sparse_columns, values = _sparse_cotangents(

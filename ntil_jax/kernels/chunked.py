@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ntil_jax import arrays
 from ntil_jax import numbers
 from ntil_jax import statistics
 
@@ -238,7 +239,7 @@ def _statistics_bwd(columns, rows, tile, residuals, cotangents):
   hidden_sharding = jax.typeof(hidden).sharding
   labels = jnp.clip(labels, 0, vocab_size - 1).astype(jnp.int32)
   if columns is None:  # invalid traced ids made the digit logits NaN
-    g_digits = jnp.where(
+    g_digits = arrays.where(
         statistics.ids_are_valid(traced_ids, vocab_size), g_digits, 0.0
     )
     digit_columns = jnp.clip(traced_ids, 0, vocab_size - 1)
@@ -273,25 +274,25 @@ def _statistics_bwd(columns, rows, tile, residuals, cotangents):
       digit_scales = _slice(g_digits, start_t, positions, 1)
       if ragged_rows:
         new_row = start_t + jnp.arange(positions) >= first_t
-        scale = jnp.where(new_row, scale, 0.0)
-        label_scale = jnp.where(new_row, label_scale, 0.0)
-        digit_scales = jnp.where(new_row[:, None], digit_scales, 0.0)
+        scale = arrays.where(new_row, scale, 0.0)
+        label_scale = arrays.where(new_row, label_scale, 0.0)
+        digit_scales = arrays.where(new_row[:, None], digit_scales, 0.0)
       norm = _slice(log_norm, start_t, positions, 1)
       # One elementwise pass: softmax times d log_norm, plus the label's
       # and the ten digits' cotangents in their columns (11 compares per
       # logit, no scatter).
       grad = jnp.exp(logits - norm[..., None]) * scale[..., None]
-      grad = grad + jnp.where(
+      grad = grad + arrays.where(
           column == label[..., None], label_scale[..., None], 0.0
       )
       for k in range(0 if many else numbers.NUM_DIGITS):
-        grad = grad + jnp.where(
+        grad = grad + arrays.where(
             column == digit_columns[k] - start_v,
             digit_scales[..., k, None],
             0.0,
         )
       if ragged_columns:
-        grad = jnp.where(column >= first - start_v, grad, 0.0)
+        grad = arrays.where(column >= first - start_v, grad, 0.0)
       grad = grad.astype(compute_dtype)
       d_h = jnp.einsum(
           "bcv,dv->bcd",

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ntil_jax import arrays
 from ntil_jax import numbers
 from ntil_jax import statistics
 
@@ -190,7 +191,7 @@ def _whole_sequence_statistics(
   flat = hidden.reshape(batch * length, dim).astype(dtype)
   unembedding = unembedding.astype(dtype)
   valid = (labels >= 0) & (labels < vocab_size)
-  safe = jnp.where(valid, labels, 0).astype(jnp.int32).reshape(-1)
+  safe = arrays.where(valid, labels, 0).astype(jnp.int32).reshape(-1)
   # Checked on the tokens each device gives it.
   ce_fn = _checked(ce_fn, batch * length // _token_axes(flat)[2])
   ce = _grads_in_dtype(_on_each_shard(ce_fn, flat), dtype)(
@@ -211,7 +212,7 @@ def _whole_sequence_statistics(
       "nd,dk->nk", flat, digit_columns, preferred_element_type=jnp.float32
   )
   if columns is None:
-    digits = jnp.where(
+    digits = arrays.where(
         statistics.ids_are_valid(traced_ids, vocab_size), digits, jnp.nan
     )
   log_norm = ce.astype(jnp.float32) + label_logit

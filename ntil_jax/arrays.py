@@ -1,0 +1,25 @@
+"""Array helpers that trace into the caller's program in place.
+
+``jnp.where`` is a nested ``jit``: every call is traced as a program of its
+own, and under ``jax.grad`` linearized as one too, before XLA inlines it.
+The number logic makes about fifty such calls: NTIL's value and gradient
+traced in 0.164 s with them and 0.139 s with :func:`where` (2 x 2048 x
+1024 on the 2-core CPU, best of 8 in one process, 2026-12-03).
+"""
+
+import chex
+import jax
+import jax.numpy as jnp
+
+
+def where(condition, x, y) -> chex.Array:
+  """``jnp.where(condition, x, y)``, traced in place (no nested ``jit``).
+
+  The same dtype promotion (Python scalars weakly typed) and broadcasting,
+  shardings included; ``condition`` is read as a bool.
+  """
+  dtype = jnp.result_type(x, y)
+  condition, x, y = jnp.broadcast_arrays(
+      jnp.asarray(condition, bool), jnp.asarray(x, dtype), jnp.asarray(y, dtype)
+  )
+  return jax.lax.select(condition, x, y)
