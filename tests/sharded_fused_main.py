@@ -120,7 +120,7 @@ def check_sequence_split_with_a_kernel(mesh, hidden, unembedding, labels):
     ).sum()
 
   step = jax.value_and_grad(total, argnums=(0, 1))
-  want, want_grads = step(hidden, unembedding)
+  want, want_grads = jax.jit(step)(hidden, unembedding)
   split = NamedSharding(mesh, P(None, ("data", "fsdp")))
   with jax.set_mesh(mesh):
     got, got_grads = jax.jit(step)(
@@ -137,7 +137,7 @@ def check_vocabulary_split_refused(mesh, hidden, unembedding, labels, put):
   """An unembedding split along V on explicit axes is refused by name (JAX
   raised a ShardingTypeError from a gather deep in the statistics); split
   along D it gives the single-device value."""
-  want = ntil_jax.fused_numeric_loss(hidden, unembedding, labels).sum()
+  want = jax.jit(ntil_jax.fused_numeric_loss)(hidden, unembedding, labels).sum()
   for spec in (P(None, "fsdp"), P("fsdp", None)):
     w = jax.device_put(unembedding, NamedSharding(mesh, spec))
     with jax.set_mesh(mesh):
