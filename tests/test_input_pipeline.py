@@ -781,6 +781,22 @@ time.sleep(600)
   assert not left, "a worker orphaned before its init kept running"
 
 
+def test_a_worker_leaves_ctrl_c_to_the_trainer():
+  # Ctrl-C reaches the whole process group: the trainer saves and stops,
+  # and each grain worker printed a KeyboardInterrupt traceback of its own.
+  code = """
+import os, signal, time
+from train import input_pipeline
+input_pipeline.exit_with_parent(0, 2, parent=os.getppid())
+os.kill(os.getpid(), signal.SIGINT)
+time.sleep(0.5)
+print("still here", flush=True)
+"""
+  worker = _python(code)
+  out, err = worker.communicate(timeout=120)
+  assert worker.returncode == 0 and out.strip() == "still here", err
+
+
 def test_worker_processes_need_parsed_flags(data_dir):
   if flags.FLAGS.is_parsed():
     pytest.skip("absl flags already parsed in this process")

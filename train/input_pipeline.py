@@ -39,6 +39,7 @@ model's prediction after it.
 
 import functools
 import os
+import signal
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -590,8 +591,13 @@ def exit_with_parent(
   ``parent`` is the trainer's pid, taken in the trainer: a worker still
   starting when the trainer dies sees its new parent from the first and
   exits at once (read in the worker, that new parent would be watched).
+  Ctrl-C, sent to the whole process group, is the trainer's to handle (it
+  saves, then stops): each worker ignores it, where each printed a
+  KeyboardInterrupt traceback of its own.
   """
   del worker_index, worker_count
+  if threading.current_thread() is threading.main_thread():
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
   def watch():
     while os.getppid() == parent:
