@@ -7,6 +7,8 @@ import glob
 import json
 import os
 
+from ntil_jax.kernels import chunked
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 FAMILIES = (
@@ -51,7 +53,13 @@ def table(run, results):
   ).get(f"{run['tokens']}:{run['vocab']}")
   if chunk and "from_hidden" in run:
     source = "--chunk_size" if results.get("chunk_size") else "the default"
-    lines += [f"Fused path: chunks of {chunk} tokens ({source}).", ""]
+    rows = run["tokens"] // results["seq_len"]
+    positions = chunked.positions_per_chunk(rows, results["seq_len"], chunk)
+    lines += [
+        f"Fused path: chunks of {rows * positions} tokens ({rows} rows x "
+        f"{positions} positions; chunk_size {chunk}, {source}).",
+        "",
+    ]
   fits = run.get("largest_tokens_in_budget")
   if fits:
     how = (

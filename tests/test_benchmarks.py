@@ -181,7 +181,12 @@ class BenchmarkTest(absltest.TestCase):
     self.assertIn(f"Targets on {setting}", text)
     self.assertIn(f"### N=64, V=256 ({setting})", text)
     chunk = results["default_chunk_sizes"]["64:256"]
-    self.assertIn(f"chunks of {chunk} tokens (the default)", text)
+    # 2 rows of T = 32, each wholly in one chunk of 64 tokens.
+    self.assertIn(
+        f"chunks of {chunk} tokens (2 rows x 32 positions; chunk_size "
+        f"{chunk}, the default)",
+        text,
+    )
     # The from-hidden rows reported as measured.
     self.assertNotIn("Largest N", text)
     self.assertNotIn("not measured here", text)

@@ -337,3 +337,24 @@ class SelectionTest(parameterized.TestCase):
 
 if __name__ == "__main__":
   absltest.main()
+
+
+def test_positions_per_chunk_are_the_chunks_the_program_slices():
+  """benchmarks/results.md printed chunk_size as the tokens of a chunk; a
+  chunk holds every row's share, evened out over T: 27 -> 4 rows x 6
+  positions = 24 tokens at B = 4, T = 512 (768 -> 4 x 171 = 684)."""
+  assert ntil_jax.kernels.chunked.positions_per_chunk(4, 512, 27) == 6
+  assert ntil_jax.kernels.chunked.positions_per_chunk(4, 512, 768) == 171
+  hidden = jnp.ones((4, 512, 8))
+  labels = jnp.zeros((4, 512), jnp.int32)
+  text = (
+      jax.jit(
+          lambda h, w: ntil_jax.fused_token_statistics(
+              h, w, labels, chunk_size=27, implementation="chunked"
+          )
+      )
+      .lower(hidden, jnp.ones((8, 64)))
+      .compile()
+      .as_text()
+  )
+  assert "f32[4,6,8]" in text and "f32[4,7,8]" not in text

@@ -135,9 +135,19 @@ def token_statistics(
       labels,
       traced_ids,
       columns,
-      _even_split(length, max(1, chunk_size // batch)),
+      positions_per_chunk(batch, length, chunk_size),
       tile,
   )
+
+
+def positions_per_chunk(batch: int, length: int, chunk_size: int) -> int:
+  """Positions of each row in one forward chunk of ``chunk_size`` tokens.
+
+  A chunk spans every row of the batch: ``chunk_size // batch`` positions
+  a row at most, evened out over ``length`` (so a chunk holds ``batch``
+  times this, which can be fewer tokens than ``chunk_size``).
+  """
+  return _even_split(length, max(1, chunk_size // batch))
 
 
 def _digit_ids(columns, traced_ids):
