@@ -17,6 +17,11 @@ def where(condition, x, y) -> chex.Array:
 
   The same dtype promotion (Python scalars weakly typed) and broadcasting,
   shardings included; ``condition`` is read as a bool.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> where(jnp.array([True, False]), jnp.array([1, 2]), 0.5).tolist()
+    [1.0, 0.5]
   """
   dtype = jnp.result_type(x, y)
   condition, x, y = jnp.broadcast_arrays(

@@ -8,6 +8,7 @@ import pytest
 # Modules whose docstrings hold examples; each must keep at least one.
 MODULES = (
     "ntil_jax.ntil",
+    "ntil_jax.arrays",
     "ntil_jax.baselines",
     "ntil_jax.vocab",
     "ntil_jax.losses",

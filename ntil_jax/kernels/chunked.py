@@ -146,6 +146,12 @@ def positions_per_chunk(batch: int, length: int, chunk_size: int) -> int:
   A chunk spans every row of the batch: ``chunk_size // batch`` positions
   a row at most, evened out over ``length`` (so a chunk holds ``batch``
   times this, which can be fewer tokens than ``chunk_size``).
+
+  Example:
+    27 tokens over 4 rows of 512: 6 positions a row, 24 tokens a chunk.
+
+    >>> positions_per_chunk(4, 512, 27)
+    6
   """
   return _even_split(length, max(1, chunk_size // batch))
 
