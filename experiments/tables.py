@@ -53,8 +53,7 @@ def reading(grouped, metrics, methods, labels):
     # recorded as None or NaN left out, not a NaN mean ranked anywhere).
     means = {}
     for m in present:
-      values = [stats.value(r, metric) for r in grouped[m].values()]
-      finite = [v for v in values if np.isfinite(v)]
+      finite, _ = finite_values(grouped[m].values(), metric)
       if finite:
         means[m] = scale * np.mean(finite)
     ranked = sorted(means, key=lambda m: -means[m] if higher else means[m])
@@ -187,14 +186,24 @@ def fmt_metric(runs, metric, missing="–"):
   """``mean ± sd`` of a `stats.Metric` over the finite values of ``runs`` (a
   list), ``missing`` without one; ``(k of n)`` after it where only k of the
   n runs have one (a seed that never reached a threshold)."""
-  values = [metric.scale * stats.value(r, metric.field) for r in runs]
-  finite = [v for v in values if np.isfinite(v)]
+  finite, total = finite_values(runs, metric.field, metric.scale)
   if not finite:
     return missing
   text = stats.fmt(finite, metric.digits)
-  if len(finite) < len(values):
-    text += f" ({len(finite)} of {len(values)})"
+  if len(finite) < total:
+    text += f" ({len(finite)} of {total})"
   return text
+
+
+def finite_values(runs, field, scale=1.0):
+  """``scale`` times ``field`` of each of ``runs``, the finite ones only (a
+  seed recorded as None or NaN left out), and how many runs there were.
+
+  >>> finite_values([{"a": 0.5}, {"a": None}, {"a": float("nan")}], "a", 100)
+  ([50.0], 3)
+  """
+  values = [scale * stats.value(r, field) for r in runs]
+  return [v for v in values if np.isfinite(v)], len(values)
 
 
 def delta(d, digits=2, p=None) -> str:

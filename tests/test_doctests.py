@@ -22,6 +22,7 @@ MODULES = (
     "train.tokenizer",
     "train.models",
     "train.schedule",
+    "experiments.tables",
 )
 
 
