@@ -40,6 +40,7 @@ def number_loss(
     digit_mask,
     digit_token_ids,
     decimal_point_mask=None,
+    sequence_axis=None,
     **loss_kwargs,
 ):
   """``numeric_fn(stats, layout, **loss_kwargs)`` on whole sequences.
@@ -49,6 +50,10 @@ def number_loss(
   along T (:func:`numbers.whole_sequence`: the labels, the masks, the
   ``[..., T]`` and ``[..., T, 10]`` statistics, never ``[..., T, V]``
   logits) and the per-token result is split along T as ``labels`` are.
+  Inside ``shard_map`` no sharding says where T is split: ``sequence_axis``
+  names the manual axes it is split over, and the same inputs are gathered
+  over them (:func:`numbers.gather_sequence`), the result cut back to the
+  shard's positions.
 
   Called outside ``jit`` (eagerly, or under ``jax.grad`` or ``jax.vmap``
   alone) and without a mesh, it runs as one compiled program
@@ -83,7 +88,8 @@ def number_loss(
   inputs = (stats, labels, digit_mask, decimal_point_mask, arrays)
   if compiled and any(_staged(x) for x in jax.tree.leaves(inputs)):
     compiled = False
-  if not compiled:
+  numbers.check_sequence_axis(sequence_axis)
+  if not compiled or sequence_axis is not None:
     return _whole_sequence_loss(
         numeric_fn,
         spec,
@@ -92,6 +98,7 @@ def number_loss(
         digit_mask,
         digit_token_ids,
         decimal_point_mask,
+        sequence_axis=sequence_axis,
         **loss_kwargs,
     )
   return _compiled_number_loss(
@@ -160,10 +167,28 @@ def _whole_sequence_loss(
     digit_mask,
     digit_token_ids,
     decimal_point_mask=None,
+    sequence_axis=None,
     **loss_kwargs,
 ):
   position_axis = labels.ndim - 1
-  whole = functools.partial(numbers.whole_sequence, axis=position_axis)
+  if sequence_axis is None:
+    whole = functools.partial(numbers.whole_sequence, axis=position_axis)
+
+    def split(x):
+      return numbers.split_like(x, labels, position_axis)
+
+  else:
+    whole = functools.partial(
+        numbers.gather_sequence,
+        sequence_axis=sequence_axis,
+        axis=position_axis,
+    )
+    split = functools.partial(
+        numbers.shard_of_sequence,
+        length=labels.shape[-1],
+        sequence_axis=sequence_axis,
+        axis=position_axis,
+    )
   if spec is not None:  # [..., T, K] -> [..., T, C, 10] before any gather
     stats = stats._replace(
         digit_logits=chunks.token_digit_logits(
@@ -197,9 +222,7 @@ def _whole_sequence_loss(
         decimal_point_mask=decimal_point_mask,
     )
     result = numeric_fn(whole_stats, layout, **loss_kwargs)
-  return jax.tree.map(
-      lambda x: numbers.split_like(x, labels, position_axis), result
-  )
+  return jax.tree.map(split, result)
 
 
 def prepare(

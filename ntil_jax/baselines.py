@@ -48,7 +48,7 @@ def soft_label_from_layout(
 
 
 def emd_loss(
-    logits, labels, digit_mask=None, *, digit_token_ids=None
+    logits, labels, digit_mask=None, *, digit_token_ids=None, sequence_axis=None
 ) -> chex.Array:
   r"""Earth Mover's Distance between the digit distribution and the target.
 
@@ -58,6 +58,8 @@ def emd_loss(
   The "EMD" baseline of the NTIL paper; for single-digit tokens it equals the
   Wasserstein variant NTL-WAS of the Number Token Loss paper. Arguments and
   result as in :func:`ntil_loss`.
+  Per digit, so a sequence split inside ``shard_map`` needs nothing
+  from other shards: ``sequence_axis`` is checked, and gathers nothing.
 
   Example:
     Ten digit ids 0..9 and two other tokens; the model is sure of '4'
@@ -72,6 +74,7 @@ def emd_loss(
   _, labels, digit_mask, _, digit_logits_ = base.prepare(
       logits, labels, digit_mask, digit_token_ids
   )
+  numbers.check_sequence_axis(sequence_axis)
   return base.number_loss(
       emd_from_layout,
       base.digit_statistics(digit_logits_),
@@ -82,7 +85,7 @@ def emd_loss(
 
 
 def ntl_mse_loss(
-    logits, labels, digit_mask=None, *, digit_token_ids=None
+    logits, labels, digit_mask=None, *, digit_token_ids=None, sequence_axis=None
 ) -> chex.Array:
   r"""Number Token Loss, MSE variant: squared error of the expected digit.
 
@@ -90,6 +93,8 @@ def ntl_mse_loss(
 
   with :math:`p_t` the softmax over the ten digit logits (Zausinger et al.,
   2025). Arguments and result as in :func:`ntil_loss`.
+  Per digit, so a sequence split inside ``shard_map`` needs nothing
+  from other shards: ``sequence_axis`` is checked, and gathers nothing.
 
   Example:
     The model is sure of '4', so it expects the digit 4:
@@ -102,6 +107,7 @@ def ntl_mse_loss(
   _, labels, digit_mask, _, digit_logits_ = base.prepare(
       logits, labels, digit_mask, digit_token_ids
   )
+  numbers.check_sequence_axis(sequence_axis)
   return base.number_loss(
       ntl_mse_from_layout,
       base.digit_statistics(digit_logits_),
@@ -147,6 +153,7 @@ def soft_label_cross_entropy(
     digit_token_ids=None,
     eta: float = 0.5,
     width: float = 1.0,
+    sequence_axis=None,
 ) -> chex.Array:
   r"""Cross-entropy of digit tokens against soft digit labels.
 
@@ -159,6 +166,8 @@ def soft_label_cross_entropy(
   Amazon AGI). The poster does not give :math:`\eta` or the width; the
   defaults here are a reasonable middle (not tuned). Arguments and result as
   in :func:`ntil_loss`; ``eta`` in ``[0, 1]``, ``width >= 1e-30``.
+  Per digit, so a sequence split inside ``shard_map`` needs nothing
+  from other shards: ``sequence_axis`` is checked, and gathers nothing.
 
   Example:
     With ``eta=0`` the labels are one-hot: token cross-entropy on the digits.
@@ -179,6 +188,7 @@ def soft_label_cross_entropy(
   log_norm = base.log_norm_in_numbers(
       logits, labels, digit_mask, digit_token_ids
   )
+  numbers.check_sequence_axis(sequence_axis)
   return base.number_loss(
       soft_label_from_layout,
       base.digit_statistics(digit_logits_, log_norm),

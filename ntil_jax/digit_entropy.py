@@ -76,6 +76,7 @@ def del_loss(
     *,
     digit_token_ids=None,
     decimal_point_mask=None,
+    sequence_axis=None,
 ) -> chex.Array:
   r"""Digit Entropy Loss (DEL, Zheng et al., 2026), per token.
 
@@ -132,6 +133,9 @@ def del_loss(
       it for the authors' decimals: without it every digit counts as an
       integer digit of a number that ends at the '.', so ``3.14`` scores
       as ``3`` and ``14``.
+    sequence_axis: inside ``jax.shard_map``, the mesh axes T is split over
+      (see :func:`ntil_jax.numeric_token_loss`); ``None``: each shard holds
+      whole sequences.
 
   Returns:
     ``[..., T]`` float32 per-token loss, zero (with zero gradient) outside
@@ -161,4 +165,5 @@ def del_loss(
       digit_mask,
       digit_token_ids,
       decimal_point_mask,
+      sequence_axis=sequence_axis,
   )

@@ -237,6 +237,7 @@ def fused_numeric_loss(
     decimal_point_mask=None,
     implementation=None,
     axis_name=None,
+    sequence_axis=None,
     **loss_kwargs,
 ) -> chex.Array:
   r"""Per-token ``CE + lam * numeric loss`` from hidden states.
@@ -279,6 +280,10 @@ def fused_numeric_loss(
     axis_name: inside ``jax.shard_map``, the mesh axes the batch is split
       over, for ``weighting="reference"`` and ``"authors"`` (see
       :func:`ntil_jax.numeric_token_loss`).
+    sequence_axis: inside ``jax.shard_map``, the mesh axes T is split over
+      (see :func:`ntil_jax.numeric_token_loss`): the number logic's
+      ``[..., T]`` and ``[..., T, 10]`` statistics are gathered over them,
+      never the hidden states or logits.
     **loss_kwargs: keyword arguments of the numeric loss.
 
   Returns:
@@ -349,6 +354,7 @@ def fused_numeric_loss(
       digit_token_ids=digit_token_ids,
       decimal_point_mask=flatten_batch(decimal_point_mask),
       axis_name=axis_name,
+      sequence_axis=sequence_axis,
       **loss_kwargs,
   )
   return per_token.reshape(labels.shape)

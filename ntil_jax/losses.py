@@ -112,6 +112,9 @@ _FROM_STATISTICS = {
 WEIGHTINGS = ("sum", "reference", "authors")
 # Methods whose loss is a term per number, not per digit.
 _NUMBER_LEVEL = ("nl_ntl",)
+# Methods whose loss at a digit reads that position alone: on a sequence
+# split inside shard_map they need nothing from other shards.
+_PER_DIGIT = ("emd", "ntl_mse", "soft_label", "smmd")
 # The keyword arguments each method's loss takes through numeric_token_loss.
 LOSS_KEYWORDS = {
     "ce": (),
@@ -142,6 +145,7 @@ def numeric_token_loss(
     digit_token_ids=None,
     decimal_point_mask=None,
     axis_name=None,
+    sequence_axis=None,
     **loss_kwargs,
 ) -> chex.Array:
   r"""Cross-entropy on every scored token plus ``lam`` times a numeric loss.
@@ -223,6 +227,16 @@ def numeric_token_loss(
       sums are global; unused by ``"sum"``. Under ``jax.vmap`` each slice
       takes its own ratio unless this names the vmap's ``axis_name``. A
       name bound by neither raises JAX's NameError.
+    sequence_axis: inside ``jax.shard_map``, the mesh axis name (or tuple
+      of names, major to minor) T is split over (sequence parallelism):
+      the ``[..., T]`` and ``[..., T, 10]`` statistics and the masks are
+      gathered over it for the number logic (never the logits), so that a
+      number across two shards is one number, and each shard gets its own
+      positions' loss; the weightings' sums run over it too. Without it a
+      shard sees only its own positions: a number cut at a shard's edge
+      would count as two, with no error (a shard cannot tell a split
+      sequence from a split batch). ``None`` (default): each shard holds
+      whole sequences. Not needed under ``jit`` with T split over a mesh.
     **loss_kwargs: keyword arguments of the numeric loss (``sigma``,
       ``alpha``, ``key``, ``eta``, ...; see ``LOSS_KEYWORDS``).
 
@@ -237,7 +251,8 @@ def numeric_token_loss(
       it and its dtype), for concrete labels ``>= V`` where
       ``loss_mask`` is true (anywhere, without ``loss_mask``), and for
       ``weighting="reference"`` or ``"authors"`` inside ``shard_map``
-      without ``axis_name``.
+      without ``axis_name``, and for a ``sequence_axis`` that names no
+      manual mesh axis.
 
   Example:
     One call gives cross-entropy plus ``lam`` times the chosen loss:
@@ -288,6 +303,7 @@ def numeric_token_loss(
       digit_token_ids=digit_token_ids,
       decimal_point_mask=decimal_point_mask,
       axis_name=axis_name,
+      sequence_axis=sequence_axis,
       **loss_kwargs,
   )
 
@@ -395,6 +411,7 @@ def loss_from_statistics(
     digit_token_ids=None,
     decimal_point_mask=None,
     axis_name=None,
+    sequence_axis=None,
     **loss_kwargs,
 ) -> chex.Array:
   """:func:`numeric_token_loss` from precomputed :class:`TokenStatistics`.
@@ -416,6 +433,7 @@ def loss_from_statistics(
     lam: as in :func:`numeric_token_loss`.
     weighting: as in :func:`numeric_token_loss`.
     axis_name: as in :func:`numeric_token_loss`.
+    sequence_axis: as in :func:`numeric_token_loss`.
     digit_token_ids: as in :func:`numeric_token_loss`.
     decimal_point_mask: as in :func:`numeric_token_loss`.
     **loss_kwargs: as in :func:`numeric_token_loss`.
@@ -441,6 +459,7 @@ def loss_from_statistics(
     True
   """
   check_method(method, weighting, loss_kwargs, lam=lam)
+  numbers.check_sequence_axis(sequence_axis)
   labels, loss_mask, digit_mask, decimal_point_mask = base.asarrays_with_labels(
       labels, loss_mask, digit_mask, decimal_point_mask
   )
@@ -466,6 +485,9 @@ def loss_from_statistics(
   mask = scored if digit_mask is None else scored & digit_mask.astype(bool)
   if weighting == "authors":
     numeric_fn = _authors_aggregation(method)
+  gathered_over = sequence_axis
+  if method in _PER_DIGIT and weighting != "authors":
+    gathered_over = None  # nothing to gather: each digit's loss is its own
   aux = base.number_loss(
       numeric_fn,
       stats,
@@ -473,10 +495,13 @@ def loss_from_statistics(
       mask,
       digit_token_ids,
       decimal_point_mask,
+      sequence_axis=gathered_over,
       **loss_kwargs,
   )
   if weighting in ("reference", "authors"):
-    ratio, some = jax.lax.stop_gradient(_batch_ratio(ce, aux, axis_name))
+    ratio, some = jax.lax.stop_gradient(
+        _batch_ratio(ce, aux, axis_name, sequence_axis)
+    )
     # Where aux sums to 0 (no digit scored, or each one's loss below
     # float32's range), the term is still lam times the CE, with no
     # direction: the limit of the ratio times aux.
@@ -484,14 +509,14 @@ def loss_from_statistics(
   return ce + lam * aux
 
 
-def _batch_ratio(ce, aux, axis_name):
+def _batch_ratio(ce, aux, axis_name, sequence_axis=None):
   """``(sum(ce) / sum(aux), sum(aux) > 0)`` over the whole batch (the
   ratio 0 where ``aux`` sums to 0).
 
   Inside ``shard_map`` each shard holds part of the batch: the two sums are
   added over ``axis_name`` first, so that every shard scales by the batch's
   ratio (a shard's own ratio gives the same summed value and another
-  gradient).
+  gradient); and over ``sequence_axis``, where each holds part of T.
   """
   totals = jnp.stack([jnp.sum(ce), jnp.sum(aux)])
   if axis_name is None:
@@ -505,11 +530,19 @@ def _batch_ratio(ce, aux, axis_name):
           " gives the same value and a wrong gradient); axis_name=() if"
           " each shard holds the whole batch."
       )
-  elif axis_name != ():
-    totals = jax.lax.psum(totals, axis_name)
+  axes = _names(axis_name) + _names(sequence_axis)
+  if axes:
+    totals = jax.lax.psum(totals, axes)
   ce_total, aux_total = totals[0], totals[1]
   some = aux_total > 0
   return (
       arrays.where(some, ce_total / arrays.where(some, aux_total, 1.0), 0.0),
       some,
   )
+
+
+def _names(axes) -> tuple:
+  """Mesh axis names as a tuple: ``None`` and ``()`` none, a name one."""
+  if axes is None:
+    return ()
+  return (axes,) if isinstance(axes, str) else tuple(axes)

@@ -287,6 +287,7 @@ def ntil_components(
     tau: float = 0.1,
     key: Optional[chex.PRNGKey] = None,
     noise_scale: float = 0.01,
+    sequence_axis=None,
 ) -> NTILComponents:
   """The pieces of :func:`ntil_loss`, for logging and ablations.
 
@@ -323,6 +324,7 @@ def ntil_components(
       tau=tau,
       key=key,
       noise_scale=noise_scale,
+      sequence_axis=sequence_axis,
   )
 
 
@@ -339,6 +341,7 @@ def ntil_loss(
     tau: float = 0.1,
     key: Optional[chex.PRNGKey] = None,
     noise_scale: float = 0.01,
+    sequence_axis=None,
 ) -> chex.Array:
   r"""Numerical Token Integrity Loss (Fei et al., ACL 2025), per token.
 
@@ -388,6 +391,9 @@ def ntil_loss(
     tau: Gumbel-softmax temperature, ``>= 1e-30`` (only shapes the gradient).
     key: optional PRNG key for Gumbel noise; ``None`` means no noise.
     noise_scale: scale of the Gumbel noise when ``key`` is given (``>= 0``).
+    sequence_axis: inside ``jax.shard_map``, the mesh axes T is split over
+      (see :func:`ntil_jax.numeric_token_loss`); ``None``: each shard holds
+      whole sequences.
 
   Returns:
     ``[..., T]`` float32 per-token loss. Differentiable in reverse mode
@@ -442,4 +448,5 @@ def ntil_loss(
       tau=tau,
       key=key,
       noise_scale=noise_scale,
+      sequence_axis=sequence_axis,
   )

@@ -114,6 +114,7 @@ def nl_ntl_loss(
     digit_token_ids=None,
     decimal_point_mask=None,
     reweigh: bool = False,
+    sequence_axis=None,
 ) -> chex.Array:
   r"""Number-level NTL (``ntloss``'s ``NumberLevelLoss``), per token.
 
@@ -166,6 +167,9 @@ def nl_ntl_loss(
     decimal_point_mask: optional ``[..., T]`` bool, true at '.' labels that
       join integer and fractional digits into one number.
     reweigh: scale by the digit tokens' probability mass (see above).
+    sequence_axis: inside ``jax.shard_map``, the mesh axes T is split over
+      (see :func:`ntil_jax.numeric_token_loss`); ``None``: each shard holds
+      whole sequences.
 
   Returns:
     ``[..., T]`` float32 per-token loss, zero (with zero gradient) except on
@@ -202,4 +206,5 @@ def nl_ntl_loss(
       digit_token_ids,
       decimal_point_mask,
       reweigh=reweigh,
+      sequence_axis=sequence_axis,
   )

@@ -106,6 +106,54 @@ def split_like(x, like, axis: int = -1):
   return jax.sharding.reshard(x, sharding.update(spec=jax.P(*spec)))
 
 
+def gather_sequence(x, sequence_axis, axis: int = -1):
+  """``x`` whole along ``axis`` inside ``shard_map``, where the sequence is
+  split over the manual mesh axes ``sequence_axis`` (a name or a tuple of
+  names, major to minor): each shard's part in order (``all_gather``; its
+  gradient sums each shard's cotangents back onto the shard that holds
+  the position)."""
+  return jax.lax.all_gather(x, sequence_axis, axis=axis, tiled=True)
+
+
+def shard_of_sequence(x, length: int, sequence_axis, axis: int = -1):
+  """This shard's ``length`` positions of ``x`` along ``axis``: undoes
+  :func:`gather_sequence` (a slice at the shard's index, no
+  communication)."""
+  start = jax.lax.axis_index(sequence_axis) * length
+  return jax.lax.dynamic_slice_in_dim(x, start, length, axis)
+
+
+def check_sequence_axis(sequence_axis) -> None:
+  """Refuses a ``sequence_axis`` that names no manual axis of the mesh.
+
+  Raises:
+    ValueError: for a value that is not a name or a tuple of names, and for
+      names that are not manual axes here (outside ``shard_map``, where a
+      sequence split over a mesh needs no argument).
+  """
+  if sequence_axis is None:
+    return
+  names = (sequence_axis,) if isinstance(sequence_axis, str) else sequence_axis
+  if (
+      not isinstance(names, tuple)
+      or not names
+      or not all(isinstance(n, str) for n in names)
+  ):
+    raise ValueError(
+        "sequence_axis must be a mesh axis name or a non-empty tuple of "
+        f"names, got {sequence_axis!r}."
+    )
+  manual = tuple(jax.sharding.get_abstract_mesh().manual_axes)
+  unknown = [n for n in names if n not in manual]
+  if unknown:
+    raise ValueError(
+        f"sequence_axis names {unknown}, which are not manual mesh axes "
+        f"here (manual axes: {manual}): pass it inside jax.shard_map, "
+        "naming the axes T is split over. Under jit, a sequence split "
+        "over a mesh needs no argument."
+    )
+
+
 def reshard_like(like, *arrays) -> tuple:
   """Each array split over the mesh as ``like``'s leading axes are.
 

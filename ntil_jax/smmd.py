@@ -205,6 +205,7 @@ def smmd_loss(
     sigmas=(2.0,),
     squash_factor=9.0,
     smooth_weight=None,
+    sequence_axis=None,
 ) -> chex.Array:
   r"""Smooth Maximum Mean Discrepancy (SMMD, ICML 2026), per token.
 
@@ -262,6 +263,10 @@ def smmd_loss(
       the raw ``|i - j|``; ``None`` as 1).
     smooth_weight: :math:`\alpha` (``>= 0``); ``None``: the authors'
       :math:`1 / (2\,\mathrm{mean}\deg)`.
+    sequence_axis: inside ``jax.shard_map``, the mesh axes T is split over
+      (see :func:`ntil_jax.numeric_token_loss`). Per digit, so a sequence
+      split needs nothing from other shards: it is checked, and gathers
+      nothing.
 
   Returns:
     ``[..., T]`` float32 per-token loss, zero (with zero gradient) outside
@@ -295,6 +300,7 @@ def smmd_loss(
   _, labels, digit_mask, _, digit_logits_ = base.prepare(
       logits, labels, digit_mask, digit_token_ids
   )
+  numbers.check_sequence_axis(sequence_axis)
   return base.number_loss(
       smmd_from_layout,
       base.digit_statistics(digit_logits_),

@@ -120,6 +120,7 @@ def main():
       gathered = collected_shapes(program)
       assert not any(s.endswith(f",{VOCAB}") for s in gathered), gathered
   check_number_tokens(meshes[AxisType.Explicit])
+  check_shard_map(meshes[AxisType.Auto], inputs)
   print("OK")
 
 
@@ -153,6 +154,120 @@ def check_number_tokens(mesh):
   assert gathered, "nothing gathered: the numbers were cut at the shards"
   widths = {int(s.rsplit(",", 1)[-1]) for s in gathered if "," in s}
   assert not widths & {110, len(pieces)}, gathered
+
+
+def check_shard_map(mesh, inputs):
+  """Inside ``shard_map``, T split over one mesh axis or two: with
+  ``sequence_axis`` each shard's loss and gradient are the unsharded
+  ones' at its positions, for the logits path (every weighting; the
+  ratios summed over batch and sequence shards), number tokens and the
+  fused path; without it numbers are cut at the shards' edges."""
+  logits, labels, loss_mask, digit_mask, point = inputs
+  hidden = np.random.default_rng(5).normal(size=(4, 16, 8)).astype(np.float32)
+  unembedding = np.random.default_rng(6).normal(size=(8, VOCAB))
+  unembedding = unembedding.astype(np.float32)
+  pieces = [str(d) for d in range(10)] + [f"{v:02d}" for v in range(100)]
+  pieces += [f"<{i}>" for i in range(VOCAB - len(pieces) % VOCAB)]
+  wide = ntil_jax.number_tokens(pieces)
+  wide_logits = np.random.default_rng(8).normal(size=(4, 16, len(pieces)))
+  wide_labels = np.random.default_rng(9).integers(-1, len(pieces), (4, 16))
+  cases = {
+      # name: (loss of (x, labels, loss_mask, digit_mask, point, axes), x)
+      "ntil, decimal points": (
+          lambda z, l, m, d, p, axes: ntil_jax.numeric_token_loss(
+              z, l, loss_mask=m, digit_mask=d, decimal_point_mask=p, **axes
+          ),
+          logits,
+          labels,
+      ),
+      "del, authors": (
+          lambda z, l, m, d, p, axes: ntil_jax.numeric_token_loss(
+              z,
+              l,
+              loss_mask=m,
+              digit_mask=d,
+              method="del",
+              weighting="authors",
+              **axes,
+          ),
+          logits,
+          labels,
+      ),
+      "nl_ntl, reference": (
+          lambda z, l, m, d, p, axes: ntil_jax.numeric_token_loss(
+              z,
+              l,
+              loss_mask=m,
+              digit_mask=d,
+              method="nl_ntl",
+              weighting="reference",
+              **axes,
+          ),
+          logits,
+          labels,
+      ),
+      "ntil, number tokens": (
+          lambda z, l, m, d, p, axes: ntil_jax.numeric_token_loss(
+              z, l, digit_token_ids=wide, **axes
+          ),
+          wide_logits.astype(np.float32),
+          wide_labels.astype(np.int32),
+      ),
+      "fused ntil": (
+          lambda h, l, m, d, p, axes: ntil_jax.fused_numeric_loss(
+              h, unembedding, l, d, loss_mask=m, chunk_size=8, **axes
+          ),
+          hidden,
+          labels,
+      ),
+  }
+  # spec, the batch's axes, T's axes: each case on one split (the
+  # weightings' ratios then sum over batch and T, or over T's two axes).
+  splits = (
+      (P("data", "seq"), "data", "seq"),
+      (P(None, ("data", "seq")), (), ("data", "seq")),
+  )
+  for k, (name, (loss, x, labels_)) in enumerate(cases.items()):
+    rest = (labels_, labels_ >= 0, digit_mask, point)
+
+    def total(x_, loss=loss, rest=rest):
+      per_token = loss(x_, *rest, {})
+      return per_token.sum(), per_token
+
+    (_, want), want_grad = jax.jit(jax.value_and_grad(total, has_aux=True))(x)
+    spec, batch_axes, sequence_axis = splits[k % 2]
+    where = f"{name}, T over {sequence_axis}"
+
+    def shard(x_, *rest_, sequence_axis=sequence_axis, batch=batch_axes):
+      axes = dict(axis_name=batch, sequence_axis=sequence_axis)
+      return loss(x_, *rest_, axes)
+
+    sharded = jax.shard_map(
+        shard, mesh=mesh, in_specs=(spec,) * 5, out_specs=spec
+    )
+
+    def sharded_total(x_, sharded=sharded, rest=rest):
+      per_token = sharded(x_, *rest)
+      return per_token.sum(), per_token
+
+    (_, got), got_grad = jax.jit(
+        jax.value_and_grad(sharded_total, has_aux=True)
+    )(x)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6, err_msg=where)
+    np.testing.assert_allclose(
+        got_grad, want_grad, rtol=1e-5, atol=2e-6, err_msg=where
+    )
+  # Without sequence_axis a number across two shards is cut in two.
+  cut = jax.jit(
+      jax.shard_map(
+          lambda z, l: ntil_jax.ntil_loss(z, l),
+          mesh=mesh,
+          in_specs=(P("data", "seq"),) * 2,
+          out_specs=P("data", "seq"),
+      )
+  )(logits, labels)
+  whole = ntil_jax.ntil_loss(logits, labels)
+  assert not np.allclose(cut, whole, rtol=1e-3), "no number crosses a shard"
 
 
 if __name__ == "__main__":

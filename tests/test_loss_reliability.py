@@ -13,6 +13,8 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import jax
 import jax.numpy as jnp
+from jax.sharding import AxisType
+from jax.sharding import PartitionSpec as P
 import numpy as np
 
 import ntil_jax
@@ -783,6 +785,52 @@ class RefusedInputTest(parameterized.TestCase):
     np.testing.assert_array_equal(
         traced(jnp.asarray(labels == 2)), traced(jnp.asarray(labels == 10))
     )
+
+  @parameterized.parameters(
+      *ENTRY_POINTS,
+      "ntil_loss",
+      "ntil_components",
+      "emd_loss",
+      "ntl_mse_loss",
+      "soft_label_cross_entropy",
+      "del_loss",
+      "smmd_loss",
+      "nl_ntl_loss",
+  )
+  def test_a_sequence_axis_that_is_no_manual_axis_is_refused(self, fn_name):
+    logits, labels = small_case()
+    call = functools.partial(_entry_call, fn_name, labels)
+    if fn_name not in ENTRY_POINTS:
+      call = functools.partial(getattr(ntil_jax, fn_name), logits, labels)
+    for axis, message in (
+        ("seq", r"names \['seq'\], which are not manual mesh axes here"),
+        (("data", 3), "must be a mesh axis name or a non-empty tuple"),
+        ((), "must be a mesh axis name or a non-empty tuple"),
+    ):
+      with self.assertRaisesRegex(ValueError, message):
+        call(sequence_axis=axis)
+
+  def test_a_sequence_axis_of_one_shard_is_the_unsharded_loss(self):
+    """Inside ``shard_map`` on one device: T whole on its one shard; a
+    name that is not among the manual axes is refused by name."""
+    logits, labels = small_case()
+    mesh = jax.make_mesh((1,), ("seq",), axis_types=(AxisType.Auto,))
+
+    def sharded(axis):
+      return jax.jit(
+          jax.shard_map(
+              lambda z, l: ntil_jax.ntil_loss(z, l, sequence_axis=axis),
+              mesh=mesh,
+              in_specs=(P(None, "seq"),) * 2,
+              out_specs=P(None, "seq"),
+          )
+      )(logits, labels)
+
+    np.testing.assert_allclose(
+        sharded("seq"), ntil_jax.ntil_loss(logits, labels), rtol=1e-6
+    )
+    with self.assertRaisesRegex(ValueError, r"manual axes: \('seq',\)"):
+      sharded("data")
 
   def test_integer_masks_count_nonzero_as_true(self):
     logits, labels = small_case()
