@@ -250,9 +250,16 @@ def check_shard_map(mesh, inputs):
       per_token = sharded(x_, *rest)
       return per_token.sum(), per_token
 
-    (_, got), got_grad = jax.jit(
-        jax.value_and_grad(sharded_total, has_aux=True)
-    )(x)
+    compiled = (
+        jax.jit(jax.value_and_grad(sharded_total, has_aux=True))
+        .lower(x)
+        .compile()
+    )
+    (_, got), got_grad = compiled(x)
+    # The number logic's inputs gathered, never the logits or hidden states.
+    gathered = collected_shapes(compiled.as_text())
+    assert gathered, where
+    assert not any(g.endswith(f",{x.shape[-1]}") for g in gathered), where
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6, err_msg=where)
     np.testing.assert_allclose(
         got_grad, want_grad, rtol=1e-5, atol=2e-6, err_msg=where
