@@ -16,19 +16,30 @@ from tests import test_chunks
 from tests.test_losses import PERMUTED_IDS, random_case
 
 
-def value_and_grad(method, logits, labels, loss_mask, digit_mask, ids):
-  def total(z):
-    per_token = ntil_jax.numeric_token_loss(
-        z,
-        labels,
-        loss_mask=loss_mask,
-        digit_mask=digit_mask,
-        method=method,
-        digit_token_ids=ids,
-    )
-    return per_token.sum(), per_token
+def values_and_grads(logits, labels, loss_mask, digit_mask, ids):
+  """``{method: ((sum, per-token loss), gradient)}`` of every method of
+  ``numeric_token_loss``, in one program (one compile, about half the time
+  of a program each)."""
 
-  return jax.jit(jax.value_and_grad(total, has_aux=True))(logits)
+  def every_method(z, labels, loss_mask, digit_mask):
+    out = {}
+    for method in ntil_jax.NUMERIC_LOSSES:
+
+      def total(z_, method=method):
+        per_token = ntil_jax.numeric_token_loss(
+            z_,
+            labels,
+            loss_mask=loss_mask,
+            digit_mask=digit_mask,
+            method=method,
+            digit_token_ids=ids,
+        )
+        return per_token.sum(), per_token
+
+      out[method] = jax.value_and_grad(total, has_aux=True)(z)
+    return out
+
+  return jax.jit(every_method)(logits, labels, loss_mask, digit_mask)
 
 
 def main():
@@ -44,32 +55,26 @@ def main():
         vocab=48,
         digit_ids=PERMUTED_IDS if ids is not None else range(10),
     )
-    loss_mask = labels >= 0
-    for method in ntil_jax.NUMERIC_LOSSES:
-      (want, want_tokens), want_grad = value_and_grad(
-          method, logits, labels, loss_mask, digit_mask, ids
+    inputs = (logits, labels, labels >= 0, digit_mask)
+    single_device = values_and_grads(*inputs, ids)
+    with jax.set_mesh(mesh):
+      batch_sharding = NamedSharding(mesh, P(("data", "fsdp")))
+      sharded = values_and_grads(
+          *(jax.device_put(x, batch_sharding) for x in inputs), ids
       )
-      with jax.set_mesh(mesh):
-        batch_sharding = NamedSharding(mesh, P(("data", "fsdp")))
-        put = lambda x: jax.device_put(x, batch_sharding)
-        (got, got_tokens), got_grad = value_and_grad(
-            method,
-            put(logits),
-            put(labels),
-            put(loss_mask),
-            put(digit_mask),
-            ids,
-        )
-        assert got_tokens.sharding.spec[0] == (
-            "data",
-            "fsdp",
-        ), got_tokens.sharding
-        # The gradient (the custom VJP's scatter included) stays split
-        # over the batch, never gathered onto every device.
-        assert got_grad.sharding.spec[0] == (
-            "data",
-            "fsdp",
-        ), got_grad.sharding
+    for method in ntil_jax.NUMERIC_LOSSES:
+      (want, want_tokens), want_grad = single_device[method]
+      (got, got_tokens), got_grad = sharded[method]
+      assert got_tokens.sharding.spec[0] == (
+          "data",
+          "fsdp",
+      ), got_tokens.sharding
+      # The gradient (the custom VJP's scatter included) stays split
+      # over the batch, never gathered onto every device.
+      assert got_grad.sharding.spec[0] == (
+          "data",
+          "fsdp",
+      ), got_grad.sharding
       np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=method)
       np.testing.assert_allclose(
           got_tokens, want_tokens, rtol=1e-6, atol=1e-7, err_msg=method
@@ -99,22 +104,24 @@ def rows_need_no_communication():
   point = labels == 11
   split3 = NamedSharding(mesh, P("data", None, None))
   split2 = NamedSharding(mesh, P("data", None))
-  for method in ntil_jax.NUMERIC_LOSSES:
 
-    def total(z, l, m, d, method=method):
-      return ntil_jax.numeric_token_loss(
-          z, l, digit_mask=m, decimal_point_mask=d, method=method
-      ).sum()
+  def every_method(z, l, m, d):  # one program: one compile
+    out = {}
+    for method in ntil_jax.NUMERIC_LOSSES:
 
-    step = jax.jit(
-        jax.value_and_grad(total), in_shardings=(split3,) + (split2,) * 3
-    )
-    text = step.lower(logits, labels, digit_mask, point).compile().as_text()
-    moved = [
-        op for op in _MOVING if f" {op}(" in text or f" {op}-start(" in text
-    ]
-    assert not moved, (method, moved)
-    assert " all-reduce" in text, method  # the batch's sum
+      def total(z_, method=method):
+        return ntil_jax.numeric_token_loss(
+            z_, l, digit_mask=m, decimal_point_mask=d, method=method
+        ).sum()
+
+      out[method] = jax.value_and_grad(total)(z)
+    return out
+
+  step = jax.jit(every_method, in_shardings=(split3,) + (split2,) * 3)
+  text = step.lower(logits, labels, digit_mask, point).compile().as_text()
+  moved = [op for op in _MOVING if f" {op}(" in text or f" {op}-start(" in text]
+  assert not moved, moved
+  assert " all-reduce" in text  # the batch's sums
 
 
 def unsharded_labels(mesh):
@@ -152,21 +159,22 @@ def unsharded_labels(mesh):
   fused = lambda h: ntil_jax.fused_numeric_loss(
       h, unembedding, labels, digit_mask, loss_mask=loss_mask
   )
-  grad = lambda f: jax.jit(jax.value_and_grad(lambda x: f(x).sum()))
-  want = {name: grad(f)(logits) for name, f in cases.items()}
-  want_fused = grad(fused)(hidden)
-  with jax.set_mesh(mesh):
-    split = NamedSharding(mesh, P(("data", "fsdp")))
-    got = {
-        name: grad(f)(jax.device_put(logits, split))
+
+  @jax.jit
+  def every_case(z, h):  # one program: one compile
+    grads = {
+        name: jax.value_and_grad(lambda x, f=f: f(x).sum())(z)
         for name, f in cases.items()
     }
-    got_fused = grad(fused)(jax.device_put(hidden, split))
-  for name in cases:
+    return dict(grads, fused=jax.value_and_grad(lambda x: fused(x).sum())(h))
+
+  want = every_case(logits, hidden)
+  with jax.set_mesh(mesh):
+    split = NamedSharding(mesh, P(("data", "fsdp")))
+    got = every_case(*(jax.device_put(x, split) for x in (logits, hidden)))
+  for name in want:
     for g, w in zip(got[name], want[name]):
       np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6, err_msg=name)
-  for g, w in zip(got_fused, want_fused):
-    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6, err_msg="fused")
 
 
 def number_tokens(mesh):
