@@ -237,6 +237,8 @@ def numeric_token_loss(
       would count as two, with no error (a shard cannot tell a split
       sequence from a split batch). ``None`` (default): each shard holds
       whole sequences. Not needed under ``jit`` with T split over a mesh.
+      Name only axes that split T: one that splits the batch would join
+      rows end to end, which no shard can detect.
     **loss_kwargs: keyword arguments of the numeric loss (``sigma``,
       ``alpha``, ``key``, ``eta``, ...; see ``LOSS_KEYWORDS``).
 
