@@ -226,30 +226,41 @@ def check_each_implementation(mesh, put, replicate):
   hidden = jnp.asarray(rng.normal(size=(8, 12, 16)), jnp.float32)
   unembedding = jnp.asarray(rng.normal(size=(16, len(pieces))), jnp.float32)
   labels = jnp.asarray(rng.integers(-1, len(pieces), (8, 12)), jnp.int32)
-  implementations = ["chunked", optax_ce]
+  implementations = {"chunked": "chunked", "optax_ce": optax_ce}
   if ntil_jax.kernels.tokamax_ce.available():
-    implementations.append("tokamax")
-  for implementation in implementations:
-    for ids in (None, ntil_jax.number_tokens(pieces)):
+    implementations["tokamax"] = "tokamax"
+  numbers = {"digits": None, "tokens": ntil_jax.number_tokens(pieces)}
 
-      def total(h, w, implementation=implementation, ids=ids):
-        return ntil_jax.fused_numeric_loss(
-            h,
-            w,
-            labels,
-            loss_mask=labels >= 0,
-            digit_token_ids=ids,
-            implementation=implementation,
-        ).sum()
+  @jax.jit
+  def every_case(h, w):  # one program: one compile
+    out = {}
+    for name, implementation in implementations.items():
+      for written, ids in numbers.items():
 
-      step = jax.jit(jax.value_and_grad(total, argnums=(0, 1)))
-      want, want_grads = step(hidden, unembedding)
-      with jax.set_mesh(mesh):
-        got, got_grads = step(put(hidden), replicate(unembedding))
-      np.testing.assert_allclose(got, want, rtol=1e-5)
-      for g, w_ in zip(got_grads, want_grads):
-        scale = np.abs(w_).max()
-        np.testing.assert_allclose(g, w_, rtol=1e-5, atol=1e-6 * scale)
+        def total(h_, w_, implementation=implementation, ids=ids):
+          return ntil_jax.fused_numeric_loss(
+              h_,
+              w_,
+              labels,
+              loss_mask=labels >= 0,
+              digit_token_ids=ids,
+              implementation=implementation,
+          ).sum()
+
+        out[name, written] = jax.value_and_grad(total, argnums=(0, 1))(h, w)
+    return out
+
+  single_device = every_case(hidden, unembedding)
+  with jax.set_mesh(mesh):
+    sharded = every_case(put(hidden), replicate(unembedding))
+  for case, (want, want_grads) in single_device.items():
+    got, got_grads = sharded[case]
+    np.testing.assert_allclose(got, want, rtol=1e-5, err_msg=str(case))
+    for g, w_ in zip(got_grads, want_grads):
+      scale = np.abs(w_).max()
+      np.testing.assert_allclose(
+          g, w_, rtol=1e-5, atol=1e-6 * scale, err_msg=str(case)
+      )
 
 
 def optax_ce(hidden, labels, unembedding):
