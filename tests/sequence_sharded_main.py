@@ -158,6 +158,24 @@ def check_number_tokens(mesh):
   assert not widths & {110, len(pieces)}, gathered
 
 
+def weighted(method, weighting):
+  """``method`` with ``weighting``, as a case of :func:`check_shard_map`."""
+
+  def loss(z, labels, loss_mask, digit_mask, point, axes):
+    del point
+    return ntil_jax.numeric_token_loss(
+        z,
+        labels,
+        loss_mask=loss_mask,
+        digit_mask=digit_mask,
+        method=method,
+        weighting=weighting,
+        **axes,
+    )
+
+  return loss
+
+
 def check_shard_map(mesh, inputs):
   """Inside ``shard_map``, T split over one mesh axis or two: with
   ``sequence_axis`` each shard's loss and gradient are the unsharded
@@ -182,32 +200,8 @@ def check_shard_map(mesh, inputs):
           logits,
           labels,
       ),
-      "del, authors": (
-          lambda z, l, m, d, p, axes: ntil_jax.numeric_token_loss(
-              z,
-              l,
-              loss_mask=m,
-              digit_mask=d,
-              method="del",
-              weighting="authors",
-              **axes,
-          ),
-          logits,
-          labels,
-      ),
-      "nl_ntl, reference": (
-          lambda z, l, m, d, p, axes: ntil_jax.numeric_token_loss(
-              z,
-              l,
-              loss_mask=m,
-              digit_mask=d,
-              method="nl_ntl",
-              weighting="reference",
-              **axes,
-          ),
-          logits,
-          labels,
-      ),
+      "del, authors": (weighted("del", "authors"), logits, labels),
+      "nl_ntl, reference": (weighted("nl_ntl", "reference"), logits, labels),
       "ntil, number tokens": (
           lambda z, l, m, d, p, axes: ntil_jax.numeric_token_loss(
               z, l, digit_token_ids=wide, **axes

@@ -736,6 +736,17 @@ ENTRY_POINTS = (
     "fused_numeric_loss",
     "loss_from_statistics",
 )
+# Every loss on logits alone (each as ``fn(logits, labels, **kwargs)``).
+LOGITS_LOSSES = (
+    "ntil_loss",
+    "ntil_components",
+    "emd_loss",
+    "ntl_mse_loss",
+    "soft_label_cross_entropy",
+    "del_loss",
+    "smmd_loss",
+    "nl_ntl_loss",
+)
 
 
 def _entry_call(fn_name, labels, **kwargs):
@@ -786,17 +797,7 @@ class RefusedInputTest(parameterized.TestCase):
         traced(jnp.asarray(labels == 2)), traced(jnp.asarray(labels == 10))
     )
 
-  @parameterized.parameters(
-      *ENTRY_POINTS,
-      "ntil_loss",
-      "ntil_components",
-      "emd_loss",
-      "ntl_mse_loss",
-      "soft_label_cross_entropy",
-      "del_loss",
-      "smmd_loss",
-      "nl_ntl_loss",
-  )
+  @parameterized.parameters(*ENTRY_POINTS, *LOGITS_LOSSES)
   def test_a_sequence_axis_that_is_no_manual_axis_is_refused(self, fn_name):
     logits, labels = small_case()
     call = functools.partial(_entry_call, fn_name, labels)
