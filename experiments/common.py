@@ -15,6 +15,7 @@ from absl import logging
 import jax
 
 from configs import common as common_config
+from experiments import data_fingerprints
 from train import compile_cache
 from train import errors
 from train import plots
@@ -60,6 +61,18 @@ def define_grid_flags(here: str, groups: list[str], data_help: str) -> None:
       "Processes running the grid at once, one XLA thread each (2 on a "
       "2-core machine trains about twice as fast as 1).",
       lower_bound=1,
+  )
+  define_data_check_flag()
+
+
+def define_data_check_flag() -> None:
+  """``--accept_changed_data`` (`data_fingerprints.check_unchanged`)."""
+  flags.DEFINE_bool(
+      "accept_changed_data",
+      False,
+      "Record new runs even where the data differs from what the recorded "
+      "runs read (a changed generator or library); without it the grid "
+      "refuses to start.",
   )
 
 
@@ -196,6 +209,7 @@ def run_record(
       device=f"{device.platform}:{device.device_kind} x{jax.device_count()}",
       xla_flags=os.environ.get("XLA_FLAGS", ""),
       config_hash=digest,
+      prepared_data=data_fingerprints.dataset_of(config),
       curves=curves(os.path.join(workdir, "metrics.jsonl"), curve_metrics),
       predictions=train.read_predictions(workdir),
   )
@@ -763,6 +777,8 @@ def run_grid(
     max_runs=0,
     after_keep=None,
     runs_dir=None,
+    data_dir=None,
+    accept_changed_data=False,
 ):
   """Runs each cell of ``todo`` whose config hash is not yet recorded.
 
@@ -793,14 +809,24 @@ def run_grid(
       would leave neither the record nor what it takes to resume).
     runs_dir: the runs' work directories (default: ``runs/`` beside
       results.json).
+    data_dir: where the grid's prepared data is: each dataset there must be
+      the one the recorded runs read (`data_fingerprints.check_unchanged`),
+      unless ``accept_changed_data``.
+    accept_changed_data: record new runs beside recorded ones that read
+      other data (``--accept_changed_data``).
 
   Raises:
     ValueError: a negative ``max_runs``.
     errors.ConfigError: results.json or failed.json is not JSON, or a
-      record there has no config hash.
+      record there has no config hash, or the data differs from what the
+      recorded runs read.
   """
   if max_runs < 0:
     raise ValueError(f"max_runs must be >= 0 (0: no limit), got {max_runs}.")
+  if data_dir is not None:
+    data_fingerprints.check_unchanged(
+        load_results(results_path), data_dir, accept_changed_data
+    )
   if runs_dir is None:
     runs_dir = os.path.join(os.path.dirname(results_path), "runs")
   # Runs of one shape share compiled steps across seeds and restarts (in

@@ -8,6 +8,7 @@ import pathlib
 import shutil
 import sys
 
+import ml_collections
 import pytest
 
 from experiments import common as results_io
@@ -94,6 +95,9 @@ def test_grid_resumes_and_report_renders(tmp_path):
     assert record["steps"] == 3 and record["num_test_examples"] == 20
     assert len(record["curves"]["loss"]) == 1
   assert len({r["config_hash"] for r in runs}) == 10
+  # Every run read the one prepared dataset, and says so (both workers).
+  (read,) = {json.dumps(r["prepared_data"], sort_keys=True) for r in runs}
+  assert json.loads(read)["dataset"].startswith("arithmetic_mix/train"), read
   run(
       "experiments.arithmetic_mix.report",
       f"--results={tmp_path / 'results.json'}",
@@ -154,6 +158,9 @@ def test_clock_grid_pairs_seeds_and_report_renders(tmp_path):
       for s in (0, 1)
   }
   assert len({r["config_hash"] for r in runs}) == len(runs)
+  assert {r["prepared_data"]["dataset"] for r in runs} == {
+      "clock_time/train64_test16_seed0"
+  }
   variants = {(r["variant"], r["method"]) for r in runs}
   assert {
       ("ce_digit_weighted", "ce"),
@@ -823,6 +830,71 @@ def test_a_reverted_results_file_is_restored_without_rerunning(tmp_path):
   results.write_text('{"runs": []}\n')
   _grid(tmp_path, executed)
   assert executed == ["ab", "cde", "ab", "cde"]
+
+
+def test_data_that_differs_from_the_recorded_runs_is_refused(tmp_path):
+  """A grid refuses to start where a prepared dataset is not the one its
+  recorded runs read (a generator changed since), naming the dataset and
+  the runs; ``--accept_changed_data`` lets it go on. Data a record does
+  not name, records without a fingerprint (made before them) and datasets
+  not prepared here are not checked."""
+  from experiments import data_fingerprints  # pylint: disable=g-import-not-at-top
+  from train.tasks import clock_time  # pylint: disable=g-import-not-at-top
+
+  data = tmp_path / "data"
+  found = clock_time.prepare(str(data), 6, 3)
+  again = clock_time.prepare(str(tmp_path / "again"), 6, 3)
+  other = clock_time.prepare(str(tmp_path / "other"), 6, 3, seed=1)
+  now = data_fingerprints.fingerprint(str(found))
+  # The same generator twice: the same fingerprint; other clocks: another.
+  assert data_fingerprints.fingerprint(str(again)) == now
+  assert data_fingerprints.fingerprint(str(other)) != now
+  config = ml_collections.ConfigDict(
+      dict(task="clock_time", data_dir=str(data), dataset_config="")
+  )
+  read = data_fingerprints.dataset_of(config)
+  assert read == dict(dataset="clock_time/train6_test3_seed0", fingerprint=now)
+
+  def record(name, fingerprint, dataset=read["dataset"]):
+    return dict(
+        name=name,
+        config_hash=name,
+        wall_seconds=1.0,
+        prepared_data=dict(dataset=dataset, fingerprint=fingerprint),
+    )
+
+  results = tmp_path / "results.json"
+  fine = [
+      record("same", now),
+      record("elsewhere", "0" * 16, dataset="clock_time/train9_test9_seed0"),
+      dict(name="older", config_hash="older"),  # no fingerprint kept
+  ]
+  ran = []
+
+  def grid(records, accept=False):
+    results.write_text(json.dumps(dict(runs=records)))
+    results_io.run_grid(
+        ["new"],
+        lambda cell: "hash-" + cell,
+        lambda cell, digest: ran.append(cell) or record(cell, now),
+        lambda r: r["name"],
+        str(results),
+        data_dir=str(data),
+        accept_changed_data=accept,
+    )
+
+  grid(fine)
+  assert ran == ["new"]
+  changed = fine + [record("a", "f" * 16), record("b", "f" * 16)]
+  with pytest.raises(errors.ConfigError) as refused:
+    grid(changed)
+  message = str(refused.value)
+  assert f"{data / read['dataset']} (fingerprint {now})" in message, message
+  assert "2 recorded run(s) read (fingerprint ffff" in message, message
+  assert "a, b" in message and "--accept_changed_data" in message, message
+  assert ran == ["new"]  # refused before any cell
+  grid(changed, accept=True)
+  assert ran == ["new", "new"]
 
 
 def test_a_crash_before_the_record_is_saved_loses_no_finished_run(

@@ -60,6 +60,7 @@ import numpy as np
 from configs import arithmetic_mix
 from configs import arithmetic_mix_llm
 from experiments import common
+from experiments import data_fingerprints
 from train import arithmetic_data
 from train import checks
 from train import evaluate
@@ -123,6 +124,7 @@ flags.DEFINE_integer(
     "holds (on one GPU they share its memory).",
     lower_bound=1,
 )
+common.define_data_check_flag()
 # The llm profiles only (their defaults are in LLM_PROFILES).
 flags.DEFINE_string(
     "pretrained",
@@ -451,6 +453,7 @@ def run_cell(profile, group, name, method, seed, overrides, digest):
       device=f"{device.platform}:{device.device_kind} x{jax.device_count()}",
       host=platform.node(),
       config_hash=digest,
+      prepared_data=data_fingerprints.dataset_of(config),
       curves=common.curves(os.path.join(workdir, "metrics.jsonl")),
       **extra,
   )
@@ -906,6 +909,7 @@ def llm_cell_record(profile, settings, cell, config, digest) -> dict:
       device=_device(),
       host=platform.node(),
       config_hash=digest,
+      prepared_data=data_fingerprints.dataset_of(config),
       curves=common.curves(metrics_path),
       predictions=train.read_predictions(workdir),
   )
@@ -1045,6 +1049,8 @@ def run_llm(profile) -> None:
       max_runs=FLAGS.max_cells,
       after_keep=after_keep,
       runs_dir=FLAGS.runs_dir,
+      data_dir=FLAGS.data_dir,
+      accept_changed_data=FLAGS.accept_changed_data,
   )
   logging.info(
       "now: python -m experiments.arithmetic_mix.report --profile=llm "
@@ -1111,6 +1117,8 @@ def main(argv):
       results,
       max_runs=FLAGS.max_cells,
       runs_dir=FLAGS.runs_dir,
+      data_dir=FLAGS.data_dir,
+      accept_changed_data=FLAGS.accept_changed_data,
   )
   logging.info("now: python -m experiments.arithmetic_mix.report")
 

@@ -147,6 +147,8 @@ def main(argv):
       FLAGS.results,
       max_runs=FLAGS.max_runs,
       runs_dir=FLAGS.runs_dir,
+      data_dir=FLAGS.data_dir,
+      accept_changed_data=FLAGS.accept_changed_data,
   )
   logging.info("now: python -m experiments.clock_time.report")
 

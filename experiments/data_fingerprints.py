@@ -1,0 +1,123 @@
+"""Which data a grid's runs trained on, and a refusal to mix two versions.
+
+Every session generates the grids' data afresh from the code of the day
+(nothing is downloaded or kept in git), while ``results.json`` keeps the
+runs of earlier sessions. A cell's hash names its settings, not the bytes
+its generator wrote: after a change to a renderer or to a library that
+draws the data, new cells would train on other data than the recorded
+ones, and a report would set the two side by side as one experiment.
+
+Each record keeps ``prepared_data``: the prepared dataset it read (its folder under
+``data_dir``, ``"clock_time/train64_test16_seed0"``) and a fingerprint of
+its records (:func:`fingerprint`). Before a grid trains anything,
+:func:`check_unchanged` compares the datasets in ``data_dir`` with the
+fingerprints recorded for them and refuses a difference, naming the
+dataset and how many runs read the other version. Records made before
+fingerprints were kept have none, and are not checked.
+"""
+
+import functools
+import hashlib
+import os
+
+import numpy as np
+import tensorflow_datasets as tfds
+
+from train import errors
+from train import input_pipeline
+from train import tasks
+
+# Records read from a split for its fingerprint: all of a split this size
+# or smaller, else this many spread evenly over it (a changed generator
+# changes them all; 4,096 decoded clocks take well under a second).
+SAMPLE = 4096
+
+
+@functools.cache
+def fingerprint(dataset_dir: str) -> str:
+  """A short digest of the examples in ``dataset_dir`` (a prepared TFDS
+  dataset's ``.../1.0.0`` folder), as a run reads them: each split's size
+  and its records decoded (arrays by dtype, shape and bytes; strings as
+  they are), every record of a split of at most :data:`SAMPLE`, else
+  that many spread evenly over it. Not the files' bytes: two generations
+  of the same clocks wrote the same pixels in different PNG bytes (one
+  process and another, measured). Kept per process: the data does not
+  change under a running grid."""
+  digest = hashlib.sha256()
+  splits = tfds.builder_from_directory(dataset_dir).info.splits
+  for split in sorted(splits):
+    source = input_pipeline.split_source(dataset_dir, split)
+    size = len(source)
+    digest.update(f"{split}:{size}\0".encode())
+    picks = range(size)
+    if size > SAMPLE:
+      picks = np.linspace(0, size - 1, SAMPLE).astype(np.int64).tolist()
+    for i in picks:
+      for key, value in sorted(source[i].items()):
+        digest.update(key.encode() + b"\0")
+        if isinstance(value, np.ndarray):
+          digest.update(f"{value.dtype}{value.shape}".encode())
+          value = np.ascontiguousarray(value).tobytes()
+        elif isinstance(value, str):
+          value = value.encode()
+        digest.update(bytes(value) + b"\0")
+  return digest.hexdigest()[:16]
+
+
+def dataset_of(config) -> dict:
+  """``{"dataset": folder under data_dir, "fingerprint": ...}`` of the
+  prepared dataset ``config`` trains and evaluates on."""
+  task = tasks.get(config.task)
+  found = str(
+      input_pipeline.find_dataset_dir(
+          config.data_dir,
+          config_name=config.get("dataset_config") or None,
+          dataset_name=task.NAME,
+      )
+  )
+  # .../<dataset name>/<config>/<version>: the version is TFDS's, fixed.
+  folder = os.path.relpath(os.path.dirname(found), config.data_dir)
+  return dict(dataset=folder, fingerprint=fingerprint(found))
+
+
+def check_unchanged(records, data_dir: str, accept: bool = False) -> None:
+  """Refuses data in ``data_dir`` that differs from what ``records`` read.
+
+  For each dataset a record names with a fingerprint, whose folder exists
+  in ``data_dir`` now: its fingerprint must be the recorded one.
+
+  Raises:
+    errors.ConfigError: naming each dataset that differs, its runs, and
+      what to do; not with ``accept`` (the flag ``--accept_changed_data``:
+      the new runs are then recorded with the new fingerprint, the old ones
+      keep theirs).
+  """
+  recorded = {}
+  for record in records:
+    data = record.get("prepared_data")
+    if isinstance(data, dict) and data.get("fingerprint"):
+      names = recorded.setdefault((data["dataset"], data["fingerprint"]), [])
+      names.append(record.get("name", "?"))
+  changed = []
+  for (dataset, recorded_print), names in sorted(recorded.items()):
+    folder = os.path.join(data_dir, dataset)
+    entries = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+    versions = [e for e in entries if os.path.isdir(os.path.join(folder, e))]
+    if len(versions) != 1:
+      continue  # not prepared here (another profile's data)
+    now = fingerprint(os.path.join(folder, versions[0]))
+    if now != recorded_print:
+      changed.append(
+          f"{folder} (fingerprint {now}) is not the data {len(names)} "
+          f"recorded run(s) read (fingerprint {recorded_print}; "
+          f"{', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
+      )
+  if changed and not accept:
+    raise errors.ConfigError(
+        "the data differs from what the recorded runs trained on: "
+        + "; ".join(changed)
+        + ". New runs would be reported beside them as one experiment. "
+        "Generate the data with the code (and libraries) of those runs, or "
+        "record the new runs in another results file (--results), or pass "
+        "--accept_changed_data to add them to this one all the same."
+    )
