@@ -737,6 +737,14 @@ def _record_failure(results_path, digest, cell, error) -> None:
     os.replace(temporary, path)
 
 
+def note_grid(results_path, report_path) -> None:
+  """Appends to a report what its tables cannot show: the cells that
+  diverged (`note_failures`) and runs on several versions of one dataset
+  (`data_fingerprints.note_versions`)."""
+  note_failures(results_path, report_path)
+  data_fingerprints.note_versions(load_results(results_path), report_path)
+
+
 def note_failures(results_path, report_path) -> None:
   """Appends to a report the cells of its grid that diverged, if any.
 

@@ -121,3 +121,41 @@ def check_unchanged(records, data_dir: str, accept: bool = False) -> None:
         "record the new runs in another results file (--results), or pass "
         "--accept_changed_data to add them to this one all the same."
     )
+
+
+def versions_read(records) -> dict:
+  """``{dataset: {fingerprint: run names}}`` of the datasets ``records``
+  read in more than one version (none: ``{}``)."""
+  read = {}
+  for record in records:
+    data = record.get("prepared_data")
+    if isinstance(data, dict) and data.get("fingerprint"):
+      names = read.setdefault(data["dataset"], {})
+      names.setdefault(data["fingerprint"], []).append(record.get("name"))
+  return {k: v for k, v in read.items() if len(v) > 1}
+
+
+def note_versions(records, report_path) -> None:
+  """Appends to a report the datasets its runs read in several versions
+  (new runs recorded with ``--accept_changed_data``): its tables set them
+  side by side as one experiment, and the report says so."""
+  versions = versions_read(records)
+  if not versions:
+    return
+  lines = [
+      "",
+      "## Runs on other versions of the data",
+      "",
+      "These datasets were generated more than once, differently (a "
+      "generator or a library changed between the runs), and the tables "
+      "above hold runs on each version:",
+      "",
+  ]
+  for dataset, prints in sorted(versions.items()):
+    counts = ", ".join(
+        f"{len(names)} run(s) on `{fingerprint}`"
+        for fingerprint, names in sorted(prints.items())
+    )
+    lines.append(f"- `{dataset}`: {counts}")
+  with open(report_path, "a") as f:
+    f.write("\n".join(lines) + "\n")

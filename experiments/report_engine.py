@@ -138,7 +138,8 @@ def task_report(module_file, runs, out_dir, sections, hand) -> str:
 def run(here, write_report, **more) -> None:
   """Runs a task report as a command: its flags (`common.define_report_flags`
   and ``more``, name: (default, help)), then ``write_report(runs, out_dir,
-  discussion, *more's values)``; notes failed cells and prints the path."""
+  discussion, *more's values)``; notes failed cells and mixed data
+  (`common.note_grid`) and prints the path."""
   common.define_report_flags(here)
   for name, (default, text) in more.items():
     flags.DEFINE_string(name, default, text)
@@ -147,7 +148,7 @@ def run(here, write_report, **more) -> None:
     runs = common.load_results(FLAGS.results)
     extra = [FLAGS[name].value for name in more]
     path = write_report(runs, FLAGS.out_dir, FLAGS.discussion, *extra)
-    common.note_failures(FLAGS.results, path)
+    common.note_grid(FLAGS.results, path)
     print(path)
 
   common.run_main(main)

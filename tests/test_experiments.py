@@ -895,6 +895,18 @@ def test_data_that_differs_from_the_recorded_runs_is_refused(tmp_path):
   assert ran == ["new"]  # refused before any cell
   grid(changed, accept=True)
   assert ran == ["new", "new"]
+  # The report says its tables hold runs on two versions of the data.
+  report = tmp_path / "results.md"
+  report.write_text("# report\n")
+  results_io.note_grid(str(results), str(report))
+  text = report.read_text()
+  assert "## Runs on other versions of the data" in text, text
+  counts = ", ".join(f"2 run(s) on `{f}`" for f in sorted([now, "f" * 16]))
+  assert f"- `{read['dataset']}`: {counts}" in text, text
+  results.write_text(json.dumps(dict(runs=fine)))
+  report.write_text("# report\n")
+  results_io.note_grid(str(results), str(report))
+  assert report.read_text() == "# report\n"  # one version each: no note
 
 
 def test_a_crash_before_the_record_is_saved_loses_no_finished_run(

@@ -180,7 +180,7 @@ def main(argv):
     results = FLAGS.results or os.path.join(HERE, "results.json")
     out_dir = FLAGS.out_dir or HERE
     path = write_report(report_engine.load(results), out_dir)
-  common.note_failures(results, path)
+  common.note_grid(results, path)
   print(f"wrote {path} and plots/")
 
 
