@@ -7,8 +7,9 @@ its generator wrote: after a change to a renderer or to a library that
 draws the data, new cells would train on other data than the recorded
 ones, and a report would set the two side by side as one experiment.
 
-Each record keeps ``prepared_data``: the prepared dataset it read (its folder under
-``data_dir``, ``"clock_time/train64_test16_seed0"``) and a fingerprint of
+Each record keeps ``prepared_data``: the prepared dataset it read (its
+folder under ``data_dir``, ``"clock_time/train64_test16_seed0/1.0.0"``) and
+a fingerprint of
 its records (:func:`fingerprint`). Before a grid trains anything,
 :func:`check_unchanged` compares the datasets in ``data_dir`` with the
 fingerprints recorded for them and refuses a difference, naming the
@@ -44,9 +45,9 @@ def fingerprint(dataset_dir: str) -> str:
   process and another, measured). Kept per process: the data does not
   change under a running grid."""
   digest = hashlib.sha256()
-  splits = tfds.builder_from_directory(dataset_dir).info.splits
-  for split in sorted(splits):
-    source = input_pipeline.split_source(dataset_dir, split)
+  builder = tfds.builder_from_directory(dataset_dir)
+  for split in sorted(builder.info.splits):
+    source = builder.as_data_source(split=split)
     size = len(source)
     digest.update(f"{split}:{size}\0".encode())
     picks = range(size)
@@ -65,19 +66,31 @@ def fingerprint(dataset_dir: str) -> str:
 
 
 def dataset_of(config) -> dict:
-  """``{"dataset": folder under data_dir, "fingerprint": ...}`` of the
-  prepared dataset ``config`` trains and evaluates on."""
-  task = tasks.get(config.task)
+  """``{"dataset": its folder under data_dir, "fingerprint": ...}`` of the
+  prepared dataset ``config`` trains and evaluates on (the folder
+  ``<name>/<config>/<version>``)."""
   found = str(
       input_pipeline.find_dataset_dir(
           config.data_dir,
           config_name=config.get("dataset_config") or None,
-          dataset_name=task.NAME,
+          dataset_name=tasks.get(config.task).NAME,
       )
   )
-  # .../<dataset name>/<config>/<version>: the version is TFDS's, fixed.
-  folder = os.path.relpath(os.path.dirname(found), config.data_dir)
-  return dict(dataset=folder, fingerprint=fingerprint(found))
+  return dict(
+      dataset=os.path.relpath(found, config.data_dir),
+      fingerprint=fingerprint(found),
+  )
+
+
+def _read(records) -> dict:
+  """``{dataset: {fingerprint: run names}}`` of the records that keep one."""
+  read = {}
+  for record in records:
+    data = record.get("prepared_data")
+    if isinstance(data, dict) and data.get("fingerprint"):
+      prints = read.setdefault(data["dataset"], {})
+      prints.setdefault(data["fingerprint"], []).append(record.get("name"))
+  return read
 
 
 def check_unchanged(records, data_dir: str, accept: bool = False) -> None:
@@ -92,26 +105,19 @@ def check_unchanged(records, data_dir: str, accept: bool = False) -> None:
       the new runs are then recorded with the new fingerprint, the old ones
       keep theirs).
   """
-  recorded = {}
-  for record in records:
-    data = record.get("prepared_data")
-    if isinstance(data, dict) and data.get("fingerprint"):
-      names = recorded.setdefault((data["dataset"], data["fingerprint"]), [])
-      names.append(record.get("name", "?"))
   changed = []
-  for (dataset, recorded_print), names in sorted(recorded.items()):
+  for dataset, prints in sorted(_read(records).items()):
     folder = os.path.join(data_dir, dataset)
-    entries = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
-    versions = [e for e in entries if os.path.isdir(os.path.join(folder, e))]
-    if len(versions) != 1:
+    if not os.path.isdir(folder):
       continue  # not prepared here (another profile's data)
-    now = fingerprint(os.path.join(folder, versions[0]))
-    if now != recorded_print:
-      changed.append(
-          f"{folder} (fingerprint {now}) is not the data {len(names)} "
-          f"recorded run(s) read (fingerprint {recorded_print}; "
-          f"{', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
-      )
+    now = fingerprint(folder)
+    for recorded, names in sorted(prints.items()):
+      if recorded != now:
+        changed.append(
+            f"{folder} (fingerprint {now}) is not the data {len(names)} "
+            f"recorded run(s) read (fingerprint {recorded}; "
+            f"{', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
+        )
   if changed and not accept:
     raise errors.ConfigError(
         "the data differs from what the recorded runs trained on: "
@@ -126,13 +132,7 @@ def check_unchanged(records, data_dir: str, accept: bool = False) -> None:
 def versions_read(records) -> dict:
   """``{dataset: {fingerprint: run names}}`` of the datasets ``records``
   read in more than one version (none: ``{}``)."""
-  read = {}
-  for record in records:
-    data = record.get("prepared_data")
-    if isinstance(data, dict) and data.get("fingerprint"):
-      names = read.setdefault(data["dataset"], {})
-      names.setdefault(data["fingerprint"], []).append(record.get("name"))
-  return {k: v for k, v in read.items() if len(v) > 1}
+  return {k: v for k, v in _read(records).items() if len(v) > 1}
 
 
 def note_versions(records, report_path) -> None:

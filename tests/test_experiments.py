@@ -159,7 +159,7 @@ def test_clock_grid_pairs_seeds_and_report_renders(tmp_path):
   }
   assert len({r["config_hash"] for r in runs}) == len(runs)
   assert {r["prepared_data"]["dataset"] for r in runs} == {
-      "clock_time/train64_test16_seed0"
+      "clock_time/train64_test16_seed0/1.0.0"
   }
   variants = {(r["variant"], r["method"]) for r in runs}
   assert {
@@ -853,7 +853,9 @@ def test_data_that_differs_from_the_recorded_runs_is_refused(tmp_path):
       dict(task="clock_time", data_dir=str(data), dataset_config="")
   )
   read = data_fingerprints.dataset_of(config)
-  assert read == dict(dataset="clock_time/train6_test3_seed0", fingerprint=now)
+  assert read == dict(
+      dataset="clock_time/train6_test3_seed0/1.0.0", fingerprint=now
+  )
 
   def record(name, fingerprint, dataset=read["dataset"]):
     return dict(
@@ -866,7 +868,9 @@ def test_data_that_differs_from_the_recorded_runs_is_refused(tmp_path):
   results = tmp_path / "results.json"
   fine = [
       record("same", now),
-      record("elsewhere", "0" * 16, dataset="clock_time/train9_test9_seed0"),
+      record(
+          "elsewhere", "0" * 16, dataset="clock_time/train9_test9_seed0/1.0.0"
+      ),
       dict(name="older", config_hash="older"),  # no fingerprint kept
   ]
   ran = []
