@@ -532,7 +532,7 @@ def _batch_ratio(ce, aux, axis_name, sequence_axis=None):
           " gives the same value and a wrong gradient); axis_name=() if"
           " each shard holds the whole batch."
       )
-  axes = _names(axis_name) + _names(sequence_axis)
+  axes = numbers.axis_names(axis_name) + numbers.axis_names(sequence_axis)
   if axes:
     totals = jax.lax.psum(totals, axes)
   ce_total, aux_total = totals[0], totals[1]
@@ -541,10 +541,3 @@ def _batch_ratio(ce, aux, axis_name, sequence_axis=None):
       arrays.where(some, ce_total / arrays.where(some, aux_total, 1.0), 0.0),
       some,
   )
-
-
-def _names(axes) -> tuple:
-  """Mesh axis names as a tuple: ``None`` and ``()`` none, a name one."""
-  if axes is None:
-    return ()
-  return (axes,) if isinstance(axes, str) else tuple(axes)

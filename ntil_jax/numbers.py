@@ -123,6 +123,17 @@ def shard_of_sequence(x, length: int, sequence_axis, axis: int = -1):
   return jax.lax.dynamic_slice_in_dim(x, start, length, axis)
 
 
+def axis_names(axes) -> tuple:
+  """Mesh axis names as a tuple: ``None`` none, a name one, a tuple as is.
+
+  >>> axis_names(None), axis_names("seq"), axis_names(("data", "seq"))
+  ((), ('seq',), ('data', 'seq'))
+  """
+  if axes is None:
+    return ()
+  return (axes,) if isinstance(axes, str) else tuple(axes)
+
+
 def check_sequence_axis(sequence_axis) -> None:
   """Refuses a ``sequence_axis`` that names no manual axis of the mesh.
 
@@ -133,12 +144,10 @@ def check_sequence_axis(sequence_axis) -> None:
   """
   if sequence_axis is None:
     return
-  names = (sequence_axis,) if isinstance(sequence_axis, str) else sequence_axis
-  if (
-      not isinstance(names, tuple)
-      or not names
-      or not all(isinstance(n, str) for n in names)
-  ):
+  names = ()
+  if isinstance(sequence_axis, (str, tuple)):
+    names = axis_names(sequence_axis)
+  if not names or not all(isinstance(n, str) for n in names):
     raise ValueError(
         "sequence_axis must be a mesh axis name or a non-empty tuple of "
         f"names, got {sequence_axis!r}."
