@@ -9,7 +9,6 @@ import functools
 
 import chex
 import jax
-from jax.interpreters import partial_eval
 import jax.numpy as jnp
 import numpy as np
 
@@ -60,7 +59,7 @@ def number_loss(
   (`_compiled_number_loss`): the number logic would otherwise run op by op,
   each of its hundreds of operations compiled on its own (12 s on a CPU for
   the first value and gradient of a [2, 70] batch, 5 s compiled). Traced
-  into a caller's program (:func:`_staged`: ``jit``, ``scan``, ...) it is
+  into a caller's program (:func:`arrays.staged`: ``jit``, ``scan``, ...) it is
   traced in place, as XLA would inline that program anyway: a nested
   ``jit`` there only adds tracing (it is traced on its own, then again by
   ``jax.grad``'s linearization).
@@ -76,17 +75,17 @@ def number_loss(
       spec = None
   if digit_token_ids is not None and not isinstance(digit_token_ids, jax.Array):
     digit_token_ids = jnp.asarray(digit_token_ids)
-  arrays = {k: v for k, v in loss_kwargs.items() if _is_array(v)}
+  array_kwargs = {k: v for k, v in loss_kwargs.items() if _is_array(v)}
   settings = tuple(
-      sorted((k, v) for k, v in loss_kwargs.items() if k not in arrays)
+      sorted((k, v) for k, v in loss_kwargs.items() if k not in array_kwargs)
   )
   try:
     hash((numeric_fn, settings))
     compiled = jax.sharding.get_abstract_mesh().empty
   except TypeError:  # a setting that cannot be a constant (a list)
     compiled = False
-  inputs = (stats, labels, digit_mask, decimal_point_mask, arrays)
-  if compiled and any(_staged(x) for x in jax.tree.leaves(inputs)):
+  inputs = (stats, labels, digit_mask, decimal_point_mask, array_kwargs)
+  if compiled and any(arrays.staged(x) for x in jax.tree.leaves(inputs)):
     compiled = False
   numbers.check_sequence_axis(sequence_axis)
   if not compiled or sequence_axis is not None:
@@ -110,28 +109,12 @@ def number_loss(
       digit_mask,
       digit_token_ids,
       decimal_point_mask,
-      arrays,
+      array_kwargs,
   )
 
 
 def _is_array(value) -> bool:
   return isinstance(value, (jax.Array, np.ndarray, np.generic))
-
-
-def _staged(x) -> bool:
-  """Whether ``x`` is being traced into a program (``jit``, ``scan``, ...).
-
-  The tracers of ``jax.grad`` and ``jax.vmap`` are looked through (their
-  ``primal``, their ``val``): under ``jit(grad(f))`` the value inside is
-  staged, under ``grad(f)`` alone it is concrete. A tracer of another kind
-  counts as not staged (the number logic then runs as a program of its own,
-  as it always may).
-  """
-  while isinstance(x, jax.core.Tracer):
-    if isinstance(x, partial_eval.DynamicJaxprTracer):
-      return True
-    x = getattr(x, "primal", getattr(x, "val", None))
-  return False
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))
@@ -144,7 +127,7 @@ def _compiled_number_loss(
     digit_mask,
     digit_token_ids,
     decimal_point_mask,
-    arrays,
+    array_kwargs,
 ):
   return _whole_sequence_loss(
       numeric_fn,
@@ -155,7 +138,7 @@ def _compiled_number_loss(
       digit_token_ids,
       decimal_point_mask,
       **dict(settings),
-      **arrays,
+      **array_kwargs,
   )
 
 
@@ -170,25 +153,7 @@ def _whole_sequence_loss(
     sequence_axis=None,
     **loss_kwargs,
 ):
-  position_axis = labels.ndim - 1
-  if sequence_axis is None:
-    whole = functools.partial(numbers.whole_sequence, axis=position_axis)
-
-    def split(x):
-      return numbers.split_like(x, labels, position_axis)
-
-  else:
-    whole = functools.partial(
-        numbers.gather_sequence,
-        sequence_axis=sequence_axis,
-        axis=position_axis,
-    )
-    split = functools.partial(
-        numbers.shard_of_sequence,
-        length=labels.shape[-1],
-        sequence_axis=sequence_axis,
-        axis=position_axis,
-    )
+  whole, split = numbers.whole_rows(labels, sequence_axis)
   if spec is not None:  # [..., T, K] -> [..., T, C, 10] before any gather
     stats = stats._replace(
         digit_logits=chunks.token_digit_logits(
@@ -212,10 +177,10 @@ def _whole_sequence_loss(
         decimal_point_mask,
     )
     result = chunks.slot_loss(
-        numeric_fn, numbers.number_layout, slots, loss_kwargs
+        numeric_fn, numbers.layout_of_rows, slots, loss_kwargs
     )
   else:
-    layout = numbers.number_layout(
+    layout = numbers.layout_of_rows(
         labels_,
         digit_mask,
         digit_token_ids=digit_token_ids,

@@ -16,6 +16,7 @@ fractional digits into one number ("3.14" is one number with places 0, -1, -2);
 a run holding two or more such points ("1.2.3") is split at every point.
 """
 
+import functools
 from typing import NamedTuple, Optional
 
 import chex
@@ -121,6 +122,34 @@ def shard_of_sequence(x, length: int, sequence_axis, axis: int = -1):
   communication)."""
   start = jax.lax.axis_index(sequence_axis) * length
   return jax.lax.dynamic_slice_in_dim(x, start, length, axis)
+
+
+def whole_rows(labels, sequence_axis=None) -> tuple:
+  """``(whole, split)`` for the number logic on the rows of ``labels``.
+
+  ``whole(x)`` makes an array ``[..., T, ...]`` aligned with ``labels``
+  whole along T (:func:`whole_sequence`, or inside ``shard_map``
+  :func:`gather_sequence` over ``sequence_axis``); ``split(y)`` cuts a
+  result on the whole rows back to ``labels``'s positions
+  (:func:`split_like`, or :func:`shard_of_sequence`).
+  """
+  axis = labels.ndim - 1
+  if sequence_axis is None:
+    return (
+        functools.partial(whole_sequence, axis=axis),
+        lambda x: split_like(x, labels, axis),
+    )
+  return (
+      functools.partial(
+          gather_sequence, sequence_axis=sequence_axis, axis=axis
+      ),
+      functools.partial(
+          shard_of_sequence,
+          length=labels.shape[-1],
+          sequence_axis=sequence_axis,
+          axis=axis,
+      ),
+  )
 
 
 def axis_names(axes) -> tuple:
@@ -358,9 +387,22 @@ def place_of(index, point):
 
 
 def number_layout(
-    labels, digit_mask=None, *, digit_token_ids=None, decimal_point_mask=None
+    labels,
+    digit_mask=None,
+    *,
+    digit_token_ids=None,
+    decimal_point_mask=None,
+    sequence_axis=None,
 ) -> NumberLayout:
   """Finds the numbers in ``labels`` and the place value of every digit.
+
+  The numbers are found along whole rows, as the losses find them: under a
+  mesh that splits T (an ``Explicit`` axis) the labels and masks are made
+  whole along T and every field comes back split as ``labels`` are; inside
+  ``jax.shard_map``, ``sequence_axis`` names the manual axes T is split
+  over. Either way ``first``, ``last`` and ``point`` are positions in the
+  whole row. Called outside ``jit`` and without a mesh, it runs as one
+  compiled program rather than op by op.
 
   Args:
     labels: integer token ids, ``[..., T]``.
@@ -369,12 +411,17 @@ def number_layout(
     digit_token_ids: ``[10]`` token ids of the digits 0..9 (``None``: 0..9).
     decimal_point_mask: optional bool ``[..., T]``, true where the label is a
       decimal point that may join integer and fractional digits.
+    sequence_axis: inside ``jax.shard_map``, the manual mesh axis (or tuple
+      of axes, major to minor) that T is split over: the labels and masks
+      are gathered along T (``all_gather``) and each shard gets its own
+      positions' fields. ``None``: each shard holds whole sequences.
 
   Returns:
     A :class:`NumberLayout`.
 
   Raises:
-    ValueError: for digit ids that :func:`check_digit_token_ids` refuses.
+    ValueError: for digit ids that :func:`check_digit_token_ids` refuses,
+      and for a ``sequence_axis`` that names no manual mesh axis.
 
   Example:
     "12.5+7" with digits at ids 0..9, '.' at 10 and '+' at 11:
@@ -389,6 +436,34 @@ def number_layout(
   """
   if digit_token_ids is not None:
     check_digit_token_ids(digit_token_ids)
+  check_sequence_axis(sequence_axis)
+  labels = label_array(labels)
+  inputs = (labels, digit_mask, digit_token_ids, decimal_point_mask)
+  if (
+      sequence_axis is None
+      and jax.sharding.get_abstract_mesh().empty
+      and not any(arrays.staged(x) for x in jax.tree.leaves(inputs))
+  ):
+    return _compiled_layout(*inputs)
+  whole, split = whole_rows(labels, sequence_axis)
+  digit_mask, decimal_point_mask = (
+      None if x is None else whole(jnp.asarray(x))
+      for x in (digit_mask, decimal_point_mask)
+  )
+  layout = layout_of_rows(
+      whole(labels),
+      digit_mask,
+      digit_token_ids=digit_token_ids,
+      decimal_point_mask=decimal_point_mask,
+  )
+  return jax.tree.map(split, layout)
+
+
+def layout_of_rows(
+    labels, digit_mask=None, *, digit_token_ids=None, decimal_point_mask=None
+) -> NumberLayout:
+  """:func:`number_layout` of rows whole along T (no sharding handled, no
+  checks): what the losses run once they have made their inputs whole."""
   label_is_digit, digit_values = match_digits(labels, digit_token_ids)
   is_digit = label_is_digit
   if digit_mask is not None:
@@ -419,6 +494,16 @@ def number_layout(
       point_candidates=candidates,
   )
   return _located(layout)[0]
+
+
+@jax.jit
+def _compiled_layout(labels, digit_mask, digit_token_ids, decimal_point_mask):
+  return layout_of_rows(
+      labels,
+      digit_mask,
+      digit_token_ids=digit_token_ids,
+      decimal_point_mask=decimal_point_mask,
+  )
 
 
 def _located(layout: NumberLayout, backward=()):

@@ -3,7 +3,7 @@
 Every numeric loss on ``[B, T, V]`` logits split along T (sequence
 parallelism), on Explicit and on Auto mesh axes, equals the single-device
 result, value and gradient, with numbers (and decimal points) across the
-shards. Prints OK on success; raises otherwise. Called by
+shards; so does ``number_layout``. Prints OK on success; raises otherwise. Called by
 tests/test_sharding.py.
 """
 
@@ -123,6 +123,7 @@ def main():
     assert not any(s.endswith(f",{VOCAB}") for s in gathered), gathered
   check_number_tokens(meshes[AxisType.Explicit])
   check_shard_map(meshes[AxisType.Auto], inputs)
+  check_layout(meshes, labels, digit_mask, point)
   print("OK")
 
 
@@ -277,6 +278,55 @@ def check_shard_map(mesh, inputs):
   )(logits, labels)
   whole = ntil_jax.ntil_loss(logits, labels)
   assert not np.allclose(cut, whole, rtol=1e-3), "no number crosses a shard"
+
+
+def check_layout(meshes, labels, digit_mask, point):
+  """``number_layout`` of a sequence split over a mesh: on an Explicit axis
+  under jit, and inside shard_map with ``sequence_axis`` (one axis or two),
+  every field equals the unsharded one, its positions (``first``, ``last``,
+  ``point``) those of the whole row; under jit the fields come split as the
+  labels are."""
+  want = ntil_jax.number_layout(labels, digit_mask, decimal_point_mask=point)
+  fields = [f for f, x in zip(want._fields, want) if x is not None]
+  # A number across the middle of the rows, the edge of two shards.
+  assert (want.is_digit[:, 8] & (want.first[:, 8] < 8)).any()
+
+  def layout(labels_, digit_mask_, point_, **axes):
+    return ntil_jax.number_layout(
+        labels_, digit_mask_, decimal_point_mask=point_, **axes
+    )
+
+  mesh = meshes[AxisType.Explicit]
+  with jax.set_mesh(mesh):
+    for spec in (P("data", "seq"), P(None, "seq")):
+      args = [
+          jax.device_put(x, NamedSharding(mesh, spec))
+          for x in (labels, digit_mask, point)
+      ]
+      got = jax.jit(layout)(*args)
+      for field in fields:
+        x = getattr(got, field)
+        np.testing.assert_array_equal(x, getattr(want, field), err_msg=field)
+        assert x.sharding.spec == spec, (field, spec, x.sharding)
+  mesh = meshes[AxisType.Auto]
+  for spec, sequence_axis in (
+      (P("data", "seq"), "seq"),
+      (P(None, ("data", "seq")), ("data", "seq")),
+  ):
+    got = jax.jit(
+        jax.shard_map(
+            functools.partial(layout, sequence_axis=sequence_axis),
+            mesh=mesh,
+            in_specs=(spec,) * 3,
+            out_specs=spec,
+        )
+    )(labels, digit_mask, point)
+    for field in fields:
+      np.testing.assert_array_equal(
+          getattr(got, field),
+          getattr(want, field),
+          err_msg=f"{field}, T over {sequence_axis}",
+      )
 
 
 if __name__ == "__main__":

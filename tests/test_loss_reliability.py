@@ -797,11 +797,13 @@ class RefusedInputTest(parameterized.TestCase):
         traced(jnp.asarray(labels == 2)), traced(jnp.asarray(labels == 10))
     )
 
-  @parameterized.parameters(*ENTRY_POINTS, *LOGITS_LOSSES)
+  @parameterized.parameters(*ENTRY_POINTS, *LOGITS_LOSSES, "number_layout")
   def test_a_sequence_axis_that_is_no_manual_axis_is_refused(self, fn_name):
     logits, labels = small_case()
     call = functools.partial(_entry_call, fn_name, labels)
-    if fn_name not in ENTRY_POINTS:
+    if fn_name == "number_layout":
+      call = functools.partial(ntil_jax.number_layout, labels)
+    elif fn_name not in ENTRY_POINTS:
       call = functools.partial(getattr(ntil_jax, fn_name), logits, labels)
     for axis, message in (
         ("seq", r"names \['seq'\], which are not manual mesh axes here"),
