@@ -149,6 +149,73 @@ class NTILOracleTest(chex.TestCase, parameterized.TestCase):
           got, want[name], rtol=2e-5, atol=2e-6, err_msg=name
       )
 
+  @parameterized.parameters(
+      (7, 63), (1, 64), (2, 65), (3, 129), (4, 300), (5, 300)
+  )
+  def test_long_nearly_right_numbers_across_blocks(self, seed, length):
+    # Numbers of up to 70 digits, mostly predicted right (X close to Y: long
+    # borrow chains in |X - Y|), leading zeros and decimal points, in rows
+    # cut into blocks of 8, 16 and 32 positions (`segments.block_size`)
+    # that numbers cross, against the oracle's exact fractions. sigma = 0:
+    # the place weights of 70-digit numbers (1.5**69 = 1e12 at sigma = 0.5)
+    # scale float32's rounding in the softmax's gradient past this
+    # per-element tolerance (7e-4 relative, seen at sigma = 0.5).
+    logits, labels, mask, point, kwargs = long_numbers_case(seed, length)
+    want, want_grad, parts = oracle.ntil(
+        logits, labels, mask, decimal_mask=point, sigma=0.0, **kwargs
+    )
+    # A number predicted all but right: a relative deviation below 1e-3.
+    self.assertTrue(((parts["rel"] > 0) & (parts["rel"] < 1e-3)).any())
+
+    def total(z):
+      per_token = ntil_jax.ntil_loss(
+          z, labels, mask, decimal_point_mask=point, sigma=0.0, **kwargs
+      )
+      return per_token.sum(), per_token
+
+    (_, got), grad = jax.jit(jax.value_and_grad(total, has_aux=True))(logits)
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+    np.testing.assert_allclose(grad, want_grad, rtol=1e-4, atol=2e-5)
+
+
+def long_numbers_case(seed, length, batch=2, vocab=14):
+  """Runs of 1-70 digits (some with leading zeros) between tokens 10-13
+  (10 a decimal point where marked) and ignored ids; each digit's largest
+  logit is the target's with probability 0.5-1 (by row), by a margin of
+  0.01-4. Returns logits, labels, digit mask, point mask and NTIL's
+  alpha, beta and tau."""
+  rng = np.random.default_rng(seed)
+  labels = np.full((batch, length), 11)
+  for b in range(batch):
+    t = 0
+    while t < length:
+      if rng.random() < 0.6:
+        n = min(int(rng.choice([1, 2, 3, 8, 20, 45, 70])), length - t)
+        labels[b, t : t + n] = rng.integers(0, 10, n)
+        if rng.random() < 0.3:
+          labels[b, t : t + min(3, n)] = 0
+        t += n
+      else:
+        labels[b, t] = rng.choice([10, 11, 12, 13, -100])
+        t += 1
+  point = (labels == 10) & (rng.random(labels.shape) < 0.8)
+  mask = rng.random(labels.shape) < 0.97
+  logits = rng.normal(size=(batch, length, vocab)) * rng.choice([0.5, 2, 5])
+  is_digit = (labels >= 0) & (labels < 10)
+  right = is_digit & (
+      rng.random(labels.shape) < rng.uniform(0.5, 1, (batch, 1))
+  )
+  margin = rng.choice([0.01, 1.0, 4.0], labels.shape)
+  top = logits[..., :10].max(-1) + margin
+  b, t = np.nonzero(right)
+  logits[b, t, labels[b, t]] = top[b, t]
+  kwargs = dict(
+      alpha=float(rng.choice([0.2, 1.0])),
+      beta=float(rng.choice([0.2, 1.0])),
+      tau=float(rng.choice([0.1, 0.5])),
+  )
+  return logits.astype(np.float32), labels.astype(np.int32), mask, point, kwargs
+
 
 class NumberEdgeCaseTest(parameterized.TestCase):
 
