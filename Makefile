@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 PY312 := $(shell for p in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/bin/python3.12 /usr/local/bin/python3.12; do \
 	$$p -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1 && { echo $$p; break; }; done)
 
-.PHONY: install demo test lint format docs bench experiments experiments-stream experiments-llm reports clean
+.PHONY: install demo test fuzz lint format docs bench experiments experiments-stream experiments-llm reports clean
 
 # --no-compile: pip would byte-compile every file it installs (a minute of a
 # fresh install on 2 cores); Python compiles only the modules it imports.
@@ -24,6 +24,11 @@ demo: install
 
 test: install
 	$(PY) -m pytest -n 2 --dist worksteal -q --durations=30 tests
+
+# Random cases against the float64 oracle (tests/fuzz.py), by hand after a
+# change to the number logic: 3 minutes on 2 cores.
+fuzz: install
+	$(PY) -m tests.fuzz --cases=300
 
 # Style: pyink (2-space Google style, line length 80) and ruff's small rule set
 # (pyproject.toml), both in check mode; `make format` rewrites.

@@ -177,6 +177,12 @@ class NTILOracleTest(chex.TestCase, parameterized.TestCase):
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
     np.testing.assert_allclose(grad, want_grad, rtol=1e-4, atol=2e-5)
 
+  def test_the_fuzzer_runs_its_cases(self):
+    # `make fuzz` runs hundreds by hand; two here keep it working.
+    from tests import fuzz  # pylint: disable=g-import-not-at-top
+
+    self.assertEqual(fuzz.run_checks(["ntil"], 0, 2), 0)
+
 
 def long_numbers_case(seed, length, batch=2, vocab=14):
   """Runs of 1-70 digits (some with leading zeros) between tokens 10-13
