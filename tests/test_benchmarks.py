@@ -417,6 +417,9 @@ class BenchmarkTest(absltest.TestCase):
         },
     )
     emd = rows["numeric_token_loss emd"]
+    # The best compile's phases, which make up its time.
+    self.assertEqual(set(emd["phases_s"]), {"trace_s", "lower_s", "xla_s"})
+    self.assertAlmostEqual(sum(emd["phases_s"].values()), emd["compile_s"])
     self.assertGreater(rows["optax CE"]["instructions"], 10)
     self.assertAlmostEqual(
         emd["instructions_vs_ce"],
